@@ -1,0 +1,120 @@
+"""The public Python API: ``load``, ``compile``, ``load_om``."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .errors import GEError, ModelFileError, OptionError
+from .ir.graph import Graph
+from .model import CompiledModel
+from .options import CompileOptions
+from .plugins import get_host
+from .registry import close_matches
+
+_HEAD = 64
+
+
+def _frontend_for(source: Any, framework: str | None, regs):
+    fronts = dict(regs.frontends.items())
+    if framework:
+        fw = framework.lower()
+        for f in fronts.values():
+            if f.name == fw or fw in (str(i) for i in f.framework_ids):
+                return f
+        raise OptionError(
+            f"no frontend for framework '{framework}'{close_matches(fw, fronts)}",
+            hint=f"installed frontends: {', '.join(sorted(fronts)) or 'none'}"
+            + ("; install ge-python[tensorflow] for TensorFlow" if fw in ("tensorflow", "3") else ""),
+        )
+    if not isinstance(source, (str, os.PathLike)):
+        for f in fronts.values():
+            if f.accepts_object(source):
+                return f
+        raise ModelFileError(f"no frontend accepts an object of type {type(source).__name__}",
+                             hint="pass a model file path or an object an installed frontend reads")
+    path = os.fspath(source)
+    head = b""
+    if os.path.isfile(path):
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(_HEAD)
+        except OSError as e:
+            raise ModelFileError(f"cannot read model file '{path}': {e.strerror}") from None
+    for f in fronts.values():
+        try:
+            if f.sniff(path, head):
+                return f
+        except Exception:
+            continue
+    if not os.path.exists(path):
+        raise ModelFileError(f"model file '{path}' does not exist", hint="check the path")
+    if head[:4] == b"GEOM":
+        raise ModelFileError(f"'{path}' is a compiled .om file, not a source model",
+                             hint="run it with `ge run` or load it with ge.load_om")
+    raise ModelFileError(
+        f"cannot tell the format of '{path}'",
+        hint=f"give the framework (--framework / framework=...; installed: {', '.join(sorted(fronts)) or 'none'})",
+    )
+
+
+def load(source: Any, framework: str | int | None = None, **options: Any) -> Graph:
+    """Read a model into a :class:`Graph` with the frontend chosen by ``framework`` or file type.
+
+    ``options`` are compile options the frontend understands (``input_shape``, ``out_nodes``).
+    The source model is never modified.
+    """
+    host = get_host()
+    opts = CompileOptions.from_any(options)
+    if framework is not None:
+        opts.update({"framework": framework})
+    regs = host.registries
+    if isinstance(source, (str, os.PathLike)):
+        p = os.fspath(source)
+        if not os.path.exists(p):
+            raise ModelFileError(f"model file '{p}' does not exist", hint="check the path")
+    front = _frontend_for(source, opts.framework, regs)
+    try:
+        graph = front.load(source, opts)
+    except GEError:
+        raise
+    except RecursionError:
+        raise ModelFileError(f"model '{_label(source)}' is nested too deeply to read") from None
+    except MemoryError:
+        raise ModelFileError(f"model '{_label(source)}' needs more memory than is available to read") from None
+    except Exception as e:
+        raise GEError(
+            f"frontend '{front.name}' (plugin {regs.frontends.origin(front.name)}) failed on '{_label(source)}': "
+            f"{type(e).__name__}: {e}",
+            hint="this is a bug in the frontend plugin; please report it with the model",
+        ) from e
+    graph.metadata.setdefault("source", _label(source))
+    graph.metadata.setdefault("framework", front.name)
+    host.notify("ge_graph_loaded", graph=graph, source=source, framework=front.name)
+    return graph
+
+
+def _label(source: Any) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        return os.fspath(source)
+    return f"<{type(source).__name__}>"
+
+
+def compile(model: Graph | Any, options: CompileOptions | dict | str | os.PathLike | None = None, **overrides: Any) -> CompiledModel:
+    """Compile a Graph (or anything :func:`load` reads) into a :class:`CompiledModel`.
+
+    ``options``: a dict, :class:`CompileOptions` or a TOML config path; ``overrides`` win.
+    """
+    from .compiler import compile_graph
+
+    opts = CompileOptions.from_any(options, **overrides)
+    if not isinstance(model, Graph):
+        model = load(model, opts.framework, **{k: v for k, v in (("input_shape", opts.input_shape), ("out_nodes", opts.out_nodes)) if v})
+    return compile_graph(model, opts, get_host())
+
+
+def load_om(path: str | os.PathLike, *, verify_checksums: bool = True) -> CompiledModel:
+    """Load a compiled .om file (validated; weights memory-mapped, not copied)."""
+    from .om import load_om as _load
+
+    return _load(path, verify_checksums=verify_checksums)

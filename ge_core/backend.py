@@ -1,0 +1,43 @@
+"""The backend interface: turn a compiled graph into something that runs."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+
+
+class Executable:
+    """What a backend builds: runs the model on a dict of inputs."""
+
+    #: Kernel launches one inference makes (the report's ``kernels``).
+    kernel_count: int = 0
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:  # pragma: no cover
+        """Outputs in graph output order; feeds are already checked by the caller."""
+        raise NotImplementedError
+
+
+class Backend:
+    """Base class of backends, registered through ``ge_register_backends``.
+
+    ``name`` is what ``soc_version`` selects; ``aliases`` are other accepted spellings.
+    """
+
+    name: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()
+
+    def build(self, model: Any, kernels: Mapping[tuple[str, str], Any], options) -> Executable:
+        """Build an :class:`Executable` for a :class:`ge_core.model.CompiledModel`.
+
+        ``kernels`` maps ``(domain, op_type)`` to kernel factories registered for this backend.
+        Raise :class:`ge_core.errors.UnsupportedOpError` naming every node without a kernel.
+        """
+        raise NotImplementedError  # pragma: no cover
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "aliases": list(self.aliases)}
+
+
+def required_kernels(nodes: Sequence) -> set[tuple[str, str]]:
+    return {(n.domain, n.op_type) for n in nodes}

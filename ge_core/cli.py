@@ -1,0 +1,519 @@
+"""The command line: ``ge compile|run|inspect|plugins|passes`` (+ plugin commands) and ``atc``.
+
+Errors a user can cause print ``error: <message>`` on stderr and exit with status 2, with no
+traceback (``GE_DEBUG=1`` shows it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import __version__
+from .errors import GEError, InputError, ModelFileError, OptionError
+
+
+# ------------------------------------------------------------------------------------------------
+# helpers
+# ------------------------------------------------------------------------------------------------
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def _guard(fn: Callable[[], int]) -> int:
+    try:
+        return fn() or 0
+    except GEError as e:
+        print(f"error: {e}", file=sys.stderr)
+        if os.environ.get("GE_DEBUG"):
+            raise
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # a bug, not the user's fault: say so, briefly
+        if os.environ.get("GE_DEBUG"):
+            raise
+        print(f"internal error: {type(e).__name__}: {e} (this is a bug in ge or a plugin; "
+              "rerun with GE_DEBUG=1 for the traceback and report it)", file=sys.stderr)
+        return 3
+
+
+def _parse_kv(items: Sequence[str] | None, what: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items or []:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise OptionError(f"{what} '{item}' must look like name=value")
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v
+    return out
+
+
+def _write_json_atomic(path: str, data: Any) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        raise ModelFileError(f"cannot write '{path}': folder '{d}' does not exist")
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise ModelFileError(f"cannot write '{path}': {e.strerror}") from None
+
+
+def _compile_options(args: argparse.Namespace) -> dict[str, Any]:
+    opts: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        opts["config"] = args.config
+    mapping = {
+        "framework": "framework", "input_shape": "input_shape", "out_nodes": "out_nodes",
+        "soc_version": "soc_version", "fusion_switch_file": "fusion_switch_file", "log": "log",
+        "opt_level": "opt_level", "dump_ir": "dump_ir", "memory_planner": "memory_planner",
+        "stream_allocator": "stream_allocator", "memory_optimize_level": "memory_optimize_level",
+        "threads": "threads",
+    }
+    for attr, key in mapping.items():
+        v = getattr(args, attr, None)
+        if v is not None:
+            opts[key] = v
+    for flag in ("verify_each_pass", "enable_single_stream", "disable_reuse_memory"):
+        if getattr(args, flag, False):
+            opts[flag] = True
+    if getattr(args, "no_constant_folding", False):
+        opts["constant_folding"] = False
+    opts.update(_parse_kv(getattr(args, "option", None), "--option"))
+    return opts
+
+
+def _print_report(report: dict[str, Any], console) -> None:
+    from rich.table import Table
+
+    mem = report.get("memory", {})
+    st = report.get("streams", {})
+    t = Table(title="compile report", show_header=False)
+    t.add_row("nodes before / after", f"{report.get('nodes_before')} / {report.get('nodes_after')}")
+    t.add_row("kernels per inference", str(report.get("kernels")))
+    t.add_row("streams / events", f"{st.get('count')} / {st.get('events')}")
+    t.add_row("arena bytes", f"{mem.get('arena_bytes', 0):,} (lower bound {mem.get('lower_bound_bytes', 0):,}, "
+              f"no reuse {mem.get('no_reuse_bytes', 0):,})")
+    t.add_row("weights bytes", f"{mem.get('weights_bytes', 0):,}")
+    t.add_row("compile seconds", str(report.get("compile_seconds")))
+    ops = report.get("op_counts", {})
+    t.add_row("ops", ", ".join(f"{k}×{v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])))
+    console.print(t)
+
+
+# ------------------------------------------------------------------------------------------------
+# ge subcommands
+# ------------------------------------------------------------------------------------------------
+def _add_compile_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--framework", help="frontend name or ATC number (5 ONNX, 3 TensorFlow)")
+    p.add_argument("--config", help="pipeline config (TOML)")
+    p.add_argument("--input-shape", dest="input_shape", help='e.g. "data:1,3,224,224;mask:1,-1"')
+    p.add_argument("--out-nodes", dest="out_nodes", help='output tensors or node:index, separated by ";"')
+    p.add_argument("--soc-version", dest="soc_version", help="backend (default cpu)")
+    p.add_argument("--fusion-switch-file", dest="fusion_switch_file", help="GE fusion switch JSON")
+    p.add_argument("-O", "--opt-level", dest="opt_level", help="optimisation level 0..3")
+    p.add_argument("--memory-planner", dest="memory_planner")
+    p.add_argument("--memory-optimize-level", dest="memory_optimize_level", choices=["off", "normal", "high"])
+    p.add_argument("--stream-allocator", dest="stream_allocator")
+    p.add_argument("--enable-single-stream", action="store_true")
+    p.add_argument("--disable-reuse-memory", action="store_true")
+    p.add_argument("--no-constant-folding", action="store_true")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--verify-each-pass", action="store_true", help="verify the graph after every pass")
+    p.add_argument("--dump-ir", dest="dump_ir", metavar="DIR", help="write the IR after each pass that changed it")
+    p.add_argument("--log", choices=["debug", "info", "warning", "error", "null"])
+    p.add_argument("--option", action="append", metavar="NAME=VALUE", help="any compile option, also plugin ones")
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    import ge_core as ge
+
+    out = args.output
+    if not out:
+        base = os.path.splitext(os.path.basename(os.fspath(args.model).rstrip("/")))[0] or "model"
+        out = base + ".om"
+    if not out.endswith(".om"):
+        out += ".om"
+    opts = _compile_options(args)
+    model = ge.compile(args.model, opts)
+    model.save(out)
+    if args.report:
+        _write_json_atomic(args.report, model.report)
+    if not args.quiet:
+        con = _console()
+        _print_report(model.report, con)
+        con.print(f"wrote [bold]{out}[/bold]")
+    return 0
+
+
+def _load_feed(spec: str) -> tuple[str, np.ndarray]:
+    name, sep, path = spec.partition("=")
+    if not sep or not name:
+        raise InputError(f"--input '{spec}' must look like name=file.npy")
+    if not os.path.isfile(path):
+        raise InputError(f"input file '{path}' for '{name}' does not exist")
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except ValueError as e:
+        raise InputError(f"input file '{path}' is not a plain .npy array ({e})", hint="save it with np.save, no pickled objects") from None
+    except OSError as e:
+        raise InputError(f"cannot read input file '{path}': {e}") from None
+    if isinstance(arr, np.lib.npyio.NpzFile):
+        raise InputError(f"input file '{path}' is an .npz archive; give one .npy per input")
+    return name, arr
+
+
+def random_feeds(model, seed: int = 0, sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Random inputs matching the model's input types (symbolic/unknown dims become 1)."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for v in model.graph.inputs:
+        shape = tuple(d if isinstance(d, int) else 1 for d in (v.type.shape or ()))
+        dt = v.type.dtype or np.dtype("float32")
+        if dt.kind == "f":
+            feeds[v.name] = rng.standard_normal(shape).astype(dt)
+        elif dt.kind in "iu":
+            feeds[v.name] = rng.integers(0, 4, shape).astype(dt)
+        elif dt.kind == "b":
+            feeds[v.name] = rng.integers(0, 2, shape).astype(bool)
+        else:
+            feeds[v.name] = np.full(shape, "a", dtype=object)
+    return feeds
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import time
+
+    import ge_core as ge
+
+    model = ge.load_om(args.model)
+    feeds = dict(_load_feed(s) for s in args.input or [])
+    if args.random or not feeds and model.input_names:
+        rnd = random_feeds(model, args.seed)
+        for k, v in rnd.items():
+            feeds.setdefault(k, v)
+    t0 = time.perf_counter()
+    outs = model.run(feeds)
+    dt = time.perf_counter() - t0
+    for _ in range(max(0, args.repeat - 1)):
+        model.run(feeds)
+    if args.output_dir:
+        os.makedirs(args.output_dir, exist_ok=True)
+        for i, (name, arr) in enumerate(outs.items()):
+            safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name) or f"output{i}"
+            np.save(os.path.join(args.output_dir, f"{safe}.npy"), arr, allow_pickle=False)
+    if args.json:
+        print(json.dumps({"seconds": dt, "outputs": {k: {"dtype": str(v.dtype), "shape": list(v.shape)} for k, v in outs.items()}}))
+        return 0
+    con = _console()
+    for name, arr in outs.items():
+        stats = ""
+        if arr.dtype.kind in "fiu" and arr.size:
+            stats = f" min {arr.min():.6g} max {arr.max():.6g} mean {arr.mean():.6g}"
+        con.print(f"{name}: {arr.dtype}{list(arr.shape)}{stats}")
+    con.print(f"ran in {dt * 1000:.2f} ms")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .om import inspect_om
+
+    info = inspect_om(args.model)
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+        return 0
+    from rich.table import Table
+
+    con = _console()
+    f = info["file"]
+    m = info["model"]
+    con.print(f"[bold]{args.model}[/bold]  format {f.get('format_version')}  producer {m.get('producer')}")
+    con.print(f"inputs:  {', '.join(str(i.get('name')) + ' ' + str(i.get('dtype')) + str(i.get('shape')) for i in (m.get('inputs') or []))}")
+    con.print(f"outputs: {', '.join(str(o) for o in (m.get('outputs') or []))}")
+    con.print(f"nodes: {m.get('nodes')}  constants: {m.get('constants')}  soc_version: {m.get('soc_version')}")
+    t = Table(title="partitions")
+    for c in ("kind", "offset", "size", "alignment", "crc32"):
+        t.add_column(c)
+    for p in f.get("partitions", []):
+        t.add_row(str(p.get("kind")), str(p.get("offset")), f"{p.get('size'):,}", str(p.get("alignment")), f"{p.get('crc32', 0):08x}")
+    con.print(t)
+    if info.get("report"):
+        _print_report(info["report"], con)
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from .plugins import get_host
+
+    host = get_host()
+    regs = host.registries  # build registries so hook errors show up
+    rows = host.describe()
+    counts: dict[str, dict[str, int]] = {}
+    for kind in ("ops", "frontends", "passes", "backends", "memory_planners", "stream_allocators", "fusion_patterns", "op_mappers"):
+        reg = getattr(regs, kind)
+        for key in reg.keys():
+            counts.setdefault(reg.origin(key), {}).setdefault(kind, 0)
+            counts[reg.origin(key)][kind] += 1
+    for be, reg in regs.kernels.items():
+        for key in reg.keys():
+            counts.setdefault(reg.origin(key), {}).setdefault(f"{be}_kernels", 0)
+            counts[reg.origin(key)][f"{be}_kernels"] += 1
+    for r in rows:
+        r["provides"] = counts.get(r["name"], {})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from rich.table import Table
+
+    t = Table(title="ge plugins")
+    for c in ("name", "distribution", "version", "hooks", "provides", "status"):
+        t.add_column(c)
+    for r in rows:
+        status = "disabled" if r["disabled"] else ("[red]" + "; ".join(r["errors"]) + "[/red]" if r["errors"] else "ok")
+        t.add_row(r["name"], str(r["distribution"] or "-"), str(r["version"] or "-"),
+                  ", ".join(h.replace("ge_register_", "") for h in r["hooks"]),
+                  ", ".join(f"{k} {v}" for k, v in r["provides"].items()), status)
+    _console().print(t)
+    return 0
+
+
+def cmd_passes(args: argparse.Namespace) -> int:
+    from .options import CompileOptions
+    from .passes import resolve_pipeline
+    from .plugins import get_host
+
+    regs = get_host().registries
+    opts = CompileOptions.from_any(args.config) if args.config else CompileOptions()
+    if args.opt_level is not None:
+        opts.update({"opt_level": args.opt_level})
+    plans = resolve_pipeline(regs.passes, opts)
+    active = {p.name for s in plans for p in s.passes}
+    data = {
+        "opt_level": opts.opt_level,
+        "stages": [
+            {
+                "stage": s.name,
+                "fixed_point": s.fixed_point,
+                "passes": [
+                    {"name": p.name, "plugin": regs.passes.origin(p.name), "opt_level": p.opt_level,
+                     "params": {**dict(getattr(p, "params", {}) or {}), **opts.pass_params.get(p.name, {})},
+                     "description": getattr(p, "description", "") or (type(p).__doc__ or "").strip().split("\n")[0]}
+                    for p in s.passes
+                ],
+            }
+            for s in plans
+        ],
+        "inactive": [
+            {"name": n, "plugin": regs.passes.origin(n), "stage": p.stage, "opt_level": p.opt_level,
+             "default_enabled": p.default_enabled}
+            for n, p in regs.passes.items() if n not in active
+        ],
+        "stream_allocators": sorted(regs.stream_allocators.keys()),
+        "memory_planners": sorted(regs.memory_planners.keys()),
+        "options": {k: {"default": v[0], "help": v[1], "plugin": regs.options.origin(k)} for k, v in regs.options.items()},
+    }
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+        return 0
+    from rich.table import Table
+
+    t = Table(title=f"pipeline (O{opts.opt_level})")
+    for c in ("stage", "pass", "plugin", "params"):
+        t.add_column(c)
+    for s in data["stages"]:
+        if not s["passes"]:
+            t.add_row(s["stage"], "-", "", "")
+        for p in s["passes"]:
+            t.add_row(s["stage"] + (" (fixed point)" if s["fixed_point"] else ""), p["name"], str(p["plugin"]),
+                      ", ".join(f"{k}={v}" for k, v in p["params"].items()))
+    con = _console()
+    con.print(t)
+    if data["inactive"]:
+        con.print("not in this pipeline: " + ", ".join(f"{p['name']} (O{p['opt_level']})" for p in data["inactive"]))
+    con.print(f"stream allocators: {', '.join(data['stream_allocators'])}; memory planners: {', '.join(data['memory_planners'])}")
+    return 0
+
+
+def build_parser(with_plugins: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ge", description="GE for Python: compile deep-learning models to .om and run them.")
+    parser.add_argument("--version", action="version", version=f"ge {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("compile", help="compile a model file to an .om")
+    p.add_argument("model", help="model file (.onnx, ...)")
+    p.add_argument("-o", "--output", help="output .om path (default: MODEL.om in the current folder)")
+    p.add_argument("--report", help="write the compile report (JSON) here")
+    p.add_argument("-q", "--quiet", action="store_true")
+    _add_compile_flags(p)
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("run", help="run an .om on inputs (random ones if none are given)")
+    p.add_argument("model")
+    p.add_argument("--input", action="append", metavar="NAME=FILE.npy")
+    p.add_argument("--random", action="store_true", help="fill inputs not given with random data")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--output-dir", help="save outputs as NAME.npy here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("inspect", help="describe an .om file")
+    p.add_argument("model")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("plugins", help="list plugins, what they provide and their load errors")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plugins)
+
+    p = sub.add_parser("passes", help="print the resolved pass pipeline")
+    p.add_argument("--config")
+    p.add_argument("-O", "--opt-level", dest="opt_level")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_passes)
+
+    if with_plugins:
+        try:
+            from .plugins import get_host
+
+            for name, cmd in get_host().registries.cli_commands.items():
+                if name in sub.choices:
+                    continue
+                sp = sub.add_parser(name, help=cmd.help)
+                cmd.configure(sp)
+                sp.set_defaults(func=lambda a, _c=cmd: _c.run(a))
+        except GEError as e:
+            print(f"warning: plugin commands unavailable: {e}", file=sys.stderr)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    def go() -> int:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        return args.func(args)
+
+    return _guard(go)
+
+
+# ------------------------------------------------------------------------------------------------
+# atc
+# ------------------------------------------------------------------------------------------------
+#: ATC flags that change nothing on this engine; accepted with a note so scripts keep working.
+_ATC_IGNORED = (
+    "input_format", "precision_mode", "op_select_implmode", "optypelist_for_implmode", "insert_op_conf",
+    "op_name_map", "enable_small_channel", "compression_optimize_conf", "buffer_optimize", "host_env_os",
+    "host_env_cpu", "input_fp16_nodes", "is_output_adjust_hw_layout", "output_type", "keep_dtype",
+    "dynamic_batch_size", "dynamic_image_size", "dynamic_dims", "core_type", "aicore_num", "virtual_type",
+    "op_debug_level", "debug_dir", "op_compiler_cache_mode", "op_compiler_cache_dir", "dump_mode", "weight",
+    "check_report", "display_model_info", "status_check", "auto_tune_mode", "modify_mixlist", "sparsity",
+    "singleop", "enable_scope_fusion_passes", "external_weight", "allow_hf32", "distributed_cluster_build",
+)
+
+
+def build_atc_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="atc", description="ATC-compatible front door of GE for Python.",
+                                allow_abbrev=False)
+    p.add_argument("--mode", type=int, default=0, help="0: compile a model to .om; 1: print an .om as JSON")
+    p.add_argument("--model", help="source model file")
+    p.add_argument("--framework", help="0 Caffe, 1 MindSpore, 3 TensorFlow, 5 ONNX")
+    p.add_argument("--output", help="output path; .om is appended when missing")
+    p.add_argument("--soc_version", default="cpu")
+    p.add_argument("--input_shape")
+    p.add_argument("--out_nodes")
+    p.add_argument("--fusion_switch_file")
+    p.add_argument("--log", choices=["debug", "info", "warning", "error", "null"])
+    p.add_argument("--om", help="with --mode=1: the .om to print")
+    p.add_argument("--json", help="with --mode=1: write the JSON here instead of printing it")
+    p.add_argument("--memory_optimize_level")
+    p.add_argument("--enable_single_stream", choices=["true", "false"])
+    p.add_argument("--disable_reuse_memory", choices=["0", "1"])
+    p.add_argument("--constant_folding", choices=["true", "false"])
+    p.add_argument("--config", help="pipeline config (TOML), an extension of this engine")
+    p.add_argument("--report", help="write the compile report (JSON), an extension of this engine")
+    for name in _ATC_IGNORED:
+        p.add_argument(f"--{name}", dest=f"ignored_{name}")
+    return p
+
+
+def atc_main(argv: Sequence[str] | None = None) -> int:
+    def go() -> int:
+        p = build_atc_parser()
+        args, unknown = p.parse_known_args(argv)
+        if unknown:
+            from .registry import close_matches
+
+            known = [a.lstrip("-") for a in p._option_string_actions if a.startswith("--")]
+            flag = unknown[0].split("=")[0]
+            raise OptionError(f"atc: unknown option '{flag}'{close_matches(flag.lstrip('-'), known)}",
+                              hint="`atc --help` lists the options")
+        ignored = [n for n in _ATC_IGNORED if getattr(args, f"ignored_{n}") is not None]
+        if ignored:
+            print(f"note: atc option(s) {', '.join('--' + n for n in ignored)} have no effect on this engine", file=sys.stderr)
+        if args.mode == 1:
+            if not args.om:
+                raise OptionError("atc --mode=1 needs --om=MODEL.om")
+            from .om import inspect_om
+
+            info = inspect_om(args.om)
+            text = json.dumps(info, indent=2, default=str)
+            if args.json:
+                _write_json_atomic(args.json, info)
+            else:
+                print(text)
+            return 0
+        if args.mode != 0:
+            raise OptionError(f"atc --mode={args.mode} is not supported", hint="use 0 (compile) or 1 (om to JSON)")
+        if not args.model:
+            raise OptionError("atc needs --model=FILE")
+        if not args.output:
+            raise OptionError("atc needs --output=NAME (the .om path without or with .om)")
+        import ge_core as ge
+
+        opts: dict[str, Any] = {"soc_version": args.soc_version}
+        for k in ("framework", "input_shape", "out_nodes", "fusion_switch_file", "log", "memory_optimize_level", "config"):
+            v = getattr(args, k)
+            if v is not None:
+                opts[k] = v
+        if args.enable_single_stream is not None:
+            opts["enable_single_stream"] = args.enable_single_stream
+        if args.disable_reuse_memory is not None:
+            opts["disable_reuse_memory"] = args.disable_reuse_memory
+        if args.constant_folding is not None:
+            opts["constant_folding"] = args.constant_folding
+        model = ge.compile(args.model, opts)
+        out = args.output if args.output.endswith(".om") else args.output + ".om"
+        model.save(out)
+        if args.report:
+            _write_json_atomic(args.report, model.report)
+        print(f"ATC run success: wrote {out}")
+        return 0
+
+    return _guard(go)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The kernel interface shared by backends and by plugins that add ops.
+
+A *kernel factory* is registered per (backend, domain, op type) through ``ge_register_kernels``.
+At build time it receives a :class:`KernelSpec` describing one node (attributes already
+resolved, input/output types, constant inputs) and returns a callable that runs the node:
+``kernel(*inputs) -> sequence of arrays`` (one per output). All attribute parsing and
+specialisation happen in the factory, so the returned callable does only the arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .ir.types import TensorType
+
+Kernel = Callable[..., Sequence[np.ndarray]]
+KernelFactory = Callable[["KernelSpec"], Kernel]
+
+
+@dataclass
+class KernelSpec:
+    """Everything a kernel factory may know about the node it builds for."""
+
+    name: str
+    op_type: str
+    domain: str = ""
+    attrs: dict[str, Any] = field(default_factory=dict)
+    #: Type of each input; None where an optional input is absent.
+    inputs: list[TensorType | None] = field(default_factory=list)
+    outputs: list[TensorType] = field(default_factory=list)
+    #: Value of each input that is a constant at build time (e.g. Reshape's shape), else None.
+    const_inputs: list[np.ndarray | None] = field(default_factory=list)
+    #: Opset version of the node's domain in the model.
+    opset: int = 0
+    #: Backend options (threads etc.).
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return self.attrs.get(name, default)
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.outputs)
+
+    def describe(self) -> str:
+        dom = f"{self.domain}::" if self.domain else ""
+        return f"node '{self.name}' ({dom}{self.op_type})"

@@ -1,0 +1,689 @@
+"""The binary container of an offline model (``.om``) file: header, partition table, partitions.
+
+This module knows nothing about graphs or weights; it stores named byte *partitions* (``"model"``,
+``"weights"``, ...) in one file that can be memory-mapped and validated before any use.
+
+File layout (all integers little-endian, offsets are from the start of the file)::
+
+    +-------------------+  0
+    | header (96 bytes) |
+    +-------------------+  table_offset (the writer puts it right after the header)
+    | partition table   |  partition_count entries of table_entry_size (48) bytes
+    +-------------------+
+    | zero padding      |  up to the first partition's alignment
+    | partition 0       |  offset % alignment == 0
+    | zero padding      |
+    | partition 1       |
+    | ...               |
+    +-------------------+  file_size
+
+Header (:data:`HEADER_SIZE` = 96 bytes, struct ``<4s4sHHI32sIIQIIQ12sI``)::
+
+    off size field
+      0   4  magic             b"GEOM"
+      4   4  signature         b"\\r\\n\\x1a\\n"  (catches line-ending conversion by text-mode copies)
+      8   2  version_major     readers reject a major they do not know
+     10   2  version_minor     readers accept any minor of a known major (additions only)
+     12   4  header_size       >= 96; a later minor may grow the header, a reader skips the rest
+     16  32  producer          utf-8, NUL padded (e.g. "ge 0.1.0"); informational
+     48   4  flags             reserved, 0; readers ignore bits they do not know
+     52   4  partition_count   <= MAX_PARTITIONS (64)
+     56   8  table_offset      multiple of 8, >= header_size
+     64   4  table_entry_size  >= 48, multiple of 8; a later minor may grow entries
+     68   4  table_crc32       zlib.crc32 of the partition_count * table_entry_size table bytes
+     72   8  file_size         total size of the file in bytes (detects truncation and appending)
+     80  12  reserved          0
+     92   4  header_crc32      zlib.crc32 of the first header_size bytes with this field zeroed
+
+Partition table entry (:data:`ENTRY_SIZE` = 48 bytes, struct ``<16sQQIIII``)::
+
+    off size field
+      0  16  kind              ascii, 1..16 printable non-space characters, NUL padded, unique
+     16   8  offset            multiple of alignment, after the table
+     24   8  size              bytes
+     32   4  alignment         power of two, 1 .. MAX_ALIGNMENT (2 MiB)
+     36   4  crc32             zlib.crc32 of the partition's bytes
+     40   4  flags             reserved, 0
+     44   4  reserved          0
+
+Every byte of a valid file is covered by a check: the header and the table by their CRCs, each
+partition by its CRC (when ``verify_checksums``), and every byte between or after them must be
+zero. Partitions may not overlap each other, the header or the table, and must lie inside the
+file. The weights partition is written with alignment 4096, so it can be memory-mapped and any
+tensor stored in it at a 64-byte-aligned offset is aligned for NumPy.
+
+Writing is atomic: the file is written to a temporary file in the target directory, fsynced and
+renamed over the target with :func:`os.replace`; on any failure the temporary file is removed and
+whatever was at the target path before is left untouched. Partition data may be a single buffer or
+an iterable of buffers (written one after another, never concatenated in memory); sizes and CRCs
+are computed while streaming and the header and table are written last.
+
+Reading maps the file read-only; :meth:`Container.partition` returns zero-copy read-only
+memoryviews of that mapping. Any byte content, however hostile, gives an :class:`OmFormatError`
+(a :class:`~ge_core.errors.GEError`); a missing, unreadable or non-regular file gives a
+:class:`ModelFileError`. The file must not be modified by someone else while it is mapped.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import stat
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any, Iterable, Union
+
+import numpy as np
+
+from .errors import ModelFileError, OmFormatError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Container",
+    "PartitionInfo",
+    "describe",
+    "read_container",
+    "write_container",
+]
+
+MAGIC = b"GEOM"
+SIGNATURE = b"\r\n\x1a\n"
+FORMAT_VERSION = (1, 0)
+
+HEADER_STRUCT = struct.Struct("<4s4sHHI32sIIQIIQ12sI")
+HEADER_SIZE = HEADER_STRUCT.size  # 96
+HEADER_CRC_OFFSET = HEADER_SIZE - 4
+ENTRY_STRUCT = struct.Struct("<16sQQIIII")
+ENTRY_SIZE = ENTRY_STRUCT.size  # 48
+
+PRODUCER_SIZE = 32
+KIND_SIZE = 16
+MAX_PARTITIONS = 64
+MAX_ALIGNMENT = 1 << 21
+MAX_HEADER_SIZE = 4096
+MAX_ENTRY_SIZE = 1024
+
+_RECREATE = "re-create it with `ge compile`"
+_COMPILE = "compile it with `ge compile`"
+
+Buffer = Union[bytes, bytearray, memoryview, np.ndarray]
+PartitionData = Union[Buffer, Iterable[Buffer]]
+
+assert HEADER_SIZE == 96 and ENTRY_SIZE == 48
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    """One entry of the partition table."""
+
+    kind: str
+    offset: int
+    size: int
+    alignment: int
+    crc32: int
+    flags: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "offset": self.offset,
+            "size": self.size,
+            "alignment": self.alignment,
+            "crc32": f"{self.crc32:08x}",
+            "flags": self.flags,
+        }
+
+
+# --------------------------------------------------------------------------- packing
+
+
+def _pack_header(
+    *,
+    producer: bytes,
+    partition_count: int,
+    table_offset: int,
+    table_crc32: int,
+    file_size: int,
+    version: tuple[int, int] = FORMAT_VERSION,
+    flags: int = 0,
+    table_entry_size: int = ENTRY_SIZE,
+    header_size: int = HEADER_SIZE,
+    extra: bytes = b"",
+) -> bytes:
+    """The header bytes (``header_size`` of them, ``extra`` after the 96 known ones), CRC set."""
+    body = HEADER_STRUCT.pack(
+        MAGIC, SIGNATURE, version[0], version[1], header_size, producer, flags,
+        partition_count, table_offset, table_entry_size, table_crc32, file_size,
+        b"\0" * 12, 0,
+    ) + extra.ljust(header_size - HEADER_SIZE, b"\0")
+    crc = zlib.crc32(body)
+    return body[:HEADER_CRC_OFFSET] + struct.pack("<I", crc) + body[HEADER_SIZE:]
+
+
+def _pack_entry(info: PartitionInfo) -> bytes:
+    return ENTRY_STRUCT.pack(
+        info.kind.encode("ascii"), info.offset, info.size, info.alignment, info.crc32,
+        info.flags, 0,
+    )
+
+
+def _encode_producer(producer: str) -> bytes:
+    raw = str(producer).replace("\0", "").encode("utf-8")
+    if len(raw) > PRODUCER_SIZE:  # cut at a character boundary
+        raw = raw[:PRODUCER_SIZE].decode("utf-8", errors="ignore").encode("utf-8")
+    return raw
+
+
+def _valid_kind(kind: str) -> bool:
+    return 1 <= len(kind) <= KIND_SIZE and all(0x21 <= ord(c) <= 0x7E for c in kind)
+
+
+def _valid_alignment(alignment: int) -> bool:
+    return 1 <= alignment <= MAX_ALIGNMENT and alignment & (alignment - 1) == 0
+
+
+def _align(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _as_bytes_view(obj: Any, kind: str) -> memoryview:
+    """A flat, contiguous, unsigned-byte memoryview of ``obj`` (no copy when possible)."""
+    if isinstance(obj, np.ndarray):
+        try:
+            flat = np.ascontiguousarray(obj).reshape(-1).view(np.uint8)
+        except (TypeError, ValueError) as e:
+            raise OmFormatError(
+                f"cannot store an array of dtype {obj.dtype} in partition {kind!r}: {e}",
+                hint="store numeric arrays only",
+            ) from None
+        return memoryview(flat)
+    view = memoryview(obj)
+    if view.format in ("B", "b", "c") and view.ndim == 1 and view.contiguous:
+        return view.cast("B") if view.format != "B" else view
+    if view.c_contiguous:
+        try:
+            return view.cast("B")
+        except TypeError:
+            pass
+    return memoryview(view.tobytes())
+
+
+def _chunks(data: Any, kind: str) -> Iterable[memoryview]:
+    """The chunks of one partition's data, each as a byte view."""
+    if isinstance(data, (bytes, bytearray, memoryview, np.ndarray)):
+        yield _as_bytes_view(data, kind)
+        return
+    try:
+        memoryview(data).release()  # any other object with the buffer protocol
+    except TypeError:
+        pass
+    else:
+        yield _as_bytes_view(data, kind)
+        return
+    if isinstance(data, (str, dict)) or not hasattr(data, "__iter__"):
+        raise OmFormatError(
+            f"partition {kind!r}: data of type {type(data).__name__} is not a buffer "
+            "or a sequence of buffers",
+            hint="pass bytes, a NumPy array, or a list of them",
+        )
+    for chunk in data:
+        try:
+            yield _as_bytes_view(chunk, kind)
+        except TypeError:
+            raise OmFormatError(
+                f"partition {kind!r}: a chunk of type {type(chunk).__name__} is not a buffer",
+                hint="pass bytes, a NumPy array, or a list of them",
+            ) from None
+
+
+def _check_partitions(partitions: Any) -> list[tuple[str, Any, int]]:
+    checked = []
+    seen: set[str] = set()
+    items = list(partitions)
+    if len(items) > MAX_PARTITIONS:
+        raise OmFormatError(
+            f"{len(items)} partitions given, at most {MAX_PARTITIONS} fit in an .om file"
+        )
+    for item in items:
+        try:
+            kind, data, alignment = item
+        except (TypeError, ValueError):
+            raise OmFormatError(
+                f"partition {item!r:.60} is not a (kind, data, alignment) tuple"
+            ) from None
+        if not isinstance(kind, str) or not _valid_kind(kind):
+            raise OmFormatError(
+                f"partition kind {kind!r} is invalid",
+                hint=f"use 1 to {KIND_SIZE} printable ascii characters without spaces",
+            )
+        if kind in seen:
+            raise OmFormatError(f"partition kind {kind!r} is given twice")
+        seen.add(kind)
+        if isinstance(alignment, bool) or not isinstance(alignment, int) or not _valid_alignment(
+            alignment
+        ):
+            raise OmFormatError(
+                f"partition {kind!r}: alignment {alignment!r} is invalid",
+                hint=f"use a power of two from 1 to {MAX_ALIGNMENT}",
+            )
+        checked.append((kind, data, alignment))
+    return checked
+
+
+def _create_temp(path: str) -> tuple[int, str]:
+    directory, base = os.path.split(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp  # 0o666 & ~umask, like a plain open()
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a temporary file next to {path}")
+
+
+def _fsync_directory(directory: str) -> None:
+    try:
+        fd = os.open(directory or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_container(
+    path: str | os.PathLike[str],
+    partitions: Iterable[tuple[str, PartitionData, int]],
+    producer: str,
+) -> None:
+    """Write an .om container with ``partitions`` to ``path``, atomically.
+
+    Each partition is ``(kind, data, alignment)``: ``data`` is a buffer (bytes, bytearray,
+    memoryview, NumPy array, any buffer-protocol object) or an iterable of buffers written one
+    after another; ``alignment`` is a power of two (4096 for weights). Invalid arguments raise
+    :class:`OmFormatError`; failing to write raises :class:`ModelFileError`. On any failure the
+    previous file at ``path`` (if any) is left untouched and no temporary file remains.
+    """
+    path = os.fsdecode(os.fspath(path))
+    checked = _check_partitions(partitions)
+    producer_raw = _encode_producer(producer)
+    table_offset = HEADER_SIZE
+    table_end = table_offset + ENTRY_SIZE * len(checked)
+
+    tmp = None
+    try:
+        fd, tmp = _create_temp(path)
+        with os.fdopen(fd, "wb") as f:
+            f.write(b"\0" * table_end)  # header and table are written last
+            pos = table_end
+            infos = []
+            for kind, data, alignment in checked:
+                start = _align(pos, alignment)
+                if start > pos:
+                    f.write(b"\0" * (start - pos))
+                size = 0
+                crc = 0
+                for chunk in _chunks(data, kind):
+                    f.write(chunk)
+                    crc = zlib.crc32(chunk, crc)
+                    size += chunk.nbytes
+                pos = start + size
+                infos.append(PartitionInfo(kind, start, size, alignment, crc))
+            table = b"".join(_pack_entry(info) for info in infos)
+            header = _pack_header(
+                producer=producer_raw,
+                partition_count=len(infos),
+                table_offset=table_offset,
+                table_crc32=zlib.crc32(table),
+                file_size=pos,
+            )
+            f.seek(0)
+            f.write(header + table)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+        _fsync_directory(os.path.dirname(path))
+    except OSError as e:
+        raise ModelFileError(
+            f"cannot write {path}: {e.strerror or e}",
+            hint="check that the directory exists and is writable and that the path is not a directory",
+        ) from e
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _sniff(head: bytes) -> str | None:
+    """What a file that does not start with the .om magic looks like, if recognisable."""
+    if head[:4] in (b"PK\x03\x04", b"PK\x05\x06", b"PK\x07\x08"):
+        return "a zip archive (e.g. a PyTorch or Keras model)"
+    if head.startswith(b"\x89HDF"):
+        return "an HDF5 file (e.g. a Keras .h5 model)"
+    if len(head) >= 8 and head[4:8] == b"TFL3":
+        return "a TensorFlow Lite model"
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return "a Python pickle"
+    if head[:1] in (b"\x08", b"\x0a"):
+        return "a protobuf file (e.g. an ONNX model or a TensorFlow graph)"
+    if head[:1] in (b"{", b"["):
+        return "a JSON file"
+    if head and all(32 <= b < 127 or b in b"\t\r\n" for b in head):
+        return "a text file"
+    return None
+
+
+class _Reader:
+    """Validates the raw bytes of an .om file; raises OmFormatError on the first problem."""
+
+    def __init__(self, path: str, buf: memoryview) -> None:
+        self.path = path
+        self.buf = buf
+        self.size = len(buf)
+
+    def fail(self, what: str, hint: str = _RECREATE) -> OmFormatError:
+        return OmFormatError(f"{self.path}: {what}", hint=hint)
+
+    def truncated(self, expected: int, where: str) -> OmFormatError:
+        return self.fail(
+            f"the file is truncated: expected {'at least ' if where else ''}{expected} bytes"
+            f"{where}, found {self.size}"
+        )
+
+    def check_signature(self) -> None:
+        head = bytes(self.buf[: len(MAGIC) + len(SIGNATURE)])
+        n = len(head)
+        if head[:4] == MAGIC[: min(n, 4)]:
+            if n < 8 and head == (MAGIC + SIGNATURE)[:n]:
+                raise self.truncated(HEADER_SIZE, " for the header")
+            if head[4:] != SIGNATURE[: n - 4]:
+                raise self.fail(
+                    "the file signature is damaged; it looks like it was copied in text mode "
+                    "(line endings converted)",
+                    hint="copy it in binary mode or " + _RECREATE,
+                )
+            return
+        what = _sniff(bytes(self.buf[:64]))
+        looks = f" (it looks like {what})" if what else ""
+        raise self.fail(f"this is not an .om file{looks}", hint=_COMPILE)
+
+    def parse(self) -> tuple[dict[str, Any], list[PartitionInfo]]:
+        self.check_signature()
+        if self.size < HEADER_SIZE:
+            raise self.truncated(HEADER_SIZE, " for the header")
+        (_, _, major, minor, header_size, producer, flags, count, table_offset, entry_size,
+         table_crc, file_size, _, header_crc) = HEADER_STRUCT.unpack_from(self.buf, 0)
+        if major != FORMAT_VERSION[0]:
+            raise self.fail(
+                f"format version {major}.{minor} is not supported; this reader reads "
+                f"version {FORMAT_VERSION[0]}.x",
+                hint="load it with the GE version that wrote it, or " + _RECREATE,
+            )
+        if not (HEADER_SIZE <= header_size <= MAX_HEADER_SIZE and header_size % 8 == 0):
+            raise self.fail(f"the header is corrupted (header size {header_size} is invalid)")
+        if self.size < header_size:
+            raise self.fail(
+                f"the file is truncated or its header is corrupted: expected at least "
+                f"{header_size} bytes for the header, found {self.size}"
+            )
+        crc = zlib.crc32(self.buf[:HEADER_CRC_OFFSET])
+        crc = zlib.crc32(b"\0\0\0\0", crc)
+        crc = zlib.crc32(self.buf[HEADER_SIZE:header_size], crc)
+        if crc != header_crc:
+            raise self.fail("the header is corrupted (checksum mismatch)")
+        if self.size < file_size:
+            raise self.truncated(file_size, "")
+        if self.size > file_size:
+            raise self.fail(
+                f"the file has {self.size - file_size} unexpected bytes after its recorded "
+                f"end ({file_size} bytes)"
+            )
+        if count > MAX_PARTITIONS:
+            raise self.fail(f"the header is corrupted ({count} partitions, at most {MAX_PARTITIONS})")
+        if not (ENTRY_SIZE <= entry_size <= MAX_ENTRY_SIZE and entry_size % 8 == 0):
+            raise self.fail(f"the header is corrupted (table entry size {entry_size} is invalid)")
+        table_end = table_offset + count * entry_size
+        if table_offset < header_size or table_offset % 8 or table_end > file_size:
+            raise self.fail(
+                f"the header is corrupted (partition table at {table_offset}..{table_end} "
+                f"is outside {header_size}..{file_size})"
+            )
+        if zlib.crc32(self.buf[table_offset:table_end]) != table_crc:
+            raise self.fail("the partition table is corrupted (checksum mismatch)")
+
+        entries = [self.parse_entry(i, table_offset + i * entry_size, table_end) for i in range(count)]
+        self.check_layout(entries, header_size, table_offset, table_end)
+        nul = producer.find(b"\0")
+        header = {
+            "format_version": (major, minor),
+            "producer": (producer if nul < 0 else producer[:nul]).decode("utf-8", "replace"),
+            "flags": flags,
+            "header_size": header_size,
+            "partition_count": count,
+            "table_offset": table_offset,
+            "table_entry_size": entry_size,
+            "file_size": file_size,
+            "header_crc32": header_crc,
+            "table_crc32": table_crc,
+        }
+        return header, entries
+
+    def parse_entry(self, index: int, at: int, table_end: int) -> PartitionInfo:
+        raw_kind, offset, size, alignment, crc, flags, _ = ENTRY_STRUCT.unpack_from(self.buf, at)
+        name = raw_kind.rstrip(b"\0")
+        if not name or b"\0" in name or not all(0x21 <= b <= 0x7E for b in name):
+            raise self.fail(f"partition #{index} has an invalid kind name {raw_kind!r}")
+        kind = name.decode("ascii")
+        if not _valid_alignment(alignment):
+            raise self.fail(f"partition {kind!r} has an invalid alignment {alignment}")
+        if offset % alignment:
+            raise self.fail(f"partition {kind!r} at offset {offset} is not aligned to {alignment}")
+        if offset < table_end or offset + size > self.size:
+            raise self.fail(
+                f"partition {kind!r} at {offset}..{offset + size} is outside the data area "
+                f"{table_end}..{self.size}"
+            )
+        return PartitionInfo(kind, offset, size, alignment, crc, flags)
+
+    def check_layout(
+        self, entries: list[PartitionInfo], header_size: int, table_offset: int, table_end: int
+    ) -> None:
+        kinds: set[str] = set()
+        for e in entries:
+            if e.kind in kinds:
+                raise self.fail(f"partition kind {e.kind!r} appears twice in the table")
+            kinds.add(e.kind)
+        gaps = [(header_size, table_offset)]
+        cursor = table_end
+        previous = None
+        for e in sorted(entries, key=lambda e: (e.offset, e.size)):
+            if e.offset < cursor:
+                raise self.fail(f"partitions {previous!r} and {e.kind!r} overlap")
+            gaps.append((cursor, e.offset))
+            cursor = e.offset + e.size
+            previous = e.kind
+        gaps.append((cursor, self.size))
+        for start, end in gaps:
+            if end > start and self.nonzero(start, end):
+                raise self.fail(f"the file is corrupted (unexpected data in padding at {start}..{end})")
+
+    def nonzero(self, start: int, end: int) -> bool:
+        arr = np.frombuffer(self.buf, dtype=np.uint8, count=end - start, offset=start)
+        try:
+            return bool(arr.any())
+        finally:
+            del arr
+
+    def verify(self, entries: list[PartitionInfo]) -> None:
+        for e in entries:
+            if zlib.crc32(self.buf[e.offset : e.offset + e.size]) != e.crc32:
+                raise self.fail(f"partition {e.kind!r} is corrupted (checksum mismatch)")
+
+
+def _open_mapping(path: str) -> mmap.mmap | None:
+    """Map ``path`` read-only; None for an empty file. Raises ModelFileError for I/O problems."""
+    hint = "check the path and its permissions"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ModelFileError(f"{path}: no such file", hint=hint) from None
+    except OSError as e:
+        raise ModelFileError(f"{path}: cannot read: {e.strerror or e}", hint=hint) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ModelFileError(f"{path}: is a directory, not an .om file", hint="pass the .om file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ModelFileError(f"{path}: is not a regular file", hint="pass the .om file")
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                return None
+            return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+    except (OSError, ValueError) as e:
+        detail = getattr(e, "strerror", None) or e
+        raise ModelFileError(f"{path}: cannot read: {detail}", hint=hint) from None
+
+
+class Container:
+    """An open, validated .om container; partitions are zero-copy views of a read-only mapping.
+
+    Use as a context manager or call :meth:`close`. Views (and NumPy arrays made from them with
+    ``np.frombuffer``) keep the mapping alive: :meth:`close` unmaps at once when none are left,
+    otherwise the mapping is released when the last of them is garbage-collected.
+    """
+
+    def __init__(
+        self, path: str, mapping: mmap.mmap, header: dict[str, Any], entries: list[PartitionInfo]
+    ) -> None:
+        self.path = path
+        self.format_version: tuple[int, int] = header["format_version"]
+        self.producer: str = header["producer"]
+        self.flags: int = header["flags"]
+        self.file_size: int = header["file_size"]
+        self._header = header
+        self._entries = {e.kind: e for e in entries}
+        self._mmap: mmap.mmap | None = mapping
+        self._view: memoryview | None = memoryview(mapping)
+
+    def kinds(self) -> list[str]:
+        """The partition kinds, in table order."""
+        return list(self._entries)
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in self._entries
+
+    def info(self, kind: str) -> PartitionInfo:
+        """The table entry of partition ``kind``."""
+        try:
+            return self._entries[kind]
+        except KeyError:
+            raise OmFormatError(
+                f"{self.path}: has no {kind!r} partition (it has: {', '.join(self._entries) or 'none'})",
+                hint=_RECREATE,
+            ) from None
+
+    def partition(self, kind: str) -> memoryview:
+        """A read-only, zero-copy view of partition ``kind``'s bytes."""
+        e = self.info(kind)
+        if self._view is None:
+            raise ValueError(f"{self.path}: container is closed")
+        return self._view[e.offset : e.offset + e.size]
+
+    @property
+    def closed(self) -> bool:
+        return self._view is None
+
+    def close(self) -> None:
+        """Release the mapping (deferred while views of it are still alive). Idempotent."""
+        view, mapping = self._view, self._mmap
+        self._view = self._mmap = None
+        if view is not None:
+            view.release()
+        if mapping is not None:
+            try:
+                mapping.close()
+            except BufferError:
+                pass  # views still exported; unmapped when the last one is collected
+
+    def __enter__(self) -> "Container":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<Container {self.path!r} v{self.format_version[0]}.{self.format_version[1]} {self.kinds()} {state}>"
+
+
+def _load(path: str | os.PathLike[str], verify_checksums: bool) -> tuple[
+    str, mmap.mmap, dict[str, Any], list[PartitionInfo]
+]:
+    path = os.fsdecode(os.fspath(path))
+    mapping = _open_mapping(path)
+    if mapping is None:
+        raise OmFormatError(
+            f"{path}: the file is empty (0 bytes); it is truncated or this is not an .om file",
+            hint=_RECREATE,
+        )
+    view = memoryview(mapping)
+    try:
+        reader = _Reader(path, view)
+        header, entries = reader.parse()
+        if verify_checksums:
+            reader.verify(entries)
+    except BaseException:
+        try:
+            view.release()
+            mapping.close()
+        except BufferError:  # a traceback still references a view; the GC unmaps later
+            pass
+        raise
+    view.release()
+    return path, mapping, header, entries
+
+
+def read_container(path: str | os.PathLike[str], *, verify_checksums: bool = True) -> Container:
+    """Open and validate the .om container at ``path``.
+
+    Everything is checked before use: signature, version, header and table checksums, sizes,
+    bounds, alignment, overlaps, padding, and (with ``verify_checksums``) every partition's CRC32.
+    Raises :class:`OmFormatError` for bad content, :class:`ModelFileError` for I/O problems.
+    """
+    return Container(*_load(path, verify_checksums))
+
+
+def describe(path: str | os.PathLike[str], *, verify_checksums: bool = False) -> dict[str, Any]:
+    """The header and partition table of the .om file at ``path`` as a JSON-able dict."""
+    path, mapping, header, entries = _load(path, verify_checksums)
+    mapping.close()
+    major, minor = header["format_version"]
+    return {
+        "path": path,
+        "format_version": f"{major}.{minor}",
+        "producer": header["producer"],
+        "flags": header["flags"],
+        "header_size": header["header_size"],
+        "file_size": header["file_size"],
+        "table_offset": header["table_offset"],
+        "table_entry_size": header["table_entry_size"],
+        "header_crc32": f"{header['header_crc32']:08x}",
+        "table_crc32": f"{header['table_crc32']:08x}",
+        "checksums_verified": verify_checksums,
+        "partitions": [e.as_dict() for e in entries],
+    }

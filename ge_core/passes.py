@@ -1,0 +1,278 @@
+"""Passes, pipelines and the pass manager.
+
+A :class:`Pass` has a unique name, a stage, a default on/off, an optimisation level and
+optional ordering constraints (``after``/``before`` other pass names). ``run`` returns whether
+it changed the graph. The pass manager runs stages in order, each stage's passes in an order
+that honours the constraints, repeats a stage to a fixed point where asked, times every pass,
+can verify and dump the IR after each one, and names the failing pass and those before it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+from .errors import GEError, OptionError, PassError
+from .ir.graph import Graph
+from .registry import close_matches
+
+log = logging.getLogger("ge.passes")
+
+#: Stages whose passes rewrite the graph, in order. Stream allocation, memory planning and the
+#: build follow them (chosen plugins, not passes).
+STAGES = ("prepare", "optimize", "fuse", "schedule")
+
+
+class Pass:
+    """Base class of a graph pass. Subclass and set the class attributes, implement ``run``."""
+
+    name: ClassVar[str] = ""
+    stage: ClassVar[str] = "optimize"
+    default_enabled: ClassVar[bool] = True
+    #: Lowest optimisation level (0..3) at which the pass runs by default.
+    opt_level: ClassVar[int] = 1
+    #: Names of passes this one must run after / before (when both are in the stage).
+    after: ClassVar[tuple[str, ...]] = ()
+    before: ClassVar[tuple[str, ...]] = ()
+    #: Parameters with their defaults; overridden by config ``[passes.NAME]``.
+    params: ClassVar[dict[str, Any]] = {}
+    #: Repeat the stage until no pass of it changes the graph, when this pass is in it.
+    fixed_point: ClassVar[bool] = False
+    description: ClassVar[str] = ""
+
+    def run(self, graph: Graph, ctx: "PassContext") -> bool:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class FunctionPass(Pass):
+    """A pass made from a function ``fn(graph, ctx) -> bool`` (see :func:`graph_pass`)."""
+
+    def __init__(self, fn: Callable[[Graph, "PassContext"], bool], **attrs: Any) -> None:
+        self._fn = fn
+        for k, v in attrs.items():
+            setattr(self, k, v)
+        if not self.description:
+            self.description = (fn.__doc__ or "").strip().split("\n")[0]
+
+    def run(self, graph: Graph, ctx: "PassContext") -> bool:
+        return bool(self._fn(graph, ctx))
+
+
+def graph_pass(name: str, stage: str = "optimize", **attrs: Any) -> Callable[[Callable], FunctionPass]:
+    """Decorator: turn ``fn(graph, ctx) -> bool`` into a registered-ready pass."""
+
+    def wrap(fn: Callable) -> FunctionPass:
+        return FunctionPass(fn, name=name, stage=stage, **attrs)
+
+    return wrap
+
+
+@dataclass
+class PassContext:
+    """What a pass receives besides the graph."""
+
+    options: Any
+    registries: Any
+    params: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ops(self):
+        return self.registries.ops
+
+
+@dataclass
+class StagePlan:
+    name: str
+    passes: list[Pass]
+    fixed_point: bool = False
+    max_iterations: int = 10
+
+
+@dataclass
+class PassRecord:
+    name: str
+    stage: str
+    seconds: float
+    changed: bool
+    nodes_after: int
+    iteration: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "stage": self.stage,
+            "seconds": round(self.seconds, 6),
+            "changed": self.changed,
+            "nodes_after": self.nodes_after,
+        }
+
+
+def resolve_pipeline(registry, options) -> list[StagePlan]:
+    """The ordered stages and passes for ``options`` from the registered passes.
+
+    Default: every registered pass whose ``default_enabled`` is true and ``opt_level`` is at
+    most ``options.opt_level``, ordered by constraints. A config's ``[pipeline.STAGE].passes``
+    replaces a stage's list (in that order); ``disable`` lists and ``disabled_passes`` remove.
+    Unknown names raise :class:`OptionError` listing close matches.
+    """
+    all_names = list(registry.keys())
+
+    def check(name: str, where: str) -> None:
+        if name not in registry:
+            raise OptionError(f"unknown pass '{name}' in {where}{close_matches(name, all_names)}",
+                              hint="`ge passes` lists the registered passes")
+
+    for stage in options.pipeline:
+        if stage not in STAGES:
+            raise OptionError(f"unknown stage '{stage}' in the pipeline{close_matches(stage, STAGES)}",
+                              hint=f"stages are {', '.join(STAGES)}")
+    for name in options.disabled_passes:
+        check(name, "disabled_passes")
+    for name in options.pass_params:
+        check(name, "[passes] parameters")
+    plans = []
+    for stage in STAGES:
+        spec = options.pipeline.get(stage, {})
+        disable = set(spec.get("disable", [])) | set(options.disabled_passes)
+        for name in spec.get("disable", []):
+            check(name, f"[pipeline.{stage}].disable")
+        if "passes" in spec:
+            chosen = []
+            for name in spec["passes"]:
+                check(name, f"[pipeline.{stage}].passes")
+                p = registry.get(name)
+                if p.stage != stage:
+                    raise OptionError(f"pass '{name}' belongs to stage '{p.stage}', not '{stage}'")
+                if name not in disable:
+                    chosen.append(p)
+            ordered = chosen  # an explicit list is run in the order given
+        else:
+            chosen = [
+                p for n, p in registry.items()
+                if p.stage == stage and p.default_enabled and p.opt_level <= options.opt_level and n not in disable
+            ]
+            ordered = order_passes(chosen)
+        fixed = spec.get("fixed_point", any(p.fixed_point for p in ordered))
+        plans.append(StagePlan(stage, ordered, bool(fixed), int(spec.get("max_iterations", 10))))
+    return plans
+
+
+def order_passes(passes: list[Pass]) -> list[Pass]:
+    """Topological order of passes by their after/before constraints, stable by name."""
+    by_name = {p.name: p for p in passes}
+    preds: dict[str, set[str]] = {n: set() for n in by_name}
+    for p in passes:
+        for a in p.after:
+            if a in by_name:
+                preds[p.name].add(a)
+        for b in p.before:
+            if b in by_name:
+                preds[b].add(p.name)
+    ready = [n for n, s in preds.items() if not s]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        n = heapq.heappop(ready)
+        out.append(by_name[n])
+        for m, s in preds.items():
+            if n in s:
+                s.discard(n)
+                if not s and m not in {x.name for x in out} and m not in ready:
+                    heapq.heappush(ready, m)
+    if len(out) != len(passes):
+        cyc = sorted(n for n, s in preds.items() if s)
+        raise OptionError(f"pass ordering constraints form a cycle among: {', '.join(cyc)}")
+    return out
+
+
+class PassManager:
+    """Runs a resolved pipeline over a graph and records what each pass did."""
+
+    def __init__(self, stages: list[StagePlan], *, verify_each: bool = False, dump_dir: str | None = None,
+                 host=None) -> None:
+        self.stages = stages
+        self.verify_each = verify_each
+        self.dump_dir = dump_dir
+        self.host = host
+        self.records: list[PassRecord] = []
+        self._dump_index = 0
+
+    def run(self, graph: Graph, ctx: PassContext) -> list[PassRecord]:
+        if self.dump_dir:
+            os.makedirs(self.dump_dir, exist_ok=True)
+            self._dump(graph, "input")
+        for stage in self.stages:
+            if not stage.passes:
+                continue
+            iterations = stage.max_iterations if stage.fixed_point else 1
+            for it in range(iterations):
+                changed_any = False
+                for p in stage.passes:
+                    changed_any |= self._run_one(p, stage.name, graph, ctx, it)
+                if not changed_any:
+                    break
+        return self.records
+
+    def _run_one(self, p: Pass, stage: str, graph: Graph, ctx: PassContext, iteration: int) -> bool:
+        params = dict(getattr(p, "params", {}) or {})
+        user = ctx.options.pass_params.get(p.name, {})
+        for k in user:
+            if k not in params:
+                raise OptionError(f"pass '{p.name}' has no parameter '{k}'{close_matches(k, params)}",
+                                  hint=f"its parameters: {', '.join(sorted(params)) or 'none'}")
+        params.update(user)
+        pctx = PassContext(ctx.options, ctx.registries, params, ctx.stats)
+        if self.host is not None:
+            self.host.notify("ge_before_pass", pass_name=p.name, stage=stage, graph=graph)
+        t0 = time.perf_counter()
+        try:
+            changed = p.run(graph, pctx)
+        except GEError as e:
+            raise PassError(f"pass '{p.name}' (stage {stage}) failed: {e}{self._history()}") from e
+        except Exception as e:
+            raise PassError(
+                f"pass '{p.name}' (stage {stage}) raised {type(e).__name__}: {e}{self._history()}",
+                hint="this is a bug in the pass; disable it with disabled_passes to go on",
+            ) from e
+        dt = time.perf_counter() - t0
+        if not isinstance(changed, bool):
+            if changed is None or isinstance(changed, (int,)):
+                changed = bool(changed)
+            else:
+                raise PassError(f"pass '{p.name}' returned {type(changed).__name__}, not bool{self._history()}")
+        self.records.append(PassRecord(p.name, stage, dt, changed, len(graph), iteration))
+        if self.verify_each:
+            try:
+                graph.verify()
+                if ctx.registries is not None:
+                    from .ir.verify import verify_graph
+
+                    verify_graph(graph, op_registry=ctx.registries.ops)
+            except GEError as e:
+                raise PassError(f"pass '{p.name}' (stage {stage}) left an invalid graph: {e}{self._history(1)}") from e
+        if self.dump_dir and changed:
+            self._dump(graph, f"{stage}.{p.name}")
+        if self.host is not None:
+            self.host.notify("ge_after_pass", pass_name=p.name, stage=stage, graph=graph, changed=changed, seconds=dt)
+        return changed
+
+    def _history(self, skip_last: int = 0) -> str:
+        records = self.records[: len(self.records) - skip_last]
+        if not records:
+            return " (it was the first pass)"
+        names = [r.name for r in records[-8:]]
+        more = "..., " if len(records) > 8 else ""
+        return f" (passes before it: {more}{', '.join(names)})"
+
+    def _dump(self, graph: Graph, label: str) -> None:
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", label)
+        path = os.path.join(self.dump_dir, f"{self._dump_index:03d}_{safe}.txt")
+        self._dump_index += 1
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(str(graph) + "\n")

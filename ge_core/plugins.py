@@ -1,0 +1,352 @@
+"""The plugin manager: entry-point discovery, error isolation and the registries built from hooks.
+
+Plugins are found through the entry-point group ``ge.plugins`` (built-ins included). Each is
+loaded and each registration hook is called separately, so one broken plugin is reported and
+the others keep working. Environment:
+
+* ``GE_DISABLE_PLUGINS=a,b`` does not load the named plugins (``*`` disables all entry points);
+* ``GE_STRICT_PLUGINS=1`` turns any plugin failure into a :class:`PluginError`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import inspect
+import logging
+import os
+import threading
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pluggy
+
+from . import hookspecs
+from .errors import DuplicateRegistrationError, GEError, PluginError
+from .ops import OpDef, OpRegistry
+from .registry import Registry
+
+log = logging.getLogger("ge.plugins")
+
+ENTRY_POINT_GROUP = "ge.plugins"
+
+
+@dataclass
+class PluginInfo:
+    """What is known of one plugin: where it came from and what went wrong."""
+
+    name: str
+    distribution: str | None = None
+    version: str | None = None
+    source: str = "entry point"  # or "in-process"
+    hooks: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    disabled: bool = False
+    loaded: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "distribution": self.distribution,
+            "version": self.version,
+            "source": self.source,
+            "hooks": sorted(self.hooks),
+            "loaded": self.loaded,
+            "disabled": self.disabled,
+            "errors": list(self.errors),
+        }
+
+
+def _strict() -> bool:
+    return os.environ.get("GE_STRICT_PLUGINS", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _disabled() -> set[str]:
+    raw = os.environ.get("GE_DISABLE_PLUGINS", "")
+    return {p.strip() for p in raw.replace(";", ",").split(",") if p.strip()}
+
+
+@dataclass
+class CliCommand:
+    name: str
+    help: str
+    configure: Callable
+    run: Callable
+
+
+class Registries:
+    """Everything plugins registered, each entry attributed to its plugin."""
+
+    def __init__(self) -> None:
+        self.ops = OpRegistry()
+        self.kernels: dict[str, Registry] = {}  # backend -> (domain, op_type) -> factory
+        self.frontends: Registry = Registry("frontend")
+        self.op_mappers: Registry = Registry("op mapper")
+        self.passes: Registry = Registry("pass")
+        self.fusion_patterns: Registry = Registry("fusion pattern")
+        self.stream_allocators: Registry = Registry("stream allocator")
+        self.memory_planners: Registry = Registry("memory planner")
+        self.backends: Registry = Registry("backend")
+        self.options: Registry = Registry("option")
+        self.cli_commands: Registry = Registry("command")
+
+    def kernels_for(self, backend: str) -> Registry:
+        return self.kernels.setdefault(backend, Registry(f"{backend} kernel"))
+
+    def backend(self, name: str):
+        """The backend registered as ``name`` or under an alias (case-insensitive)."""
+        from .errors import OptionError
+
+        b = self.backends.get(name)
+        if b is not None:
+            return b
+        low = name.lower()
+        for bname, be in self.backends.items():
+            if bname.lower() == low or low in (a.lower() for a in getattr(be, "aliases", ())):
+                return be
+        return self.backends.require(name, OptionError, " (option soc_version)")
+
+
+class PluginHost:
+    """Owns the pluggy manager, the plugin table and the lazily built registries."""
+
+    def __init__(self, *, load_entry_points: bool = True) -> None:
+        self.pm = pluggy.PluginManager("ge")
+        self.pm.add_hookspecs(hookspecs)
+        self.info: dict[str, PluginInfo] = {}
+        self._registries: Registries | None = None
+        self._lock = threading.RLock()
+        if load_entry_points:
+            self._load_entry_points()
+
+    # -- loading ---------------------------------------------------------------------------
+    def _fail(self, info: PluginInfo, message: str, exc: BaseException | None = None) -> None:
+        info.errors.append(message)
+        log.warning("plugin '%s': %s", info.name, message)
+        if _strict():
+            raise PluginError(
+                f"plugin '{info.name}' (distribution {info.distribution or '?'}): {message}",
+                hint="fix or uninstall the plugin, or unset GE_STRICT_PLUGINS to skip it",
+            ) from exc
+
+    def _load_entry_points(self) -> None:
+        disabled = _disabled()
+        try:
+            eps = md.entry_points(group=ENTRY_POINT_GROUP)
+        except Exception as e:  # broken metadata of some installed distribution
+            log.warning("cannot read entry points: %s", e)
+            return
+        for ep in sorted(eps, key=lambda e: e.name):
+            dist = getattr(ep, "dist", None)
+            info = PluginInfo(
+                name=ep.name,
+                distribution=getattr(dist, "name", None),
+                version=getattr(dist, "version", None),
+            )
+            if ep.name in self.info:
+                other = self.info[ep.name]
+                self._fail(info, f"name already used by distribution {other.distribution}; second one ignored")
+                continue
+            self.info[ep.name] = info
+            if ep.name in disabled or "*" in disabled:
+                info.disabled = True
+                continue
+            try:
+                obj = ep.load()
+            except Exception as e:
+                last = traceback.format_exception_only(type(e), e)[-1].strip()
+                self._fail(info, f"failed to import '{ep.value}': {last}", e)
+                continue
+            self._register_obj(obj, info)
+
+    def _register_obj(self, obj: Any, info: PluginInfo) -> None:
+        if inspect.isclass(obj):
+            try:
+                obj = obj()
+            except Exception as e:
+                self._fail(info, f"cannot instantiate plugin class: {e}", e)
+                return
+        try:
+            self.pm.register(obj, name=info.name)
+        except (pluggy.PluginValidationError, ValueError) as e:
+            self._fail(info, f"invalid plugin: {e}", e)
+            return
+        info.loaded = True
+        info.hooks = sorted(
+            h.name for h in self.pm.get_hookcallers(obj) or [] if h.name.startswith("ge_")
+        )
+        unknown = [
+            n for n in dir(obj) if n.startswith("ge_") and callable(getattr(obj, n, None)) and not hasattr(self.pm.hook, n)
+        ]
+        if unknown:
+            self._fail(info, f"implements unknown hook(s) {', '.join(unknown)} (typo or newer ge?)")
+
+    def register_plugin(self, obj: Any, name: str | None = None) -> str:
+        """Register an in-process plugin (module, class or instance) and rebuild registries."""
+        with self._lock:
+            name = name or getattr(obj, "__name__", None) or type(obj).__name__
+            if name in self.info and self.info[name].loaded:
+                raise PluginError(f"a plugin named '{name}' is already registered", hint="choose another name")
+            info = PluginInfo(name=name, source="in-process")
+            self.info[name] = info
+            self._register_obj(obj, info)
+            self._registries = None
+            return name
+
+    def unregister_plugin(self, name: str) -> None:
+        with self._lock:
+            plugin = self.pm.get_plugin(name)
+            if plugin is not None:
+                self.pm.unregister(plugin)
+            self.info.pop(name, None)
+            self._registries = None
+
+    # -- registries --------------------------------------------------------------------------
+    @property
+    def registries(self) -> Registries:
+        with self._lock:
+            if self._registries is None:
+                self._registries = self._build_registries()
+            return self._registries
+
+    def _build_registries(self) -> Registries:
+        r = Registries()
+
+        def op_adder(plugin):
+            def add(opdef: OpDef, *more):
+                if not isinstance(opdef, OpDef):
+                    raise PluginError(f"register() of ge_register_ops takes an OpDef, not {type(opdef).__name__}")
+                return ("ops", opdef.key, opdef)
+
+            return add
+
+        def kernel_adder(plugin):
+            def add(op_type: str, factory, domain: str = "", backend: str = "cpu"):
+                if not callable(factory):
+                    raise PluginError(f"kernel for '{op_type}' is not callable")
+                return (("kernels", backend), (OpRegistry.norm_domain(domain), op_type), factory)
+
+            return add
+
+        def named(kind: str, attr_name: str | None = None, check: Callable | None = None):
+            def factory(plugin):
+                def add(*args):
+                    if attr_name is not None:
+                        (obj,) = args
+                        if inspect.isclass(obj):
+                            obj = obj()
+                        key = getattr(obj, attr_name, None)
+                        if not key:
+                            raise PluginError(f"{kind} object {obj!r} has no {attr_name}")
+                        return (kind, key, obj)
+                    key, obj = args[0], args[1] if len(args) == 2 else args[1:]
+                    if check:
+                        check(key, obj)
+                    return (kind, key, obj)
+
+                return add
+
+            return factory
+
+        def mapper_adder(plugin):
+            def add(framework: str, op_type: str, mapper):
+                return ("op_mappers", (framework, op_type), mapper)
+
+            return add
+
+        def option_adder(plugin):
+            def add(name: str, default=None, help: str = ""):
+                return ("options", name, (default, help))
+
+            return add
+
+        def cli_adder(plugin):
+            def add(name: str, help: str, configure, run):
+                return ("cli_commands", name, CliCommand(name, help, configure, run))
+
+            return add
+
+        hooks: list[tuple[str, Callable]] = [
+            ("ge_register_ops", op_adder),
+            ("ge_register_kernels", kernel_adder),
+            ("ge_register_frontends", named("frontends", "name")),
+            ("ge_register_op_mappers", mapper_adder),
+            ("ge_register_passes", named("passes", "name")),
+            ("ge_register_fusion_patterns", named("fusion_patterns")),
+            ("ge_register_stream_allocators", named("stream_allocators")),
+            ("ge_register_memory_planners", named("memory_planners")),
+            ("ge_register_backends", named("backends", "name")),
+            ("ge_register_options", option_adder),
+            ("ge_register_cli_commands", cli_adder),
+        ]
+        for hook_name, make_adder in hooks:
+            caller = getattr(self.pm.hook, hook_name)
+            # pluggy returns impls last-registered first; keep a stable, name-sorted order.
+            impls = sorted(caller.get_hookimpls(), key=lambda i: i.plugin_name)
+            for impl in impls:
+                plugin = impl.plugin_name
+                info = self.info.setdefault(plugin, PluginInfo(name=plugin, source="in-process"))
+                pending: list[tuple] = []
+                adder = make_adder(plugin)
+
+                def register(*args, _adder=adder, _pending=pending, **kw):
+                    _pending.append(_adder(*args, **kw))
+
+                try:
+                    impl.function(register=register) if "register" in impl.argnames else impl.function()
+                    for kind, key, obj in pending:
+                        reg = r.kernels_for(kind[1]) if isinstance(kind, tuple) else getattr(r, kind)
+                        reg.add(key, obj, plugin)
+                except DuplicateRegistrationError as e:
+                    if _strict():
+                        raise
+                    # keep what was added before the clash; the duplicate itself is dropped
+                    self._fail(info, f"{hook_name}: {e.detail}", e)
+                except GEError as e:
+                    self._fail(info, f"{hook_name}: {e}", e)
+                except Exception as e:
+                    last = traceback.format_exception_only(type(e), e)[-1].strip()
+                    self._fail(info, f"{hook_name} raised {last}", e)
+        return r
+
+    # -- observers ---------------------------------------------------------------------------
+    def notify(self, hook_name: str, **kwargs: Any) -> None:
+        """Call an observer hook on every plugin; a failing observer is reported, not fatal."""
+        caller = getattr(self.pm.hook, hook_name)
+        for impl in caller.get_hookimpls():
+            try:
+                impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
+            except Exception as e:
+                info = self.info.setdefault(impl.plugin_name, PluginInfo(name=impl.plugin_name))
+                self._fail(info, f"{hook_name} raised {type(e).__name__}: {e}", e)
+
+    def has_observers(self, hook_name: str) -> bool:
+        return bool(getattr(self.pm.hook, hook_name).get_hookimpls())
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [self.info[k].as_dict() for k in sorted(self.info)]
+
+
+_host: PluginHost | None = None
+_host_lock = threading.Lock()
+
+
+def get_host() -> PluginHost:
+    """The process-wide plugin host, created on first use."""
+    global _host
+    with _host_lock:
+        if _host is None:
+            _host = PluginHost()
+        return _host
+
+
+def reset_host(host: PluginHost | None = None) -> PluginHost | None:
+    """Replace the process-wide host (tests); returns the previous one."""
+    global _host
+    with _host_lock:
+        old, _host = _host, host
+        return old
+
+
+def registries() -> Registries:
+    return get_host().registries

@@ -1,0 +1,382 @@
+"""Graph <-> JSON-able dict plus a list of weight arrays; strict validation when reading.
+
+The dict never holds tensor bytes: constants and tensor attributes refer to entries of a
+weights table (index, dtype, shape, offset, nbytes) whose bytes live in one blob, so the .om
+loader can map them without copying. Reading checks every field before anything is built:
+a hostile file gets :class:`OmFormatError`, never a crash.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import GEError, OmFormatError
+from .ir.graph import Graph
+from .ir.types import TensorType, dtype_name, parse_dtype
+
+FORMAT_VERSION = 1
+WEIGHT_ALIGNMENT = 64
+MAX_RANK = 64
+MAX_NAME = 4096
+_ALLOWED_DTYPES = {
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128", "bfloat16", "string",
+    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "int4", "uint4",
+}
+
+
+class WeightWriter:
+    """Collects arrays and assigns each an aligned offset in one blob."""
+
+    def __init__(self, alignment: int = WEIGHT_ALIGNMENT) -> None:
+        self.alignment = alignment
+        self.arrays: list[np.ndarray] = []
+        self.table: list[dict[str, Any]] = []
+        self.size = 0
+        self._ids: dict[int, int] = {}
+
+    def add(self, a: np.ndarray) -> int:
+        key = id(a)
+        if key in self._ids and self.arrays[self._ids[key]] is a:
+            return self._ids[key]
+        idx = len(self.table)
+        entry: dict[str, Any] = {"dtype": dtype_name(a.dtype), "shape": [int(d) for d in a.shape]}
+        if a.dtype == np.dtype(object):
+            entry["strings"] = [_str(x) for x in a.reshape(-1).tolist()]
+            self.arrays.append(a)
+        else:
+            a = np.ascontiguousarray(a)
+            if a.dtype.byteorder == ">":
+                a = a.astype(a.dtype.newbyteorder("<"))
+            off = (self.size + self.alignment - 1) // self.alignment * self.alignment
+            entry["offset"], entry["nbytes"] = off, int(a.nbytes)
+            self.size = off + a.nbytes
+            self.arrays.append(a)
+        self.table.append(entry)
+        self._ids[key] = idx
+        return idx
+
+    def chunks(self):
+        """Buffer chunks of the blob (padding included), for streaming to a file."""
+        pos = 0
+        for entry, a in zip(self.table, self.arrays):
+            if "offset" not in entry:
+                continue
+            if entry["offset"] > pos:
+                yield bytes(entry["offset"] - pos)
+            if a.nbytes:
+                yield memoryview(a).cast("B") if a.ndim else a.tobytes()
+            pos = entry["offset"] + a.nbytes
+
+
+def _str(x: Any) -> str:
+    return x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
+
+
+# ------------------------------------------------------------------------------------------------
+# writing
+# ------------------------------------------------------------------------------------------------
+def graph_to_dict(graph: Graph, weights: WeightWriter) -> dict[str, Any]:
+    def vtype(t: TensorType) -> dict[str, Any]:
+        return {"dtype": None if t.dtype is None else dtype_name(t.dtype),
+                "shape": None if t.shape is None else list(t.shape)}
+
+    d: dict[str, Any] = {
+        "name": graph.name,
+        "inputs": [{"name": v.name, **vtype(v.type)} for v in graph.inputs],
+        "constants": [{"name": v.name, "weight": weights.add(v.const_value)} for v in graph.constants.values()],
+        "nodes": [],
+        "outputs": [v.name for v in graph.outputs],
+    }
+    if graph.parent is None:
+        d["opset_imports"] = dict(graph.opset_imports)
+        d["metadata"] = {k: v for k, v in graph.metadata.items() if _jsonable(v)}
+    for n in graph.nodes:
+        nd: dict[str, Any] = {
+            "op": n.op_type,
+            "name": n.name,
+            "inputs": [None if v is None else v.name for v in n.inputs],
+            "outputs": [{"name": v.name, **vtype(v.type)} for v in n.outputs],
+        }
+        if n.domain:
+            nd["domain"] = n.domain
+        if n.attrs:
+            nd["attrs"] = {k: _enc_attr(a, weights) for k, a in n.attrs.items()}
+        meta = {k: v for k, v in n.meta.items() if _jsonable(v)}
+        if meta:
+            nd["meta"] = meta
+        d["nodes"].append(nd)
+    return d
+
+
+def _jsonable(v: Any) -> bool:
+    if v is None or isinstance(v, (bool, int, str)):
+        return True
+    if isinstance(v, float):
+        return math.isfinite(v)
+    if isinstance(v, (list, tuple)):
+        return all(_jsonable(x) for x in v)
+    if isinstance(v, dict):
+        return all(isinstance(k, str) and _jsonable(x) for k, x in v.items())
+    return False
+
+
+def _enc_attr(a: Any, w: WeightWriter) -> dict[str, Any]:
+    if isinstance(a, bool):
+        return {"bool": a}
+    if isinstance(a, (int, np.integer)):
+        return {"i": int(a)}
+    if isinstance(a, (float, np.floating)):
+        return {"f": _enc_float(float(a))}
+    if isinstance(a, str):
+        return {"s": a}
+    if isinstance(a, bytes):
+        return {"b": base64.b64encode(a).decode("ascii")}
+    if isinstance(a, np.ndarray):
+        return {"t": w.add(a)}
+    if isinstance(a, Graph):
+        return {"g": graph_to_dict(a, w)}
+    if a is None:
+        return {"none": True}
+    if isinstance(a, (list, tuple)):
+        if a and all(isinstance(x, Graph) for x in a):
+            return {"gs": [graph_to_dict(x, w) for x in a]}
+        return {"list": [_enc_attr(x, w) for x in a]}
+    raise GEError(f"attribute value of type {type(a).__name__} cannot be saved in an .om")
+
+
+def _enc_float(f: float) -> float | str:
+    if math.isnan(f):
+        return "nan"
+    if math.isinf(f):
+        return "inf" if f > 0 else "-inf"
+    return f
+
+
+# ------------------------------------------------------------------------------------------------
+# reading
+# ------------------------------------------------------------------------------------------------
+class GraphReader:
+    """Rebuilds graphs from a model definition, validating every field."""
+
+    def __init__(self, table: Any, blob: memoryview | bytes, where: str) -> None:
+        self.where = where
+        self.blob = blob
+        if not isinstance(table, list):
+            self.fail("weights table is not a list")
+        self.table = table
+        self._cache: dict[int, np.ndarray] = {}
+
+    def fail(self, msg: str) -> None:
+        raise OmFormatError(f"{self.where}: {msg}", hint="the file is corrupted or was not written by ge; re-create it with `ge compile`")
+
+    # -- helpers --------------------------------------------------------------------------
+    def _obj(self, x: Any, what: str) -> dict:
+        if not isinstance(x, dict):
+            self.fail(f"{what} is not an object")
+        return x
+
+    def _list(self, x: Any, what: str) -> list:
+        if not isinstance(x, list):
+            self.fail(f"{what} is not a list")
+        return x
+
+    def _name(self, x: Any, what: str) -> str:
+        if not isinstance(x, str) or not x or len(x) > MAX_NAME:
+            self.fail(f"{what} is not a valid name")
+        return x
+
+    def _int(self, x: Any, what: str, lo: int = 0, hi: int = 2**62) -> int:
+        if isinstance(x, bool) or not isinstance(x, int) or not lo <= x <= hi:
+            self.fail(f"{what} is not an integer in [{lo}, {hi}]")
+        return x
+
+    def dtype(self, x: Any, what: str) -> np.dtype | None:
+        if x is None:
+            return None
+        if not isinstance(x, str) or x not in _ALLOWED_DTYPES:
+            self.fail(f"{what} has unknown dtype {str(x)[:40]!r}")
+        try:
+            return parse_dtype(x)
+        except (TypeError, ImportError, AttributeError):
+            self.fail(f"{what}: dtype {x} is not available here")
+
+    def shape(self, x: Any, what: str) -> tuple | None:
+        if x is None:
+            return None
+        x = self._list(x, what)
+        if len(x) > MAX_RANK:
+            self.fail(f"{what} has rank {len(x)} (more than {MAX_RANK})")
+        out = []
+        for d in x:
+            if d is None or (isinstance(d, str) and 0 < len(d) <= 256):
+                out.append(d)
+            else:
+                out.append(self._int(d, what, 0, 2**62))
+        return tuple(out)
+
+    def vtype(self, d: dict, what: str) -> TensorType:
+        return TensorType(self.dtype(d.get("dtype"), what), self.shape(d.get("shape"), what))
+
+    def weight(self, idx: Any, what: str) -> np.ndarray:
+        i = self._int(idx, f"{what} weight index", 0, len(self.table) - 1) if self.table else self.fail(f"{what} refers to a weight but the table is empty")
+        if i in self._cache:
+            return self._cache[i]
+        e = self._obj(self.table[i], f"weight {i}")
+        dt = self.dtype(e.get("dtype"), f"weight {i}")
+        if dt is None:
+            self.fail(f"weight {i} has no dtype")
+        shape = self.shape(e.get("shape"), f"weight {i} shape")
+        if shape is None or any(not isinstance(s, int) for s in shape):
+            self.fail(f"weight {i} has no static shape")
+        count = 1
+        for s in shape:
+            count *= s
+            if count > 2**40:
+                self.fail(f"weight {i} claims an absurd element count")
+        if dt == np.dtype(object):
+            strings = self._list(e.get("strings"), f"weight {i} strings")
+            if len(strings) != count or not all(isinstance(s, str) for s in strings):
+                self.fail(f"weight {i}: string data does not match its shape")
+            arr = np.array(strings, dtype=object).reshape(shape)
+        else:
+            off = self._int(e.get("offset"), f"weight {i} offset")
+            nbytes = self._int(e.get("nbytes"), f"weight {i} nbytes")
+            if nbytes != count * dt.itemsize:
+                self.fail(f"weight {i}: {nbytes} bytes do not match shape {list(shape)} of {dtype_name(dt)}")
+            if off + nbytes > len(self.blob):
+                self.fail(f"weight {i} at {off}+{nbytes} lies outside the weights partition ({len(self.blob)} bytes)")
+            if dt.itemsize and off % dt.itemsize:
+                self.fail(f"weight {i} offset {off} is not aligned for {dtype_name(dt)}")
+            arr = np.frombuffer(self.blob, dtype=dt, count=count, offset=off).reshape(shape)
+        self._cache[i] = arr
+        return arr
+
+    def attr(self, a: Any, graph: Graph, scope: dict, what: str) -> Any:
+        a = self._obj(a, what)
+        if len(a) != 1:
+            self.fail(f"{what} is not a tagged attribute")
+        (tag, v), = a.items()
+        if tag == "bool":
+            if not isinstance(v, bool):
+                self.fail(f"{what} is not a bool")
+            return v
+        if tag == "i":
+            return self._int(v, what, -(2**63), 2**63 - 1)
+        if tag == "f":
+            if isinstance(v, str) and v in ("nan", "inf", "-inf"):
+                return float(v)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                self.fail(f"{what} is not a float")
+            return float(v)
+        if tag == "s":
+            if not isinstance(v, str):
+                self.fail(f"{what} is not a string")
+            return v
+        if tag == "b":
+            try:
+                return base64.b64decode(v, validate=True)
+            except Exception:
+                self.fail(f"{what} is not base64")
+        if tag == "t":
+            return self.weight(v, what)
+        if tag == "none":
+            return None
+        if tag == "list":
+            return [self.attr(x, graph, scope, what) for x in self._list(v, what)]
+        if tag == "g":
+            return self.graph(v, parent=graph, scope=scope)
+        if tag == "gs":
+            return [self.graph(x, parent=graph, scope=scope) for x in self._list(v, what)]
+        self.fail(f"{what} has unknown tag {str(tag)[:20]!r}")
+
+    def graph(self, d: Any, parent: Graph | None = None, scope: dict | None = None, depth: int = 0) -> Graph:
+        d = self._obj(d, "graph")
+        if parent is not None and (parent.metadata.get("_depth", 0) > 32):
+            self.fail("subgraphs are nested too deeply")
+        g = Graph(str(d.get("name", "graph"))[:MAX_NAME], parent=parent)
+        if parent is not None:
+            g.metadata["_depth"] = parent.metadata.get("_depth", 0) + 1
+        scope = dict(scope or {})
+        try:
+            if parent is None:
+                ops = self._obj(d.get("opset_imports", {}), "opset_imports")
+                g.opset_imports = {str(k): self._int(v, "opset version", 0, 10**6) for k, v in ops.items()}
+                meta = d.get("metadata", {})
+                if isinstance(meta, dict):
+                    g.metadata.update(meta)
+            for i, vd in enumerate(self._list(d.get("inputs", []), "inputs")):
+                vd = self._obj(vd, f"input {i}")
+                v = g.add_input(self._name(vd.get("name"), f"input {i}"), self.vtype(vd, f"input {i}"))
+                scope[v.name] = v
+            for i, cd in enumerate(self._list(d.get("constants", []), "constants")):
+                cd = self._obj(cd, f"constant {i}")
+                name = self._name(cd.get("name"), f"constant {i}")
+                v = g.add_constant(self.weight(cd.get("weight"), f"constant '{name}'"), name)
+                scope[name] = v
+            for i, nd in enumerate(self._list(d.get("nodes", []), "nodes")):
+                nd = self._obj(nd, f"node {i}")
+                nname = self._name(nd.get("name"), f"node {i}")
+                op = self._name(nd.get("op"), f"node '{nname}' op")
+                dom = nd.get("domain", "")
+                if not isinstance(dom, str):
+                    self.fail(f"node '{nname}' domain is not a string")
+                ins = []
+                for x in self._list(nd.get("inputs", []), f"node '{nname}' inputs"):
+                    if x is None:
+                        ins.append(None)
+                    elif not isinstance(x, str) or x not in scope:
+                        self.fail(f"node '{nname}' reads undefined value {str(x)[:80]!r}")
+                    else:
+                        ins.append(scope[x])
+                outs = [self._obj(o, f"node '{nname}' output") for o in self._list(nd.get("outputs", []), f"node '{nname}' outputs")]
+                attrs = {}
+                for k, a in self._obj(nd.get("attrs", {}), f"node '{nname}' attrs").items():
+                    attrs[k] = self.attr(a, g, scope, f"node '{nname}' attribute '{k}'")
+                node = g.add_node(
+                    op, ins, attrs, domain=dom, name=nname,
+                    output_names=[self._name(o.get("name"), f"node '{nname}' output") for o in outs],
+                    output_types=[self.vtype(o, f"node '{nname}' output") for o in outs],
+                )
+                if node.name != nname:
+                    self.fail(f"two nodes are named '{nname}'")
+                meta = nd.get("meta")
+                if isinstance(meta, dict):
+                    node.meta.update(meta)
+                for v in node.outputs:
+                    scope[v.name] = v
+            outs = []
+            for x in self._list(d.get("outputs", []), "outputs"):
+                if not isinstance(x, str) or x not in scope:
+                    self.fail(f"graph output {str(x)[:80]!r} is not defined")
+                outs.append(scope[x])
+            g.outputs = outs
+            g._output_set = dict.fromkeys(outs)
+        except OmFormatError:
+            raise
+        except GEError as e:  # e.g. duplicate names from the IR
+            self.fail(str(e))
+        g.metadata.pop("_depth", None)
+        return g
+
+
+def read_graph(d: Any, table: Any, blob, where: str) -> Graph:
+    """Rebuild and verify a top-level graph; any inconsistency raises OmFormatError."""
+    r = GraphReader(table, blob, where)
+    try:
+        g = r.graph(d)
+        g.verify()
+    except OmFormatError:
+        raise
+    except GEError as e:
+        raise OmFormatError(f"{where}: the stored graph is invalid: {e}", hint="re-create it with `ge compile`") from None
+    except RecursionError:
+        raise OmFormatError(f"{where}: the stored graph is nested too deeply") from None
+    return g
+
+
+Encoder = Callable[[Any], Any]

@@ -1,0 +1,1 @@
+"""Memory planners: place every intermediate tensor of a schedule in one arena."""

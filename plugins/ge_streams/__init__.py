@@ -1,0 +1,1 @@
+"""Stream allocators: assign each scheduled node to a stream and insert events."""

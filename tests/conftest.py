@@ -1,0 +1,35 @@
+"""Shared fixtures: a fresh plugin host per test that wants one, light model paths."""
+
+import os
+
+import onnx
+import pytest
+
+from ge_core import plugins
+
+LIGHT_DIR = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+LIGHT_MODELS = sorted(f[len("light_"):-len(".onnx")] for f in os.listdir(LIGHT_DIR) if f.endswith(".onnx"))
+
+
+def light_model_path(name: str) -> str:
+    return os.path.join(LIGHT_DIR, f"light_{name}.onnx")
+
+
+@pytest.fixture
+def fresh_host():
+    """A new host that loads the installed entry points; the global one is restored afterwards."""
+    old = plugins.reset_host(plugins.PluginHost())
+    try:
+        yield plugins.get_host()
+    finally:
+        plugins.reset_host(old)
+
+
+@pytest.fixture
+def empty_host():
+    """A host with no entry-point plugins at all."""
+    old = plugins.reset_host(plugins.PluginHost(load_entry_points=False))
+    try:
+        yield plugins.get_host()
+    finally:
+        plugins.reset_host(old)
