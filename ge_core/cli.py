@@ -255,7 +255,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for c in ("kind", "offset", "size", "alignment", "crc32"):
         t.add_column(c)
     for p in f.get("partitions", []):
-        t.add_row(str(p.get("kind")), str(p.get("offset")), f"{p.get('size'):,}", str(p.get("alignment")), f"{p.get('crc32', 0):08x}")
+        t.add_row(str(p.get("kind")), str(p.get("offset")), f"{p.get('size'):,}", str(p.get("alignment")), str(p.get('crc32')))
     con.print(t)
     if info.get("report"):
         _print_report(info["report"], con)

@@ -1,0 +1,141 @@
+"""The command lines: ge compile/run/inspect/passes, atc, and clean errors for bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tests.conftest import light_model_path
+
+
+def ge(*args, check=False, env=None):
+    return subprocess.run([sys.executable, "-m", "ge_core.cli", *map(str, args)], capture_output=True, text=True,
+                          check=check, env=env)
+
+
+def atc(*args):
+    return subprocess.run([sys.executable, "-c", "import sys; from ge_core.cli import atc_main; sys.exit(atc_main())", *map(str, args)],
+                          capture_output=True, text=True)
+
+
+def assert_clean_error(r, *needles):
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and r.stderr.startswith("error: "), r.stderr
+    for n in needles:
+        assert n in r.stderr, (n, r.stderr)
+
+
+@pytest.fixture(scope="module")
+def squeezenet_om(tmp_path_factory):
+    d = tmp_path_factory.mktemp("om")
+    om = d / "sq.om"
+    ge("compile", light_model_path("squeezenet"), "-o", om, "-q", check=True)
+    return om
+
+
+def test_inspect_shows_the_om(squeezenet_om):
+    r = ge("inspect", squeezenet_om, check=True)
+    assert "weights" in r.stdout and "compile report" in r.stdout
+    info = json.loads(ge("inspect", squeezenet_om, "--json", check=True).stdout)
+    assert info["model"]["nodes"] > 0 and {p["kind"] for p in info["file"]["partitions"]} == {"model", "weights"}
+    assert info["report"]["op_counts"]["Conv"] == 26
+
+
+def test_atc_compile_and_mode1(tmp_path):
+    out = tmp_path / "alex"
+    r = atc("--model=" + light_model_path("bvlc_alexnet"), "--framework=5", f"--output={out}", "--soc_version=Ascend310",
+            "--input_shape=data_0:1,3,224,224", "--log=error", "--precision_mode=force_fp32")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "alex.om").exists() and "no effect" in r.stderr
+    r = atc("--mode=1", f"--om={tmp_path / 'alex.om'}", f"--json={tmp_path / 'alex.json'}")
+    assert r.returncode == 0, r.stderr
+    info = json.loads((tmp_path / "alex.json").read_text())
+    assert info["model"]["inputs"][0]["name"] == "data_0"
+
+
+def test_atc_out_nodes_and_bad_flags(tmp_path):
+    r = atc("--model=" + light_model_path("squeezenet"), "--framework=5", f"--output={tmp_path / 's'}", "--out_nodes=r65")
+    assert r.returncode == 0, r.stderr
+    r = ge("run", tmp_path / "s.om", "--json", check=True)
+    assert list(json.loads(r.stdout)["outputs"]) == ["r65"]
+    assert_clean_error(atc("--model=x.onnx", "--framwork=5", "--output=y"), "did you mean", "framework")
+    assert_clean_error(atc("--model=" + light_model_path("squeezenet"), "--framework=4", f"--output={tmp_path / 's'}"), "framework 4")
+
+
+def test_missing_file():
+    assert_clean_error(ge("compile", "/nonexistent/model.onnx"), "/nonexistent/model.onnx", "does not exist")
+    assert_clean_error(ge("run", "/nonexistent/model.om"), "/nonexistent/model.om")
+
+
+def test_not_a_model(tmp_path):
+    p = tmp_path / "notes.onnx"
+    p.write_text("these are my notes, not a model\n" * 10)
+    assert_clean_error(ge("compile", p, "-o", tmp_path / "x.om"), str(p))
+    q = tmp_path / "data.bin"
+    q.write_bytes(os.urandom(300))
+    assert_clean_error(ge("compile", q), str(q))
+    assert not (tmp_path / "x.om").exists()
+
+
+def test_truncated_and_bitflipped_om(squeezenet_om, tmp_path):
+    raw = squeezenet_om.read_bytes()
+    t = tmp_path / "t.om"
+    t.write_bytes(raw[: len(raw) // 2])
+    assert_clean_error(ge("run", t), "truncated")
+    assert_clean_error(ge("inspect", t), "truncated")
+    b = bytearray(raw)
+    b[len(b) - 100] ^= 0x10
+    f = tmp_path / "f.om"
+    f.write_bytes(bytes(b))
+    assert_clean_error(ge("run", f), str(f))
+
+
+def test_unknown_op_named_with_domain_and_node(tmp_path):
+    node = helper.make_node("FancyOp", ["x"], ["y"], name="my_fancy_node", domain="com.example")
+    node2 = helper.make_node("Reluu", ["y"], ["z"], name="typo_node")
+    g = helper.make_graph([node, node2], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    p = tmp_path / "custom.onnx"
+    onnx.save(m, p)
+    assert_clean_error(ge("compile", p), "FancyOp", "com.example", "my_fancy_node", "Reluu", "typo_node")
+
+
+def test_external_data_outside_model_folder(tmp_path):
+    w = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4])
+    w.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", "../secret.bin"), ("offset", "0"), ("length", "16")):
+        e = w.external_data.add()
+        e.key, e.value = k, v
+    (tmp_path / "secret.bin").write_bytes(np.ones(4, np.float32).tobytes())
+    sub = tmp_path / "model"
+    sub.mkdir()
+    node = helper.make_node("Add", ["x", "w"], ["y"], name="add")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], initializer=[w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    p = sub / "m.onnx"
+    p.write_bytes(m.SerializeToString())
+    assert_clean_error(ge("compile", p, "-o", tmp_path / "m.om"), "../secret.bin", "outside")
+
+
+def test_bad_input_to_run(squeezenet_om, tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((1, 3, 10, 10), np.float32))
+    assert_clean_error(ge("run", squeezenet_om, "--input", f"data_0={tmp_path / 'x.npy'}"), "data_0", "expects")
+    assert_clean_error(ge("run", squeezenet_om, "--input", f"nope={tmp_path / 'x.npy'}"), "unknown input", "nope")
+    np.save(tmp_path / "o.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    assert_clean_error(ge("run", squeezenet_om, "--input", f"data_0={tmp_path / 'o.npy'}"), "o.npy")
+
+
+def test_passes_and_bad_config(tmp_path):
+    data = json.loads(ge("passes", "--json", check=True).stdout)
+    assert data["stages"][0]["passes"][0]["name"] == "infer_shapes"
+    cfg = tmp_path / "p.toml"
+    cfg.write_text('[pipeline.prepare]\npasses = ["infer_shape"]\n')
+    assert_clean_error(ge("passes", "--config", cfg), "infer_shape", "did you mean: infer_shapes")
+    assert_clean_error(ge("compile", light_model_path("squeezenet"), "--config", cfg, "-o", tmp_path / "x.om"), "infer_shapes")
