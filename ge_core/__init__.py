@@ -10,6 +10,7 @@ are plugins found through the ``ge.plugins`` entry-point group.
 
 __version__ = "0.1.0"
 
+from .api import compile, load, load_om  # noqa: E402
 from .errors import (  # noqa: E402
     DuplicateRegistrationError,
     ExecutionError,
@@ -28,11 +29,10 @@ from .errors import (  # noqa: E402
 from .hookspecs import hookimpl, hookspec  # noqa: E402
 from .ir import Graph, Node, TensorType, Value  # noqa: E402
 from .kernel import KernelSpec  # noqa: E402
+from .model import CompiledModel  # noqa: E402
 from .ops import OpDef, OpKind  # noqa: E402
 from .options import CompileOptions  # noqa: E402
 from .passes import Pass, PassContext, graph_pass  # noqa: E402
-from .api import compile, load, load_om  # noqa: E402
-from .model import CompiledModel  # noqa: E402
 from .plugins import get_host  # noqa: E402
 
 __all__ = [

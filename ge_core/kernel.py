@@ -9,8 +9,9 @@ specialisation happen in the factory, so the returned callable does only the ari
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -6,11 +6,12 @@ checks plans; planner plugins (``ge_register_memory_planners``) choose the offse
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from .errors import GEError
-from .ir.graph import Graph, Node, Value
+from .ir.graph import Graph, Node
 
 DEFAULT_ALIGNMENT = 64
 
@@ -28,7 +29,7 @@ class Buffer:
     start: int
     end: int
 
-    def overlaps_in_time(self, other: "Buffer") -> bool:
+    def overlaps_in_time(self, other: Buffer) -> bool:
         return not (self.end < other.start or other.end < self.start)
 
 

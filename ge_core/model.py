@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from .errors import GEError, InputError
+from .errors import InputError
 from .ir.graph import Graph
 from .memory import MemoryPlan
 from .options import CompileOptions

@@ -120,7 +120,7 @@ def load_om(path: str | os.PathLike, *, host=None, verify_checksums: bool = True
         model = CompiledModel(graph, options, streams=streams, memory_plan=plan, report=report, host=host or get_host())
         model.source = path
         model._keepalive = container
-        model.executable  # build now so a broken model fails at load, not at first run
+        _ = model.executable  # build now so a broken model fails at load, not at first run
         return model
     except BaseException:
         container.close()
@@ -155,7 +155,7 @@ def _read_plan(d: Any, path: str) -> MemoryPlan | None:
     offsets, arena = d.get("offsets", {}), d.get("arena_bytes", 0)
     if not isinstance(offsets, dict) or not isinstance(arena, int) or not 0 <= arena < 2**48:
         raise bad
-    for k, v in offsets.items():
+    for v in offsets.values():
         if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= arena:
             raise bad
     return MemoryPlan(dict(offsets), arena, str(d.get("planner", "")))

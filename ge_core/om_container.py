@@ -72,8 +72,9 @@ import secrets
 import stat
 import struct
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -620,7 +621,7 @@ class Container:
             except BufferError:
                 pass  # views still exported; unmapped when the last one is collected
 
-    def __enter__(self) -> "Container":
+    def __enter__(self) -> Container:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .errors import GEError, ShapeInferenceError, UnsupportedOpError
 from .ir.graph import Graph, Node

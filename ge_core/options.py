@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
+
+import tomllib
 
 from .errors import OptionError
 from .registry import close_matches
@@ -54,7 +56,7 @@ class CompileOptions:
 
     # ------------------------------------------------------------------------------------------
     @classmethod
-    def from_any(cls, options: "CompileOptions | Mapping[str, Any] | str | os.PathLike | None", **overrides) -> "CompileOptions":
+    def from_any(cls, options: CompileOptions | Mapping[str, Any] | str | os.PathLike | None, **overrides) -> CompileOptions:
         """Options from a CompileOptions, a dict, or a TOML config path; then ``overrides``."""
         if isinstance(options, CompileOptions):
             opts = dataclasses.replace(options)
@@ -72,7 +74,7 @@ class CompileOptions:
         return opts
 
     @classmethod
-    def from_config(cls, path: str | os.PathLike) -> "CompileOptions":
+    def from_config(cls, path: str | os.PathLike) -> CompileOptions:
         opts = cls()
         opts.load_config(path)
         return opts

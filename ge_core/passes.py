@@ -14,8 +14,9 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from .errors import GEError, OptionError, PassError
 from .ir.graph import Graph
@@ -45,21 +46,21 @@ class Pass:
     fixed_point: ClassVar[bool] = False
     description: ClassVar[str] = ""
 
-    def run(self, graph: Graph, ctx: "PassContext") -> bool:  # pragma: no cover - interface
+    def run(self, graph: Graph, ctx: PassContext) -> bool:  # pragma: no cover - interface
         raise NotImplementedError
 
 
 class FunctionPass(Pass):
     """A pass made from a function ``fn(graph, ctx) -> bool`` (see :func:`graph_pass`)."""
 
-    def __init__(self, fn: Callable[[Graph, "PassContext"], bool], **attrs: Any) -> None:
+    def __init__(self, fn: Callable[[Graph, PassContext], bool], **attrs: Any) -> None:
         self._fn = fn
         for k, v in attrs.items():
             setattr(self, k, v)
         if not self.description:
             self.description = (fn.__doc__ or "").strip().split("\n")[0]
 
-    def run(self, graph: Graph, ctx: "PassContext") -> bool:
+    def run(self, graph: Graph, ctx: PassContext) -> bool:
         return bool(self._fn(graph, ctx))
 
 

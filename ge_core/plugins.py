@@ -16,8 +16,9 @@ import logging
 import os
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pluggy
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import difflib
-from typing import Generic, Hashable, Iterator, TypeVar
+from collections.abc import Hashable, Iterator
+from typing import Generic, TypeVar
 
 from .errors import DuplicateRegistrationError, GEError
 

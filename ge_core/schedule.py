@@ -27,5 +27,5 @@ class StreamAssignment:
         return {"streams": list(self.streams), "events": [list(e) for e in self.events]}
 
     @classmethod
-    def single(cls, n: int) -> "StreamAssignment":
+    def single(cls, n: int) -> StreamAssignment:
         return cls([0] * n, [])

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from typing import Any, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -36,10 +37,10 @@ class Value:
         name: str,
         type: TensorType | None = None,
         *,
-        producer: "Node | None" = None,
+        producer: Node | None = None,
         index: int = 0,
         const_value: np.ndarray | None = None,
-        graph: "Graph | None" = None,
+        graph: Graph | None = None,
     ) -> None:
         self.name = name
         self.type = type if type is not None else TensorType()
@@ -51,12 +52,12 @@ class Value:
         self.meta: dict[str, Any] = {}
 
     # -- use-def -------------------------------------------------------------------------
-    def uses(self) -> list[tuple["Node", int]]:
+    def uses(self) -> list[tuple[Node, int]]:
         """Snapshot of ``(node, input_index)`` pairs reading this value (safe to mutate)."""
         return list(self._uses)
 
     @property
-    def users(self) -> list["Node"]:
+    def users(self) -> list[Node]:
         """Distinct nodes that read this value, in first-use order."""
         return list(dict.fromkeys(n for n, _ in self._uses))
 
@@ -75,7 +76,7 @@ class Value:
     def is_graph_output(self) -> bool:
         return self.graph is not None and self in self.graph._output_set
 
-    def replace_all_uses_with(self, other: "Value", *, include_outputs: bool = True) -> None:
+    def replace_all_uses_with(self, other: Value, *, include_outputs: bool = True) -> None:
         """Make every reader of this value read ``other`` instead.
 
         If this value is a graph output, ``other`` takes its place (and its name, so the
@@ -186,7 +187,7 @@ class Node:
     def qualified_op(self) -> str:
         return f"{self.domain}::{self.op_type}" if self.domain else self.op_type
 
-    def subgraphs(self) -> list["Graph"]:
+    def subgraphs(self) -> list[Graph]:
         """Graphs held in attributes (control-flow bodies)."""
         out: list[Graph] = []
         for a in self.attrs.values():
@@ -196,7 +197,7 @@ class Node:
                 out.extend(a)
         return out
 
-    def users(self) -> list["Node"]:
+    def users(self) -> list[Node]:
         """Distinct nodes reading any output of this node."""
         seen: dict[Node, None] = {}
         for v in self.outputs:
@@ -217,7 +218,7 @@ class Graph:
     ``opset_imports`` maps domain to version ("" is ONNX's default domain).
     """
 
-    def __init__(self, name: str = "graph", *, parent: "Graph | None" = None) -> None:
+    def __init__(self, name: str = "graph", *, parent: Graph | None = None) -> None:
         self.name = name
         self.parent = parent
         self.inputs: list[Value] = []
@@ -602,7 +603,7 @@ class Graph:
 
         return format_graph(self)
 
-    def copy(self) -> "Graph":
+    def copy(self) -> Graph:
         """A deep copy (constants share their arrays, which the IR never mutates)."""
         return _copy_graph(self, None, {})
 

@@ -79,7 +79,7 @@ class TensorType:
             return None
         return n * self.dtype.itemsize
 
-    def with_shape(self, shape: Shape) -> "TensorType":
+    def with_shape(self, shape: Shape) -> TensorType:
         return TensorType(self.dtype, shape)
 
     def __str__(self) -> str:
@@ -90,7 +90,7 @@ class TensorType:
         return f"{dtype_name(self.dtype)}[{dims}]"
 
     @classmethod
-    def of(cls, array: np.ndarray) -> "TensorType":
+    def of(cls, array: np.ndarray) -> TensorType:
         """The exact type of a concrete array."""
         return cls(array.dtype, tuple(int(d) for d in array.shape))
 

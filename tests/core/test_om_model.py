@@ -1,7 +1,6 @@
 """Compiled models saved as .om: roundtrip, zero-copy weights, validation of hostile files."""
 
 import json
-import os
 import random
 import subprocess
 import sys
