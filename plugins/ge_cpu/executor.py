@@ -9,7 +9,8 @@ A run keeps its values in a local list, so one executable serves many threads at
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

@@ -1,0 +1,52 @@
+"""NumPy CPU kernels of the default ``ge_cpu`` backend.
+
+``KERNELS`` maps ``(domain, op_type)`` (domain ``""`` is ONNX's default domain) to a kernel
+factory: ``factory(spec: KernelSpec) -> kernel``; ``kernel(*inputs)`` returns a tuple with one
+``np.ndarray`` per output (never a NumPy scalar, even for 0-d results). Kernels never write into
+their inputs but may return views of them (Reshape, Squeeze, Slice, Transpose, Identity, ...).
+
+Modules: ``elementwise`` (arithmetic, activations, logic, Cast, Clip, Where, variadic),
+``matmul`` (MatMul, Gemm, Einsum), ``nn`` (Conv, ConvTranspose, pooling, LRN, normalisations,
+Softmax family, Dropout), ``reduce`` (Reduce*, ArgMax/ArgMin), ``resize`` (Resize, Upsample),
+``tensor`` (shape and data movement). ``reference_fallback`` runs any other ONNX op through
+``onnx.reference`` and is not part of ``KERNELS``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ge_core.kernel import KernelFactory, KernelSpec
+
+from . import elementwise, matmul, nn, reduce, resize, tensor
+
+
+def _arrays_out(factory: KernelFactory) -> KernelFactory:
+    """Wrap a factory so its kernel always returns a tuple of ndarrays (0-d ufunc results are
+    NumPy scalars otherwise)."""
+
+    @functools.wraps(factory)
+    def build(spec: KernelSpec):
+        kernel = factory(spec)
+
+        def run(*inputs):
+            outs = kernel(*inputs)
+            return tuple(o if type(o) is np.ndarray else np.asarray(o) for o in outs)
+
+        run.__wrapped__ = kernel  # type: ignore[attr-defined]
+        run.__name__ = f"{spec.op_type}_kernel"
+        return run
+
+    return build
+
+
+KERNELS: dict[tuple[str, str], KernelFactory] = {}
+for _mod in (elementwise, matmul, nn, reduce, resize, tensor):
+    for _key, _factory in _mod.KERNELS.items():
+        if _key in KERNELS:  # pragma: no cover - a programming error caught by the tests
+            raise RuntimeError(f"kernel {_key} defined twice")
+        KERNELS[_key] = _arrays_out(_factory)
+
+__all__ = ["KERNELS"]

@@ -1,0 +1,78 @@
+"""Matrix kernels: MatMul, Gemm, Einsum (BLAS does the work through np.matmul)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ge_core.kernel import KernelSpec
+
+from ._util import as_str, cast_like, const_input, has_input
+
+KERNELS: dict = {}
+
+
+def matmul_factory(spec: KernelSpec):
+    def kernel(a, b):
+        return (cast_like(np.matmul(a, b), a.dtype),)
+
+    return kernel
+
+
+def gemm_factory(spec: KernelSpec):
+    alpha = float(spec.attr("alpha", 1.0))
+    beta = float(spec.attr("beta", 1.0))
+    trans_a = int(spec.attr("transA", 0))
+    trans_b = int(spec.attr("transB", 0))
+    with_c = has_input(spec, 2)
+
+    # Pre-scale constant operands at build time so the call is one GEMM plus one add.
+    b_const = const_input(spec, 1)
+    if b_const is not None:
+        b_const = b_const.T if trans_b else b_const
+        if alpha != 1.0:
+            b_const = np.ascontiguousarray(b_const * b_const.dtype.type(alpha))
+        alpha_run = 1.0
+    else:
+        alpha_run = alpha
+    c_const = const_input(spec, 2) if with_c else None
+    if c_const is not None and beta != 1.0:
+        c_const = c_const * c_const.dtype.type(beta)
+    beta_run = 1.0 if c_const is not None else beta
+
+    def kernel(a, b, c=None):
+        if trans_a:
+            a = a.T
+        if b_const is not None:
+            b = b_const
+        elif trans_b:
+            b = b.T
+        y = np.matmul(a, b)
+        if alpha_run != 1.0:
+            y *= y.dtype.type(alpha_run)
+        if c_const is not None:
+            c = c_const
+        if c is not None and beta_run != 0.0:
+            if beta_run != 1.0:
+                c = c * c.dtype.type(beta_run)
+            if np.broadcast_shapes(y.shape, c.shape) == y.shape:
+                y += c
+            else:
+                y = y + c
+        return (cast_like(y, a.dtype),)
+
+    return kernel
+
+
+def einsum_factory(spec: KernelSpec):
+    eq = as_str(spec.attr("equation"), "").replace(" ", "")
+
+    def kernel(*xs):
+        r = np.einsum(eq, *xs, optimize=len(xs) > 1)
+        return (cast_like(np.asarray(r), xs[0].dtype),)
+
+    return kernel
+
+
+KERNELS[("", "MatMul")] = matmul_factory
+KERNELS[("", "Gemm")] = gemm_factory
+KERNELS[("", "Einsum")] = einsum_factory

@@ -1,0 +1,774 @@
+"""Neural-network kernels: Conv, ConvTranspose, pooling, LRN, normalisations, Softmax, Dropout.
+
+Convolution strategy (all per call work is a handful of large NumPy/BLAS calls):
+
+* 1x1, unpadded conv: a direct batched GEMM on the (strided) input, no im2col;
+* depthwise conv (group == C, one input channel per group): a loop over the *kernel positions*
+  only, each one a fused multiply-add over the whole tensor;
+* everything else: pad once, im2col through ``sliding_window_view`` (one copy into the column
+  matrix) and a single ``np.matmul`` for all groups and the whole batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ge_core.kernel import KernelSpec
+
+from ._util import as_str, cast_like, const_input, has_input, ints, norm_axis, unsupported
+
+KERNELS: dict = {}
+
+
+def _reg(*names: str):
+    def deco(fn):
+        for n in names:
+            KERNELS[("", n)] = fn
+        return fn
+
+    return deco
+
+
+_AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+def _auto_pad(spec: KernelSpec) -> str:
+    ap = as_str(spec.attr("auto_pad"), "NOTSET") or "NOTSET"
+    if ap not in _AUTO_PADS:
+        raise unsupported(spec, f"auto_pad={ap!r}")
+    return ap
+
+
+def _spatial_rank(spec: KernelSpec, kernel_shape, input_index: int = 0, weight_index: int | None = None):
+    if kernel_shape is not None:
+        return len(kernel_shape)
+    if weight_index is not None:
+        w = const_input(spec, weight_index)
+        if w is not None:
+            return w.ndim - 2
+        if weight_index < len(spec.inputs) and spec.inputs[weight_index] is not None \
+                and spec.inputs[weight_index].rank is not None:
+            return spec.inputs[weight_index].rank - 2
+    if input_index < len(spec.inputs) and spec.inputs[input_index] is not None \
+            and spec.inputs[input_index].rank is not None:
+        return spec.inputs[input_index].rank - 2
+    return None
+
+
+def _window_plan(auto_pad, pads, in_sp, k, s, d, ceil_mode=False):
+    """Return (pad_begin, pad_end, out_spatial, padded_end) for a sliding-window op.
+
+    ``padded_end`` is the end padding the buffer needs so every output window fits (it can
+    exceed ``pad_end`` with ``ceil_mode``); ``pad_end`` itself is the model's padding.
+    """
+    nd = len(in_sp)
+    eff = [(k[i] - 1) * d[i] + 1 for i in range(nd)]
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = [-(-in_sp[i] // s[i]) for i in range(nd)]
+        total = [max(0, (out[i] - 1) * s[i] + eff[i] - in_sp[i]) for i in range(nd)]
+        if auto_pad == "SAME_UPPER":
+            pb = [t // 2 for t in total]
+        else:
+            pb = [t - t // 2 for t in total]
+        pe = [total[i] - pb[i] for i in range(nd)]
+    else:
+        if auto_pad == "VALID":
+            pb = [0] * nd
+            pe = [0] * nd
+        else:
+            pb = list(pads[:nd]) if pads else [0] * nd
+            pe = list(pads[nd:]) if pads else [0] * nd
+        out = []
+        for i in range(nd):
+            span = in_sp[i] + pb[i] + pe[i] - eff[i]
+            if ceil_mode:
+                o = -(-span // s[i]) + 1
+                # the last window must start inside the input or the left padding
+                if (o - 1) * s[i] >= in_sp[i] + pb[i]:
+                    o -= 1
+            else:
+                o = span // s[i] + 1
+            out.append(max(o, 0))
+    padded_end = [max(pe[i], (out[i] - 1) * s[i] + eff[i] - in_sp[i] - pb[i]) for i in range(nd)]
+    return pb, pe, out, padded_end
+
+
+def _pad_spatial(x, pb, pe, value=0):
+    """Pad the spatial axes (2..) of x; returns x itself when there is nothing to pad."""
+    if not any(pb) and not any(pe):
+        return x
+    shape = x.shape[:2] + tuple(x.shape[2 + i] + pb[i] + pe[i] for i in range(len(pb)))
+    if value == 0:
+        xp = np.zeros(shape, x.dtype)
+    else:
+        xp = np.full(shape, value, x.dtype)
+    xp[(slice(None), slice(None)) + tuple(slice(pb[i], pb[i] + x.shape[2 + i]) for i in range(len(pb)))] = x
+    return xp
+
+
+def _position_slices(k, s, d, out):
+    """For every kernel position, the tuple of spatial slices of the padded input it reads."""
+    res = []
+    for pos in itertools.product(*[range(ki) for ki in k]):
+        res.append(tuple(slice(pos[i] * d[i], pos[i] * d[i] + (out[i] - 1) * s[i] + 1, s[i])
+                         for i in range(len(k))))
+    return res
+
+
+class _PlanCache:
+    """Per input spatial shape memo of window plans (shapes rarely change between calls)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.plans: dict = {}
+
+    def __call__(self, key):
+        p = self.plans.get(key)
+        if p is None:
+            p = self.fn(key)
+            if len(self.plans) < 64:
+                self.plans[key] = p
+        return p
+
+
+# ---------------------------------------------------------------------------------------------
+# Conv
+
+#: Element count (64 MiB of float32) above which the im2col matrix is built and multiplied in
+#: blocks of output rows: a memory guard; blocking does not make the GEMM faster here.
+_COLS_BLOCK = 1 << 24
+
+
+@_reg("Conv")
+def conv_factory(spec: KernelSpec):
+    auto_pad = _auto_pad(spec)
+    group = int(spec.attr("group", 1))
+    kernel_shape = ints(spec.attr("kernel_shape"))
+    nd = _spatial_rank(spec, kernel_shape, 0, 1)
+    if nd is None:
+        raise unsupported(spec, "unknown spatial rank (no kernel_shape and untyped weights)")
+    strides = ints(spec.attr("strides")) or [1] * nd
+    dilations = ints(spec.attr("dilations")) or [1] * nd
+    pads = ints(spec.attr("pads")) or [0] * (2 * nd)
+    if len(strides) != nd or len(dilations) != nd or len(pads) != 2 * nd:
+        raise unsupported(spec, "strides/dilations/pads whose length does not match the kernel rank")
+    if any(p < 0 for p in pads):
+        raise unsupported(spec, "negative pads")
+
+    w_const = const_input(spec, 1)
+    b_const = const_input(spec, 2) if has_input(spec, 2) else None
+    packed = {}
+
+    def pack(w):
+        m = w.shape[0]
+        return w.reshape(group, m // group, -1)
+
+    if w_const is not None:
+        packed["w"] = np.ascontiguousarray(pack(w_const))
+        packed["dw"] = None
+
+    def planner(key):
+        in_sp, k = key
+        return _window_plan(auto_pad, pads, in_sp, k, strides, dilations)
+
+    plans = _PlanCache(planner)
+
+    def kernel(x, w, b=None):
+        if b_const is not None:
+            b = b_const
+        n, c = x.shape[:2]
+        m = w.shape[0]
+        k = w.shape[2:]
+        cg = c // group
+        if w.shape[1] != cg or c % group or m % group:
+            raise ValueError(f"Conv: input channels {c} / group {group} do not match weights {w.shape}")
+        in_sp = x.shape[2:]
+        pb, pe, out_sp, _ = plans((in_sp, k))
+        wk = packed["w"] if w_const is not None else pack(w)
+        p = math.prod(out_sp)
+        if all(ki == 1 for ki in k) and not any(pb) and not any(pe):
+            xs = x
+            if any(si != 1 for si in strides):
+                xs = x[(slice(None), slice(None)) + tuple(slice(None, None, si) for si in strides)]
+            xs = xs.reshape(n, group, cg, p) if group > 1 else xs.reshape(n, cg, p)
+            y = np.matmul(wk if group > 1 else wk[0], xs)
+        elif cg == 1 and group == c:
+            y = _depthwise(x, w, pb, pe, out_sp, k)
+        else:
+            xp = _pad_spatial(x, pb, pe)
+            eff = [(k[i] - 1) * dilations[i] + 1 for i in range(nd)]
+            v = sliding_window_view(xp, eff, axis=tuple(range(2, 2 + nd)))
+            v = v[(slice(None), slice(None))
+                  + tuple(slice(0, (out_sp[i] - 1) * strides[i] + 1, strides[i]) for i in range(nd))
+                  + tuple(slice(None, None, di) for di in dilations)]
+            perm = (0, 1) + tuple(range(2 + nd, 2 + 2 * nd)) + tuple(range(2, 2 + nd))
+            kdim = cg * math.prod(k)
+            rows = out_sp[0]
+            row_p = p // rows if rows else 0
+            # Tile over the first output axis when the column matrix would be large, so the
+            # im2col copy and the GEMM work on bounded blocks (peak memory stays low).
+            step = max(1, _COLS_BLOCK // max(1, n * c * math.prod(k) * row_p))
+            if step >= rows:
+                cols = v.transpose(perm).reshape(n, group, kdim, p)
+                y = np.matmul(wk, cols) if group > 1 else np.matmul(wk[0], cols[:, 0])
+            else:
+                y = np.empty((n, group, m // group, rows, row_p), x.dtype)
+                vt = v.transpose(perm)
+                for r0 in range(0, rows, step):
+                    r1 = min(rows, r0 + step)
+                    blk = vt[(Ellipsis, slice(r0, r1)) + (slice(None),) * (nd - 1)]
+                    cols = blk.reshape(n, group, kdim, (r1 - r0) * row_p)
+                    part = np.matmul(wk, cols) if group > 1 else np.matmul(wk[0], cols[:, 0])[:, None]
+                    y[:, :, :, r0:r1] = part.reshape(n, group, m // group, r1 - r0, row_p)
+        y = y.reshape((n, m) + tuple(out_sp))
+        if b is not None:
+            y += b.reshape((m,) + (1,) * nd).astype(y.dtype, copy=False)
+        return (cast_like(y, x.dtype),)
+
+    def _depthwise(x, w, pb, pe, out_sp, k):
+        n, c = x.shape[:2]
+        mult = w.shape[0] // c
+        xp = _pad_spatial(x, pb, pe)
+        wd = w.reshape((c, mult) + tuple(k))
+        y = None
+        tmp = None
+        lead = (slice(None), slice(None))
+        for pos, sl in zip(itertools.product(*[range(ki) for ki in k]),
+                           _position_slices(k, strides, dilations, out_sp)):
+            xs = xp[lead + sl]
+            if mult == 1:
+                wp = wd[(slice(None), 0) + pos].reshape((c,) + (1,) * nd)
+            else:
+                xs = xs[:, :, None]
+                wp = wd[(slice(None), slice(None)) + pos].reshape((c, mult) + (1,) * nd)
+            if y is None:
+                y = xs * wp
+                tmp = np.empty_like(y)
+            else:
+                np.multiply(xs, wp, out=tmp)
+                y += tmp
+        return y
+
+    return kernel
+
+
+# ---------------------------------------------------------------------------------------------
+# ConvTranspose
+
+
+@_reg("ConvTranspose")
+def conv_transpose_factory(spec: KernelSpec):
+    auto_pad = _auto_pad(spec)
+    group = int(spec.attr("group", 1))
+    kernel_shape = ints(spec.attr("kernel_shape"))
+    nd = _spatial_rank(spec, kernel_shape, 0, 1)
+    if nd is None:
+        raise unsupported(spec, "unknown spatial rank")
+    strides = ints(spec.attr("strides")) or [1] * nd
+    dilations = ints(spec.attr("dilations")) or [1] * nd
+    pads_attr = ints(spec.attr("pads"))
+    out_pad = ints(spec.attr("output_padding")) or [0] * nd
+    output_shape = ints(spec.attr("output_shape"))
+    w_const = const_input(spec, 1)
+    b_const = const_input(spec, 2) if has_input(spec, 2) else None
+
+    def plan(in_sp, k):
+        eff = [(k[i] - 1) * dilations[i] + 1 for i in range(nd)]
+        if output_shape is not None:
+            osz = list(output_shape[-nd:])
+            total = [strides[i] * (in_sp[i] - 1) + out_pad[i] + eff[i] - osz[i] for i in range(nd)]
+            if auto_pad == "SAME_UPPER":
+                pb = [t // 2 for t in total]
+            else:
+                pb = [t - t // 2 for t in total]
+            return pb, osz
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            osz = [in_sp[i] * strides[i] for i in range(nd)]
+            total = [strides[i] * (in_sp[i] - 1) + out_pad[i] + eff[i] - osz[i] for i in range(nd)]
+            if auto_pad == "SAME_UPPER":
+                pb = [t // 2 for t in total]
+            else:
+                pb = [t - t // 2 for t in total]
+            return pb, osz
+        pads = [0] * (2 * nd) if auto_pad == "VALID" or pads_attr is None else pads_attr
+        pb = list(pads[:nd])
+        osz = [strides[i] * (in_sp[i] - 1) + out_pad[i] + eff[i] - pads[i] - pads[nd + i]
+               for i in range(nd)]
+        return pb, osz
+
+    plans = _PlanCache(lambda key: plan(*key))
+    wpack = None
+    if w_const is not None:
+        c, mg = w_const.shape[:2]
+        cg = c // group
+        # (g, Mg*K, Cg): columns = W_g^T @ X_g
+        wpack = np.ascontiguousarray(
+            w_const.reshape(group, cg, mg * math.prod(w_const.shape[2:])).transpose(0, 2, 1))
+
+    def kernel(x, w, b=None):
+        if b_const is not None:
+            b = b_const
+        n, c = x.shape[:2]
+        in_sp = x.shape[2:]
+        mg = w.shape[1]
+        k = w.shape[2:]
+        kk = math.prod(k)
+        cg = c // group
+        m = mg * group
+        pb, osz = plans((tuple(in_sp), tuple(k)))
+        if any(p < 0 for p in pb):
+            raise ValueError("ConvTranspose: negative padding")
+        wt = wpack if wpack is not None else w.reshape(group, cg, mg * kk).transpose(0, 2, 1)
+        xs = x.reshape(n, group, cg, math.prod(in_sp))
+        cols = np.matmul(wt, xs)  # (n, g, mg*kk, P)
+        cols = cols.reshape((n, m, kk) + tuple(in_sp))
+        full = [max((in_sp[i] - 1) * strides[i] + (k[i] - 1) * dilations[i] + 1, pb[i] + osz[i])
+                for i in range(nd)]
+        y = np.zeros((n, m) + tuple(full), dtype=x.dtype)
+        for j, pos in enumerate(itertools.product(*[range(ki) for ki in k])):
+            sl = tuple(slice(pos[i] * dilations[i], pos[i] * dilations[i] + (in_sp[i] - 1) * strides[i] + 1,
+                             strides[i]) for i in range(nd))
+            y[(slice(None), slice(None)) + sl] += cols[:, :, j]
+        y = y[(slice(None), slice(None)) + tuple(slice(pb[i], pb[i] + osz[i]) for i in range(nd))]
+        if b is not None:
+            y = y + b.reshape((m,) + (1,) * nd).astype(y.dtype, copy=False)
+        else:
+            y = np.ascontiguousarray(y)
+        return (cast_like(y, x.dtype),)
+
+    return kernel
+
+
+# ---------------------------------------------------------------------------------------------
+# pooling
+
+
+def _pool_common(spec: KernelSpec):
+    auto_pad = _auto_pad(spec)
+    k = ints(spec.attr("kernel_shape"))
+    if not k:
+        raise unsupported(spec, "missing kernel_shape")
+    nd = len(k)
+    s = ints(spec.attr("strides")) or [1] * nd
+    d = ints(spec.attr("dilations")) or [1] * nd
+    pads = ints(spec.attr("pads")) or [0] * (2 * nd)
+    ceil_mode = bool(spec.attr("ceil_mode", 0))
+    if len(s) != nd or len(d) != nd or len(pads) != 2 * nd:
+        raise unsupported(spec, "strides/dilations/pads whose length does not match kernel_shape")
+    return auto_pad, k, s, d, pads, ceil_mode
+
+
+def _lowest(dtype):
+    if np.issubdtype(dtype, np.floating):
+        return -np.inf
+    if dtype == np.bool_:
+        return False
+    return np.iinfo(dtype).min
+
+
+def _axis_taps(in_len, k, s, d, pb, out_len):
+    """For each tap of a 1-D window: (first output, output count, first input) it contributes to.
+
+    Taps that would read padding are clipped away, so pooling never needs a padded copy.
+    """
+    taps = []
+    for j in range(k):
+        off = j * d - pb
+        lo = max(0, -(off // s)) if off < 0 else 0  # ceil(-off / s)
+        hi = min(out_len, (in_len - 1 - off) // s + 1) if in_len - 1 - off >= 0 else 0
+        if hi > lo:
+            taps.append((lo, hi - lo, lo * s + off))
+    return taps
+
+
+def _separable_pool(x, plan_axes, ufunc, init):
+    """Pool x over its spatial axes one axis at a time (max or sum windows are separable)."""
+    y = x
+    for ax, (taps, out_len, s) in plan_axes:
+        shape = list(y.shape)
+        shape[ax] = out_len
+        if len(taps) == 1 and taps[0][0] == 0 and taps[0][1] == out_len:
+            lo, cnt, start = taps[0]
+            idx = [slice(None)] * y.ndim
+            idx[ax] = slice(start, start + (cnt - 1) * s + 1, s)
+            y = y[tuple(idx)]
+            continue
+        r = None
+        full = [t for t in taps if t[0] == 0 and t[1] == out_len]
+        rest = [t for t in taps if not (t[0] == 0 and t[1] == out_len)]
+        src = [slice(None)] * y.ndim
+        dst = [slice(None)] * y.ndim
+        if full:
+            lo, cnt, start = full[0]
+            src[ax] = slice(start, start + (cnt - 1) * s + 1, s)
+            r = y[tuple(src)].copy()
+            full = full[1:]
+        else:
+            r = np.full(shape, init, y.dtype)
+        for lo, cnt, start in full + rest:
+            src[ax] = slice(start, start + (cnt - 1) * s + 1, s)
+            dst[ax] = slice(lo, lo + cnt)
+            d_ = tuple(dst)
+            ufunc(r[d_], y[tuple(src)], out=r[d_])
+        y = r
+    return y
+
+
+def _separable_plan(in_sp, k, s, d, pb, out):
+    return [(2 + i, (_axis_taps(in_sp[i], k[i], s[i], d[i], pb[i], out[i]), out[i], s[i]))
+            for i in range(len(k))]
+
+
+@_reg("MaxPool")
+def maxpool_factory(spec: KernelSpec):
+    auto_pad, k, s, d, pads, ceil_mode = _pool_common(spec)
+    nd = len(k)
+    storage_order = int(spec.attr("storage_order", 0))
+    want_idx = spec.num_outputs > 1
+
+    def planner(in_sp):
+        pb, pe, out, pend = _window_plan(auto_pad, pads, in_sp, k, s, d, ceil_mode)
+        return pb, pend, out, _position_slices(k, s, d, out), _separable_plan(in_sp, k, s, d, pb, out)
+
+    plans = _PlanCache(planner)
+
+    def kernel(x):
+        in_sp = x.shape[2:]
+        pb, pend, out, slices, sep = plans(tuple(in_sp))
+        if not want_idx:
+            y = _separable_pool(x, sep, np.maximum, _lowest(x.dtype))
+            return (y if y.base is None else y.copy(),)
+        xp = _pad_spatial(x, pb, pend, _lowest(x.dtype))
+        lead = (slice(None), slice(None))
+        # Indices: flattened over the whole input (N*C*spatial), padding not counted.
+        if storage_order:
+            strides_el = [math.prod(in_sp[:i]) for i in range(nd)]
+        else:
+            strides_el = [math.prod(in_sp[i + 1:]) for i in range(nd)]
+        coords = [np.arange(out[i]) * s[i] - pb[i] for i in range(nd)]
+        y = None
+        best = None
+        for pos, sl in zip(itertools.product(*[range(ki) for ki in k]), slices):
+            flat = 0
+            for i in range(nd):
+                ci = (coords[i] + pos[i] * d[i]) * strides_el[i]
+                flat = flat + ci.reshape((-1,) + (1,) * (nd - 1 - i))
+            xs = xp[lead + sl]
+            if y is None:
+                y = xs.copy()
+                best = np.broadcast_to(flat, x.shape[:2] + tuple(out)).astype(np.int64)
+            else:
+                mask = xs > y
+                np.copyto(y, xs, where=mask)
+                np.copyto(best, np.broadcast_to(flat, best.shape), where=mask)
+        plane = math.prod(in_sp)
+        base = (np.arange(x.shape[0] * x.shape[1], dtype=np.int64) * plane).reshape(
+            x.shape[:2] + (1,) * nd)
+        return (y, best + base)
+
+    return kernel
+
+
+def _avg_divisor(in_sp, k, s, d, pb, pe, out, include_pad):
+    """Per-output element counts of an average pool (separable: product of 1-D counts)."""
+    div = None
+    for i in range(len(k)):
+        starts = np.arange(out[i]) * s[i] - pb[i]
+        taps = starts[:, None] + np.arange(k[i]) * d[i]
+        lo, hi = (-pb[i], in_sp[i] + pe[i]) if include_pad else (0, in_sp[i])
+        cnt = ((taps >= lo) & (taps < hi)).sum(axis=1)
+        cnt = cnt.reshape((-1,) + (1,) * (len(k) - 1 - i))
+        div = cnt if div is None else div * cnt
+    return div
+
+
+@_reg("AveragePool")
+def avgpool_factory(spec: KernelSpec):
+    auto_pad, k, s, d, pads, ceil_mode = _pool_common(spec)
+    include_pad = bool(spec.attr("count_include_pad", 0))
+
+    def planner(in_sp):
+        pb, pe, out, pend = _window_plan(auto_pad, pads, in_sp, k, s, d, ceil_mode)
+        div = _avg_divisor(in_sp, k, s, d, pb, pe, out, include_pad)
+        full = math.prod(k)
+        uniform = bool(np.all(div == full))
+        return _separable_plan(in_sp, k, s, d, pb, out), (full if uniform else div)
+
+    plans = _PlanCache(planner)
+
+    def kernel(x):
+        sep, div = plans(tuple(x.shape[2:]))
+        y = _separable_pool(x, sep, np.add, 0)
+        if y.base is not None or y is x:
+            y = y.copy()
+        if isinstance(div, int):
+            if div != 1:
+                y *= y.dtype.type(1.0 / div)
+        else:
+            y /= div.astype(y.dtype)
+        return (y,)
+
+    return kernel
+
+
+@_reg("LpPool")
+def lppool_factory(spec: KernelSpec):
+    auto_pad, k, s, d, pads, ceil_mode = _pool_common(spec)
+    p = float(spec.attr("p", 2))
+
+    def kernel(x):
+        pb, pe, out, pend = _window_plan(auto_pad, pads, x.shape[2:], k, s, d, ceil_mode)
+        xp = _pad_spatial(np.abs(x) ** x.dtype.type(p), pb, pend, 0)
+        lead = (slice(None), slice(None))
+        slices = _position_slices(k, s, d, out)
+        y = xp[lead + slices[0]].copy()
+        for sl in slices[1:]:
+            y += xp[lead + sl]
+        return ((y ** y.dtype.type(1.0 / p)).astype(x.dtype, copy=False),)
+
+    return kernel
+
+
+@_reg("GlobalAveragePool")
+def global_avgpool_factory(spec: KernelSpec):
+    def kernel(x):
+        axes = tuple(range(2, x.ndim))
+        return (cast_like(x.mean(axis=axes, keepdims=True), x.dtype),)
+
+    return kernel
+
+
+@_reg("GlobalMaxPool")
+def global_maxpool_factory(spec: KernelSpec):
+    def kernel(x):
+        return (x.max(axis=tuple(range(2, x.ndim)), keepdims=True),)
+
+    return kernel
+
+
+@_reg("GlobalLpPool")
+def global_lppool_factory(spec: KernelSpec):
+    p = float(spec.attr("p", 2))
+
+    def kernel(x):
+        t = x.dtype.type
+        r = (np.abs(x) ** t(p)).sum(axis=tuple(range(2, x.ndim)), keepdims=True) ** t(1.0 / p)
+        return (cast_like(r, x.dtype),)
+
+    return kernel
+
+
+# ---------------------------------------------------------------------------------------------
+# LRN and normalisations
+
+
+@_reg("LRN")
+def lrn_factory(spec: KernelSpec):
+    size = spec.attr("size")
+    if size is None:
+        raise unsupported(spec, "missing 'size' attribute")
+    size = int(size)
+    alpha = float(spec.attr("alpha", 1e-4))
+    beta = float(spec.attr("beta", 0.75))
+    bias = float(spec.attr("bias", 1.0))
+    before = (size - 1) // 2  # channels below; ceil((size-1)/2) above
+
+    def kernel(x):
+        t = x.dtype.type
+        c = x.shape[1]
+        sq = np.zeros((x.shape[0], c + size - 1) + x.shape[2:], x.dtype)
+        np.square(x, out=sq[:, before:before + c])
+        acc = sq[:, 0:c].copy()
+        for i in range(1, size):
+            acc += sq[:, i:i + c]
+        acc *= t(alpha / size)
+        acc += t(bias)
+        if beta == 0.75:
+            r = np.sqrt(acc)
+            r *= np.sqrt(r)
+        else:
+            r = np.power(acc, t(beta))
+        return (x / r,)
+
+    return kernel
+
+
+@_reg("BatchNormalization")
+def batchnorm_factory(spec: KernelSpec):
+    if int(spec.attr("training_mode", 0)):
+        raise unsupported(spec, "training_mode=1")
+    if spec.opset < 7 and spec.attr("is_test", 0) == 0 and spec.num_outputs > 1:
+        raise unsupported(spec, "training outputs (is_test=0)")
+    eps = float(spec.attr("epsilon", 1e-5))
+    spatial = int(spec.attr("spatial", 1))
+    consts = [const_input(spec, i) for i in range(1, 5)]
+    n_out = spec.num_outputs
+
+    def fold(scale, bias, mean, var):
+        dt = scale.dtype
+        a = (scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps))
+        b = bias.astype(np.float64) - mean.astype(np.float64) * a
+        return a.astype(dt), b.astype(dt)
+
+    def shape_for(p, x):
+        if p.ndim == 1 or spatial:
+            return p.reshape((-1,) + (1,) * (x.ndim - 2))
+        return p
+
+    folded = fold(*consts) if all(c is not None for c in consts) else None
+
+    def kernel(x, scale, bias, mean, var):
+        a, b = folded if folded is not None else fold(scale, bias, mean, var)
+        y = x * shape_for(a, x).astype(x.dtype, copy=False)
+        y += shape_for(b, x).astype(x.dtype, copy=False)
+        if n_out == 1:
+            return (y,)
+        extra = [mean, var, mean, var][: n_out - 1]
+        return (y, *extra)
+
+    return kernel
+
+
+@_reg("InstanceNormalization")
+def instancenorm_factory(spec: KernelSpec):
+    eps = float(spec.attr("epsilon", 1e-5))
+
+    def kernel(x, scale, bias):
+        axes = tuple(range(2, x.ndim))
+        mean = x.mean(axis=axes, keepdims=True)
+        xc = x - mean
+        var = np.mean(np.square(xc), axis=axes, keepdims=True)
+        bshape = (-1,) + (1,) * (x.ndim - 2)
+        y = xc / np.sqrt(var + x.dtype.type(eps))
+        y *= scale.reshape(bshape).astype(x.dtype, copy=False)
+        y += bias.reshape(bshape).astype(x.dtype, copy=False)
+        return (y,)
+
+    return kernel
+
+
+@_reg("LayerNormalization")
+def layernorm_factory(spec: KernelSpec):
+    axis = int(spec.attr("axis", -1))
+    eps = float(spec.attr("epsilon", 1e-5))
+    stash = int(spec.attr("stash_type", 1))
+    n_out = spec.num_outputs
+
+    def kernel(x, scale, bias=None):
+        ax = norm_axis(axis, x.ndim)
+        axes = tuple(range(ax, x.ndim))
+        xc_src = x.astype(np.float32) if stash == 1 and x.dtype != np.float64 else x
+        mean = xc_src.mean(axis=axes, keepdims=True)
+        xc = xc_src - mean
+        var = np.mean(np.square(xc), axis=axes, keepdims=True)
+        inv = 1.0 / np.sqrt(var + xc.dtype.type(eps))
+        y = xc * inv
+        y = (y * scale).astype(x.dtype, copy=False)
+        if bias is not None:
+            y = y + bias
+        outs = [cast_like(y, x.dtype)]
+        sdt = mean.dtype
+        if n_out > 1:
+            outs.append(mean.astype(sdt))
+        if n_out > 2:
+            outs.append(inv.astype(sdt))
+        return tuple(outs)
+
+    return kernel
+
+
+@_reg("MeanVarianceNormalization")
+def mvn_factory(spec: KernelSpec):
+    axes = tuple(ints(spec.attr("axes")) or [0, 2, 3])
+
+    def kernel(x):
+        mean = x.mean(axis=axes, keepdims=True)
+        xc = x - mean
+        std = np.sqrt(np.mean(np.square(xc), axis=axes, keepdims=True))
+        return (cast_like(xc / (std + x.dtype.type(1e-9)), x.dtype),)
+
+    return kernel
+
+
+# ---------------------------------------------------------------------------------------------
+# Softmax family
+
+
+def _softmax_axis(x, axis):
+    m = np.max(x, axis=axis, keepdims=True)
+    e = np.subtract(x, m)
+    np.exp(e, out=e)
+    e /= np.sum(e, axis=axis, keepdims=True)
+    return e
+
+
+def _logsoftmax_axis(x, axis):
+    m = np.max(x, axis=axis, keepdims=True)
+    e = np.subtract(x, m)
+    lse = np.log(np.sum(np.exp(e), axis=axis, keepdims=True))
+    e -= lse
+    return e
+
+
+def _hardmax_axis(x, axis):
+    idx = np.argmax(x, axis=axis)
+    y = np.zeros_like(x)
+    np.put_along_axis(y, np.expand_dims(idx, axis), 1, axis=axis)
+    return y
+
+
+def _softmax_like(fn):
+    def factory(spec: KernelSpec):
+        legacy = spec.opset < 13
+        axis = int(spec.attr("axis", 1 if legacy else -1))
+
+        if legacy:
+            def kernel(x):
+                if x.ndim == 0:
+                    return (fn(x.reshape(1, 1), 1).reshape(()),)
+                ax = norm_axis(axis, x.ndim)
+                x2 = x.reshape(math.prod(x.shape[:ax]), -1)
+                return (fn(x2, 1).reshape(x.shape),)
+        else:
+            def kernel(x):
+                return (fn(x, norm_axis(axis, x.ndim)),)
+        return kernel
+
+    return factory
+
+
+KERNELS[("", "Softmax")] = _softmax_like(_softmax_axis)
+KERNELS[("", "LogSoftmax")] = _softmax_like(_logsoftmax_axis)
+KERNELS[("", "Hardmax")] = _softmax_like(_hardmax_axis)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dropout (inference only)
+
+
+@_reg("Dropout")
+def dropout_factory(spec: KernelSpec):
+    want_mask = spec.num_outputs > 1
+    mask_dtype = np.bool_
+    if spec.opset < 10:
+        mask_dtype = None  # same type as the input before opset 10
+    if spec.opset >= 12:
+        tm = const_input(spec, 2) if has_input(spec, 2) else None
+        ratio = const_input(spec, 1) if has_input(spec, 1) else None
+        if tm is not None and bool(np.asarray(tm).reshape(())) and not (
+                ratio is not None and float(np.asarray(ratio).reshape(())) == 0.0):
+            raise unsupported(spec, "training_mode=true (only inference is supported)")
+
+    def kernel(x, ratio=None, training_mode=None):
+        if training_mode is not None and bool(np.asarray(training_mode).reshape(())) and not (
+                ratio is not None and float(np.asarray(ratio).reshape(())) == 0.0):
+            raise ValueError(f"{spec.describe()}: training_mode=true is not supported")
+        if not want_mask:
+            return (x,)
+        return (x, np.ones(x.shape, mask_dtype or x.dtype))
+
+    return kernel

@@ -1,0 +1,219 @@
+"""Resize (opset 10, 11, 13, 18, 19) and Upsample: nearest, linear and cubic, done separably.
+
+Every resized axis is handled on its own: nearest is one ``np.take``; linear blends two takes;
+cubic blends four. The per-axis index and weight tables depend only on the input shape and the
+scales/sizes, and are memoised per shape.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ge_core.kernel import KernelSpec
+
+from ._util import as_str, ints, norm_axes, unsupported
+
+KERNELS: dict = {}
+
+_COORD_MODES = ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel",
+                "tf_half_pixel_for_nn", "half_pixel_symmetric")
+_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def _coords(mode, out_len, in_len, scale):
+    x = np.arange(out_len, dtype=np.float64)
+    if mode == "half_pixel":
+        return (x + 0.5) / scale - 0.5
+    if mode == "asymmetric":
+        return x / scale
+    if mode == "align_corners":
+        return x * ((in_len - 1) / (out_len - 1)) if out_len > 1 else np.zeros_like(x)
+    if mode == "pytorch_half_pixel":
+        return (x + 0.5) / scale - 0.5 if out_len > 1 else np.zeros_like(x)
+    if mode == "tf_half_pixel_for_nn":
+        return (x + 0.5) / scale
+    if mode == "half_pixel_symmetric":
+        adj = out_len / (scale * in_len)
+        center = in_len / 2
+        offset = center * (1 - adj)
+        return offset + (x + 0.5) / scale - 0.5
+    raise AssertionError(mode)
+
+
+def _nearest_index(c, nearest_mode, in_len):
+    if nearest_mode == "round_prefer_floor":
+        i = np.where(c - np.floor(c) == 0.5, np.floor(c), np.round(c))
+    elif nearest_mode == "round_prefer_ceil":
+        i = np.where(c - np.floor(c) == 0.5, np.ceil(c), np.round(c))
+    elif nearest_mode == "floor":
+        i = np.floor(c)
+    else:
+        i = np.ceil(c)
+    return np.clip(i, 0, in_len - 1).astype(np.int64)
+
+
+def _cubic_weights(t, a):
+    """Keys cubic convolution weights for offsets t in [0, 1): taps at -1, 0, 1, 2."""
+    def w(d):
+        d = np.abs(d)
+        return np.where(d <= 1, ((a + 2) * d - (a + 3)) * d * d + 1,
+                        np.where(d < 2, ((a * d - 5 * a) * d + 8 * a) * d - 4 * a, 0.0))
+    return np.stack([w(t + 1), w(t), w(1 - t), w(2 - t)], axis=-1)
+
+
+class _Resizer:
+    def __init__(self, spec, mode, coord_mode, nearest_mode, cubic_a, exclude_outside):
+        self.spec = spec
+        self.mode = mode
+        self.coord_mode = coord_mode
+        self.nearest_mode = nearest_mode
+        self.cubic_a = cubic_a
+        self.exclude_outside = exclude_outside
+        self.cache: dict = {}
+
+    def tables(self, in_len, out_len, scale):
+        key = (in_len, out_len, scale)
+        t = self.cache.get(key)
+        if t is not None:
+            return t
+        c = _coords(self.coord_mode, out_len, in_len, scale)
+        if self.mode == "nearest":
+            t = ("nearest", _nearest_index(c, self.nearest_mode, in_len))
+        elif self.mode == "linear":
+            c = np.clip(c, 0, in_len - 1)
+            i0 = np.floor(c).astype(np.int64)
+            i1 = np.minimum(i0 + 1, in_len - 1)
+            w1 = c - i0
+            t = ("taps", np.stack([i0, i1], -1), np.stack([1 - w1, w1], -1))
+        else:
+            f = np.floor(c)
+            w = _cubic_weights(c - f, self.cubic_a)
+            idx = f.astype(np.int64)[:, None] + np.arange(-1, 3)
+            if self.exclude_outside:
+                inside = (idx >= 0) & (idx < in_len)
+                w = np.where(inside, w, 0.0)
+                w = w / w.sum(axis=1, keepdims=True)
+            t = ("taps", np.clip(idx, 0, in_len - 1), w)
+        if len(self.cache) < 64:
+            self.cache[key] = t
+        return t
+
+    def __call__(self, x, out_shape, scales):
+        y = x
+        for ax in range(x.ndim):
+            if out_shape[ax] == x.shape[ax] and scales[ax] == 1.0:
+                continue
+            t = self.tables(x.shape[ax], out_shape[ax], scales[ax])
+            if t[0] == "nearest":
+                y = np.take(y, t[1], axis=ax)
+            else:
+                idx, w = t[1], t[2]
+                wshape = [1] * y.ndim
+                wshape[ax] = -1
+                acc = None
+                for j in range(idx.shape[1]):
+                    term = np.take(y, idx[:, j], axis=ax) * w[:, j].astype(y.dtype).reshape(wshape)
+                    acc = term if acc is None else acc + term
+                y = acc
+        if y is x:
+            y = x.copy()
+        return y.astype(x.dtype, copy=False)
+
+
+def _floats(a):
+    if a is None:
+        return None
+    a = np.asarray(a).reshape(-1)
+    return [float(v) for v in a] if a.size else None
+
+
+def _make(spec, mode, coord_mode, nearest_mode, cubic_a=-0.75, exclude_outside=0,
+          antialias=0, axes=None, policy="stretch", scales_index=None, sizes_index=None,
+          attr_scales=None):
+    if mode not in ("nearest", "linear", "cubic"):
+        raise unsupported(spec, f"mode={mode!r}")
+    if coord_mode == "tf_crop_and_resize":
+        raise unsupported(spec, "coordinate_transformation_mode='tf_crop_and_resize'")
+    if coord_mode not in _COORD_MODES:
+        raise unsupported(spec, f"coordinate_transformation_mode={coord_mode!r}")
+    if nearest_mode not in _NEAREST_MODES:
+        raise unsupported(spec, f"nearest_mode={nearest_mode!r}")
+    if antialias and mode != "nearest":
+        raise unsupported(spec, "antialias=1")
+    if policy not in ("stretch", "not_larger", "not_smaller"):
+        raise unsupported(spec, f"keep_aspect_ratio_policy={policy!r}")
+    resizer = _Resizer(spec, mode, coord_mode, nearest_mode, cubic_a, exclude_outside)
+
+    def kernel(x, *rest):
+        def arg(i):
+            if i is None:
+                return None
+            j = i - 1
+            return rest[j] if j < len(rest) else None
+
+        r = x.ndim
+        ax = list(norm_axes(axes, r)) if axes else list(range(r))
+        scales = attr_scales if attr_scales is not None else _floats(arg(scales_index))
+        sizes = ints(arg(sizes_index)) if sizes_index is not None and arg(sizes_index) is not None else None
+        if sizes is not None and len(sizes) == 0:
+            sizes = None
+        full_scales = [1.0] * r
+        out = list(x.shape)
+        if sizes is not None:
+            if policy == "stretch":
+                for a, sz in zip(ax, sizes):
+                    full_scales[a] = sz / x.shape[a]
+                    out[a] = sz
+            else:
+                ratios = [sz / x.shape[a] for a, sz in zip(ax, sizes)]
+                sc = min(ratios) if policy == "not_larger" else max(ratios)
+                for a in ax:
+                    full_scales[a] = sc
+                    out[a] = int(math.floor(sc * x.shape[a] + 0.5))
+        elif scales is not None:
+            for a, sc in zip(ax, scales):
+                full_scales[a] = sc
+                out[a] = int(math.floor(x.shape[a] * sc))
+        else:
+            raise ValueError(f"{spec.describe()}: neither scales nor sizes given")
+        return (resizer(x, out, full_scales),)
+
+    return kernel
+
+
+def resize_factory(spec: KernelSpec):
+    mode = as_str(spec.attr("mode"), "nearest")
+    if spec.opset < 11:
+        # Resize-10: asymmetric coordinates, nearest rounds down like Upsample.
+        return _make(spec, mode, "asymmetric", "floor" if mode == "nearest" else "round_prefer_floor",
+                     scales_index=1)
+    coord_mode = as_str(spec.attr("coordinate_transformation_mode"), "half_pixel")
+    nearest_mode = as_str(spec.attr("nearest_mode"), "round_prefer_floor")
+    return _make(
+        spec, mode, coord_mode, nearest_mode,
+        cubic_a=float(spec.attr("cubic_coeff_a", -0.75)),
+        exclude_outside=int(spec.attr("exclude_outside", 0)),
+        antialias=int(spec.attr("antialias", 0)),
+        axes=ints(spec.attr("axes")),
+        policy=as_str(spec.attr("keep_aspect_ratio_policy"), "stretch"),
+        scales_index=2, sizes_index=3,
+    )
+
+
+def upsample_factory(spec: KernelSpec):
+    mode = as_str(spec.attr("mode"), "nearest")
+    if mode == "bilinear":
+        mode = "linear"
+    attr_scales = None
+    if spec.opset < 9:
+        attr_scales = [float(v) for v in spec.attr("scales") or []]
+        if not attr_scales:
+            raise unsupported(spec, "Upsample without scales")
+    return _make(spec, mode, "asymmetric", "floor", scales_index=None if attr_scales else 1,
+                 attr_scales=attr_scales)
+
+
+KERNELS[("", "Resize")] = resize_factory
+KERNELS[("", "Upsample")] = upsample_factory
