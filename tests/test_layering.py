@@ -25,7 +25,7 @@ def test_import_contracts_are_kept():
     assert "broken" not in r.stdout.split("Contracts:")[-1] or "0 broken" in r.stdout
 
 
-@pytest.mark.parametrize("target", ["ge_core", "sdk", "plugins", "tests"])
+@pytest.mark.parametrize("target", ["ge_core", "sdk", "plugins", "tests", "bench"])
 def test_ruff_clean(target):
     r = subprocess.run([_tool("ruff"), "check", "--quiet", target], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:]

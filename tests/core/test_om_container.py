@@ -182,7 +182,7 @@ def test_long_unicode_producer_truncated_at_char_boundary(tmp_path):
         [("a", "text", 1)],
         [("a", [b"ok", 5], 1)],
         [("a", np.array([object()]), 1)],
-        [("p%d" % i, b"", 1) for i in range(65)],
+        [(f"p{i}", b"", 1) for i in range(65)],
     ],
 )
 def test_invalid_arguments_rejected_without_file(tmp_path, parts):

@@ -4,7 +4,6 @@ Each compiles with `ge compile` to an .om, runs with `ge run`, and matches onnxr
 same random inputs (rtol 1e-3, atol 1e-4); the same through the Python API and ge_onnx.backend.
 """
 
-import os
 import subprocess
 import sys
 

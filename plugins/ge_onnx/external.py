@@ -1,0 +1,213 @@
+"""Safe reading of tensors: embedded, external (next to the model file) and sparse.
+
+External data is read by this module, never by ``onnx.load_external_data_for_model``, so that
+every location is checked first: it must be relative, stay inside the model's folder once
+``..`` and symlinks are resolved, name a regular file, and ``offset``/``length`` must lie inside
+that file and match the tensor's dims before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from ge_core.errors import ModelFileError, SecurityError
+
+#: A tensor whose dense form would exceed this many bytes is refused (sparse or hostile dims).
+MAX_TENSOR_BYTES = 1 << 34  # 16 GiB
+
+
+def _itemsize(data_type: int) -> int | None:
+    from onnx import TensorProto, helper
+
+    if data_type in (TensorProto.STRING, TensorProto.UNDEFINED):
+        return None
+    try:
+        dt = np.dtype(helper.tensor_dtype_to_np_dtype(data_type))
+    except Exception:
+        return None
+    return dt.itemsize
+
+
+def _packed_bits(data_type: int) -> int | None:
+    from onnx import TensorProto
+
+    four_bit = {getattr(TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1") if hasattr(TensorProto, n)}
+    two_bit = {getattr(TensorProto, n) for n in ("INT2", "UINT2") if hasattr(TensorProto, n)}
+    if data_type in four_bit:
+        return 4
+    if data_type in two_bit:
+        return 2
+    return None
+
+
+def expected_nbytes(tensor) -> int | None:
+    """Bytes the raw data of ``tensor`` must have according to its dims and type."""
+    n = 1
+    for d in tensor.dims:
+        if d < 0:
+            raise ModelFileError(f"tensor '{tensor.name}' has a negative dim {d}")
+        n *= int(d)
+    bits = _packed_bits(tensor.data_type)
+    if bits is not None:
+        return (n * bits + 7) // 8
+    size = _itemsize(tensor.data_type)
+    if size is None:
+        return None
+    return n * size
+
+
+def _check_size(tensor, where: str) -> None:
+    nb = expected_nbytes(tensor)
+    if nb is not None and nb > MAX_TENSOR_BYTES:
+        raise SecurityError(
+            f"tensor '{tensor.name}'{where} would take {nb} bytes (dims {list(tensor.dims)}); refusing to allocate",
+            hint="the model is corrupt or hostile",
+        )
+
+
+def _safe_location(tensor_name: str, location: str, base_dir: str, model_path: str) -> str:
+    """The resolved path of an external data file, or SecurityError."""
+    what = f"tensor '{tensor_name}' of {model_path}"
+    if not location:
+        raise ModelFileError(f"{what} is stored externally but has no location")
+    if "\x00" in location:
+        raise SecurityError(f"{what}: external data location {location!r} contains a NUL byte")
+    norm = location.replace("\\", "/")
+    if os.path.isabs(location) or norm.startswith("/") or (len(norm) > 1 and norm[1] == ":"):
+        raise SecurityError(
+            f"{what}: external data location '{location}' is an absolute path",
+            hint="external data must be a file in the model's folder (or below it)",
+        )
+    base_real = os.path.realpath(base_dir)
+    joined = os.path.normpath(os.path.join(base_real, *[p for p in norm.split("/") if p]))
+    if os.path.commonpath([base_real, joined]) != base_real:
+        raise SecurityError(
+            f"{what}: external data location '{location}' escapes the model's folder {base_dir}",
+            hint="external data must be a file in the model's folder (or below it)",
+        )
+    real = os.path.realpath(joined)
+    if os.path.commonpath([base_real, real]) != base_real:
+        raise SecurityError(
+            f"{what}: external data location '{location}' is a link that resolves outside the model's "
+            f"folder ({real})",
+            hint="copy the data file into the model's folder",
+        )
+    if not os.path.exists(real):
+        raise ModelFileError(
+            f"{what}: external data file '{location}' does not exist in {base_dir}",
+            hint="copy the data file next to the model (the location is relative to the model file)",
+        )
+    if not os.path.isfile(real):
+        raise ModelFileError(f"{what}: external data location '{location}' is not a regular file")
+    return real
+
+
+def read_external(tensor, base_dir: str | None, model_path: str) -> np.ndarray:
+    """The array of a tensor whose ``data_location`` is EXTERNAL (the proto is not modified)."""
+    from onnx import TensorProto, numpy_helper
+
+    info = {e.key: e.value for e in tensor.external_data}
+    if base_dir is None:
+        raise ModelFileError(
+            f"tensor '{tensor.name}' of {model_path} is stored in external file '{info.get('location', '?')}' "
+            "but the model was given as an object or bytes, so its folder is unknown",
+            hint="load the model from its file path, or call onnx.load_external_data_for_model first",
+        )
+    path = _safe_location(tensor.name, info.get("location", ""), base_dir, model_path)
+    what = f"tensor '{tensor.name}' of {model_path} (external file '{info.get('location')}')"
+    try:
+        offset = int(info.get("offset", 0) or 0)
+        length = int(info["length"]) if info.get("length") not in (None, "") else None
+    except ValueError:
+        raise ModelFileError(f"{what}: offset/length are not integers: {info}") from None
+    if offset < 0 or (length is not None and length < 0):
+        raise ModelFileError(f"{what}: negative offset or length ({offset}, {length})")
+    fsize = os.path.getsize(path)
+    if length is None:
+        length = max(fsize - offset, 0)
+    if offset + length > fsize:
+        raise ModelFileError(
+            f"{what}: offset {offset} + length {length} is past the end of the file ({fsize} bytes)",
+            hint="the data file is truncated or does not belong to this model",
+        )
+    _check_size(tensor, f" of {model_path}")
+    expected = expected_nbytes(tensor)
+    if expected is None:
+        raise ModelFileError(f"{what}: external data of type {tensor.data_type} (e.g. STRING) is not supported")
+    if expected != length:
+        raise ModelFileError(
+            f"{what}: holds {length} bytes but dims {list(tensor.dims)} need {expected}",
+            hint="the data file does not match the model",
+        )
+    with open(path, "rb") as f:
+        f.seek(offset)
+        raw = f.read(length)
+    if len(raw) != length:
+        raise ModelFileError(f"{what}: short read ({len(raw)} of {length} bytes)")
+    t = TensorProto()
+    t.name = tensor.name
+    t.data_type = tensor.data_type
+    t.dims.extend(tensor.dims)
+    t.raw_data = raw
+    return numpy_helper.to_array(t)
+
+
+def tensor_to_array(tensor, base_dir: str | None, model_path: str) -> np.ndarray:
+    """A TensorProto as a NumPy array, reading external data safely; errors are GEErrors."""
+    from onnx import TensorProto, numpy_helper
+
+    if tensor.HasField("data_location") and tensor.data_location == TensorProto.EXTERNAL:
+        return read_external(tensor, base_dir, model_path)
+    _check_size(tensor, f" of {model_path}")
+    expected = expected_nbytes(tensor)
+    if tensor.HasField("raw_data") and expected is not None and len(tensor.raw_data) != expected:
+        raise ModelFileError(
+            f"tensor '{tensor.name}' of {model_path} holds {len(tensor.raw_data)} bytes but dims "
+            f"{list(tensor.dims)} need {expected}",
+            hint="the model file is corrupt",
+        )
+    try:
+        arr = numpy_helper.to_array(tensor)
+    except Exception as e:
+        raise ModelFileError(f"tensor '{tensor.name}' of {model_path} cannot be read: {e}") from None
+    if arr.dtype == np.dtype(object):
+        arr = np.vectorize(_decode, otypes=[object])(arr) if arr.size else arr
+    return arr
+
+
+def _decode(x: Any) -> Any:
+    if isinstance(x, bytes):
+        try:
+            return x.decode("utf-8")
+        except UnicodeDecodeError:
+            return x
+    return x
+
+
+def sparse_to_array(sp, base_dir: str | None, model_path: str) -> np.ndarray:
+    """The dense array of a SparseTensorProto."""
+    values = tensor_to_array(sp.values, base_dir, model_path)
+    indices = tensor_to_array(sp.indices, base_dir, model_path).astype(np.int64, copy=False)
+    dims = [int(d) for d in sp.dims]
+    n = 1
+    for d in dims:
+        if d < 0:
+            raise ModelFileError(f"sparse tensor '{sp.values.name}' of {model_path} has a negative dim")
+        n *= d
+    if n * max(values.dtype.itemsize, 1) > MAX_TENSOR_BYTES:
+        raise SecurityError(f"sparse tensor '{sp.values.name}' of {model_path} would take {n * values.dtype.itemsize} bytes densely")
+    dense = np.zeros(n, dtype=values.dtype)
+    flat_vals = values.reshape(-1)
+    if indices.ndim == 2:
+        if indices.shape[1] != len(dims):
+            raise ModelFileError(f"sparse tensor '{sp.values.name}' of {model_path}: indices do not match its rank")
+        lin = np.ravel_multi_index(tuple(indices.T), dims) if indices.size else np.zeros(0, np.int64)
+    else:
+        lin = indices.reshape(-1)
+    if lin.size != flat_vals.size or (lin.size and (lin.min() < 0 or lin.max() >= n)):
+        raise ModelFileError(f"sparse tensor '{sp.values.name}' of {model_path} has bad indices")
+    dense[lin] = flat_vals
+    return dense.reshape(dims)

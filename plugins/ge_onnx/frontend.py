@@ -1,0 +1,595 @@
+"""The ONNX frontend: a model file, ``ModelProto`` or bytes to a :class:`Graph`.
+
+* every failure to read the model is a :class:`ModelFileError` naming the file (no protobuf
+  error escapes); external data is resolved safely (see :mod:`ge_onnx.external`);
+* initializers are constants; graph inputs that are also initializers (models of IR < 4 list
+  weights as inputs) are constants, not inputs;
+* ``Constant``/``ConstantOfShape`` nodes stay nodes (passes fold them);
+* attributes become Python values (str, int, float, lists, ndarray, Graph, list[Graph]);
+* ``input_shape`` overrides input shapes, ``out_nodes`` selects outputs (tensor names or ATC's
+  ``node_name:index``);
+* unknown ops (in any subgraph too) raise one :class:`UnsupportedOpError` listing them all;
+* the ModelProto given is never modified.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from ge_core.errors import GEError, ModelFileError, OptionError, UnsupportedOpError
+from ge_core.frontend import Frontend
+from ge_core.ir.graph import Graph, Node, Value
+from ge_core.ir.types import TensorType
+from ge_core.registry import close_matches
+
+from .external import sparse_to_array, tensor_to_array
+
+#: Suffixes of other frameworks' files, never claimed by content sniffing.
+_OTHER_FORMATS = (".pb", ".pbtxt", ".h5", ".hdf5", ".keras", ".om", ".tflite", ".caffemodel", ".prototxt",
+                  ".mindir", ".json", ".toml")
+
+#: Largest model file read into memory (protobuf's own limit is 2 GiB).
+MAX_MODEL_BYTES = 2**31
+
+
+def _norm_domain(d: str) -> str:
+    return "" if d in ("", "ai.onnx") else d
+
+
+# ------------------------------------------------------------------------------------------
+# types
+# ------------------------------------------------------------------------------------------
+def _elem_dtype(elem_type: int) -> np.dtype | None:
+    from onnx import TensorProto, helper
+
+    if elem_type == TensorProto.UNDEFINED:
+        return None
+    if elem_type == TensorProto.STRING:
+        return np.dtype(object)
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    except Exception:
+        return None
+
+
+def type_from_proto(tp) -> TensorType:
+    """TensorType of a TypeProto (unknown for sequences, maps, optionals)."""
+    if tp is None or tp.WhichOneof("value") != "tensor_type":
+        return TensorType()
+    tt = tp.tensor_type
+    dtype = _elem_dtype(tt.elem_type)
+    if not tt.HasField("shape"):
+        return TensorType(dtype, None)
+    dims: list = []
+    for d in tt.shape.dim:
+        which = d.WhichOneof("value")
+        if which == "dim_value":
+            dims.append(int(d.dim_value) if d.dim_value >= 0 else None)
+        elif which == "dim_param":
+            dims.append(d.dim_param or None)
+        else:
+            dims.append(None)
+    return TensorType(dtype, tuple(dims))
+
+
+# ------------------------------------------------------------------------------------------
+# reading the model
+# ------------------------------------------------------------------------------------------
+def read_model(source: Any) -> tuple[Any, str, str | None]:
+    """``(ModelProto, display name, base folder or None)`` for a path, ModelProto or bytes."""
+    import onnx
+
+    if isinstance(source, onnx.ModelProto):
+        return source, "<ModelProto>", None
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return _parse(bytes(source), "<bytes>"), "<bytes>", None
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        if not os.path.exists(path):
+            raise ModelFileError(f"model file '{path}' does not exist", hint="check the path")
+        if os.path.isdir(path):
+            raise ModelFileError(
+                f"'{path}' is a directory, not an ONNX model file",
+                hint="give the path of the .onnx file (a folder is a TensorFlow SavedModel: use --framework=3)",
+            )
+        try:
+            size = os.path.getsize(path)
+            if size > MAX_MODEL_BYTES:
+                raise ModelFileError(
+                    f"model file '{path}' is {size} bytes, more than protobuf's 2 GiB limit",
+                    hint="save the weights as external data (onnx.save_model(..., save_as_external_data=True))",
+                )
+            with open(path, "rb") as f:
+                data = f.read()
+        except GEError:
+            raise
+        except OSError as e:
+            raise ModelFileError(f"cannot read model file '{path}': {e.strerror or e}") from None
+        return _parse(data, path), path, os.path.dirname(os.path.abspath(path))
+    raise ModelFileError(
+        f"the ONNX frontend cannot read a {type(source).__name__}",
+        hint="give a .onnx path, an onnx.ModelProto or the serialized bytes",
+    )
+
+
+def _parse(data: bytes, name: str):
+    import onnx
+
+    if not data:
+        raise ModelFileError(f"model file '{name}' is empty", hint="re-export the model")
+    m = onnx.ModelProto()
+    try:
+        m.ParseFromString(data)
+    except Exception as e:  # google.protobuf.message.DecodeError and friends
+        raise ModelFileError(
+            f"'{name}' is not a valid ONNX model (protobuf parse failed: {type(e).__name__}: {e})",
+            hint="check that the file is a complete .onnx model, not truncated or another format",
+        ) from None
+    if not m.HasField("graph") or m.ir_version <= 0:
+        raise ModelFileError(
+            f"'{name}' does not look like an ONNX model (no graph or ir_version)",
+            hint="check that the file is an .onnx model",
+        )
+    return m
+
+
+# ------------------------------------------------------------------------------------------
+# building the IR
+# ------------------------------------------------------------------------------------------
+class _Builder:
+    def __init__(self, model, name: str, base_dir: str | None) -> None:
+        self.model = model
+        self.name = name
+        self.base_dir = base_dir
+        #: ONNX node name -> IR node of the main graph (for out_nodes "name:index").
+        self.onnx_node_names: dict[str, Node] = {}
+        #: tensor names defined in the main graph, and values of subgraphs by name.
+        self.main_defined: set[str] = set()
+        self.sub_values: dict[str, Value] = {}
+
+    # -- attributes ----------------------------------------------------------------------------
+    def attr_value(self, a, graph: Graph, scope: dict[str, Value], node_name: str) -> Any:
+        from onnx import AttributeProto as A
+
+        t = a.type
+        if t == A.UNDEFINED:
+            # very old models leave type unset: guess from the filled field
+            for field, tt in (("f", A.FLOAT), ("i", A.INT), ("s", A.STRING), ("t", A.TENSOR), ("g", A.GRAPH)):
+                if a.HasField(field):
+                    t = tt
+                    break
+            else:
+                for field, tt in (("floats", A.FLOATS), ("ints", A.INTS), ("strings", A.STRINGS),
+                                  ("tensors", A.TENSORS), ("graphs", A.GRAPHS)):
+                    if len(getattr(a, field)):
+                        t = tt
+                        break
+        if t == A.FLOAT:
+            return float(str(np.float32(a.f)))
+        if t == A.INT:
+            return int(a.i)
+        if t == A.STRING:
+            return _decode(a.s)
+        if t == A.FLOATS:
+            return [float(str(np.float32(x))) for x in a.floats]
+        if t == A.INTS:
+            return [int(x) for x in a.ints]
+        if t == A.STRINGS:
+            return [_decode(x) for x in a.strings]
+        if t == A.TENSOR:
+            return tensor_to_array(a.t, self.base_dir, self.name)
+        if t == A.TENSORS:
+            return [tensor_to_array(x, self.base_dir, self.name) for x in a.tensors]
+        if t == A.SPARSE_TENSOR:
+            return sparse_to_array(a.sparse_tensor, self.base_dir, self.name)
+        if t == A.SPARSE_TENSORS:
+            return [sparse_to_array(x, self.base_dir, self.name) for x in a.sparse_tensors]
+        if t == A.GRAPH:
+            return self.build_graph(a.g, parent=graph, outer=scope, label=f"{node_name}.{a.name}")
+        if t == A.GRAPHS:
+            return [self.build_graph(g, parent=graph, outer=scope, label=f"{node_name}.{a.name}[{i}]")
+                    for i, g in enumerate(a.graphs)]
+        return None  # TYPE_PROTO(S): not represented
+
+    # -- graphs ----------------------------------------------------------------------------------
+    def _name(self, graph: Graph, want: str, main: bool, what: str) -> str:
+        """``want`` if free; in a subgraph a clash gets a fresh name (bodies are positional).
+
+        In the main graph names are kept (they are the model's interface): a second definition
+        is an error, and a subgraph value that took the name first is renamed.
+        """
+        names = graph._root_names()
+        if main:
+            if want in self.main_defined:
+                raise ModelFileError(
+                    f"{self.name}: {what} '{want}' is defined twice",
+                    hint="every tensor name of an ONNX graph must be unique (run onnx.checker.check_model)",
+                )
+            self.main_defined.add(want)
+            if want in names:
+                sub = self.sub_values.pop(want, None)
+                if sub is not None and sub.graph is not None:
+                    sub.graph.rename_value(sub, self._fresh(names, want))
+            return want
+        nm = want if want and want not in names else self._fresh(names, want or "v")
+        return nm
+
+    @staticmethod
+    def _fresh(names: set[str], base: str) -> str:
+        i = 1
+        while f"{base}_{i}" in names:
+            i += 1
+        return f"{base}_{i}"
+
+    def _track(self, v: Value, main: bool) -> Value:
+        if not main:
+            self.sub_values[v.name] = v
+        return v
+
+    def build_graph(self, gp, parent: Graph | None, outer: dict[str, Value] | None, label: str,
+                    input_shape: dict[str, tuple] | None = None) -> Graph:
+        main = parent is None
+        g = Graph(gp.name or ("graph" if main else label), parent=parent)
+        scope: dict[str, Value] = dict(outer) if outer else {}
+        local: set[str] = set()
+
+        def define(onnx_name: str, v: Value) -> None:
+            scope[onnx_name] = v
+            local.add(onnx_name)
+
+        # initializers (constants)
+        init_names = set()
+        for t in gp.initializer:
+            if t.name in local:
+                raise ModelFileError(f"{self.name}: initializer '{t.name}' is defined twice")
+            arr = tensor_to_array(t, self.base_dir, self.name)
+            v = self._track(g.add_constant(arr, self._name(g, t.name, main, "initializer")), main)
+            define(t.name, v)
+            init_names.add(t.name)
+        for sp in gp.sparse_initializer:
+            nm = sp.values.name
+            arr = sparse_to_array(sp, self.base_dir, self.name)
+            v = self._track(g.add_constant(arr, self._name(g, nm, main, "initializer")), main)
+            define(nm, v)
+            init_names.add(nm)
+
+        # real inputs
+        if main and input_shape:
+            real = [i.name for i in gp.input if i.name not in init_names]
+            for k in input_shape:
+                if k not in real:
+                    raise OptionError(
+                        f"input_shape names '{k}', which is not an input of {self.name}{close_matches(k, real)}",
+                        hint=f"the model's inputs: {', '.join(real) or 'none'}",
+                    )
+        for i in gp.input:
+            if i.name in init_names:
+                continue
+            if i.name in local:
+                raise ModelFileError(f"{self.name}: graph input '{i.name}' is listed twice")
+            t = type_from_proto(i.type if i.HasField("type") else None)
+            if main and input_shape and i.name in input_shape:
+                t = TensorType(t.dtype, tuple(input_shape[i.name]))
+            v = self._track(g.add_input(self._name(g, i.name, main, "input"), t), main)
+            define(i.name, v)
+
+        # declared types of intermediate values and outputs
+        declared: dict[str, TensorType] = {}
+        for vi in list(gp.value_info) + list(gp.output):
+            if vi.HasField("type"):
+                declared[vi.name] = type_from_proto(vi.type)
+
+        for np_ in self._ordered_nodes(gp, scope):
+            self.add_node(g, np_, scope, define, declared, main)
+
+        outs = []
+        for o in gp.output:
+            v = scope.get(o.name)
+            if v is None:
+                raise ModelFileError(
+                    f"{self.name}: graph output '{o.name}' of graph '{g.name}' is not produced by any node, input "
+                    "or initializer",
+                    hint="the model is malformed (run onnx.checker.check_model)",
+                )
+            outs.append(v)
+        g.set_outputs(outs)
+        return g
+
+    def _ordered_nodes(self, gp, scope: dict[str, Value]) -> list:
+        """Nodes in a topological order (ONNX requires it; some exporters do not respect it)."""
+        nodes = list(gp.node)
+        known = set(scope)
+        ok = True
+        for n in nodes:
+            for i in n.input:
+                if i and i not in known:
+                    ok = False
+                    break
+            if not ok:
+                break
+            known.update(o for o in n.output if o)
+        if ok:
+            return nodes
+        # Kahn's algorithm over the names each node reads (subgraph captures included)
+        producer: dict[str, int] = {}
+        for idx, n in enumerate(nodes):
+            for o in n.output:
+                if o:
+                    producer[o] = idx
+        deps: list[set[int]] = []
+        for idx, n in enumerate(nodes):
+            d = set()
+            for name in list(n.input) + _captured_names(n):
+                if name and name not in scope and name in producer and producer[name] != idx:
+                    d.add(producer[name])
+            deps.append(d)
+        users: dict[int, list[int]] = {i: [] for i in range(len(nodes))}
+        indeg = [len(d) for d in deps]
+        for i, d in enumerate(deps):
+            for p in d:
+                users[p].append(i)
+        import heapq
+
+        ready = [i for i in range(len(nodes)) if indeg[i] == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            i = heapq.heappop(ready)
+            order.append(i)
+            for u in users[i]:
+                indeg[u] -= 1
+                if indeg[u] == 0:
+                    heapq.heappush(ready, u)
+        if len(order) != len(nodes):
+            stuck = nodes[next(i for i in range(len(nodes)) if indeg[i] > 0)]
+            raise ModelFileError(f"{self.name}: the graph has a cycle through node '{stuck.name or stuck.op_type}'")
+        return [nodes[i] for i in order]
+
+    def add_node(self, g: Graph, n, scope: dict[str, Value], define, declared: dict[str, TensorType],
+                 main: bool) -> None:
+        label = n.name or n.op_type
+        inputs: list[Value | None] = []
+        for name in n.input:
+            if not name:
+                inputs.append(None)
+                continue
+            v = scope.get(name)
+            if v is None:
+                raise ModelFileError(
+                    f"{self.name}: node '{label}' ({n.op_type}) reads '{name}', which no node, input or "
+                    "initializer defines",
+                    hint="the model is malformed (run onnx.checker.check_model)",
+                )
+            inputs.append(v)
+        out_names = list(n.output)
+        while out_names and not out_names[-1]:
+            out_names.pop()  # trailing absent optional outputs
+        # keep the node name unique here, so that the IR name equals the ONNX name where possible
+        attrs: dict[str, Any] = {}
+        node_scope = scope  # subgraphs see every value defined so far
+        for a in n.attribute:
+            if a.ref_attr_name:
+                raise ModelFileError(f"{self.name}: node '{label}' uses attribute references outside a function")
+            val = self.attr_value(a, g, node_scope, label)
+            if val is not None:
+                attrs[a.name] = val
+        names = []
+        absent = []
+        for i, o in enumerate(out_names):
+            if o:
+                names.append(self._name(g, o, main, "tensor"))
+            else:
+                names.append(self._name(g, f"{label}_absent{i}", False, "tensor"))
+                absent.append(i)
+        node = g.add_node(
+            n.op_type,
+            inputs,
+            attrs,
+            domain=_norm_domain(n.domain),
+            name=n.name or None,
+            num_outputs=len(names),
+            output_names=names,
+        )
+        if n.name:
+            node.meta["onnx_name"] = n.name
+        if main and n.name and n.name not in self.onnx_node_names:
+            self.onnx_node_names[n.name] = node
+        for i in absent:
+            node.outputs[i].meta["onnx_absent"] = True
+        if n.doc_string:
+            node.meta["doc_string"] = n.doc_string
+        for i, o in enumerate(out_names):
+            v = node.outputs[i]
+            if not main:
+                self.sub_values[v.name] = v
+            if not o:
+                continue
+            t = declared.get(o)
+            if t is not None:
+                v.type = t
+            scope[o] = v
+
+
+def _captured_names(n) -> list[str]:
+    """Names read inside the subgraphs of node ``n`` (implicit inputs)."""
+    out: list[str] = []
+    for a in n.attribute:
+        gs = [a.g] if a.HasField("g") else list(a.graphs)
+        for sg in gs:
+            for sn in sg.node:
+                out.extend(sn.input)
+                out.extend(_captured_names(sn))
+    return out
+
+
+def _decode(b: bytes | str) -> str | bytes:
+    if isinstance(b, str):
+        return b
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return b
+
+
+def _walk_nodes(g: Graph):
+    for n in g.nodes:
+        yield n
+        for sg in n.subgraphs():
+            yield from _walk_nodes(sg)
+
+
+def check_ops(graph: Graph, registry, source: str) -> None:
+    """Raise one UnsupportedOpError for every op no plugin provides (or too new for the opset)."""
+    from ge_core.ops import unknown_ops_error
+
+    unknown = []
+    too_new: list[tuple[Node, int, int]] = []
+    opset = graph.opset_imports.get("")
+    for n in _walk_nodes(graph):
+        d = registry.lookup(n.domain, n.op_type)
+        if d is None:
+            unknown.append(n)
+        elif not n.domain and opset and d.since_version > opset:
+            too_new.append((n, d.since_version, opset))
+    if unknown:
+        raise unknown_ops_error(unknown, registry, source=source)
+    if too_new:
+        parts = [f"{n.describe()} needs opset {need} or later" for n, need, _ in too_new[:5]]
+        more = f" and {len(too_new) - 5} more" if len(too_new) > 5 else ""
+        raise UnsupportedOpError(
+            f"{source} imports ai.onnx opset {opset}, but " + "; ".join(parts) + more,
+            hint="re-export the model with a newer opset (or convert it with onnx.version_converter)",
+        )
+
+
+def select_outputs(graph: Graph, out_nodes: list[str], onnx_nodes: dict[str, Node], source: str) -> None:
+    """Make the values named by ``out_nodes`` the graph outputs (ATC's --out_nodes)."""
+    vmap = graph.value_map()
+    chosen: list[Value] = []
+    for spec in out_nodes:
+        spec = str(spec).strip()
+        v = vmap.get(spec)
+        if v is None:
+            name, sep, idx = spec.rpartition(":")
+            node = None
+            index = 0
+            if sep and idx.strip().isdigit():
+                node = onnx_nodes.get(name) or graph.find_node(name)
+                index = int(idx)
+            else:
+                node = onnx_nodes.get(spec) or graph.find_node(spec)
+            if node is not None:
+                if index >= len(node.outputs):
+                    raise OptionError(
+                        f"out_nodes '{spec}': node '{node.name}' ({node.op_type}) has only {len(node.outputs)} output(s)"
+                    )
+                v = node.outputs[index]
+        if v is None:
+            candidates = list(vmap) + list(onnx_nodes)
+            raise OptionError(
+                f"out_nodes '{spec}' names no tensor or node of {source}{close_matches(spec, candidates)}",
+                hint="use a tensor name or ATC's node_name:output_index",
+            )
+        chosen.append(v)
+    graph.set_outputs(chosen)
+
+
+def _inline_functions(model, name: str):
+    """A copy of ``model`` with its model-local functions inlined (the original is untouched)."""
+    try:
+        from onnx import inliner
+
+        return inliner.inline_local_functions(model)
+    except Exception as e:
+        raise ModelFileError(
+            f"cannot inline the local functions of {name}: {type(e).__name__}: {e}",
+            hint="inline them before compiling (onnx.inliner.inline_local_functions)",
+        ) from None
+
+
+class OnnxFrontend(Frontend):
+    """Reads ONNX models (``.onnx`` files, ``onnx.ModelProto`` objects or serialized bytes)."""
+
+    name = "onnx"
+    framework_ids = (5,)
+    suffixes = (".onnx",)
+
+    def accepts_object(self, obj: Any) -> bool:
+        try:
+            import onnx
+        except ImportError:
+            return False
+        return isinstance(obj, onnx.ModelProto)
+
+    def sniff(self, path: str, head: bytes) -> bool:
+        ext = os.path.splitext(path)[1].lower()
+        if ext in self.suffixes:
+            return True
+        if ext in _OTHER_FORMATS:
+            return False
+        # A ModelProto starts with field 1 (ir_version, varint: 0x08) holding 3..20, then
+        # producer_name (0x12), producer_version (0x1a), domain (0x22), model_version (0x28),
+        # doc_string (0x32), graph (0x3a) or opset_import (0x42).
+        return (len(head) >= 4 and head[0] == 0x08 and 3 <= head[1] <= 20
+                and head[2] in (0x12, 0x1a, 0x22, 0x28, 0x32, 0x3a, 0x42))
+
+    def load(self, source: Any, options=None) -> Graph:
+        model, name, base_dir = read_model(source)
+        input_shape = dict(getattr(options, "input_shape", None) or {})
+        out_nodes = list(getattr(options, "out_nodes", None) or [])
+        try:
+            graph = self._build(model, name, base_dir, input_shape, out_nodes)
+        except GEError:
+            raise
+        except Exception as e:
+            raise ModelFileError(
+                f"cannot build a graph from {name}: {type(e).__name__}: {e}",
+                hint="the model is malformed; onnx.checker.check_model may say more",
+            ) from e
+        from ge_core.plugins import registries
+
+        check_ops(graph, registries().ops, name)
+        return graph
+
+    def _build(self, model, name: str, base_dir: str | None, input_shape, out_nodes) -> Graph:
+        functions = [f"{f.domain}::{f.name}" for f in model.functions]
+        if functions:
+            model = _inline_functions(model, name)
+        b = _Builder(model, name, base_dir)
+        graph = b.build_graph(model.graph, None, None, "graph", input_shape=input_shape)
+        ops: dict[str, int] = {}
+        for o in model.opset_import:
+            ops[_norm_domain(o.domain)] = int(o.version)
+        graph.opset_imports.clear()
+        graph.opset_imports.update(ops)
+        graph.metadata.update(
+            {
+                "source": name,
+                "framework": "onnx",
+                "ir_version": int(model.ir_version),
+                "producer_name": model.producer_name,
+                "producer_version": model.producer_version,
+                "model_domain": model.domain,
+                "model_version": int(model.model_version),
+                "doc_string": model.doc_string,
+                "metadata_props": {p.key: p.value for p in model.metadata_props},
+            }
+        )
+        if functions:
+            graph.metadata["inlined_functions"] = functions
+        if out_nodes:
+            select_outputs(graph, out_nodes, b.onnx_node_names, name)
+        return graph
+
+    def export(self, graph: Graph, path: str | None = None) -> Any:
+        from .exporter import export_onnx, save_onnx
+
+        model = export_onnx(graph)
+        if path is not None:
+            save_onnx(model, path)
+        return model

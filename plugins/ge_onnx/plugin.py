@@ -1,0 +1,12 @@
+"""Hook implementations of the ge_onnx plugin."""
+
+from __future__ import annotations
+
+from ge_core.hookspecs import hookimpl
+
+
+@hookimpl
+def ge_register_frontends(register):
+    from .frontend import OnnxFrontend
+
+    register(OnnxFrontend())

@@ -1,0 +1,34 @@
+"""Hook implementations of the ge_opset plugin."""
+
+from __future__ import annotations
+
+from ge_core.hookspecs import hookimpl
+from ge_core.ops import infer_graph
+from ge_core.passes import Pass
+
+
+class InferShapes(Pass):
+    """Infer the type and shape of every node output (subgraphs too), in one linear walk."""
+
+    name = "infer_shapes"
+    stage = "prepare"
+    opt_level = 0
+    default_enabled = True
+    description = "infer types and shapes of every node output with the op set's inference"
+
+    def run(self, graph, ctx) -> bool:
+        return infer_graph(graph, ctx.ops) > 0
+
+
+@hookimpl
+def ge_register_ops(register):
+    """One OpDef per op type of the default ONNX domain."""
+    from .schemas import build_opdefs
+
+    for opdef in build_opdefs():
+        register(opdef)
+
+
+@hookimpl
+def ge_register_passes(register):
+    register(InferShapes())
