@@ -65,6 +65,10 @@ def build_problem(graph: Graph, order: Sequence[Node], alignment: int = DEFAULT_
     placed in the reused arena.
     """
     pos = {n: i for i, n in enumerate(order)}
+    owner: dict[Graph, int] = {}  # subgraph -> position of the node holding it
+    for n, i in pos.items():
+        for sub in n.subgraphs():
+            _own(sub, i, owner)
     outputs = set(graph.outputs)
     buffers: list[Buffer] = []
     dynamic: list[str] = []
@@ -80,22 +84,19 @@ def build_problem(graph: Graph, order: Sequence[Node], alignment: int = DEFAULT_
             end = i
             for user, _ in v._uses:
                 p = pos.get(user)
-                if p is None:  # used inside a subgraph: alive until the owning node runs
-                    p = _owner_pos(user, pos)
+                if p is None:  # read inside a subgraph: alive until the node holding it runs
+                    p = owner.get(user.graph)
                 if p is not None and p > end:
                     end = p
             buffers.append(Buffer(v.name, size, i, end))
     return MemoryProblem(buffers, alignment, dynamic=dynamic)
 
 
-def _owner_pos(node: Node, pos: dict[Node, int]) -> int | None:
-    g = node.graph
-    while g is not None and g.parent is not None:
-        for n, p in pos.items():
-            if g in n.subgraphs():
-                return p
-        g = g.parent
-    return None
+def _own(sub: Graph, pos: int, owner: dict[Graph, int]) -> None:
+    owner[sub] = pos
+    for n in sub.nodes:
+        for s in n.subgraphs():
+            _own(s, pos, owner)
 
 
 def lower_bound(problem: MemoryProblem) -> int:

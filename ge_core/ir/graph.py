@@ -256,6 +256,20 @@ class Graph:
                 names.add(cand)
                 return cand
 
+    def name_in_use(self, name: str) -> bool:
+        """True if a value of this graph or an enclosing/enclosed graph is called ``name``."""
+        return name in self._root_names()
+
+    def fresh_name(self, base: str = "v") -> str:
+        """A name not in use (``base`` itself if free), without reserving it."""
+        names = self._root_names()
+        if base and base not in names:
+            return base
+        i = 1
+        while f"{base}_{i}" in names:
+            i += 1
+        return f"{base}_{i}"
+
     def _claim_name(self, name: str) -> str:
         names = self._root_names()
         if name in names:

@@ -203,7 +203,6 @@ class _Builder:
         In the main graph names are kept (they are the model's interface): a second definition
         is an error, and a subgraph value that took the name first is renamed.
         """
-        names = graph._root_names()
         if main:
             if want in self.main_defined:
                 raise ModelFileError(
@@ -211,20 +210,12 @@ class _Builder:
                     hint="every tensor name of an ONNX graph must be unique (run onnx.checker.check_model)",
                 )
             self.main_defined.add(want)
-            if want in names:
+            if graph.name_in_use(want):
                 sub = self.sub_values.pop(want, None)
                 if sub is not None and sub.graph is not None:
-                    sub.graph.rename_value(sub, self._fresh(names, want))
+                    sub.graph.rename_value(sub, graph.fresh_name(want))
             return want
-        nm = want if want and want not in names else self._fresh(names, want or "v")
-        return nm
-
-    @staticmethod
-    def _fresh(names: set[str], base: str) -> str:
-        i = 1
-        while f"{base}_{i}" in names:
-            i += 1
-        return f"{base}_{i}"
+        return graph.fresh_name(want or "v")
 
     def _track(self, v: Value, main: bool) -> Value:
         if not main:
