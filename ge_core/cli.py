@@ -273,12 +273,12 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     for kind in ("ops", "frontends", "passes", "backends", "memory_planners", "stream_allocators", "fusion_patterns", "op_mappers"):
         reg = getattr(regs, kind)
         for key in reg.keys():
-            counts.setdefault(reg.origin(key), {}).setdefault(kind, 0)
-            counts[reg.origin(key)][kind] += 1
+            per = counts.setdefault(reg.origin(key) or "?", {})
+            per[kind] = per.get(kind, 0) + 1
     for be, reg in regs.kernels.items():
         for key in reg.keys():
-            counts.setdefault(reg.origin(key), {}).setdefault(f"{be}_kernels", 0)
-            counts[reg.origin(key)][f"{be}_kernels"] += 1
+            per = counts.setdefault(reg.origin(key) or "?", {})
+            per[f"{be}_kernels"] = per.get(f"{be}_kernels", 0) + 1
     for r in rows:
         r["provides"] = counts.get(r["name"], {})
     if args.json:
@@ -309,7 +309,7 @@ def cmd_passes(args: argparse.Namespace) -> int:
         opts.update({"opt_level": args.opt_level})
     plans = resolve_pipeline(regs.passes, opts)
     active = {p.name for s in plans for p in s.passes}
-    data = {
+    data: dict[str, Any] = {
         "opt_level": opts.opt_level,
         "stages": [
             {

@@ -85,7 +85,7 @@ def build_problem(graph: Graph, order: Sequence[Node], alignment: int = DEFAULT_
             for user, _ in v._uses:
                 p = pos.get(user)
                 if p is None:  # read inside a subgraph: alive until the node holding it runs
-                    p = owner.get(user.graph)
+                    p = owner.get(user.graph) if user.graph is not None else None
                 if p is not None and p > end:
                     end = p
             buffers.append(Buffer(v.name, size, i, end))

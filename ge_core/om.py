@@ -116,7 +116,7 @@ def load_om(path: str | os.PathLike, *, host=None, verify_checksums: bool = True
             options = CompileOptions.from_any(known)
         except GEError as e:
             raise OmFormatError(f"'{path}': stored compile options are invalid: {e}") from None
-        report = d.get("report") if isinstance(d.get("report"), dict) else {}
+        report: dict[str, Any] = d["report"] if isinstance(d.get("report"), dict) else {}
         model = CompiledModel(graph, options, streams=streams, memory_plan=plan, report=report, host=host or get_host())
         model.source = path
         model._keepalive = container
@@ -165,10 +165,10 @@ def inspect_om(path: str) -> dict[str, Any]:
     """A JSON-able description: container header and partitions, model summary and report."""
     from .om_container import describe
 
-    info = {"file": describe(path)}
+    info: dict[str, Any] = {"file": describe(path)}
     with read_container(path) as c:
         d = read_model_definition(path, c)
-    g = d.get("graph") if isinstance(d.get("graph"), dict) else {}
+    g: dict[str, Any] = d["graph"] if isinstance(d.get("graph"), dict) else {}
     nodes = g.get("nodes", []) if isinstance(g.get("nodes"), list) else []
     info["model"] = {
         "producer": d.get("producer"),
@@ -177,7 +177,7 @@ def inspect_om(path: str) -> dict[str, Any]:
         "nodes": len(nodes),
         "constants": len(g.get("constants", []) or []),
         "opset_imports": g.get("opset_imports"),
-        "soc_version": (d.get("options") or {}).get("soc_version"),
+        "soc_version": d["options"].get("soc_version") if isinstance(d.get("options"), dict) else None,
     }
     info["report"] = d.get("report")
     info["streams"] = d.get("streams", {})

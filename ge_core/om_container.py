@@ -202,7 +202,7 @@ def _as_bytes_view(obj: Any, kind: str) -> memoryview:
                 f"cannot store an array of dtype {obj.dtype} in partition {kind!r}: {e}",
                 hint="store numeric arrays only",
             ) from None
-        return memoryview(flat)
+        return memoryview(flat)  # type: ignore[arg-type]  # ndarray is a buffer
     view = memoryview(obj)
     if view.format in ("B", "b", "c") and view.ndim == 1 and view.contiguous:
         return view.cast("B") if view.format != "B" else view

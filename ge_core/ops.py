@@ -27,7 +27,7 @@ class OpKind(enum.IntEnum):
 
 #: ``infer(node, opset) -> list[TensorType]``: output types from the node's input types (and
 #: constant inputs, ``value.const_value``). May return None when it cannot tell.
-InferFn = Callable[[Node, int], "Sequence[TensorType] | None"]
+InferFn = Callable[[Node, int], "Sequence[TensorType | None] | None"]
 
 
 @dataclass

@@ -55,10 +55,9 @@ class FunctionPass(Pass):
 
     def __init__(self, fn: Callable[[Graph, PassContext], bool], **attrs: Any) -> None:
         self._fn = fn
+        attrs.setdefault("description", (fn.__doc__ or "").strip().split("\n")[0])
         for k, v in attrs.items():
             setattr(self, k, v)
-        if not self.description:
-            self.description = (fn.__doc__ or "").strip().split("\n")[0]
 
     def run(self, graph: Graph, ctx: PassContext) -> bool:
         return bool(self._fn(graph, ctx))
@@ -272,6 +271,7 @@ class PassManager:
         return f" (passes before it: {more}{', '.join(names)})"
 
     def _dump(self, graph: Graph, label: str) -> None:
+        assert self.dump_dir is not None
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", label)
         path = os.path.join(self.dump_dir, f"{self._dump_index:03d}_{safe}.txt")
         self._dump_index += 1

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import base64
 import math
-from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
 from .errors import GEError, OmFormatError
-from .ir.graph import Graph
+from .ir.graph import Graph, Value
 from .ir.types import TensorType, dtype_name, parse_dtype
 
 FORMAT_VERSION = 1
@@ -89,7 +88,7 @@ def graph_to_dict(graph: Graph, weights: WeightWriter) -> dict[str, Any]:
     d: dict[str, Any] = {
         "name": graph.name,
         "inputs": [{"name": v.name, **vtype(v.type)} for v in graph.inputs],
-        "constants": [{"name": v.name, "weight": weights.add(v.const_value)} for v in graph.constants.values()],
+        "constants": [{"name": v.name, "weight": weights.add(_const(v))} for v in graph.constants.values()],
         "nodes": [],
         "outputs": [v.name for v in graph.outputs],
     }
@@ -112,6 +111,12 @@ def graph_to_dict(graph: Graph, weights: WeightWriter) -> dict[str, Any]:
             nd["meta"] = meta
         d["nodes"].append(nd)
     return d
+
+
+def _const(v) -> np.ndarray:
+    if v.const_value is None:
+        raise GEError(f"constant '{v.name}' has no value")
+    return v.const_value
 
 
 def _jsonable(v: Any) -> bool:
@@ -172,7 +177,7 @@ class GraphReader:
         self.table = table
         self._cache: dict[int, np.ndarray] = {}
 
-    def fail(self, msg: str) -> None:
+    def fail(self, msg: str) -> NoReturn:
         raise OmFormatError(f"{self.where}: {msg}", hint="the file is corrupted or was not written by ge; re-create it with `ge compile`")
 
     # -- helpers --------------------------------------------------------------------------
@@ -212,7 +217,7 @@ class GraphReader:
         x = self._list(x, what)
         if len(x) > MAX_RANK:
             self.fail(f"{what} has rank {len(x)} (more than {MAX_RANK})")
-        out = []
+        out: list[int | str | None] = []
         for d in x:
             if d is None or (isinstance(d, str) and 0 < len(d) <= 256):
                 out.append(d)
@@ -326,7 +331,7 @@ class GraphReader:
                 dom = nd.get("domain", "")
                 if not isinstance(dom, str):
                     self.fail(f"node '{nname}' domain is not a string")
-                ins = []
+                ins: list[Value | None] = []
                 for x in self._list(nd.get("inputs", []), f"node '{nname}' inputs"):
                     if x is None:
                         ins.append(None)
@@ -350,13 +355,13 @@ class GraphReader:
                     node.meta.update(meta)
                 for v in node.outputs:
                     scope[v.name] = v
-            outs = []
+            graph_outs: list[Value] = []
             for x in self._list(d.get("outputs", []), "outputs"):
                 if not isinstance(x, str) or x not in scope:
                     self.fail(f"graph output {str(x)[:80]!r} is not defined")
-                outs.append(scope[x])
-            g.outputs = outs
-            g._output_set = dict.fromkeys(outs)
+                graph_outs.append(scope[x])
+            g.outputs = graph_outs
+            g._output_set = dict.fromkeys(graph_outs)
         except OmFormatError:
             raise
         except GEError as e:  # e.g. duplicate names from the IR
@@ -379,5 +384,3 @@ def read_graph(d: Any, table: Any, blob, where: str) -> Graph:
         raise OmFormatError(f"{where}: the stored graph is nested too deeply") from None
     return g
 
-
-Encoder = Callable[[Any], Any]

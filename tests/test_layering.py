@@ -34,3 +34,8 @@ def test_ruff_clean(target):
 def test_core_does_not_import_onnx_at_runtime():
     code = "import sys, ge_core; ge_core.get_host; assert 'onnx' not in sys.modules, [m for m in sys.modules if 'onnx' in m]"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_type_checker_passes():
+    r = subprocess.run([_tool("mypy")], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-3000:]

@@ -134,8 +134,8 @@ class Node:
         self.meta: dict[str, Any] = {}
         for i, v in enumerate(outputs):
             v.producer, v.index = self, i
-        for v in inputs:
-            self._append_input(v)
+        for inp in inputs:
+            self._append_input(inp)
 
     # -- inputs --------------------------------------------------------------------------
     @property
@@ -652,11 +652,12 @@ def _copy_graph(g: Graph, parent: Graph | None, vmap: dict[Value, Value]) -> Gra
         nv.meta = dict(v.meta)
         vmap[v] = nv
     for name, v in g.constants.items():
+        assert v.const_value is not None
         nv = new.add_constant(v.const_value, name)
         nv.type = v.type
         vmap[v] = nv
     for n in g._iter():
-        attrs = {}
+        attrs: dict[str, Any] = {}
         for k, a in n.attrs.items():
             if isinstance(a, Graph):
                 attrs[k] = _copy_graph(a, new, vmap)

@@ -64,7 +64,7 @@ class TensorType:
     @property
     def numel(self) -> int | None:
         """Element count for a static shape, else None."""
-        if not self.is_static:
+        if self.shape is None or not self.is_static:
             return None
         n = 1
         for d in self.shape:

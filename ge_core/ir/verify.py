@@ -54,9 +54,10 @@ def _verify(graph: Graph, outer: set[Value], ops) -> None:
         if node.name in node_names:
             raise GraphError(f"{where}: two nodes are named '{node.name}'")
         node_names.add(node.name)
-        for i, v in enumerate(node.inputs):
-            if v is None:
+        for i, inp in enumerate(node.inputs):
+            if inp is None:
                 continue
+            v = inp
             if v not in defined:
                 if v.producer is not None and v.producer.graph is graph:
                     raise GraphError(

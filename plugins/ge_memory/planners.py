@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 
-from ge_core.memory import MemoryPlan, MemoryProblem, align_up
+from ge_core.memory import Buffer, MemoryPlan, MemoryProblem, align_up
 
 
 def plan_no_reuse(problem: MemoryProblem, options=None) -> MemoryPlan:
@@ -22,7 +22,7 @@ def plan_greedy_by_size(problem: MemoryProblem, options=None) -> MemoryPlan:
     (the heuristic of TFLite's and XLA's greedy-by-size planners)."""
     a = problem.alignment
     order = sorted(problem.buffers, key=lambda b: (-b.size, b.start, b.name))
-    placed: list[tuple[int, int, object]] = []  # (offset, end_offset, buffer) sorted by offset
+    placed: list[tuple[int, int, Buffer]] = []  # (offset, end_offset, buffer) sorted by offset
     offsets: dict[str, int] = {}
     arena = 0
     for b in order:

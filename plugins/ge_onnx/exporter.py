@@ -72,7 +72,7 @@ def _schema_attr_types(op_type: str, domain: str, opset: int) -> dict[str, int]:
     out = {}
     for name, a in s.attributes.items():
         try:
-            out[name] = int(a.type.value)
+            out[name] = int(a.type.value)  # type: ignore[attr-defined]
         except Exception:
             pass
     return out
@@ -114,7 +114,7 @@ class _Exporter:
         if isinstance(value, (list, tuple)):
             if not value:
                 a = A(name=name)
-                a.type = attr_type if attr_type else A.INTS
+                a.type = attr_type if attr_type else A.INTS  # type: ignore[assignment]
                 return a
             if all(isinstance(x, np.ndarray) for x in value):
                 return helper.make_attribute(name, [array_to_tensor(x) for x in value])
@@ -172,7 +172,7 @@ class _Exporter:
         for v in g.inputs:
             gp.input.append(value_info(v.name, v.type, force=True))
         for v in g.constants.values():
-            gp.initializer.append(array_to_tensor(v.const_value, v.name))
+            gp.initializer.append(array_to_tensor(v.const_value, v.name))  # type: ignore[arg-type]  # constants have values
         out_set = set(id(v) for v in g.outputs)
         for n in g.nodes:
             gp.node.append(self.node(n))

@@ -280,14 +280,14 @@ class _Builder:
 
         outs = []
         for o in gp.output:
-            v = scope.get(o.name)
-            if v is None:
+            out = scope.get(o.name)
+            if out is None:
                 raise ModelFileError(
                     f"{self.name}: graph output '{o.name}' of graph '{g.name}' is not produced by any node, input "
                     "or initializer",
                     hint="the model is malformed (run onnx.checker.check_model)",
                 )
-            outs.append(v)
+            outs.append(out)
         g.set_outputs(outs)
         return g
 

@@ -166,7 +166,7 @@ def _attr_proto(name: str, value: Any, attr_type: int | None):
     if isinstance(value, (list, tuple)):
         if not value:
             a = AttributeProto(name=name)
-            a.type = attr_type if attr_type else AttributeProto.INTS
+            a.type = attr_type if attr_type else AttributeProto.INTS  # type: ignore[assignment]
             return a
         if all(isinstance(x, np.ndarray) for x in value):
             return helper.make_attribute(name, [numpy_helper.from_array(x) for x in value])
