@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
-from ge_cpu.kernels import KERNELS  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
 
 from ge_core.errors import UnsupportedOpError  # noqa: E402
 from ge_core.ir.types import TensorType  # noqa: E402
 from ge_core.kernel import KernelSpec  # noqa: E402
+from ge_cpu.kernels import KERNELS  # noqa: E402
 
 try:
     import onnxruntime as ort
