@@ -49,3 +49,25 @@ class KernelSpec:
     def describe(self) -> str:
         dom = f"{self.domain}::" if self.domain else ""
         return f"node '{self.name}' ({dom}{self.op_type})"
+
+    @classmethod
+    def from_node(cls, node, options=None, **backend_options: Any) -> KernelSpec:
+        """Describe a graph node for a kernel factory (used by backends and folding passes)."""
+        dom = "" if node.domain in ("", "ai.onnx") else node.domain
+        root = node.graph
+        while root is not None and root.parent is not None:
+            root = root.parent
+        imports = root.opset_imports if root is not None else {}
+        opts: dict[str, Any] = {"threads": getattr(options, "threads", None)}
+        opts.update(backend_options)
+        return cls(
+            name=node.name,
+            op_type=node.op_type,
+            domain=dom,
+            attrs=dict(node.attrs),
+            inputs=[None if v is None else v.type for v in node.inputs],
+            outputs=[v.type for v in node.outputs],
+            const_inputs=[None if v is None else v.const_value for v in node.inputs],
+            opset=imports.get(dom, imports.get(node.domain, 0)),
+            options=opts,
+        )

@@ -21,26 +21,6 @@ from ge_core.kernel import KernelSpec
 from ge_core.ops import OpRegistry
 
 
-def kernel_spec(node: Node, graph: Graph, options) -> KernelSpec:
-    """Describe ``node`` for a kernel factory."""
-    dom = OpRegistry.norm_domain(node.domain)
-    root = graph
-    while root.parent is not None:
-        root = root.parent
-    opset = root.opset_imports.get(dom, root.opset_imports.get(node.domain, 0))
-    return KernelSpec(
-        name=node.name,
-        op_type=node.op_type,
-        domain=dom,
-        attrs=dict(node.attrs),
-        inputs=[None if v is None else v.type for v in node.inputs],
-        outputs=[v.type for v in node.outputs],
-        const_inputs=[None if v is None else v.const_value for v in node.inputs],
-        opset=opset,
-        options={"threads": getattr(options, "threads", None)},
-    )
-
-
 class _Step:
     __slots__ = ("fn", "ins", "outs", "free", "node")
 
@@ -81,7 +61,7 @@ class SequentialExecutable(Executable):
         last_use: dict[int, int] = {}
         outputs = {slot_of(v) for v in graph.outputs}
         for i, node in enumerate(nodes):
-            spec = kernel_spec(node, graph, options)
+            spec = KernelSpec.from_node(node, options)
             try:
                 fn = factories[i](spec)
             except GEError:
