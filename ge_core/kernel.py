@@ -5,6 +5,14 @@ At build time it receives a :class:`KernelSpec` describing one node (attributes 
 resolved, input/output types, constant inputs) and returns a callable that runs the node:
 ``kernel(*inputs) -> sequence of arrays`` (one per output). All attribute parsing and
 specialisation happen in the factory, so the returned callable does only the arithmetic.
+
+Preallocated outputs. A kernel that can write into memory the executor planned sets
+``kernel.accepts_out = True``; the executor may then call ``kernel(*inputs, out=(a0, a1, ...))``
+with one C-contiguous array per output (exact dtype and shape). Such a kernel writes its results
+there and returns those same arrays. ``kernel.inplace_ok = True`` additionally allows an ``out``
+array to be the memory of an input that dies at this node (elementwise ops). Kernels without
+these attributes return fresh arrays (or views of their inputs), which the executor copies into
+its plan where it needs to. Kernels never write into their inputs otherwise.
 """
 
 from __future__ import annotations
@@ -18,6 +26,11 @@ import numpy as np
 from .ir.types import TensorType
 
 Kernel = Callable[..., Sequence[np.ndarray]]
+
+
+def accepts_out(kernel: Kernel) -> bool:
+    """True if ``kernel`` takes preallocated outputs through ``out=``."""
+    return bool(getattr(kernel, "accepts_out", False))
 KernelFactory = Callable[["KernelSpec"], Kernel]
 
 
