@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from .errors import GEError, ModelFileError, OptionError
@@ -100,17 +101,19 @@ def _label(source: Any) -> str:
     return f"<{type(source).__name__}>"
 
 
-def compile(model: Graph | Any, options: CompileOptions | dict | str | os.PathLike | None = None, **overrides: Any) -> CompiledModel:
+def compile(model: Graph | Any, options: CompileOptions | dict | str | os.PathLike | None = None, *,
+            progress: Callable[[str], None] | None = None, **overrides: Any) -> CompiledModel:
     """Compile a Graph (or anything :func:`load` reads) into a :class:`CompiledModel`.
 
     ``options``: a dict, :class:`CompileOptions` or a TOML config path; ``overrides`` win.
+    ``progress(message)`` hears each stage and pass as it starts.
     """
     from .compiler import compile_graph
 
     opts = CompileOptions.from_any(options, **overrides)
     if not isinstance(model, Graph):
         model = load(model, opts.framework, **{k: v for k, v in (("input_shape", opts.input_shape), ("out_nodes", opts.out_nodes)) if v})
-    return compile_graph(model, opts, get_host())
+    return compile_graph(model, opts, get_host(), progress)
 
 
 def load_om(path: str | os.PathLike, *, verify_checksums: bool = True) -> CompiledModel:

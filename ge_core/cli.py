@@ -146,6 +146,16 @@ def _add_compile_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--option", action="append", metavar="NAME=VALUE", help="any compile option, also plugin ones")
 
 
+def _compile_with_progress(ge, source, opts: dict[str, Any], quiet: bool = False):
+    """Compile, showing the stage and pass on a terminal (not with -q, --log=error/null, or a pipe)."""
+    level = str(opts.get("log", "warning")).lower()
+    if quiet or level in ("error", "null") or not sys.stderr.isatty():
+        return ge.compile(source, opts)
+    con = _console(stderr=True)
+    with con.status("compiling: loading") as status:
+        return ge.compile(source, opts, progress=lambda msg: status.update(f"compiling: {msg}"))
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     import ge_core as ge
 
@@ -156,7 +166,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if not out.endswith(".om"):
         out += ".om"
     opts = _compile_options(args)
-    model = ge.compile(args.model, opts)
+    model = _compile_with_progress(ge, args.model, opts, quiet=args.quiet)
     model.save(out)
     if args.report:
         _write_json_atomic(args.report, model.report)
@@ -505,7 +515,7 @@ def atc_main(argv: Sequence[str] | None = None) -> int:
             opts["disable_reuse_memory"] = args.disable_reuse_memory
         if args.constant_folding is not None:
             opts["constant_folding"] = args.constant_folding
-        model = ge.compile(args.model, opts)
+        model = _compile_with_progress(ge, args.model, opts)
         out = args.output if args.output.endswith(".om") else args.output + ".om"
         model.save(out)
         if args.report:

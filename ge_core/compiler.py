@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .errors import GEError, OptionError
@@ -20,8 +22,12 @@ from .schedule import StreamAssignment
 log = logging.getLogger("ge.compile")
 
 
-def compile_graph(graph: Graph, options: CompileOptions, host) -> CompiledModel:
-    """Compile a copy of ``graph`` (the caller's graph is never modified)."""
+def compile_graph(graph: Graph, options: CompileOptions, host, progress: Callable[[str], None] | None = None) -> CompiledModel:
+    """Compile a copy of ``graph`` (the caller's graph is never modified).
+
+    ``progress(message)`` is told each stage and pass as it starts (for a progress display).
+    """
+    say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     regs = host.registries
     options.check_extra(regs.options)
@@ -35,13 +41,18 @@ def compile_graph(graph: Graph, options: CompileOptions, host) -> CompiledModel:
         raise unknown_ops_error(unknown, regs.ops, source=g.metadata.get("source", ""))
 
     stages = resolve_pipeline(regs.passes, options)
-    pm = PassManager(stages, verify_each=options.verify_each_pass, dump_dir=options.dump_ir, host=host)
+    strict = options.strict_passes or os.environ.get("GE_STRICT_PLUGINS", "").strip().lower() in ("1", "true", "yes", "on")
+    pm = PassManager(stages, verify_each=options.verify_each_pass, dump_dir=options.dump_ir, host=host,
+                     strict=strict, guard=_pass_guard(options.pass_transactions, regs, host), progress=say)
     ctx = PassContext(options, regs)
-    records = pm.run(g, ctx)
+    g = pm.run(g, ctx)
+    records = pm.records
     g.verify()
 
     order = g.node_list()
+    say("streams")
     streams = _allocate_streams(g, options, regs)
+    say("memory plan")
     problem = build_problem(g, order)
     plan = _plan_memory(problem, options, regs)
     weights_bytes = sum(int(v.const_value.nbytes) for v in _all_constants(g))
@@ -64,13 +75,34 @@ def compile_graph(graph: Graph, options: CompileOptions, host) -> CompiledModel:
         "backend": None,
         "compile_seconds": 0.0,
     }
+    if pm.failures:
+        report["pass_failures"] = pm.failures
     model = CompiledModel(g, options, streams=streams, memory_plan=plan, report=report, host=host)
+    say("build")
     exe = model.executable
     report["kernels"] = int(getattr(exe, "kernel_count", len(order)))
     report["backend"] = regs.backend(options.soc_version).name
     report["compile_seconds"] = round(time.perf_counter() - t0, 4)
     host.notify("ge_model_built", model=model)
     return model
+
+
+def _pass_guard(mode: str, regs, host):
+    """Which passes run in a transaction: by default those from outside this distribution."""
+    if mode == "all":
+        return lambda p: True
+    if mode == "none":
+        return lambda p: False
+
+    def untrusted(p) -> bool:
+        plugin = regs.passes.origin(p.name)
+        info = host.info.get(plugin) if plugin else None
+        return info is None or info.distribution != _DISTRIBUTION
+
+    return untrusted
+
+
+_DISTRIBUTION = "ge-python"
 
 
 def _walk(g: Graph):

@@ -43,6 +43,11 @@ class CompileOptions:
     #: Optimisation level 0..3 (as ONNX Runtime / TVM): passes above it do not run.
     opt_level: int = 2
     verify_each_pass: bool = False
+    #: A failing guarded pass stops the compile instead of being skipped (also GE_STRICT_PLUGINS=1).
+    strict_passes: bool = False
+    #: Which passes run in a transaction (snapshot, verify, roll back on failure):
+    #: "plugins" (those not shipped with ge), "all" or "none".
+    pass_transactions: str = "plugins"
     dump_ir: str | None = None
     threads: int | None = None
     #: Pipeline from a config: {stage: {"passes": [...], "disable": [...], "fixed_point": bool}}.
@@ -306,7 +311,12 @@ def _coerce(k: str, v: Any) -> Any:
         if isinstance(v, (list, tuple)) and all(isinstance(s, str) for s in v):
             return list(v)
         raise OptionError(f"out_nodes must be 'a;b' or a list of names, not {v!r}")
-    if k in ("constant_folding", "enable_single_stream", "disable_reuse_memory", "verify_each_pass"):
+    if k == "pass_transactions":
+        s = str(v).strip().lower()
+        if s not in ("plugins", "all", "none"):
+            raise OptionError(f"pass_transactions must be plugins, all or none, not {v!r}")
+        return s
+    if k in ("constant_folding", "enable_single_stream", "disable_reuse_memory", "verify_each_pass", "strict_passes"):
         return _bool(k, v)
     if k == "memory_optimize_level":
         s = str(v).strip().lower()

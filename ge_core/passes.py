@@ -44,6 +44,8 @@ class Pass:
     params: ClassVar[dict[str, Any]] = {}
     #: Repeat the stage until no pass of it changes the graph, when this pass is in it.
     fixed_point: ClassVar[bool] = False
+    #: A required pass is never skipped: its failure always stops the compile.
+    required: ClassVar[bool] = False
     description: ClassVar[str] = ""
 
     def run(self, graph: Graph, ctx: PassContext) -> bool:  # pragma: no cover - interface
@@ -102,15 +104,19 @@ class PassRecord:
     changed: bool
     nodes_after: int
     iteration: int = 0
+    error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "name": self.name,
             "stage": self.stage,
             "seconds": round(self.seconds, 6),
             "changed": self.changed,
             "nodes_after": self.nodes_after,
         }
+        if self.error:
+            d["error"] = self.error
+        return d
 
 
 def resolve_pipeline(registry, options) -> list[StagePlan]:
@@ -192,18 +198,32 @@ def order_passes(passes: list[Pass]) -> list[Pass]:
 
 
 class PassManager:
-    """Runs a resolved pipeline over a graph and records what each pass did."""
+    """Runs a resolved pipeline over a graph and records what each pass did.
+
+    Guarded passes are transactional: the graph is snapshotted before each one and verified
+    after it; if the pass raises, returns garbage or leaves an invalid graph, the snapshot is
+    kept and the pass is reported as failed (a warning), unless ``strict``, which stops the
+    compile with a :class:`PassError`. ``guard(pass)`` says which passes are guarded (by
+    default those not shipped with ge itself); unguarded passes always stop the compile on
+    failure. Required passes (``Pass.required``) are never skipped.
+    """
 
     def __init__(self, stages: list[StagePlan], *, verify_each: bool = False, dump_dir: str | None = None,
-                 host=None) -> None:
+                 host=None, strict: bool = True, guard: Callable[[Pass], bool] | None = None,
+                 progress: Callable[[str], None] | None = None) -> None:
         self.stages = stages
         self.verify_each = verify_each
         self.dump_dir = dump_dir
         self.host = host
+        self.strict = strict
+        self.guard = guard or (lambda p: False)
+        self.progress = progress
         self.records: list[PassRecord] = []
+        self.failures: list[dict[str, str]] = []
         self._dump_index = 0
 
-    def run(self, graph: Graph, ctx: PassContext) -> list[PassRecord]:
+    def run(self, graph: Graph, ctx: PassContext) -> Graph:
+        """Run every stage; returns the resulting graph (a rolled-back pass swaps in its snapshot)."""
         if self.dump_dir:
             os.makedirs(self.dump_dir, exist_ok=True)
             self._dump(graph, "input")
@@ -214,12 +234,13 @@ class PassManager:
             for it in range(iterations):
                 changed_any = False
                 for p in stage.passes:
-                    changed_any |= self._run_one(p, stage.name, graph, ctx, it)
+                    graph, changed = self._run_one(p, stage.name, graph, ctx, it)
+                    changed_any |= changed
                 if not changed_any:
                     break
-        return self.records
+        return graph
 
-    def _run_one(self, p: Pass, stage: str, graph: Graph, ctx: PassContext, iteration: int) -> bool:
+    def _run_one(self, p: Pass, stage: str, graph: Graph, ctx: PassContext, iteration: int) -> tuple[Graph, bool]:
         params = dict(getattr(p, "params", {}) or {})
         user = ctx.options.pass_params.get(p.name, {})
         for k in user:
@@ -228,39 +249,53 @@ class PassManager:
                                   hint=f"its parameters: {', '.join(sorted(params)) or 'none'}")
         params.update(user)
         pctx = PassContext(ctx.options, ctx.registries, params, ctx.stats)
+        guarded = not getattr(p, "required", False) and self.guard(p)
+        if self.progress is not None:
+            self.progress(f"{stage}: {p.name}" + (f" (round {iteration + 1})" if iteration else ""))
+        snapshot = graph.copy() if guarded else None
         if self.host is not None:
             self.host.notify("ge_before_pass", pass_name=p.name, stage=stage, graph=graph)
         t0 = time.perf_counter()
         try:
-            changed = p.run(graph, pctx)
-        except GEError as e:
-            raise PassError(f"pass '{p.name}' (stage {stage}) failed: {e}{self._history()}") from e
-        except Exception as e:
-            raise PassError(
-                f"pass '{p.name}' (stage {stage}) raised {type(e).__name__}: {e}{self._history()}",
-                hint="this is a bug in the pass; disable it with disabled_passes to go on",
-            ) from e
-        dt = time.perf_counter() - t0
-        if not isinstance(changed, bool):
-            if changed is None or isinstance(changed, (int,)):
-                changed = bool(changed)
-            else:
-                raise PassError(f"pass '{p.name}' returned {type(changed).__name__}, not bool{self._history()}")
-        self.records.append(PassRecord(p.name, stage, dt, changed, len(graph), iteration))
-        if self.verify_each:
             try:
-                graph.verify()
-                if ctx.registries is not None:
-                    from .ir.verify import verify_graph
-
-                    verify_graph(graph, op_registry=ctx.registries.ops)
+                changed = p.run(graph, pctx)
             except GEError as e:
-                raise PassError(f"pass '{p.name}' (stage {stage}) left an invalid graph: {e}{self._history(1)}") from e
+                raise PassError(f"pass '{p.name}' (stage {stage}) failed: {e}{self._history()}") from e
+            except Exception as e:
+                raise PassError(
+                    f"pass '{p.name}' (stage {stage}) raised {type(e).__name__}: {e}{self._history()}",
+                    hint="this is a bug in the pass; disable it with disabled_passes to go on",
+                ) from e
+            if not isinstance(changed, bool):
+                if changed is None or isinstance(changed, int):
+                    changed = bool(changed)
+                else:
+                    raise PassError(f"pass '{p.name}' (stage {stage}) returned {type(changed).__name__}, not bool"
+                                    f"{self._history()}", hint="a pass returns whether it changed the graph")
+            if self.verify_each or guarded:
+                try:
+                    graph.verify()
+                    if ctx.registries is not None:
+                        from .ir.verify import verify_graph
+
+                        verify_graph(graph, op_registry=ctx.registries.ops)
+                except GEError as e:
+                    raise PassError(f"pass '{p.name}' (stage {stage}) left an invalid graph: {e}{self._history()}") from e
+        except PassError as e:
+            if snapshot is None or self.strict:
+                raise
+            log.warning("%s; the pass is skipped and the graph from before it kept", e)
+            self.failures.append({"pass": p.name, "stage": stage, "error": str(e)})
+            self.records.append(PassRecord(p.name, stage, time.perf_counter() - t0, False, len(snapshot), iteration,
+                                           error=str(e)))
+            return snapshot, False
+        dt = time.perf_counter() - t0
+        self.records.append(PassRecord(p.name, stage, dt, changed, len(graph), iteration))
         if self.dump_dir and changed:
             self._dump(graph, f"{stage}.{p.name}")
         if self.host is not None:
             self.host.notify("ge_after_pass", pass_name=p.name, stage=stage, graph=graph, changed=changed, seconds=dt)
-        return changed
+        return graph, changed
 
     def _history(self, skip_last: int = 0) -> str:
         records = self.records[: len(self.records) - skip_last]

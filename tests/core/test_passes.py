@@ -59,7 +59,9 @@ def registry(*passes):
 def run(reg, g, **opts):
     options = CompileOptions.from_any(opts)
     pm = PassManager(resolve_pipeline(reg, options), verify_each=options.verify_each_pass, dump_dir=options.dump_ir)
-    return pm.run(g, PassContext(options, None))
+    out = pm.run(g, PassContext(options, None))
+    assert out is g  # unguarded passes rewrite the graph in place
+    return pm.records
 
 
 def test_fixed_point_repeats_stage_until_no_change():
@@ -190,3 +192,61 @@ def test_plugin_pass_runs_in_compile_and_report(fresh_host):
     assert names.count("drop_one_identity") == 4 and "infer_shapes" in names
     out = model.run({"x": np.array([-1, 2], np.float32)})
     np.testing.assert_array_equal(out["relu"], [0, 2])
+
+
+class Vandal(Pass):
+    """A third-party pass that corrupts the graph and then raises."""
+
+    name, stage = "vandal", "optimize"
+
+    def run(self, graph, ctx):
+        for n in list(graph.nodes):
+            if n.op_type == "Identity":
+                n.output.replace_all_uses_with(n.inputs[0])
+                graph.remove_node(n)
+        raise RuntimeError("vandal gave up halfway")
+
+
+class Garbage(Pass):
+    name, stage = "garbage", "optimize"
+
+    def run(self, graph, ctx):
+        return "yes"
+
+
+@pytest.mark.parametrize("bad", [Vandal(), Garbage(), Breaks()])
+def test_failing_plugin_pass_is_rolled_back_by_default(fresh_host, bad, caplog):
+    class Plug:
+        @hookimpl
+        def ge_register_passes(self, register):
+            register(bad)
+
+    fresh_host.register_plugin(Plug(), "sloppy_plugin")
+    g = chain(3)
+    model = ge.compile(g)
+    # the graph from before the pass is kept, the compile goes on and says what happened
+    assert model.report["op_counts"] == {"Identity": 3, "Relu": 1}
+    failure = model.report["pass_failures"][0]
+    assert failure["pass"] == bad.name
+    rec = next(p for p in model.report["passes"] if p["name"] == bad.name)
+    assert rec["changed"] is False and bad.name in rec["error"]
+    assert any(bad.name in r.getMessage() for r in caplog.records)
+    np.testing.assert_array_equal(model.run({"x": np.array([-1, 2], np.float32)})["relu"], [0, 2])
+
+
+def test_strict_mode_stops_at_failing_plugin_pass(fresh_host, monkeypatch):
+    class Plug:
+        @hookimpl
+        def ge_register_passes(self, register):
+            register(Vandal())
+
+    fresh_host.register_plugin(Plug(), "sloppy_plugin")
+    with pytest.raises(PassError, match="pass 'vandal'.*vandal gave up halfway"):
+        ge.compile(chain(2), {"strict_passes": True})
+    monkeypatch.setenv("GE_STRICT_PLUGINS", "1")
+    with pytest.raises(PassError, match="vandal"):
+        ge.compile(chain(2))
+    monkeypatch.delenv("GE_STRICT_PLUGINS")
+    # without transactions even a plugin pass's failure stops the compile
+    with pytest.raises(PassError, match="vandal"):
+        ge.compile(chain(2), {"pass_transactions": "none"})

@@ -139,3 +139,16 @@ def test_passes_and_bad_config(tmp_path):
     cfg.write_text('[pipeline.prepare]\npasses = ["infer_shape"]\n')
     assert_clean_error(ge("passes", "--config", cfg), "infer_shape", "did you mean: infer_shapes")
     assert_clean_error(ge("compile", light_model_path("squeezenet"), "--config", cfg, "-o", tmp_path / "x.om"), "infer_shapes")
+
+
+def test_dump_ir_and_report_list_passes(tmp_path):
+    dump = tmp_path / "ir"
+    rep = tmp_path / "r.json"
+    ge("compile", light_model_path("squeezenet"), "-o", tmp_path / "s.om", "--dump-ir", dump, "--report", rep, "-q", check=True)
+    files = sorted(p.name for p in dump.iterdir())
+    assert files[0] == "000_input.txt" and any("infer_shapes" in f for f in files)
+    assert "Conv(" in (dump / files[0]).read_text()
+    report = json.loads(rep.read_text())
+    for p in report["passes"]:
+        assert set(p) >= {"name", "stage", "seconds", "changed", "nodes_after"}
+    assert report["passes"][0]["name"] == "infer_shapes" and report["passes"][0]["changed"] is True
