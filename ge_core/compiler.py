@@ -17,7 +17,7 @@ from .ops import unknown_ops_error
 from .options import CompileOptions
 from .passes import PassContext, PassManager, resolve_pipeline
 from .registry import close_matches
-from .schedule import StreamAssignment
+from .schedule import StreamAssignment, verify_streams
 
 log = logging.getLogger("ge.compile")
 
@@ -213,6 +213,10 @@ def _allocate_streams(g: Graph, options: CompileOptions, regs) -> StreamAssignme
     if not isinstance(sa, StreamAssignment) or len(sa.streams) != n:
         raise GEError(f"stream allocator '{name}' (plugin {regs.stream_allocators.origin(name)}) returned an invalid assignment",
                       hint="it must return a StreamAssignment with one stream per node")
+    try:
+        verify_streams(g.node_list(), sa, name)
+    except GEError as e:
+        raise GEError(f"{e.detail} (plugin {regs.stream_allocators.origin(name)})", hint=e.hint) from None
     return sa
 
 
