@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,13 @@ from .registry import close_matches
 FRAMEWORKS = {0: "caffe", 1: "mindspore", 3: "tensorflow", 5: "onnx"}
 
 MEMORY_LEVELS = ("off", "normal", "high")
+
+#: Largest config / fusion switch file read, and deepest chain of configs naming configs.
+MAX_CONFIG_BYTES = 1 << 20
+#: tomllib parses a dotted key in time quadratic in its parts: lines with more dots are refused.
+MAX_DOTS_PER_LINE = 512
+MAX_SWITCH_BYTES = 1 << 20
+MAX_CONFIG_NESTING = 8
 
 
 @dataclass
@@ -92,23 +100,39 @@ class CompileOptions:
         opt_level = 3
         [pipeline.optimize]  # passes of a stage, in order; or only `disable`
         passes = ["fold_constants", "dce"]
+        insert_after = {my_pass = "dce"}   # or insert_before: place a pass next to a named one
         fixed_point = true
         [passes.fold_constants]   # parameters of a pass
         size_limit = 1048576
         ```
         """
+        if not isinstance(path, (str, os.PathLike)):
+            raise OptionError(f"config must be a path to a TOML file, not {type(path).__name__}")
         path = os.fspath(path)
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        # A config may name another one ([options] config = "..."): refuse cycles and long chains.
+        stack: list[str] = getattr(self, "_config_stack", [])
+        real = os.path.realpath(path)
+        if real in stack:
+            raise OptionError(f"config file '{path}' includes itself (through [options] config)",
+                              hint="remove the cycle of config files")
+        if len(stack) >= MAX_CONFIG_NESTING:
+            raise OptionError(f"config file '{path}': configs name each other more than {MAX_CONFIG_NESTING} deep")
+        raw = _read_regular_file(path, "config file", MAX_CONFIG_BYTES)
+        for lineno, line in enumerate(raw.split(b"\n"), 1):
+            if line.count(b".") > MAX_DOTS_PER_LINE:
+                raise OptionError(f"config file '{path}' line {lineno} has more than {MAX_DOTS_PER_LINE} dots",
+                                  hint="a pipeline config needs no keys that deep; fix the file")
         try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except FileNotFoundError:
-            raise OptionError(f"config file '{path}' does not exist") from None
-        except IsADirectoryError:
-            raise OptionError(f"config file '{path}' is a directory") from None
+            data = tomllib.loads(raw.decode("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise OptionError(f"config file '{path}' is not valid TOML: {e}", hint="fix the syntax") from None
-        except OSError as e:
-            raise OptionError(f"cannot read config file '{path}': {e.strerror}") from None
+        except RecursionError:
+            raise OptionError(f"config file '{path}' is nested too deeply to read", hint="fix the file") from None
+        for table in ("options", "pipeline", "passes"):
+            if table in data and not isinstance(data[table], dict):
+                raise OptionError(f"config file '{path}': '{table}' must be a table ([{table}])")
         unknown = set(data) - {"options", "pipeline", "passes"}
         if unknown:
             k = sorted(unknown)[0]
@@ -118,28 +142,43 @@ class CompileOptions:
         self.config = path
         base = os.path.dirname(os.path.abspath(path))
         opts = dict(data.get("options", {}))
-        if "fusion_switch_file" in opts and isinstance(opts["fusion_switch_file"], str):
-            opts["fusion_switch_file"] = os.path.join(base, opts["fusion_switch_file"])
+        for key in ("fusion_switch_file", "config"):  # relative to this config's folder
+            if key in opts and isinstance(opts[key], str) and opts[key]:
+                opts[key] = os.path.join(base, opts[key])
+        self._config_stack = stack + [real]
         try:
             self.update(opts)
         except OptionError as e:
             raise OptionError(f"config file '{path}': {e}") from None
+        finally:
+            self._config_stack = stack
         pipeline = data.get("pipeline", {})
         if not isinstance(pipeline, dict):
             raise OptionError(f"config file '{path}': [pipeline] must be a table of stages")
         for stage, spec in pipeline.items():
             if not isinstance(spec, dict):
                 raise OptionError(f"config file '{path}': [pipeline.{stage}] must be a table")
-            bad = set(spec) - {"passes", "disable", "fixed_point", "max_iterations"}
+            keys = ["passes", "disable", "insert_after", "insert_before", "fixed_point", "max_iterations"]
+            bad = set(spec) - set(keys)
             if bad:
                 k = sorted(bad)[0]
                 raise OptionError(
-                    f"config file '{path}': unknown key '{k}' in [pipeline.{stage}]"
-                    f"{close_matches(k, ['passes', 'disable', 'fixed_point', 'max_iterations'])}"
+                    f"config file '{path}': unknown key '{k}' in [pipeline.{stage}]{close_matches(k, keys)}"
                 )
+            for key in ("insert_after", "insert_before"):
+                table = spec.get(key, {})
+                if not (isinstance(table, dict) and all(isinstance(v, str) for v in table.values())):
+                    raise OptionError(f"config file '{path}': [pipeline.{stage}].{key} must be a table "
+                                      f"of pass = \"anchor pass\"", hint=f'e.g. {key} = {{my_pass = "cse"}}')
             for key in ("passes", "disable"):
                 if key in spec and not (isinstance(spec[key], list) and all(isinstance(x, str) for x in spec[key])):
                     raise OptionError(f"config file '{path}': [pipeline.{stage}].{key} must be a list of pass names")
+            if "fixed_point" in spec and not isinstance(spec["fixed_point"], bool):
+                raise OptionError(f"config file '{path}': [pipeline.{stage}].fixed_point must be true or false")
+            mi = spec.get("max_iterations", 10)
+            if isinstance(mi, bool) or not isinstance(mi, int) or not 1 <= mi <= 10_000:
+                raise OptionError(f"config file '{path}': [pipeline.{stage}].max_iterations must be an integer "
+                                  f"from 1 to 10000, not {mi!r}")
             self.pipeline[stage] = dict(spec)
         passes = data.get("passes", {})
         if not isinstance(passes, dict) or not all(isinstance(v, dict) for v in passes.values()):
@@ -156,6 +195,8 @@ class CompileOptions:
             if k == "config" and value:
                 self.load_config(value)
                 continue
+            if k in _STRUCTURED and k in names:
+                value = _check_structured(k, value)
             if k not in names or k == "extra":
                 self.extra[k] = value  # checked against plugin-registered options at compile
                 continue
@@ -208,7 +249,9 @@ def _bool(name: str, v: Any) -> bool:
 def parse_framework(v: Any) -> str | None:
     if v is None or v == "":
         return None
-    if isinstance(v, int) or (isinstance(v, str) and v.strip().isdigit()):
+    if isinstance(v, bool):
+        raise OptionError(f"option framework must be a number or name, not {v!r}")
+    if isinstance(v, int) or (isinstance(v, str) and _is_int(v.strip())):
         n = int(v)
         if n not in FRAMEWORKS:
             raise OptionError(
@@ -245,11 +288,14 @@ def parse_input_shape(v: Any) -> dict[str, tuple]:
         raise OptionError(f"input_shape must be a string or a mapping, not {type(v).__name__}")
     out = {}
     for name, dims in items:
+        if not isinstance(name, str) or not isinstance(dims, (list, tuple)):
+            raise OptionError(f"input_shape of {name!r} must be a list of dims, not {dims!r:.60}",
+                              hint='for example input_shape = {x = [1, 3, 224, 224]}')
         shape = []
         for d in dims:
             if isinstance(d, str):
                 d = d.strip()
-                if d.lstrip("-").isdigit():
+                if _is_int(d):
                     d = int(d)
                 elif d in ("?", ""):
                     d = None
@@ -269,13 +315,10 @@ def _raise(e: Exception):
 def parse_fusion_switch_file(path: str) -> dict[str, bool]:
     """Read GE's fusion switch JSON: ``{"Switch": {"GraphFusion": {"NAME": "off", "ALL": "on"},
     "UBFusion": {...}}}`` -> ``{"NAME": False, "ALL": True}``."""
+    raw = _read_regular_file(path, "fusion switch file", MAX_SWITCH_BYTES)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(1 << 20)
         data = json.loads(raw.decode("utf-8"))
-    except FileNotFoundError:
-        raise OptionError(f"fusion switch file '{path}' does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise OptionError(f"fusion switch file '{path}' is not valid JSON: {e}") from None
     if not isinstance(data, dict) or not isinstance(data.get("Switch"), dict):
         raise OptionError(
@@ -327,7 +370,7 @@ def _coerce(k: str, v: Any) -> Any:
         return s
     if k == "opt_level":
         s = str(v).strip().upper().lstrip("O")
-        if not s.isdigit() or not 0 <= int(s) <= 3:
+        if isinstance(v, (bool, float)) or not _is_int(s) or not 0 <= int(s) <= 3:
             raise OptionError(f"opt_level must be 0..3 (or O0..O3), not {v!r}")
         return int(s)
     if k == "threads":
@@ -335,7 +378,7 @@ def _coerce(k: str, v: Any) -> Any:
             return None
         try:
             n = int(v)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise OptionError(f"threads must be a positive integer, not {v!r}") from None
         if n < 1:
             raise OptionError(f"threads must be a positive integer, not {v!r}")
@@ -347,13 +390,88 @@ def _coerce(k: str, v: Any) -> Any:
             raise OptionError(f"log must be one of {', '.join(levels)}, not {v!r}")
         return s
     if k == "fusion_switch_file":
-        return None if v in (None, "") else os.fspath(v)
+        if v in (None, ""):
+            return None
+        if not isinstance(v, (str, os.PathLike)):
+            raise OptionError(f"fusion_switch_file must be a path, not {v!r:.60}")
+        return os.fspath(v)
     if k in ("disabled_passes",):
         if isinstance(v, str):
             return [s.strip() for s in v.split(",") if s.strip()]
+        if not isinstance(v, (list, tuple)) or not all(isinstance(s, str) for s in v):
+            raise OptionError(f"disabled_passes must be 'a,b' or a list of pass names, not {v!r:.60}")
         return list(v)
+    if k in ("dump_ir", "stream_allocator", "memory_planner"):
+        if v is None or (isinstance(v, str) and v) or (k == "dump_ir" and isinstance(v, os.PathLike)):
+            return v if not isinstance(v, os.PathLike) else os.fspath(v)
+        raise OptionError(f"{k} must be a {'folder path' if k == 'dump_ir' else 'name'}, not {v!r:.60}")
     if k == "soc_version":
         if not isinstance(v, str) or not v.strip():
             raise OptionError(f"soc_version must be a backend name, not {v!r}")
         return v.strip()
     return v
+
+
+def _is_int(s: str) -> bool:
+    """True for an optionally negative run of ASCII digits (``str.isdigit`` accepts '²')."""
+    body = s[1:] if s[:1] == "-" else s
+    return bool(body) and body.isascii() and body.isdigit()
+
+
+def _read_regular_file(path: str, what: str, limit: int) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; anything else is an OptionError
+    (a FIFO or device would block or never end)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise OptionError(f"{what} '{path}' does not exist") from None
+    except (OSError, ValueError) as e:
+        raise OptionError(f"cannot read {what} '{path}': {getattr(e, 'strerror', None) or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise OptionError(f"{what} '{path}' is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise OptionError(f"{what} '{path}' is not a regular file")
+    if st.st_size > limit:
+        raise OptionError(f"{what} '{path}' is {st.st_size} bytes, more than the {limit} allowed")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(limit + 1)
+    except OSError as e:
+        raise OptionError(f"cannot read {what} '{path}': {e.strerror or e}") from None
+    if len(raw) > limit:
+        raise OptionError(f"{what} '{path}' is more than {limit} bytes")
+    return raw
+
+
+#: Options that hold structures: set from a config's [options] or a dict, they are checked here.
+_STRUCTURED = ("pipeline", "pass_params", "fusion_switches")
+
+
+def _check_structured(k: str, v: Any) -> Any:
+    if k == "fusion_switches":
+        if not isinstance(v, Mapping) or not all(isinstance(a, str) and isinstance(b, bool) for a, b in v.items()):
+            raise OptionError(f"fusion_switches must map switch names to true/false, not {v!r:.60}")
+        return dict(v)
+    if not isinstance(v, Mapping) or not all(isinstance(a, str) and isinstance(b, Mapping) for a, b in v.items()):
+        what = "stage names to tables" if k == "pipeline" else "pass names to tables of parameters"
+        raise OptionError(f"{k} must map {what}, not {v!r:.60}", hint="use [pipeline.STAGE] / [passes.NAME] tables")
+    if k == "pipeline":
+        for stage, spec in v.items():
+            _check_stage_spec(stage, spec)
+    return {a: dict(b) for a, b in v.items()}
+
+
+def _check_stage_spec(stage: str, spec: Mapping[str, Any]) -> None:
+    """The value types of one stage table (``pipeline`` given as an option rather than a table)."""
+    for key in ("passes", "disable"):
+        if key in spec and not (isinstance(spec[key], list) and all(isinstance(x, str) for x in spec[key])):
+            raise OptionError(f"pipeline.{stage}.{key} must be a list of pass names")
+    for key in ("insert_after", "insert_before"):
+        t = spec.get(key, {})
+        if not (isinstance(t, Mapping) and all(isinstance(a, str) and isinstance(b, str) for a, b in t.items())):
+            raise OptionError(f"pipeline.{stage}.{key} must map pass names to anchor pass names")
+    if "fixed_point" in spec and not isinstance(spec["fixed_point"], bool):
+        raise OptionError(f"pipeline.{stage}.fixed_point must be true or false")
+    mi = spec.get("max_iterations", 10)
+    if isinstance(mi, bool) or not isinstance(mi, int) or not 1 <= mi <= 10_000:
+        raise OptionError(f"pipeline.{stage}.max_iterations must be an integer from 1 to 10000, not {mi!r:.40}")

@@ -124,7 +124,8 @@ def resolve_pipeline(registry, options) -> list[StagePlan]:
 
     Default: every registered pass whose ``default_enabled`` is true and ``opt_level`` is at
     most ``options.opt_level``, ordered by constraints. A config's ``[pipeline.STAGE].passes``
-    replaces a stage's list (in that order); ``disable`` lists and ``disabled_passes`` remove.
+    replaces a stage's list (in that order); ``disable`` lists and ``disabled_passes`` remove;
+    ``insert_after`` / ``insert_before`` (``{pass: anchor}``) place a pass next to a named one.
     Unknown names raise :class:`OptionError` listing close matches.
     """
     all_names = list(registry.keys())
@@ -164,9 +165,34 @@ def resolve_pipeline(registry, options) -> list[StagePlan]:
                 if p.stage == stage and p.default_enabled and p.opt_level <= options.opt_level and n not in disable
             ]
             ordered = order_passes(chosen)
+        ordered = _insert_relative(ordered, spec, stage, registry, check)
         fixed = spec.get("fixed_point", any(p.fixed_point for p in ordered))
         plans.append(StagePlan(stage, ordered, bool(fixed), int(spec.get("max_iterations", 10))))
     return plans
+
+
+def _insert_relative(ordered: list[Pass], spec: dict[str, Any], stage: str, registry,
+                     check: Callable[[str, str], None]) -> list[Pass]:
+    """Apply a stage's ``insert_after`` / ``insert_before`` tables: ``{pass: anchor}`` puts the
+    pass (moved if already there, added even if off by default) just after / before ``anchor``."""
+    out = list(ordered)
+    for key, after in (("insert_after", True), ("insert_before", False)):
+        for name, anchor in (spec.get(key) or {}).items():
+            where = f"[pipeline.{stage}].{key}"
+            check(name, where)
+            check(anchor, where)
+            p = registry.get(name)
+            if p.stage != stage:
+                raise OptionError(f"pass '{name}' belongs to stage '{p.stage}', not '{stage}' ({where})")
+            out = [q for q in out if q.name != name]
+            names = [q.name for q in out]
+            if anchor not in names:
+                raise OptionError(f"{where}: anchor pass '{anchor}' is not in stage '{stage}' of this pipeline"
+                                  f"{close_matches(anchor, names)}",
+                                  hint=f"stage '{stage}' runs: {', '.join(names) or 'nothing'}")
+            i = names.index(anchor) + (1 if after else 0)
+            out.insert(i, p)
+    return out
 
 
 def order_passes(passes: list[Pass]) -> list[Pass]:

@@ -1,0 +1,176 @@
+"""The new-plugin template behind ``ge new-plugin NAME``: a ready, tested plugin distribution."""
+
+from __future__ import annotations
+
+import keyword
+import os
+import re
+from string import Template
+
+from ge_core.errors import OptionError
+
+PYPROJECT = """\
+[build-system]
+requires = ["setuptools>=64"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "$dist"
+version = "0.1.0"
+description = "A GE for Python plugin"
+requires-python = ">=3.10"
+dependencies = ["ge-python", "numpy"]
+
+# ge finds the plugin through this entry point once the distribution is installed.
+[project.entry-points."ge.plugins"]
+$pkg = "$pkg.plugin:plugin"
+
+[project.optional-dependencies]
+test = ["pytest"]
+
+[tool.setuptools.packages.find]
+include = ["$pkg*"]
+
+[tool.pytest.ini_options]
+pythonpath = ["."]
+"""
+
+INIT = '''\
+"""$dist: a GE for Python plugin."""
+
+__version__ = "0.1.0"
+'''
+
+PLUGIN = '''\
+"""The hooks of $dist: a sample op with its CPU kernel and a sample pass.
+
+Grow it with the decorators of ``ge_sdk.Plugin``: ``op``, ``kernel``, ``graph_pass``,
+``register_pass``, ``rewrite`` / ``rewrite_pass`` (pattern language), ``op_mapper``,
+``stream_allocator``, ``memory_planner``, ``option``, ``command`` and ``on`` (observers).
+"""
+
+from __future__ import annotations
+
+from ge_core import OpKind
+from ge_sdk import Plugin, same_as_input
+
+DOMAIN = "$pkg"
+
+plugin = Plugin("$pkg")
+
+
+@plugin.op("Square", domain=DOMAIN, kind=OpKind.ELEMWISE, infer=same_as_input())
+def square(x):
+    """y = x * x (the CPU kernel: NumPy arrays in, array out)."""
+    return x * x
+
+
+@plugin.graph_pass("${pkg}_mul_self_to_square", stage="optimize")
+def mul_self_to_square(graph, ctx) -> bool:
+    """Rewrite Mul(x, x) into $pkg::Square(x)."""
+    changed = False
+    for node in graph.nodes:
+        if node.op_type == "Mul" and node.domain in ("", "ai.onnx") and len(node.inputs) == 2 \\
+                and node.inputs[0] is node.inputs[1]:
+            sq = graph.add_node("Square", [node.inputs[0]], domain=DOMAIN, before=node,
+                                output_types=[node.output.type])
+            node.output.replace_all_uses_with(sq.output)
+            graph.remove_node(node)
+            changed = True
+    if changed:
+        graph.opset_imports.setdefault(DOMAIN, 1)
+    return changed
+'''
+
+TEST = '''\
+"""Tests of $dist, with the fixtures of the ge_sdk pytest plugin."""
+
+import importlib.metadata as md
+
+import numpy as np
+import pytest
+
+import ge_core as ge
+from ge_core.plugins import get_host
+from $pkg.plugin import plugin
+
+PASS = "${pkg}_mul_self_to_square"
+
+
+@pytest.fixture(autouse=True)
+def _registered(ge_plugin):
+    """Installed, the plugin comes through its entry point; from a checkout, register it here."""
+    if "$pkg" not in get_host().info:
+        ge_plugin(plugin, "$pkg")
+
+
+def squares(graph_builder):
+    b = graph_builder()
+    x = b.input("x", "float32", (2, 3))
+    b.output(b.Relu(b.Mul(x, x)))
+    return b.build()
+
+
+def test_found_through_the_entry_point_when_installed():
+    if not any(ep.name == "$pkg" for ep in md.entry_points(group="ge.plugins")):
+        pytest.skip("$dist is not installed")
+    info = get_host().info["$pkg"]
+    assert info.loaded and not info.errors and info.distribution == "$dist"
+
+
+def test_pass_keeps_semantics(graph_builder, assert_pass_preserves_semantics):
+    check = assert_pass_preserves_semantics(PASS, squares(graph_builder), expect_changed=True)
+    assert [n.op_type for n in check.graph.nodes] == ["Square", "Relu"]
+
+
+def test_compiled_model_runs_the_op(graph_builder):
+    model = ge.compile(squares(graph_builder))
+    assert model.report["op_counts"].get("$pkg::Square") == 1
+    x = np.arange(-3, 3, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_allclose(model.run({"x": x})[model.output_names[0]], np.maximum(x * x, 0))
+'''
+
+README = """\
+# $dist
+
+A plugin for GE for Python, made by `ge new-plugin`.
+
+```bash
+pip install -e .          # ge finds it through the ge.plugins entry point
+ge plugins                # $pkg is listed
+ge passes                 # ${pkg}_mul_self_to_square is in the optimize stage
+python -m pytest tests    # fixtures come from the ge_sdk pytest plugin
+```
+"""
+
+
+def names(name: str) -> tuple[str, str]:
+    """(distribution name, package name) for a plugin called ``name``."""
+    pkg = re.sub(r"[^0-9a-zA-Z_]", "_", name.strip()).lower()
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", pkg) or keyword.iskeyword(pkg):
+        raise OptionError(f"'{name}' cannot be a plugin name", hint="use letters, digits and underscores, e.g. my_plugin")
+    if pkg.startswith("ge_") and pkg in ("ge_core", "ge_sdk", "ge_opset", "ge_onnx", "ge_cpu", "ge_passes",
+                                          "ge_memory", "ge_streams", "ge_fusion", "ge_tensorflow"):
+        raise OptionError(f"'{name}' is the name of a built-in package", hint="choose another name")
+    return pkg.replace("_", "-"), pkg
+
+
+def create(name: str, directory: str = ".", force: bool = False) -> str:
+    """Write a new plugin distribution into ``directory/<dist>``; returns its path."""
+    dist, pkg = names(name)
+    root = os.path.join(directory, dist)
+    if os.path.exists(root) and os.listdir(root) and not force:
+        raise OptionError(f"'{root}' already exists and is not empty", hint="choose another --dir or pass --force")
+    files = {
+        "pyproject.toml": PYPROJECT,
+        "README.md": README,
+        f"{pkg}/__init__.py": INIT,
+        f"{pkg}/plugin.py": PLUGIN,
+        f"tests/test_{pkg}.py": TEST,
+    }
+    for rel, text in files.items():
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(Template(text).substitute(dist=dist, pkg=pkg))
+    return root
