@@ -250,6 +250,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from .om import inspect_om
 
     info = inspect_om(args.model)
+    if getattr(args, "memory_plot", None):
+        from .memory_plot import plot_om
+
+        info["memory_plot"] = plot_om(args.model, args.memory_plot)
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return 0
@@ -270,6 +274,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     con.print(t)
     if info.get("report"):
         _print_report(info["report"], con)
+    if info.get("memory_plot"):
+        con.print(f"memory plot: {info['memory_plot']}")
     return 0
 
 
@@ -391,6 +397,7 @@ def build_parser(with_plugins: bool = True) -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="describe an .om file")
     p.add_argument("model")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--memory-plot", metavar="FILE.png", help="draw the memory plan (tensor lifetime by arena offset; needs matplotlib)")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("plugins", help="list plugins, what they provide and their load errors")

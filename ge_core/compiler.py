@@ -11,7 +11,17 @@ from typing import Any
 
 from .errors import GEError, OptionError
 from .ir.graph import Graph, Value
-from .memory import MemoryPlan, build_problem, lower_bound, no_reuse_bytes, verify_plan
+from .memory import (
+    DEFAULT_ALIGNMENT,
+    MemoryPlan,
+    MemoryProblem,
+    build_problem,
+    check_alignment,
+    expand_plan,
+    lower_bound,
+    no_reuse_bytes,
+    verify_plan,
+)
 from .model import CompiledModel
 from .ops import unknown_ops_error
 from .options import CompileOptions
@@ -53,7 +63,7 @@ def compile_graph(graph: Graph, options: CompileOptions, host, progress: Callabl
     say("streams")
     streams = _allocate_streams(g, options, regs)
     say("memory plan")
-    problem = build_problem(g, order)
+    problem = _memory_problem(g, order, streams, options, regs)
     plan = _plan_memory(problem, options, regs)
     weights_bytes = sum(int(v.const_value.nbytes) for v in _all_constants(g))
     report: dict[str, Any] = {
@@ -70,6 +80,8 @@ def compile_graph(graph: Graph, options: CompileOptions, host, progress: Callabl
             "planner": plan.planner if plan else None,
             "alignment": problem.alignment,
             "dynamic_buffers": len(problem.dynamic),
+            "shared_values": {k: list(problem.alias_kinds.values()).count(k) for k in ("view", "inplace", "concat")},
+            "planner_candidates": (plan.stats.get("candidates") if plan else None) or {},
         },
         "streams": {"count": streams.count, "events": len(streams.events)},
         "backend": None,
@@ -220,8 +232,27 @@ def _allocate_streams(g: Graph, options: CompileOptions, regs) -> StreamAssignme
     return sa
 
 
+def _reuse_enabled(options: CompileOptions) -> bool:
+    return not (options.disable_reuse_memory or options.memory_optimize_level == "off")
+
+
+def _memory_problem(g: Graph, order, streams: StreamAssignment, options: CompileOptions, regs) -> MemoryProblem:
+    """Lifetimes over the schedule; with reuse on, views, in-place outputs and concat inputs share bytes."""
+    raw = options.extra.get("memory_alignment", DEFAULT_ALIGNMENT)
+    try:
+        alignment = check_alignment(raw)
+    except GEError as e:
+        raise OptionError(f"option memory_alignment: {e}", hint="64 is the default; GE uses 512") from None
+
+    def kind(node):
+        d = regs.ops.lookup(node.domain, node.op_type)
+        return d.kind if d is not None else None
+
+    return build_problem(g, order, alignment, streams=streams, op_kind=kind, share=_reuse_enabled(options))
+
+
 def _plan_memory(problem, options: CompileOptions, regs) -> MemoryPlan | None:
-    if options.disable_reuse_memory or options.memory_optimize_level == "off":
+    if not _reuse_enabled(options):
         name = "none"
     else:
         name = options.memory_planner or "auto"
@@ -239,5 +270,6 @@ def _plan_memory(problem, options: CompileOptions, regs) -> MemoryPlan | None:
     if not isinstance(plan, MemoryPlan):
         raise GEError(f"memory planner '{name}' (plugin {regs.memory_planners.origin(name)}) did not return a MemoryPlan")
     plan.planner = plan.planner or name
+    expand_plan(problem, plan)
     verify_plan(problem, plan)
     return plan

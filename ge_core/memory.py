@@ -1,23 +1,59 @@
 """Memory planning data: tensor lifetimes over a schedule, plans, bounds and the plan verifier.
 
-The core computes the problem (which intermediate tensors exist, their sizes and lifetimes) and
-checks plans; planner plugins (``ge_register_memory_planners``) choose the offsets.
+The core computes the problem (which intermediate tensors exist, their sizes and lifetimes,
+which of them share bytes) and checks plans; planner plugins (``ge_register_memory_planners``)
+choose the offsets.
+
+Sharing (``build_problem(..., share=True)``) groups values that occupy the same bytes:
+
+* *views*: the output of Reshape/Flatten/Squeeze/Unsqueeze/Identity is the bytes of its input;
+* *in place*: an elementwise op (``OpKind.ELEMWISE``/``BROADCAST``) writes its output over an
+  input of the same type whose bytes nobody reads afterwards;
+* *concat*: the inputs of a Concat whose outer dimensions are all 1 lie back to back inside the
+  output, so producers write straight into the concat's output and the concat costs nothing.
+
+A group is planned as one :class:`Buffer` (named after its root value, alive from its first
+member's start to its last member's end); the other members are ``problem.aliases``: ``member ->
+(root, byte offset, size)``. :func:`expand_plan` gives every member its absolute offset.
+
+Streams: with several streams a buffer may be reused by a node of another stream only once an
+event orders that node after every read of the buffer. :func:`build_problem` makes this an
+interval problem by extending each buffer's end to the last position not so ordered.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import bisect
+import heapq
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import GEError
-from .ir.graph import Graph, Node
+from .ir.graph import Graph, Node, Value
+from .ops import OpKind
 
 DEFAULT_ALIGNMENT = 64
+
+#: Ops whose output holds exactly the bytes of their first input (C order).
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 
 
 def align_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
+
+
+def check_alignment(a: Any) -> int:
+    """An arena alignment: a power of two from 16 to 1 MiB (64 by default, 512 as GE)."""
+    try:
+        v = int(a)
+    except (TypeError, ValueError):
+        raise GEError(f"memory alignment must be an integer, not {a!r}") from None
+    if v < 16 or v > 1 << 20 or v & (v - 1):
+        raise GEError(f"memory alignment must be a power of two between 16 and 1048576, not {v}",
+                      hint="64 is the default; GE uses 512")
+    return v
 
 
 @dataclass
@@ -43,26 +79,53 @@ class MemoryProblem:
     streams: dict[str, int] = field(default_factory=dict)
     #: Buffers whose size is not static (placed outside the arena, at run time).
     dynamic: list[str] = field(default_factory=list)
+    #: Values sharing a buffer's bytes: ``member -> (root buffer, byte offset in it, size)``.
+    aliases: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+    #: How each alias came about: ``member -> "view" | "inplace" | "concat"``.
+    alias_kinds: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
 class MemoryPlan:
-    """Offsets of buffers in one arena."""
+    """Offsets of buffers in one arena (after :func:`expand_plan`, of every shared value too)."""
 
     offsets: dict[str, int]
     arena_bytes: int
     planner: str = ""
+    #: Planner statistics (e.g. the arena each candidate of ``auto`` reached).
+    stats: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"planner": self.planner, "arena_bytes": self.arena_bytes, "offsets": dict(self.offsets)}
+        d: dict[str, Any] = {"planner": self.planner, "arena_bytes": self.arena_bytes, "offsets": dict(self.offsets)}
+        if self.stats:
+            d["stats"] = dict(self.stats)
+        return d
 
 
-def build_problem(graph: Graph, order: Sequence[Node], alignment: int = DEFAULT_ALIGNMENT) -> MemoryProblem:
+def value_size(v: Value) -> int | None:
+    """Bytes of a value that can live in an arena (fixed-size dtype, static shape), else None."""
+    t = v.type
+    if t is None or t.dtype is None or t.dtype.kind in "OUSV":
+        return None
+    return t.nbytes
+
+
+def build_problem(
+    graph: Graph,
+    order: Sequence[Node],
+    alignment: int = DEFAULT_ALIGNMENT,
+    *,
+    streams: Any = None,
+    op_kind: Callable[[Node], OpKind | None] | None = None,
+    share: bool = False,
+) -> MemoryProblem:
     """Lifetimes of every node output (not graph inputs, constants or graph outputs).
 
     A value lives from its producer's position to its last reader's position; a value nobody
     reads lives only at its producer. Graph outputs are returned to the caller, so they are not
-    placed in the reused arena.
+    placed in the reused arena. ``streams`` (a :class:`ge_core.schedule.StreamAssignment`)
+    extends lifetimes across streams (see the module docstring); ``share`` groups views,
+    in-place outputs (``op_kind`` tells which nodes are elementwise) and concat inputs.
     """
     pos = {n: i for i, n in enumerate(order)}
     owner: dict[Graph, int] = {}  # subgraph -> position of the node holding it
@@ -70,26 +133,205 @@ def build_problem(graph: Graph, order: Sequence[Node], alignment: int = DEFAULT_
         for sub in n.subgraphs():
             _own(sub, i, owner)
     outputs = set(graph.outputs)
-    buffers: list[Buffer] = []
+    sizes: dict[str, int] = {}
+    start: dict[str, int] = {}
+    end: dict[str, int] = {}
+    readers: dict[str, list[int]] = {}
     dynamic: list[str] = []
     for node in order:
         i = pos[node]
         for v in node.outputs:
             if v in outputs:
                 continue
-            size = v.type.nbytes
+            size = value_size(v)
             if size is None:
                 dynamic.append(v.name)
                 continue
-            end = i
+            e = i
+            rs = []
             for user, _ in v._uses:
                 p = pos.get(user)
                 if p is None:  # read inside a subgraph: alive until the node holding it runs
                     p = owner.get(user.graph) if user.graph is not None else None
-                if p is not None and p > end:
-                    end = p
-            buffers.append(Buffer(v.name, size, i, end))
-    return MemoryProblem(buffers, alignment, dynamic=dynamic)
+                if p is not None:
+                    rs.append(p)
+                    e = max(e, p)
+            sizes[v.name], start[v.name], end[v.name] = size, i, e
+            readers[v.name] = rs
+    stream_of = list(streams.streams) if streams is not None and len(getattr(streams, "streams", ())) == len(order) else None
+    multi = stream_of is not None and len(set(stream_of)) > 1
+    if multi:
+        assert stream_of is not None
+        end = _extend_across_streams(order, stream_of, list(streams.events), start, end, readers)
+    groups = _Groups(sizes)
+    if share:
+        _share(order, pos, groups, sizes, end, outputs, op_kind, stream_of, inplace=not multi)
+    # one buffer per group root
+    bstart: dict[str, int] = {}
+    bend: dict[str, int] = {}
+    for name in sizes:
+        r, _ = groups.find(name)
+        bstart[r] = min(bstart.get(r, start[name]), start[name])
+        bend[r] = max(bend.get(r, end[name]), end[name])
+    buffers = [Buffer(name, sizes[name], bstart[name], bend[name]) for name in sizes if name in bstart]
+    aliases = {}
+    for name in sizes:
+        r, off = groups.find(name)
+        if r != name:
+            aliases[name] = (r, off, sizes[name])
+    prob = MemoryProblem(buffers, alignment, dynamic=dynamic, aliases=aliases, alias_kinds=dict(groups.kind))
+    if stream_of is not None:
+        by_name = {v.name: stream_of[pos[n]] for n in order for v in n.outputs}
+        prob.streams = {b.name: by_name.get(b.name, 0) for b in buffers}
+    return prob
+
+
+class _Groups:
+    """Union of values sharing bytes: ``parent[v] = (p, offset of v inside p)``."""
+
+    def __init__(self, sizes: dict[str, int]) -> None:
+        self.parent: dict[str, tuple[str, int]] = {}
+        self.kind: dict[str, str] = {}
+        self.sizes = sizes
+        self.group_end: dict[str, int] = {}
+
+    def find(self, v: str) -> tuple[str, int]:
+        off = 0
+        path = []
+        x = v
+        while x in self.parent:
+            path.append(x)
+            p, o = self.parent[x]
+            off += o
+            x = p
+        # compress: every node on the path points at the root with its total offset
+        acc = off
+        for y in path:
+            p, o = self.parent[y]
+            self.parent[y] = (x, acc)
+            acc -= o
+        return x, off
+
+    def join(self, member: str, root_of: str, offset: int, kind: str, end: dict[str, int]) -> None:
+        self.parent[member] = (root_of, offset)
+        self.kind[member] = kind
+        r, _ = self.find(root_of)
+        e = max(self.end(member, end), self.end(r, end))
+        self.group_end[r] = e
+
+    def end(self, root: str, end: dict[str, int]) -> int:
+        return self.group_end.get(root, end.get(root, -1))
+
+
+def _share(order, pos, groups: _Groups, sizes, end, outputs, op_kind, stream_of, *, inplace: bool) -> None:
+    def same_stream(node, v) -> bool:
+        if stream_of is None or v.producer is None or v.producer not in pos:
+            return True
+        return stream_of[pos[node]] == stream_of[pos[v.producer]]
+
+    for node in order:
+        i = pos[node]
+        op = node.op_type
+        plain = node.domain in ("", "ai.onnx")
+        if not node.outputs:
+            continue
+        out = node.outputs[0]
+        if out.name not in sizes:
+            continue
+        if plain and op in VIEW_OPS and node.inputs and node.inputs[0] is not None:
+            x = node.inputs[0]
+            if x.name in sizes and sizes[x.name] == sizes[out.name] and same_stream(node, x):
+                r, off = groups.find(x.name)
+                groups.join(out.name, r, off, "view", end)
+            continue
+        if plain and op == "Concat":
+            _share_concat(node, groups, sizes, end, same_stream)
+            continue
+        if inplace and op_kind is not None and op_kind(node) in (OpKind.ELEMWISE, OpKind.BROADCAST):
+            for x in node.inputs:
+                if x is None or x.name not in sizes or x.type.dtype != out.type.dtype or x.type.shape != out.type.shape:
+                    continue
+                r, off = groups.find(x.name)
+                if groups.end(r, end) > i or sizes[x.name] != sizes[out.name]:
+                    continue
+                if not _reads_other_bytes(node, groups, sizes, r, off, sizes[x.name]):
+                    groups.join(out.name, r, off, "inplace", end)
+                    break
+
+
+def _reads_other_bytes(node: Node, groups: _Groups, sizes, root: str, off: int, n: int) -> bool:
+    """True if ``node`` reads bytes of group ``root`` other than exactly ``[off, off + n)``."""
+    for y in node.inputs:
+        if y is not None and y.name in sizes:
+            ry, oy = groups.find(y.name)
+            if ry == root and (oy != off or sizes[y.name] != n):
+                return True
+    return False
+
+
+def _share_concat(node: Node, groups: _Groups, sizes, end, same_stream) -> None:
+    out = node.outputs[0]
+    shape = out.type.shape
+    if shape is None or not all(isinstance(d, int) for d in shape) or not shape:
+        return
+    axis = int(node.attrs.get("axis", 0))
+    axis = axis + len(shape) if axis < 0 else axis
+    if not 0 <= axis < len(shape) or math.prod(shape[:axis]) != 1:
+        return
+    k = 0
+    for x in node.inputs:
+        if x is None:
+            continue
+        n = value_size(x)
+        if n is None:
+            return
+        if x.name in sizes and same_stream(node, x):
+            r, off = groups.find(x.name)
+            if off == 0 and sizes[r] == n and r != out.name and groups.find(out.name)[0] != r:
+                groups.join(r, out.name, k, "concat", end)
+        k += n
+
+
+def _extend_across_streams(order, stream_of, events, start, end, readers) -> dict[str, int]:
+    """Per buffer, the last position at which a node may still run unordered with its reads.
+
+    A vector clock per node gives, for each stream, the latest position on it that is ordered
+    before the node (same stream: earlier; other streams: through events, transitively).
+    """
+    n = len(order)
+    ids = sorted(set(stream_of))
+    sidx = [ids.index(s) for s in stream_of] if len(ids) < 64 else [{s: k for k, s in enumerate(ids)}[s] for s in stream_of]
+    waits: dict[int, list[int]] = {}
+    for a, b in events:
+        waits.setdefault(b, []).append(a)
+    vc: list[list[int]] = []
+    last_on: dict[int, int] = {}
+    positions: list[list[int]] = [[] for _ in ids]
+    for i in range(n):
+        s = sidx[i]
+        prev = last_on.get(s)
+        clock = list(vc[prev]) if prev is not None else [-1] * len(ids)
+        for a in waits.get(i, ()):
+            if 0 <= a < i:
+                clock = [max(x, y) for x, y in zip(clock, vc[a])]
+        clock[s] = i
+        vc.append(clock)
+        last_on[s] = i
+        positions[s].append(i)
+    # col[t][s][j]: latest position of stream s ordered before the j-th node of stream t
+    col = [[[vc[p][s] for p in positions[t]] for s in range(len(ids))] for t in range(len(ids))]
+    new_end = dict(end)
+    for name, rs in readers.items():
+        uses = set(rs)
+        uses.add(start[name])
+        latest = end[name]
+        for t, pt in enumerate(positions):
+            if not pt:
+                continue
+            first = max(bisect.bisect_left(col[t][sidx[u]], u) for u in uses)
+            latest = max(latest, pt[first] - 1 if first < len(pt) else pt[-1])
+        new_end[name] = latest
+    return new_end
 
 
 def _own(sub: Graph, pos: int, owner: dict[Graph, int]) -> None:
@@ -97,6 +339,14 @@ def _own(sub: Graph, pos: int, owner: dict[Graph, int]) -> None:
     for n in sub.nodes:
         for s in n.subgraphs():
             _own(s, pos, owner)
+
+
+def expand_plan(problem: MemoryProblem, plan: MemoryPlan) -> MemoryPlan:
+    """Give every shared value (``problem.aliases``) its absolute offset in ``plan``."""
+    for member, (root, off, _) in problem.aliases.items():
+        if root in plan.offsets:
+            plan.offsets[member] = plan.offsets[root] + off
+    return plan
 
 
 def lower_bound(problem: MemoryProblem) -> int:
@@ -117,11 +367,16 @@ def lower_bound(problem: MemoryProblem) -> int:
 
 
 def no_reuse_bytes(problem: MemoryProblem) -> int:
-    return sum(align_up(b.size, problem.alignment) for b in problem.buffers)
+    """Every intermediate tensor in its own (aligned) range, shared values included."""
+    a = problem.alignment
+    return sum(align_up(b.size, a) for b in problem.buffers) + sum(align_up(n, a) for _, _, n in problem.aliases.values())
 
 
 def verify_plan(problem: MemoryProblem, plan: MemoryPlan) -> None:
-    """Raise GEError if two buffers alive at once overlap, or a buffer leaves the arena."""
+    """Raise GEError if two buffers alive at once overlap, or a buffer leaves the arena.
+
+    Shared values are checked to lie inside their buffer at the offset the problem gives.
+    """
     bufs = sorted(problem.buffers, key=lambda b: b.start)
     for b in bufs:
         if b.name not in plan.offsets:
@@ -132,9 +387,15 @@ def verify_plan(problem: MemoryProblem, plan: MemoryPlan) -> None:
                 f"memory plan by '{plan.planner}': buffer '{b.name}' at {off}+{b.size} is misaligned or "
                 f"outside the arena of {plan.arena_bytes} bytes"
             )
+    sizes = {b.name: b.size for b in problem.buffers}
+    for member, (root, off, size) in problem.aliases.items():
+        if root not in sizes:
+            raise GEError(f"memory problem: '{member}' shares the bytes of '{root}', which is no buffer")
+        if off < 0 or off + size > sizes[root]:
+            raise GEError(f"memory problem: '{member}' at {off}+{size} leaves its buffer '{root}' of {sizes[root]} bytes")
+        if member in plan.offsets and plan.offsets[member] != plan.offsets[root] + off:
+            raise GEError(f"memory plan by '{plan.planner}' places '{member}' apart from '{root}', whose bytes it shares")
     # sweep over time; compare each buffer with the ones alive when it starts
-    import heapq
-
     alive: list[tuple[int, int, Buffer]] = []
     for i, b in enumerate(bufs):
         while alive and alive[0][0] < b.start:

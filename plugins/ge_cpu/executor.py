@@ -4,19 +4,33 @@ Build time resolves everything a run needs: each node's kernel (from its factory
 of every input and output, and which slots die after each step (so intermediate arrays are
 released as soon as their last reader ran). A run is then a tight loop over prepared steps.
 A run keeps its values in a local list, so one executable serves many threads at once.
+
+Every node is built before anything is reported: an op without a kernel, or a kernel factory
+that refuses the node (a dtype or attribute it does not support), is collected, and the build
+ends with ONE :class:`UnsupportedOpError` naming all of them (subgraphs included).
+
+Control flow. Subgraphs (If/Loop/Scan/SequenceMap bodies) are compiled into
+:class:`SubProgram` objects by the same executor. The node's *implicit captures* (values of
+enclosing graphs that a body reads) are appended to the node's kernel inputs, after its own
+inputs; the factory gets ``spec.options["subgraph"]`` (``graph -> SubProgram``) and
+``spec.options["n_captures"]``. ``SubProgram.run(args, captures)`` runs the body with its
+formal inputs bound to ``args`` and returns the body's outputs.
+
+Values in slots are NumPy arrays, Python lists of arrays (ONNX sequences) or ``None`` (an
+empty optional, or an absent optional input).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ge_core.backend import Backend, Executable
 from ge_core.errors import ExecutionError, GEError, UnsupportedOpError
-from ge_core.ir.graph import Graph, Node
+from ge_core.ir.graph import Graph, Node, Value
 from ge_core.kernel import KernelSpec
 from ge_core.ops import OpRegistry
 
@@ -28,10 +42,46 @@ class _Step:
         self.fn, self.ins, self.outs, self.free, self.node = fn, ins, outs, free, node
 
 
-class SequentialExecutable(Executable):
-    """Runs a graph's nodes in order on the calling thread."""
+def _node_reads(node: Node) -> Iterator[Value]:
+    """Inputs of ``node`` and the outer values its subgraphs read."""
+    for v in node.inputs:
+        if v is not None:
+            yield v
+    for g in node.subgraphs():
+        yield from graph_captures(g)
 
-    def __init__(self, graph: Graph, kernels, options) -> None:
+
+def graph_captures(g: Graph) -> list[Value]:
+    """Values of enclosing graphs that ``g`` (or a graph nested in it) reads, first-use order."""
+    seen: dict[Value, None] = {}
+    for n in g.node_list():
+        for v in _node_reads(n):
+            if v.graph is not g and v not in seen:
+                seen[v] = None
+    for v in g.outputs:  # a body may return an outer value directly
+        if v.graph is not g and v not in seen:
+            seen[v] = None
+    return list(seen)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "None"
+    if isinstance(v, list):
+        return f"seq[{len(v)}]"
+    return f"{getattr(v, 'dtype', '?')}{list(getattr(v, 'shape', ()))}"
+
+
+def _as_output(v: Any) -> Any:
+    if v is None or isinstance(v, (np.ndarray, list)):
+        return v
+    return np.asarray(v)
+
+
+class _Program:
+    """The prepared steps of one graph (the main graph or a subgraph body)."""
+
+    def __init__(self, graph: Graph, kernels, options, extern: Sequence[Value] = ()) -> None:
         self.graph = graph
         slot: dict[Any, int] = {}
 
@@ -41,43 +91,62 @@ class SequentialExecutable(Executable):
             return slot[v]
 
         self.input_slots = [(v.name, slot_of(v)) for v in graph.inputs]
+        self.extern_slots = [slot_of(v) for v in extern]
         self.const_slots = [(slot_of(v), v.const_value) for v in graph.constants.values()]
+        problems: list[str] = []
         missing: list[Node] = []
         steps: list[_Step] = []
-        nodes = graph.node_list()
-        factories = []
-        for node in nodes:
+        last_use: dict[int, int] = {}
+        for node in graph.node_list():
             f = kernels.get((OpRegistry.norm_domain(node.domain), node.op_type))
             if f is None:
                 missing.append(node)
-            factories.append(f)
-        if missing:
-            by = sorted({(n.domain or "ai.onnx", n.op_type) for n in missing})
-            names = ", ".join(f"'{n.name}'" for n in missing[:5]) + (" ..." if len(missing) > 5 else "")
-            raise UnsupportedOpError(
-                f"the cpu backend has no kernel for {', '.join(f'{op} (domain {d})' for d, op in by)} at node(s) {names}",
-                hint="install a plugin that registers these kernels (ge_register_kernels) or choose another soc_version",
-            )
-        last_use: dict[int, int] = {}
-        outputs = {slot_of(v) for v in graph.outputs}
-        for i, node in enumerate(nodes):
-            spec = KernelSpec.from_node(node, options)
+                continue
+            caps: list[Value] = []
+            extra: dict[str, Any] = {}
+            subs = node.subgraphs()
+            if subs:
+                seen: dict[Value, None] = {}
+                for g in subs:
+                    for v in graph_captures(g):
+                        seen.setdefault(v, None)
+                caps = list(seen)
+                extra = {"subgraph": _SubBuilder(kernels, options, caps), "n_captures": len(caps)}
+            spec = KernelSpec.from_node(node, options, **extra)
             try:
-                fn = factories[i](spec)
-            except GEError:
-                raise
-            except Exception as e:
-                raise UnsupportedOpError(f"building the kernel of {node.describe()} failed: {type(e).__name__}: {e}") from e
-            ins = tuple(-1 if v is None else slot_of(v) for v in node.inputs)
+                fn = f(spec)
+            except GEError as e:
+                problems.append(getattr(e, "detail", str(e)))
+                continue
+            except Exception as e:  # noqa: BLE001 - a factory bug names the node
+                problems.append(f"building the kernel of {node.describe()} failed: {type(e).__name__}: {e}")
+                continue
+            ins = tuple(-1 if v is None else slot_of(v) for v in node.inputs) + tuple(slot_of(v) for v in caps)
             outs = tuple(slot_of(v) for v in node.outputs)
+            i = len(steps)
             for s in ins:
                 if s >= 0:
                     last_use[s] = i
             steps.append(_Step(fn, ins, outs, (), node))
-        const = {s for s, _ in self.const_slots} | {s for _, s in self.input_slots}
+        if missing:
+            by: dict[tuple[str, str], list[str]] = {}
+            for n in missing:
+                by.setdefault((n.domain or "ai.onnx", n.op_type), []).append(n.name)
+            for (d, op), names in sorted(by.items()):
+                shown = ", ".join(f"'{x}'" for x in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+                problems.insert(0, f"no kernel for {op} (domain {d}) at node(s) {shown}")
+        if problems:
+            where = "" if graph.parent is None else f" in subgraph '{graph.name}'"
+            raise UnsupportedOpError(
+                f"the cpu backend cannot run {len(problems)} node(s){where}: " + "; ".join(problems),
+                hint="install a plugin that registers these kernels (ge_register_kernels), change the model, "
+                     "or choose another soc_version",
+            )
+        outputs = {slot_of(v) for v in graph.outputs}
+        keep = {s for s, _ in self.const_slots} | {s for _, s in self.input_slots} | set(self.extern_slots)
         frees: dict[int, list[int]] = {}
         for s, i in last_use.items():
-            if s not in outputs and s not in const:
+            if s not in outputs and s not in keep:
                 frees.setdefault(i, []).append(s)
         # outputs nobody reads are freed right after they are produced
         for i, st in enumerate(steps):
@@ -92,19 +161,16 @@ class SequentialExecutable(Executable):
         self.output_types = [v.type for v in graph.outputs]
         self.kernel_count = len(steps)
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        env: list[Any] = [None] * self.n_slots
+    def execute(self, env: list[Any]) -> list[Any]:
         for s, a in self.const_slots:
             env[s] = a
-        for name, s in self.input_slots:
-            env[s] = feeds[name]
         for st in self.steps:
             try:
                 res = st.fn(*[env[i] if i >= 0 else None for i in st.ins])
             except GEError:
                 raise
             except Exception as e:
-                shapes = ", ".join("None" if i < 0 else f"{getattr(env[i], 'dtype', '?')}{list(getattr(env[i], 'shape', ()))}" for i in st.ins)
+                shapes = ", ".join("None" if i < 0 else _fmt(env[i]) for i in st.ins)
                 raise ExecutionError(
                     f"{st.node.describe()} failed on inputs ({shapes}): {type(e).__name__}: {e}",
                     hint="check the input shapes against the model, or report the kernel bug",
@@ -115,7 +181,142 @@ class SequentialExecutable(Executable):
                 env[s] = r
             for s in st.free:
                 env[s] = None
-        return [np.asarray(env[s]) for s in self.output_slots]
+        return [_as_output(env[s]) for s in self.output_slots]
+
+
+class SubProgram:
+    """A compiled subgraph body: ``run(args, captures) -> outputs``."""
+
+    def __init__(self, graph: Graph, kernels, options, captures: Sequence[Value]) -> None:
+        own = graph_captures(graph)
+        pos = {v: i for i, v in enumerate(captures)}
+        self._take = [pos[v] for v in own]
+        self.program = _Program(graph, kernels, options, extern=own)
+        self.graph = graph
+        self.n_inputs = len(graph.inputs)
+        self.n_outputs = len(graph.outputs)
+        self.input_types = [v.type for v in graph.inputs]
+
+    def run(self, args: Sequence[Any], captures: Sequence[Any] = ()) -> list[Any]:
+        p = self.program
+        env: list[Any] = [None] * p.n_slots
+        for (_, s), a in zip(p.input_slots, args):
+            env[s] = a
+        for s, k in zip(p.extern_slots, self._take):
+            env[s] = captures[k]
+        return p.execute(env)
+
+
+class _SubBuilder:
+    """``spec.options["subgraph"]``: compiles a body of the node being built."""
+
+    def __init__(self, kernels, options, captures: Sequence[Value]) -> None:
+        self.kernels, self.options, self.captures = kernels, options, list(captures)
+
+    def __call__(self, graph: Graph) -> SubProgram:
+        return SubProgram(graph, self.kernels, self.options, self.captures)
+
+
+class SequentialExecutable(Executable):
+    """Runs a graph's nodes in order on the calling thread."""
+
+    def __init__(self, graph: Graph, kernels, options) -> None:
+        self.graph = graph
+        self.program = _Program(graph, kernels, options)
+        self.threads = getattr(options, "threads", None) or None
+        p = self.program
+        self.input_slots = p.input_slots
+        self.const_slots = p.const_slots
+        self.steps = p.steps
+        self.n_slots = p.n_slots
+        self.output_slots = p.output_slots
+        self.output_types = p.output_types
+        self.kernel_count = count_kernels(p)
+
+    def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        p = self.program
+        env: list[Any] = [None] * p.n_slots
+        for name, s in p.input_slots:
+            env[s] = feeds[name]
+        if self.threads:
+            with _blas_limit(self.threads):
+                return p.execute(env)
+        return p.execute(env)
+
+
+def count_kernels(p: _Program) -> int:
+    return len(p.steps)
+
+
+class _NullCtx:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_tp_lock = threading.Lock()
+_tp_state: dict[str, Any] = {}
+
+
+def _blas_controller():
+    """A cached threadpoolctl controller for the BLAS pools (None without threadpoolctl)."""
+    with _tp_lock:
+        if "ctl" not in _tp_state:
+            try:
+                from threadpoolctl import ThreadpoolController
+
+                _tp_state["ctl"] = ThreadpoolController()
+            except Exception:  # noqa: BLE001 - threadpoolctl missing or no BLAS found
+                _tp_state["ctl"] = None
+        return _tp_state["ctl"]
+
+
+class _BlasLimit:
+    """Limit the BLAS pool to ``n`` threads for the duration of one run, then restore it.
+
+    Nested and concurrent runs are counted: the limit set by the first active run stays until
+    the last active run ends (BLAS pools are process-wide, so two models with different
+    settings running at the same moment share the first one's setting).
+    """
+
+    _active = 0
+    _limiter: Any = None
+    _lock = threading.Lock()
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __enter__(self):
+        cls = _BlasLimit
+        with cls._lock:
+            if cls._active == 0:
+                ctl = _blas_controller()
+                cls._limiter = None
+                if ctl is not None:
+                    try:
+                        cls._limiter = ctl.limit(limits=self.n, user_api="blas")
+                    except Exception:  # noqa: BLE001
+                        cls._limiter = None
+            cls._active += 1
+        return self
+
+    def __exit__(self, *exc):
+        cls = _BlasLimit
+        with cls._lock:
+            cls._active -= 1
+            if cls._active == 0 and cls._limiter is not None:
+                try:
+                    cls._limiter.restore_original_limits()
+                except Exception:  # noqa: BLE001
+                    pass
+                cls._limiter = None
+        return False
+
+
+def _blas_limit(n: int):
+    return _BlasLimit(int(n))
 
 
 class CpuBackend(Backend):
@@ -124,18 +325,10 @@ class CpuBackend(Backend):
     name = "cpu"
     aliases = ("numpy", "host", "x86", "aarch64", "Ascend310", "Ascend910", "Ascend310P3")
 
-    _blas_lock = threading.Lock()
-
     def build(self, model, kernels, options) -> Executable:
-        if getattr(options, "threads", None):
-            _set_blas_threads(options.threads)
+        plan = getattr(model, "memory_plan", None)
+        if plan is not None and plan.arena_bytes > 0:  # run inside the memory plan (arena.py)
+            from .arena import ArenaExecutable
+
+            return ArenaExecutable(model.graph, kernels, options, plan)
         return SequentialExecutable(model.graph, kernels, options)
-
-
-def _set_blas_threads(n: int) -> None:
-    try:
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(limits=n, user_api="blas")
-    except Exception:  # threadpoolctl missing or no BLAS found: keep the default pool
-        pass

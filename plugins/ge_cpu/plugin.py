@@ -1,8 +1,38 @@
-"""Hook implementations of the ``ge_cpu`` plugin: the cpu backend and its NumPy kernels."""
+"""Hook implementations of the ``ge_cpu`` plugin: the cpu backend, its kernels, ``ge ops``."""
 
 from __future__ import annotations
 
+import functools
+import json
+import sys
+
+from ge_core.errors import UnsupportedOpError
 from ge_core.hookspecs import hookimpl
+
+#: ``factory.kernel_kind`` values.
+NATIVE, REFERENCE = "native", "onnx.reference"
+
+
+def _native_first(factory, reference):
+    """A native factory that hands a node it refuses (an attribute or dtype it does not
+    support) to the onnx.reference fallback; the native error stands if that fails too."""
+
+    @functools.wraps(factory)
+    def build(spec):
+        try:
+            return factory(spec)
+        except UnsupportedOpError as native:
+            if spec.options.get("subgraph") is not None:
+                raise
+            try:
+                kernel = reference(spec)
+            except Exception:  # noqa: BLE001 - report the native refusal, it is the clearer one
+                raise native from None
+            kernel.kernel_kind = REFERENCE
+            return kernel
+
+    build.kernel_kind = NATIVE  # type: ignore[attr-defined]
+    return build
 
 
 @hookimpl
@@ -15,10 +45,76 @@ def ge_register_backends(register):
 @hookimpl
 def ge_register_kernels(register):
     from .kernels import KERNELS
-    from .kernels.reference_fallback import fallback_op_types, reference_factory
+    from .kernels.reference_fallback import fallback_ops, reference_factory
 
     for (domain, op_type), factory in KERNELS.items():
-        register(op_type, factory, domain=domain, backend="cpu")
-    # The long tail of the ONNX domain runs through onnx.reference behind the same interface.
-    for op_type in fallback_op_types():
-        register(op_type, reference_factory, domain="", backend="cpu")
+        register(op_type, _native_first(factory, reference_factory), domain=domain, backend="cpu")
+    # The long tail of ONNX (default, ai.onnx.ml, training and preview domains) runs through
+    # onnx.reference behind the same interface.
+    for domain, op_type in fallback_ops():
+        register(op_type, _reference_kind(reference_factory), domain=domain, backend="cpu")
+
+
+def _reference_kind(reference):
+    @functools.wraps(reference)
+    def build(spec):
+        return reference(spec)
+
+    build.kernel_kind = REFERENCE  # type: ignore[attr-defined]
+    return build
+
+
+# ------------------------------------------------------------------------------------------
+# ge ops
+# ------------------------------------------------------------------------------------------
+def op_table(backend: str = "cpu") -> list[dict]:
+    """Every registered op with the kind of kernel ``backend`` has for it."""
+    from ge_core.plugins import get_host
+
+    regs = get_host().registries
+    kernels = regs.kernels_for(backend)
+    rows = []
+    keys = {tuple(k) for k in regs.ops.keys()} | {tuple(k) for k in kernels.keys()}
+    for domain, op_type in sorted(keys):
+        f = kernels.get((domain, op_type))
+        kind = "none" if f is None else getattr(f, "kernel_kind", "plugin")
+        opdef = regs.ops.get((domain, op_type))
+        rows.append({
+            "op": op_type,
+            "domain": domain or "ai.onnx",
+            "kernel": kind,
+            "kernel_plugin": kernels.origin((domain, op_type)) if f is not None else None,
+            "since_version": getattr(opdef, "since_version", None),
+        })
+    return rows
+
+
+def _configure_ops(parser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--backend", default="cpu", help="backend whose kernels to list (default cpu)")
+    parser.add_argument("--kind", choices=("native", "onnx.reference", "none", "plugin"),
+                        help="only ops with this kernel kind")
+
+
+def _run_ops(args) -> int:
+    rows = op_table(args.backend)
+    if args.kind:
+        rows = [r for r in rows if r["kernel"] == args.kind]
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["kernel"]] = counts.get(r["kernel"], 0) + 1
+    if args.json:
+        json.dump({"backend": args.backend, "counts": counts, "ops": rows}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    width = max((len(r["op"]) for r in rows), default=2)
+    for r in rows:
+        print(f"{r['domain']:<26} {r['op']:<{width}}  {r['kernel']}")
+    print(", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
+    return 0
+
+
+@hookimpl
+def ge_register_cli_commands(register):
+    register("ops", "list every op and its kernel kind (native, onnx.reference fallback, none)",
+             _configure_ops, _run_ops)

@@ -1,12 +1,27 @@
-"""Hook implementations of the ``ge_memory`` plugin."""
+"""Hook implementations of the ``ge_memory`` plugin: planners, the alignment option, a schedule pass."""
 
 from ge_core.hookspecs import hookimpl
 
 
 @hookimpl
 def ge_register_memory_planners(register):
-    from .planners import plan_auto, plan_greedy_by_size, plan_no_reuse
+    from .planners import plan_auto, plan_ge_block_reuse, plan_greedy_by_lifetime, plan_greedy_by_size, plan_no_reuse
 
     register("none", plan_no_reuse)
     register("greedy_by_size", plan_greedy_by_size)
+    register("greedy_by_lifetime", plan_greedy_by_lifetime)
+    register("ge_block_reuse", plan_ge_block_reuse)
     register("auto", plan_auto)
+
+
+@hookimpl
+def ge_register_options(register):
+    register("memory_alignment", 64,
+             "byte alignment of every buffer in the arena: a power of two from 16 (64 by default; GE uses 512)")
+
+
+@hookimpl
+def ge_register_passes(register):
+    from .schedule import SinkConstantComputations
+
+    register(SinkConstantComputations())

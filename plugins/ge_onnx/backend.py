@@ -43,9 +43,28 @@ class GEBackendRep(BackendRep):
                     f"{len(inputs)} inputs given, the model takes {len(self.input_names)}: {', '.join(self.input_names)}"
                 )
             feeds = dict(zip(self.input_names, inputs))
-        feeds = {k: (v if isinstance(v, np.ndarray) else np.asarray(v)) for k, v in feeds.items()}
-        out = self.model.run(feeds)
-        return tuple(out[name] for name in self.output_names)
+        feeds = {k: _as_feed(v) for k, v in feeds.items()}
+        if all(isinstance(v, np.ndarray) for v in feeds.values()):
+            out = self.model.run(feeds)
+            return tuple(out[name] for name in self.output_names)
+        # ONNX sequences (lists) and empty optionals (None): CompiledModel.run's feed check
+        # converts every feed with np.asarray, which would turn a sequence into one tensor;
+        # check the names here and hand the values to the executable unchanged.
+        missing = [n for n in self.input_names if n not in feeds]
+        unknown = [k for k in feeds if k not in self.input_names]
+        if missing or unknown:
+            raise ge_core.InputError(f"inputs {sorted(feeds)} do not match the model's {self.input_names}")
+        outs = self.model.executable.run(feeds)
+        return tuple(outs)
+
+
+def _as_feed(v: Any) -> Any:
+    """An ndarray, or a list (ONNX sequence) / None (empty optional) kept as they are."""
+    if v is None or isinstance(v, (np.ndarray, list)):
+        return v
+    if isinstance(v, tuple):
+        return list(v)
+    return np.asarray(v)
 
 
 def _device_ok(device: str) -> bool:
@@ -100,17 +119,20 @@ class GEBackend(Backend):
         """Run one NodeProto on ``inputs`` (a list in node-input order, or a dict by name)."""
         in_names = [n for n in node.input if n]
         if isinstance(inputs, dict):
-            arrays = {k: np.asarray(v) for k, v in inputs.items()}
+            arrays = {k: _as_feed(v) for k, v in inputs.items()}
         else:
             if isinstance(inputs, np.ndarray):
                 inputs = [inputs]
-            arrays = {name: np.asarray(x) for name, x in zip(in_names, inputs)}
+            arrays = {name: _as_feed(x) for name, x in zip(in_names, inputs)}
         value_infos = []
         for name in in_names:
             if name not in arrays:
                 raise ge_core.InputError(f"run_node: no value given for input '{name}' of node '{node.name}'")
             a = arrays[name]
-            value_infos.append(_value_info(name, a.dtype, a.shape))
+            if isinstance(a, np.ndarray):
+                value_infos.append(_value_info(name, a.dtype, a.shape))
+            else:  # a sequence or an empty optional: type left to the node
+                value_infos.append(helper.make_empty_tensor_value_info(name))
         out_names = [n for n in node.output if n]
         outputs = []
         for i, name in enumerate(out_names):

@@ -22,10 +22,10 @@ class InferShapes(Pass):
 
 @hookimpl
 def ge_register_ops(register):
-    """One OpDef per op type of the default ONNX domain."""
-    from .schemas import build_opdefs
+    """One OpDef per op type of the ONNX domains (default, ai.onnx.ml, training, preview)."""
+    from .schemas import ONNX_DOMAINS, build_opdefs
 
-    for opdef in build_opdefs():
+    for opdef in build_opdefs(ONNX_DOMAINS):
         register(opdef)
 
 

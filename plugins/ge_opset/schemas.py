@@ -13,6 +13,9 @@ from ge_core.ops import OpDef
 from .infer import onnx_infer
 from .kinds import RANDOM_OPS, op_kind
 
+#: The ONNX domains whose ops this op set defines ("" is the default domain).
+ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview")
+
 #: Upper bound used for variadic inputs/outputs.
 VARIADIC = 2**31 - 1
 

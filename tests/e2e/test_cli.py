@@ -43,7 +43,7 @@ def test_inspect_shows_the_om(squeezenet_om):
     assert "weights" in r.stdout and "compile report" in r.stdout
     info = json.loads(ge("inspect", squeezenet_om, "--json", check=True).stdout)
     assert info["model"]["nodes"] > 0 and {p["kind"] for p in info["file"]["partitions"]} == {"model", "weights"}
-    assert info["report"]["op_counts"]["Conv"] == 26
+    assert sum(info["report"]["op_counts"].values()) == info["model"]["nodes"] == info["report"]["nodes_after"]
 
 
 def test_atc_compile_and_mode1(tmp_path):

@@ -8,7 +8,8 @@ their inputs but may return views of them (Reshape, Squeeze, Slice, Transpose, I
 Modules: ``elementwise`` (arithmetic, activations, logic, Cast, Clip, Where, variadic),
 ``matmul`` (MatMul, Gemm, Einsum), ``nn`` (Conv, ConvTranspose, pooling, LRN, normalisations,
 Softmax family, Dropout), ``reduce`` (Reduce*, ArgMax/ArgMin), ``resize`` (Resize, Upsample),
-``tensor`` (shape and data movement). ``reference_fallback`` runs any other ONNX op through
+``tensor`` (shape and data movement), ``control`` (If, Loop, Scan, SequenceMap, sequence and
+optional ops; sequences are lists of arrays, an empty optional is ``None``). ``reference_fallback`` runs any other ONNX op through
 ``onnx.reference`` and is not part of ``KERNELS``.
 """
 
@@ -20,7 +21,7 @@ import numpy as np
 
 from ge_core.kernel import KernelFactory, KernelSpec
 
-from . import elementwise, matmul, nn, reduce, resize, tensor
+from . import control, elementwise, matmul, nn, reduce, resize, tensor
 
 
 def _arrays_out(factory: KernelFactory) -> KernelFactory:
@@ -30,10 +31,23 @@ def _arrays_out(factory: KernelFactory) -> KernelFactory:
     @functools.wraps(factory)
     def build(spec: KernelSpec):
         kernel = factory(spec)
+        if getattr(kernel, "accepts_out", False):
+            def run_out(*inputs, out=None):
+                if out is not None:
+                    return kernel(*inputs, out=out)
+                return tuple(o if type(o) is np.ndarray or type(o) is list or o is None else np.asarray(o)
+                             for o in kernel(*inputs))
+
+            run_out.accepts_out = True  # type: ignore[attr-defined]
+            run_out.inplace_ok = bool(getattr(kernel, "inplace_ok", False))  # type: ignore[attr-defined]
+            run_out.__wrapped__ = kernel  # type: ignore[attr-defined]
+            run_out.__name__ = f"{spec.op_type}_kernel"
+            return run_out
 
         def run(*inputs):
             outs = kernel(*inputs)
-            return tuple(o if type(o) is np.ndarray else np.asarray(o) for o in outs)
+            return tuple(o if type(o) is np.ndarray or type(o) is list or o is None else np.asarray(o)
+                         for o in outs)
 
         run.__wrapped__ = kernel  # type: ignore[attr-defined]
         run.__name__ = f"{spec.op_type}_kernel"
@@ -43,7 +57,7 @@ def _arrays_out(factory: KernelFactory) -> KernelFactory:
 
 
 KERNELS: dict[tuple[str, str], KernelFactory] = {}
-for _mod in (elementwise, matmul, nn, reduce, resize, tensor):
+for _mod in (control, elementwise, matmul, nn, reduce, resize, tensor):
     for _key, _factory in _mod.KERNELS.items():
         if _key in KERNELS:  # pragma: no cover - a programming error caught by the tests
             raise RuntimeError(f"kernel {_key} defined twice")

@@ -86,9 +86,30 @@ def _binary(fn: Callable) -> Callable:
     return factory
 
 
-KERNELS[("", "Add")] = _binary(np.add)
-KERNELS[("", "Sub")] = _binary(np.subtract)
-KERNELS[("", "Mul")] = _binary(np.multiply)
+def _binary_out(fn: Callable) -> Callable:
+    """Add/Sub/Mul/Div on one floating dtype: a ufunc call that can write into ``out=``."""
+    base = _binary(fn)
+
+    def factory(spec: KernelSpec):
+        if _legacy_broadcast(spec) is not None or not _float_io(spec):
+            return base(spec)
+
+        def kernel(a, b, out=None):
+            if out is None:
+                return (fn(a, b),)
+            fn(a, b, out=out[0])
+            return out
+
+        kernel.accepts_out = True  # type: ignore[attr-defined]
+        kernel.inplace_ok = True  # type: ignore[attr-defined]
+        return kernel
+
+    return factory
+
+
+KERNELS[("", "Add")] = _binary_out(np.add)
+KERNELS[("", "Sub")] = _binary_out(np.subtract)
+KERNELS[("", "Mul")] = _binary_out(np.multiply)
 
 
 def _int_div(a, b):
@@ -109,7 +130,7 @@ def div_factory(spec: KernelSpec):
         def anydiv(a, b):
             return _int_div(a, b) if np.issubdtype(a.dtype, np.integer) else np.divide(a, b)
         return _binary(anydiv)(spec)
-    return _binary(np.divide)(spec)
+    return _binary_out(np.divide)(spec)
 
 
 @_reg("Pow")
@@ -194,8 +215,25 @@ def not_factory(spec: KernelSpec):
 # unary
 
 
+def _float_io(spec: KernelSpec) -> bool:
+    """Every input and output has the same known floating dtype (so a ufunc can write ``out=``)."""
+    dts = [t.dtype if t is not None else None for t in list(spec.inputs) + list(spec.outputs)]
+    return bool(dts) and dts[0] is not None and dts[0].kind == "f" and dts[0].name != "bfloat16" \
+        and all(d == dts[0] for d in dts)
+
+
 def _unary(fn: Callable, keep_dtype: bool = True) -> Callable:
     def factory(spec: KernelSpec):
+        if keep_dtype and isinstance(fn, np.ufunc) and _float_io(spec):
+            def kernel_out(x, out=None):
+                if out is None:
+                    return (fn(x),)
+                fn(x, out=out[0])
+                return out
+
+            kernel_out.accepts_out = True  # type: ignore[attr-defined]
+            kernel_out.inplace_ok = True  # type: ignore[attr-defined]
+            return kernel_out
         if keep_dtype:
             def kernel(x):
                 return (cast_like(np.asarray(fn(x)), x.dtype),)
@@ -209,6 +247,22 @@ def _unary(fn: Callable, keep_dtype: bool = True) -> Callable:
 
 def _relu(x):
     return np.maximum(x, 0, dtype=x.dtype) if x.dtype != np.bool_ else x
+
+
+@_reg("Relu")
+def relu_factory(spec: KernelSpec):
+    if not _float_io(spec):
+        return _unary(_relu)(spec)
+
+    def kernel(x, out=None):
+        if out is None:
+            return (np.maximum(x, x.dtype.type(0)),)
+        np.maximum(x, x.dtype.type(0), out=out[0])
+        return out
+
+    kernel.accepts_out = True  # type: ignore[attr-defined]
+    kernel.inplace_ok = True  # type: ignore[attr-defined]
+    return kernel
 
 
 def _sigmoid(x):
@@ -259,7 +313,6 @@ def _unsafe(fn):
 
 
 for _name, _fn in (
-    ("Relu", _relu),
     ("Abs", np.abs),
     ("Neg", np.negative),
     ("Reciprocal", _reciprocal),
@@ -474,8 +527,17 @@ def cast_factory(spec: KernelSpec):
         to = names.get(as_str(to).upper())
         if to is None:
             raise unsupported(spec, f"to={spec.attr('to')!r}")
+    if int(to) in _REFERENCE_CAST_TYPES:
+        raise unsupported(spec, f"casting to ONNX data type {to} (saturating/rounding rules of 8-, 4- and 2-bit types)")
     target = onnx_dtype(spec, to)
     return _make_cast(target)
+
+
+#: FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ, FLOAT4E2M1, FLOAT8E8M0, UINT2, INT2:
+#: targets whose rounding and saturation NumPy's astype does not implement (the plugin hands
+#: these nodes to the onnx.reference fallback).
+_REFERENCE_CAST_TYPES = frozenset({17, 18, 19, 20, 23, 24, 25, 26})
+_REFERENCE_CAST_NAMES = ("float8", "float4", "int2", "uint2")
 
 
 def _float_str(v) -> str:
@@ -512,6 +574,8 @@ def _make_cast(target: np.dtype):
 @_reg("CastLike")
 def castlike_factory(spec: KernelSpec):
     target = in_dtype(spec, 1) or out_dtype(spec, 0)
+    if target is not None and target.name.startswith(_REFERENCE_CAST_NAMES):
+        raise unsupported(spec, f"casting to {target.name} (saturating/rounding rules of 8-, 4- and 2-bit types)")
     if target is not None:
         cast = _make_cast(target)
         return lambda x, like: cast(x)

@@ -67,8 +67,11 @@ def einsum_factory(spec: KernelSpec):
     eq = as_str(spec.attr("equation"), "").replace(" ", "")
 
     def kernel(*xs):
+        dt = xs[0].dtype
+        if dt.kind == "V" or dt.name == "bfloat16" or dt.name.startswith("float8"):
+            xs = tuple(x.astype(np.float32) for x in xs)  # ml_dtypes types: compute in float32
         r = np.einsum(eq, *xs, optimize=len(xs) > 1)
-        return (cast_like(np.asarray(r), xs[0].dtype),)
+        return (cast_like(np.asarray(r), dt),)
 
     return kernel
 

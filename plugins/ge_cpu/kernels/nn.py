@@ -19,7 +19,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ge_core.kernel import KernelSpec
 
-from ._util import as_str, cast_like, const_input, has_input, ints, norm_axis, unsupported
+from ._util import as_str, cast_like, const_input, has_input, in_dtype, ints, norm_axis, unsupported
 
 KERNELS: dict = {}
 
@@ -95,6 +95,10 @@ def _window_plan(auto_pad, pads, in_sp, k, s, d, ceil_mode=False):
             out.append(max(o, 0))
     padded_end = [max(pe[i], (out[i] - 1) * s[i] + eff[i] - in_sp[i] - pb[i]) for i in range(nd)]
     return pb, pe, out, padded_end
+
+
+def out_dtype_ok(spec: KernelSpec, dt) -> bool:
+    return bool(spec.outputs) and spec.outputs[0] is not None and spec.outputs[0].dtype == dt
 
 
 def _pad_spatial(x, pb, pe, value=0):
@@ -177,7 +181,7 @@ def conv_factory(spec: KernelSpec):
 
     plans = _PlanCache(planner)
 
-    def kernel(x, w, b=None):
+    def kernel(x, w, b=None, out=None):
         if b_const is not None:
             b = b_const
         n, c = x.shape[:2]
@@ -195,7 +199,10 @@ def conv_factory(spec: KernelSpec):
             if any(si != 1 for si in strides):
                 xs = x[(slice(None), slice(None)) + tuple(slice(None, None, si) for si in strides)]
             xs = xs.reshape(n, group, cg, p) if group > 1 else xs.reshape(n, cg, p)
-            y = np.matmul(wk if group > 1 else wk[0], xs)
+            if out is not None and group == 1:
+                y = np.matmul(wk[0], xs, out=out[0].reshape(n, m, p))
+            else:
+                y = np.matmul(wk if group > 1 else wk[0], xs)
         elif cg == 1 and group == c:
             y = _depthwise(x, w, pb, pe, out_sp, k)
         else:
@@ -214,7 +221,12 @@ def conv_factory(spec: KernelSpec):
             step = max(1, _COLS_BLOCK // max(1, n * c * math.prod(k) * row_p))
             if step >= rows:
                 cols = v.transpose(perm).reshape(n, group, kdim, p)
-                y = np.matmul(wk, cols) if group > 1 else np.matmul(wk[0], cols[:, 0])
+                if group > 1:
+                    y = np.matmul(wk, cols)
+                elif out is not None:
+                    y = np.matmul(wk[0], cols[:, 0], out=out[0].reshape(n, m, p))
+                else:
+                    y = np.matmul(wk[0], cols[:, 0])
             else:
                 y = np.empty((n, group, m // group, rows, row_p), x.dtype)
                 vt = v.transpose(perm)
@@ -225,13 +237,24 @@ def conv_factory(spec: KernelSpec):
                     part = np.matmul(wk, cols) if group > 1 else np.matmul(wk[0], cols[:, 0])[:, None]
                     y[:, :, :, r0:r1] = part.reshape(n, group, m // group, r1 - r0, row_p)
         y = y.reshape((n, m) + tuple(out_sp))
+        if out is not None:
+            o = out[0]
+            if not np.shares_memory(y, o):
+                np.copyto(o, y)
+            if b is not None:
+                o += b.reshape((m,) + (1,) * nd).astype(o.dtype, copy=False)
+            return out
         if b is not None:
             y += b.reshape((m,) + (1,) * nd).astype(y.dtype, copy=False)
         return (cast_like(y, x.dtype),)
 
+    dw_cache: dict = {}
+
     def _depthwise(x, w, pb, pe, out_sp, k):
         n, c = x.shape[:2]
         mult = w.shape[0] // c
+        if mult == 1 and nd == 2 and x.dtype.kind == "f":
+            return _depthwise_nhwc(x, w, pb, pe, out_sp, k)
         xp = _pad_spatial(x, pb, pe)
         wd = w.reshape((c, mult) + tuple(k))
         y = None
@@ -253,6 +276,45 @@ def conv_factory(spec: KernelSpec):
                 y += tmp
         return y
 
+    def _depthwise_nhwc(x, w, pb, pe, out_sp, k):
+        """Depthwise 2-D conv channels-last: every tap is one multiply-add over a view whose
+        innermost axis is the (contiguous) channel axis, so NumPy's loops run long and SIMD."""
+        n, c, h, wd_ = x.shape
+        key = id(w)
+        wt = dw_cache.get(key)
+        if wt is None or wt[0] is not w:
+            wt = (w, np.ascontiguousarray(w.reshape(c, -1).T.astype(x.dtype, copy=False)))
+            if w_const is not None:
+                dw_cache.clear()
+                dw_cache[key] = wt
+        taps = wt[1]
+        hp, wp_ = h + pb[0] + pe[0], wd_ + pb[1] + pe[1]
+        if pb[0] or pb[1] or pe[0] or pe[1]:
+            xp = np.empty((n, hp, wp_, c), x.dtype)
+            xp[:, :pb[0]] = 0
+            xp[:, hp - pe[0]:] = 0
+            xp[:, :, :pb[1]] = 0
+            xp[:, :, wp_ - pe[1]:] = 0
+            xp[:, pb[0]:pb[0] + h, pb[1]:pb[1] + wd_] = x.transpose(0, 2, 3, 1)
+        else:
+            xp = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+        oh, ow = out_sp
+        sh, sw = strides
+        dh, dw = dilations
+        y = np.empty((n, oh, ow, c), x.dtype)
+        tmp = np.empty_like(y)
+        for t, (a, b) in enumerate(itertools.product(range(k[0]), range(k[1]))):
+            xs = xp[:, a * dh:a * dh + (oh - 1) * sh + 1:sh, b * dw:b * dw + (ow - 1) * sw + 1:sw]
+            if t == 0:
+                np.multiply(xs, taps[0], out=y)
+            else:
+                np.multiply(xs, taps[t], out=tmp)
+                y += tmp
+        return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
+
+    dt = in_dtype(spec, 0)
+    if dt is not None and dt.kind == "f" and dt.name != "bfloat16" and out_dtype_ok(spec, dt):
+        kernel.accepts_out = True  # type: ignore[attr-defined]
     return kernel
 
 
@@ -309,7 +371,7 @@ def conv_transpose_factory(spec: KernelSpec):
         wpack = np.ascontiguousarray(
             w_const.reshape(group, cg, mg * math.prod(w_const.shape[2:])).transpose(0, 2, 1))
 
-    def kernel(x, w, b=None):
+    def kernel(x, w, b=None, out=None):
         if b_const is not None:
             b = b_const
         n, c = x.shape[:2]
@@ -620,16 +682,24 @@ def batchnorm_factory(spec: KernelSpec):
         return p
 
     folded = fold(*consts) if all(c is not None for c in consts) else None
+    dt = in_dtype(spec, 0)
+    out_ok = n_out == 1 and dt is not None and dt.kind == "f" and dt.name != "bfloat16"
 
-    def kernel(x, scale, bias, mean, var):
+    def kernel(x, scale, bias, mean, var, out=None):
         a, b = folded if folded is not None else fold(scale, bias, mean, var)
-        y = x * shape_for(a, x).astype(x.dtype, copy=False)
+        if out is not None:
+            y = np.multiply(x, shape_for(a, x).astype(x.dtype, copy=False), out=out[0])
+        else:
+            y = x * shape_for(a, x).astype(x.dtype, copy=False)
         y += shape_for(b, x).astype(x.dtype, copy=False)
         if n_out == 1:
             return (y,)
         extra = [mean, var, mean, var][: n_out - 1]
         return (y, *extra)
 
+    if out_ok:
+        kernel.accepts_out = True  # type: ignore[attr-defined]
+        kernel.inplace_ok = True  # type: ignore[attr-defined]
     return kernel
 
 

@@ -57,10 +57,14 @@ def _logsumexp(x, axes, keep):
 
 
 def _low(dt):
+    if dt == np.bool_:
+        return False
     return -np.inf if np.issubdtype(dt, np.floating) else np.iinfo(dt).min
 
 
 def _high(dt):
+    if dt == np.bool_:
+        return True
     return np.inf if np.issubdtype(dt, np.floating) else np.iinfo(dt).max
 
 

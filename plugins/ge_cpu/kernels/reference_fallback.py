@@ -96,24 +96,38 @@ def reference_factory(spec: KernelSpec):
     def kernel(*inputs):
         feeds = {n: inputs[i] for i, n in feed_names if i < len(inputs) and inputs[i] is not None}
         results = evaluator.run(None, feeds)
-        outs = []
-        for r, dt in zip(results, out_dtypes):
-            r = np.asarray(r)
-            if r.dtype.kind == "U":
-                r = r.astype(object)
-            elif dt is not None and dt != np.dtype(object) and r.dtype != dt:
-                r = r.astype(dt)
-            outs.append(r)
-        return tuple(outs)
+        return tuple(_convert(r, dt) for r, dt in zip(results, out_dtypes))
 
     return kernel
 
 
-def fallback_op_types() -> list[str]:
-    """ONNX default-domain ops with no native ge_cpu kernel (they would use the fallback)."""
+def _convert(r, dt):
+    if r is None:
+        return None
+    if isinstance(r, (list, tuple)):
+        return [_convert(x, None) for x in r]
+    r = np.asarray(r)
+    if r.dtype.kind == "U":
+        r = r.astype(object)
+    elif dt is not None and dt != np.dtype(object) and r.dtype != dt:
+        r = r.astype(dt)
+    return r
+
+
+#: Domains besides ONNX's default one whose ops the fallback offers.
+FALLBACK_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview")
+
+
+def fallback_ops(domains: tuple[str, ...] = FALLBACK_DOMAINS) -> list[tuple[str, str]]:
+    """``(domain, op_type)`` of the ONNX ops with no native ge_cpu kernel (they use the fallback)."""
     import onnx
 
     from . import KERNELS
 
-    names = {s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain == ""}
-    return sorted(n for n in names if ("", n) not in KERNELS)
+    names = {(s.domain if s.domain != "ai.onnx" else "", s.name) for s in onnx.defs.get_all_schemas_with_history()}
+    return sorted(k for k in names if k[0] in domains and k not in KERNELS)
+
+
+def fallback_op_types() -> list[str]:
+    """ONNX default-domain ops with no native ge_cpu kernel (they would use the fallback)."""
+    return [n for d, n in fallback_ops(("",))]

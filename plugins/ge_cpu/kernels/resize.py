@@ -29,7 +29,10 @@ def _coords(mode, out_len, in_len, scale):
     if mode == "asymmetric":
         return x / scale
     if mode == "align_corners":
-        return x * ((in_len - 1) / (out_len - 1)) if out_len > 1 else np.zeros_like(x)
+        # ONNX divides by (in_len * scale - 1), the unrounded output length (== out_len - 1
+        # when sizes were given)
+        length = in_len * scale
+        return x * ((in_len - 1) / (length - 1)) if out_len > 1 and length != 1 else np.zeros_like(x)
     if mode == "pytorch_half_pixel":
         return (x + 0.5) / scale - 0.5 if out_len > 1 else np.zeros_like(x)
     if mode == "tf_half_pixel_for_nn":

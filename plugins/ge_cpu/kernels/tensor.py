@@ -161,9 +161,15 @@ def concat_factory(spec: KernelSpec):
         axis = 1
     axis = int(axis)
 
-    def kernel(*xs):
+    def kernel(*xs, out=None):
+        if out is not None:
+            np.concatenate([x for x in xs if x is not None], axis=axis, out=out[0])
+            return out
         return (np.concatenate([x for x in xs if x is not None], axis=axis),)
 
+    dts = {t.dtype for t in list(spec.inputs) + list(spec.outputs) if t is not None}
+    if len(dts) == 1 and None not in dts and np.dtype(object) not in dts:
+        kernel.accepts_out = True  # type: ignore[attr-defined]
     return kernel
 
 
@@ -526,10 +532,11 @@ def depth_to_space_factory(spec: KernelSpec):
 @_reg("SpaceToDepth")
 def space_to_depth_factory(spec: KernelSpec):
     b = int(spec.attr("blocksize"))
+    perm = (0, 1, 3, 5, 2, 4) if as_str(spec.attr("mode"), "DCR") == "CRD" else (0, 3, 5, 1, 2, 4)
 
     def kernel(x):
         n, c, h, w = x.shape
-        t = x.reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4)
+        t = x.reshape(n, c, h // b, b, w // b, b).transpose(perm)
         return (t.reshape(n, c * b * b, h // b, w // b),)
 
     return kernel

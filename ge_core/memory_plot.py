@@ -1,0 +1,79 @@
+"""A picture of a memory plan: each tensor a rectangle of lifetime (x) by arena offset (y).
+
+``ge inspect MODEL.om --memory-plot FILE.png`` draws the plan stored in an .om; from Python,
+:func:`plot_plan` draws any graph's plan. Needs matplotlib (``pip install matplotlib``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .errors import GEError
+from .ir.graph import Graph
+from .memory import MemoryPlan, build_problem
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise GEError("drawing a memory plan needs matplotlib", hint="pip install matplotlib") from None
+    return plt
+
+
+def plan_rectangles(graph: Graph, plan: MemoryPlan) -> list[tuple[str, int, int, int, int]]:
+    """``(value, first step, last step, offset, bytes)`` for every value the plan places."""
+    order = graph.node_list()
+    problem = build_problem(graph, order)  # one buffer per value: its own lifetime
+    rects = []
+    for b in problem.buffers:
+        off = plan.offsets.get(b.name)
+        if off is not None:
+            rects.append((b.name, b.start, b.end, int(off), b.size))
+    return rects
+
+
+def plot_plan(graph: Graph, plan: MemoryPlan, path: str | os.PathLike, *, title: str | None = None) -> str:
+    """Draw ``plan`` for ``graph`` (in its schedule order) to an image file; returns the path."""
+    plt = _pyplot()
+    from matplotlib.patches import Rectangle
+
+    rects = plan_rectangles(graph, plan)
+    mib = 1 << 20
+    fig, ax = plt.subplots(figsize=(12, 6), dpi=120)
+    cmap = plt.get_cmap("tab20")
+    for k, (_, s, e, off, size) in enumerate(rects):
+        ax.add_patch(Rectangle((s, off / mib), e - s + 1, max(size, 1) / mib, facecolor=cmap(k % 20),
+                               edgecolor="black", linewidth=0.2, alpha=0.75))
+    steps = max((e for _, _, e, _, _ in rects), default=0) + 1
+    arena = plan.arena_bytes / mib
+    ax.axhline(arena, color="red", linewidth=1, linestyle="--")
+    ax.set_xlim(0, max(steps, 1))
+    ax.set_ylim(0, max(arena * 1.05, 1e-3))
+    ax.set_xlabel("schedule step (lifetime)")
+    ax.set_ylabel("arena offset (MiB)")
+    ax.set_title(title or f"{graph.name}: {len(rects)} tensors in {plan.arena_bytes:,} bytes ({plan.planner})")
+    fig.tight_layout()
+    path = os.fspath(path)
+    try:
+        fig.savefig(path)
+    except OSError as e:
+        raise GEError(f"cannot write the memory plot '{path}': {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
+    return path
+
+
+def plot_om(om_path: str | os.PathLike, out: str | os.PathLike) -> str:
+    """Draw the memory plan stored in an .om file."""
+    from .om import load_om
+
+    model = load_om(om_path)
+    if model.memory_plan is None:
+        raise GEError(f"'{os.fspath(om_path)}' has no memory plan to draw", hint="compile it with a memory planner plugin")
+    return plot_plan(model.graph, model.memory_plan, out, title=f"{os.path.basename(os.fspath(om_path))}: "
+                     f"{model.memory_plan.arena_bytes:,} bytes ({model.memory_plan.planner})")
