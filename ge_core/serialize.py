@@ -49,6 +49,10 @@ class WeightWriter:
             entry["strings"] = [_str(x) for x in a.reshape(-1).tolist()]
             self.arrays.append(a)
         else:
+            if a.ndim and a.size > 1 and all(st == 0 for st in a.strides):
+                # one value broadcast to a shape (folded ConstantOfShape...): store the value once
+                entry["splat"] = True
+                a = a.reshape(-1)[:1]
             a = np.ascontiguousarray(a)
             if a.dtype.byteorder == ">":
                 a = a.astype(a.dtype.newbyteorder("<"))
@@ -252,6 +256,16 @@ class GraphReader:
         else:
             off = self._int(e.get("offset"), f"weight {i} offset")
             nbytes = self._int(e.get("nbytes"), f"weight {i} nbytes")
+            splat = e.get("splat", False)
+            if not isinstance(splat, bool):
+                self.fail(f"weight {i}: 'splat' must be true or false")
+            if splat:
+                if nbytes != dt.itemsize or off + nbytes > len(self.blob) or (dt.itemsize and off % dt.itemsize):
+                    self.fail(f"weight {i}: a splat weight must hold exactly one aligned {dtype_name(dt)} in the partition")
+                one = np.frombuffer(self.blob, dtype=dt, count=1, offset=off)
+                arr = np.broadcast_to(one.reshape((1,) * len(shape)), shape)
+                self._cache[i] = arr
+                return arr
             if nbytes != count * dt.itemsize:
                 self.fail(f"weight {i}: {nbytes} bytes do not match shape {list(shape)} of {dtype_name(dt)}")
             if off + nbytes > len(self.blob):

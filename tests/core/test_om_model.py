@@ -1,6 +1,7 @@
 """Compiled models saved as .om: roundtrip, zero-copy weights, validation of hostile files."""
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -134,3 +135,20 @@ def test_onnx_file_given_to_load_om(tmp_path):
     p.write_bytes(b"\x08\x07\x12\x04test" + bytes(100))
     with pytest.raises(OmFormatError, match="not an .om"):
         ge.load_om(p)
+
+
+def test_broadcast_constants_are_stored_once(tmp_path):
+    g = ge.Graph("splat")
+    g.opset_imports[""] = 17
+    x = g.add_input("x", TensorType("float32", (512, 512)))
+    big = np.broadcast_to(np.float32(0.5), (512, 512))  # what folding a ConstantOfShape gives
+    c = g.add_constant(big, "half")
+    g.set_outputs([g.add_node("Mul", [x, c], name="mul").output])
+    model = ge.compile(g, {"opt_level": 0})
+    path = model.save(tmp_path / "s.om")
+    assert os.path.getsize(path) < 64 * 1024  # not 1 MiB of repeated 0.5
+    loaded = ge.load_om(path)
+    w = loaded.graph.constants["half"].const_value
+    assert w.shape == (512, 512) and not w.flags.writeable and w.strides == (0, 0)
+    xv = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
+    np.testing.assert_array_equal(loaded.run({"x": xv})["mul"], xv * 0.5)
