@@ -1,0 +1,1 @@
+"""TensorFlow frontends (frozen GraphDef, SavedModel, Keras, tf.function) for GE for Python."""
