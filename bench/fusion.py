@@ -1,0 +1,106 @@
+"""Fusion on vs off: the nine light models and a chain of eight elementwise ops.
+
+Both variants of each model are compiled in this one process and run interleaved, round by
+round, on the same inputs, so machine noise hits them alike. Prints the median latency per
+model with fusion on and off, kernel launches of each, and the speed-up; then the same for a
+chain of eight elementwise ops on 4M float32 elements (one generated kernel vs eight).
+
+    python bench/fusion.py [--rounds 5] [--models resnet50,vgg19] [--chain-only] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import onnx
+from rich.console import Console
+from rich.table import Table
+
+import ge_core as ge
+from ge_sdk.testing import GraphBuilder
+
+LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+OFF = {"disabled_passes": ["pattern_fusion", "auto_fusion"]}
+
+
+def chain_graph(n: int = 1 << 22) -> ge.Graph:
+    """x -> Mul -> Add -> Relu -> Mul(x) -> Sub -> Abs -> Sqrt -> Neg: eight elementwise ops."""
+    b = GraphBuilder("chain")
+    x = b.input("x", "float32", (n,))
+    t = b.Mul(x, np.float32(1.7))
+    t = b.Add(t, np.float32(0.3))
+    t = b.Relu(t)
+    t = b.Mul(t, x)
+    t = b.Sub(t, np.float32(0.25))
+    t = b.Abs(t)
+    t = b.Sqrt(t)
+    b.output(b.Neg(t))
+    return b.build()
+
+
+def interleaved(runs: dict[str, object], feeds: dict, rounds: int) -> dict[str, float]:
+    """Median seconds per variant, variants alternating within each round (order flipped each round)."""
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    names = list(runs)
+    for k in names:  # warm-up
+        runs[k].run(feeds)  # type: ignore[attr-defined]
+    for r in range(rounds):
+        for k in (names if r % 2 == 0 else names[::-1]):
+            t0 = time.perf_counter()
+            runs[k].run(feeds)  # type: ignore[attr-defined]
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--models", default="", help="comma-separated light model names (default: all nine)")
+    ap.add_argument("--chain-only", action="store_true", help="only the elementwise chain")
+    ap.add_argument("--threads", type=int, default=0, help="BLAS threads for the engine (0: default)")
+    args = ap.parse_args(argv)
+    con = Console(width=120)
+    extra = {"threads": args.threads} if args.threads else {}
+    rng = np.random.default_rng(0)
+    ratios = []
+    if not args.chain_only:
+        names = sorted(f[6:-5] for f in os.listdir(LIGHT) if f.endswith(".onnx"))
+        if args.models:
+            names = [n for n in names if n in args.models.split(",")]
+        table = Table(title=f"light models, fusion on vs off (median of {args.rounds} interleaved rounds)")
+        for col in ("model", "kernels on", "kernels off", "ms on", "ms off", "speed-up"):
+            table.add_column(col, justify="right" if col != "model" else "left")
+        for name in names:
+            g = ge.load(os.path.join(LIGHT, f"light_{name}.onnx"))
+            on = ge.compile(g, dict(extra))
+            off = ge.compile(g, {**OFF, **extra})
+            feeds = {i.name: rng.standard_normal([d if isinstance(d, int) else 1 for d in i.type.shape or ()])
+                     .astype(np.float32) for i in g.inputs}
+            med = interleaved({"on": on, "off": off}, feeds, args.rounds)
+            ratios.append(med["off"] / med["on"])
+            table.add_row(name, str(on.report["kernels"]), str(off.report["kernels"]), f"{med['on'] * 1e3:.1f}",
+                          f"{med['off'] * 1e3:.1f}", f"{med['off'] / med['on']:.2f}x")
+        con.print(table)
+        if ratios:
+            con.print(f"geometric mean speed-up: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}x")
+    g = chain_graph()
+    on = ge.compile(g, dict(extra))
+    off = ge.compile(g, {**OFF, **extra})
+    feeds = {"x": rng.standard_normal(1 << 22).astype(np.float32)}
+    np.testing.assert_allclose(on.run(feeds)["x" if False else on.output_names[0]],
+                               off.run(feeds)[off.output_names[0]], rtol=1e-5, atol=1e-6)
+    med = interleaved({"on": on, "off": off}, feeds, max(args.rounds, 7))
+    speedup = med["off"] / med["on"]
+    con.print(f"elementwise chain, 8 ops on 4M float32: fused {med['on'] * 1e3:.1f} ms ({on.report['kernels']} kernel), "
+              f"unfused {med['off'] * 1e3:.1f} ms ({off.report['kernels']} kernels): {speedup:.2f}x")
+    return 0 if speedup >= 2.0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

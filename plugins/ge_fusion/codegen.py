@@ -1,0 +1,500 @@
+"""Elementwise programs and the kernels generated from them.
+
+A *program* is the body of a fused elementwise group, stored on the fused node as a JSON string
+attribute (so a compiled ``.om`` carries it): a list of steps ``[op_type, [refs], {attrs}]``
+evaluated in order. A ref is ``"a<k>"`` (kernel input ``k`` of the group), ``"y"`` (the result of
+the anchor op, for an epilogue fused into a Conv or MatMul) or ``"t<j>"`` (the result of step
+``j``); the last step's result is the program's result.
+
+:func:`compile_program` turns a program plus input dtypes/shapes into a callable, cached by
+signature: a single numexpr expression (one pass over memory, multi-threaded) when every step
+has a numexpr form and the tensor is large enough to pay numexpr's fixed cost, otherwise
+generated NumPy code that works in place (each step a ufunc call writing into a buffer whose
+value died at that step, the last one into ``out``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+Step = tuple[str, list[str], dict[str, Any]]
+
+#: Below this many output elements one pass of whole-array ufuncs is as good as any.
+NUMEXPR_MIN_ELEMENTS = 32768
+#: Elements per block of a blocked kernel (about 256 KB of float32: cache-resident).
+CHUNK_ELEMENTS = 65536
+
+#: Erf by Abramowitz & Stegun 7.1.26 (absolute error < 1.5e-7): NumPy and numexpr have none.
+_ERF_P = 0.3275911
+_ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+
+def dumps(steps: Sequence[Step]) -> str:
+    """The attribute form of a program."""
+    return json.dumps([[op, list(refs), dict(attrs)] for op, refs, attrs in steps], separators=(",", ":"))
+
+
+def loads(text: str) -> list[Step]:
+    """Parse a program attribute (raises ValueError on a malformed one)."""
+    raw = json.loads(text)
+    if not isinstance(raw, list):
+        raise ValueError("a fused program is a list of steps")
+    out: list[Step] = []
+    for i, st in enumerate(raw):
+        if not (isinstance(st, list) and len(st) == 3 and isinstance(st[0], str) and isinstance(st[1], list)
+                and isinstance(st[2], dict)):
+            raise ValueError(f"step {i} is not [op, [refs], {{attrs}}]")
+        for r in st[1]:
+            if not isinstance(r, str) or not (r == "y" or r[:1] in "at" and r[1:].isdigit()):
+                raise ValueError(f"step {i} has a bad ref {r!r}")
+            if r[:1] == "t" and int(r[1:]) >= i:
+                raise ValueError(f"step {i} reads {r}, which is not computed yet")
+        if st[0] not in OPS:
+            raise ValueError(f"step {i}: op {st[0]} has no generated form")
+        out.append((st[0], list(st[1]), dict(st[2])))
+    if not out:
+        raise ValueError("a fused program needs at least one step")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# the op table: numexpr form (format string over operand expressions; None = none) and a NumPy
+# function ``fn(*operands, out=None, **attrs)``
+# ------------------------------------------------------------------------------------------------
+def _np_relu(x, out=None):
+    return np.maximum(x, x.dtype.type(0), out=out)
+
+
+def _np_leaky(x, out=None, alpha=0.01):
+    t = np.multiply(x, x.dtype.type(alpha))
+    return np.maximum(x, t, out=out) if alpha <= 1 else np.minimum(x, t, out=out)
+
+
+def _np_sigmoid(x, out=None):
+    t = np.negative(x, out=out)
+    np.exp(t, out=t)
+    t += 1
+    return np.reciprocal(t, out=t)
+
+
+def _np_silu(x, out=None):
+    t = _np_sigmoid(x)
+    return np.multiply(x, t, out=out)
+
+
+def _np_hardsigmoid(x, out=None, alpha=0.2, beta=0.5):
+    t = np.multiply(x, x.dtype.type(alpha))
+    t += x.dtype.type(beta)
+    return np.clip(t, 0, 1, out=out)
+
+
+def _np_hardswish(x, out=None):
+    t = _np_hardsigmoid(x, alpha=1 / 6, beta=0.5)
+    return np.multiply(x, t, out=out)
+
+
+def _np_clip(x, out=None, min=None, max=None):  # noqa: A002 - ONNX's names
+    lo = -np.inf if min is None else min
+    hi = np.inf if max is None else max
+    return np.clip(x, x.dtype.type(lo), x.dtype.type(hi), out=out)
+
+
+def _np_erf(x, out=None):
+    dt = x.dtype.type
+    a = np.abs(x)
+    t = a * dt(_ERF_P)
+    t += 1
+    np.reciprocal(t, out=t)
+    a1, a2, a3, a4, a5 = (dt(c) for c in _ERF_A)
+    poly = ((((a5 * t + a4) * t + a3) * t + a2) * t + a1) * t
+    np.square(a, out=a)
+    np.negative(a, out=a)
+    np.exp(a, out=a)
+    poly *= a
+    np.subtract(dt(1), poly, out=poly)
+    return np.copysign(poly, x, out=out)
+
+
+def _np_gelu(x, out=None, approximate="none"):
+    dt = x.dtype.type
+    if approximate == "tanh":
+        t = x * x
+        t *= dt(0.044715)
+        t += 1
+        t *= x
+        t *= dt(math.sqrt(2 / math.pi))
+        np.tanh(t, out=t)
+    else:
+        t = _np_erf(x * dt(1 / math.sqrt(2)))
+    t += 1
+    t *= dt(0.5)
+    return np.multiply(x, t, out=out)
+
+
+def _np_elu(x, out=None, alpha=1.0):
+    t = np.expm1(np.minimum(x, 0))
+    t *= x.dtype.type(alpha)
+    r = np.where(x > 0, x, t)
+    if out is None:
+        return r
+    np.copyto(out, r)
+    return out
+
+
+def _np_softplus(x, out=None):
+    return np.logaddexp(x, x.dtype.type(0), out=out)
+
+
+def _np_identity(x, out=None):
+    if out is None:
+        return np.array(x, copy=True)
+    np.copyto(out, x)
+    return out
+
+
+def _np_pow(a, b, out=None):
+    if np.ndim(b) == 0 and float(b) == 2.0:
+        return np.multiply(a, a, out=out)
+    return np.power(a, b, out=out)
+
+
+def _np_sum(*xs, out=None):
+    r = np.add(xs[0], xs[1], out=out)
+    for x in xs[2:]:
+        np.add(r, x, out=r)
+    return r
+
+
+def _np_mean(*xs, out=None):
+    r = _np_sum(*xs, out=out) if len(xs) > 1 else _np_identity(xs[0], out=out)
+    return np.multiply(r, r.dtype.type(1.0 / len(xs)), out=r)
+
+
+def _np_max(*xs, out=None):
+    r = np.maximum(xs[0], xs[1], out=out)
+    for x in xs[2:]:
+        np.maximum(r, x, out=r)
+    return r
+
+
+def _np_min(*xs, out=None):
+    r = np.minimum(xs[0], xs[1], out=out)
+    for x in xs[2:]:
+        np.minimum(r, x, out=r)
+    return r
+
+
+def _ne_erf(a: str) -> str:
+    p, (a1, a2, a3, a4, a5) = _ERF_P, _ERF_A
+    t = f"(1/(1+{p}*abs({a})))"
+    poly = f"({a5})"
+    for c in (a4, a3, a2, a1):
+        poly = f"({poly}*{t}+({c}))"
+    poly = f"({poly}*{t})"
+    return f"(where({a}<0,-1,1)*(1-{poly}*exp(-({a})*({a}))))"
+
+
+def _ne_gelu(a: str, approximate: str = "none") -> str:
+    if approximate == "tanh":
+        return f"(0.5*{a}*(1+tanh({math.sqrt(2 / math.pi)!r}*({a}+0.044715*{a}*{a}*{a}))))"
+    return f"(0.5*{a}*(1+{_ne_erf(f'({a}*{1 / math.sqrt(2)!r})')}))"
+
+
+def _ne_clip(a: str, min=None, max=None) -> str:  # noqa: A002
+    if min is not None and math.isfinite(float(min)):
+        a = f"where({a}<{float(min)!r},{float(min)!r},{a})"
+    if max is not None and math.isfinite(float(max)):
+        a = f"where({a}>{float(max)!r},{float(max)!r},{a})"
+    return a
+
+
+def _ne_nary(op: str, *xs: str) -> str:
+    return "(" + op.join(xs) + ")"
+
+
+def _ne_chain(fn: Callable[[str, str], str], *xs: str) -> str:
+    r = xs[0]
+    for x in xs[1:]:
+        r = fn(r, x)
+    return r
+
+
+class OpForm:
+    """How one op type is generated: ``ne(*operand_exprs, **attrs)`` (or None) and ``np``."""
+
+    def __init__(self, ne: Callable[..., str] | None, np_fn: Callable[..., np.ndarray], arity: int | None = 1) -> None:
+        self.ne, self.np, self.arity = ne, np_fn, arity
+
+
+def _u(name: str) -> Callable[..., str]:
+    return lambda a: f"{name}({a})"
+
+
+OPS: dict[str, OpForm] = {
+    "Add": OpForm(lambda a, b: f"({a}+{b})", np.add, 2),
+    "Sub": OpForm(lambda a, b: f"({a}-{b})", np.subtract, 2),
+    "Mul": OpForm(lambda a, b: f"({a}*{b})", np.multiply, 2),
+    "Div": OpForm(lambda a, b: f"({a}/{b})", np.true_divide, 2),
+    "Pow": OpForm(lambda a, b: f"({a}**{b})", _np_pow, 2),
+    "Sum": OpForm(lambda *xs: _ne_nary("+", *xs), _np_sum, None),
+    "Mean": OpForm(lambda *xs: f"({_ne_nary('+', *xs)}/{len(xs)}.0)", _np_mean, None),
+    "Max": OpForm(lambda *xs: _ne_chain(lambda a, b: f"where({a}>{b},{a},{b})", *xs), _np_max, None),
+    "Min": OpForm(lambda *xs: _ne_chain(lambda a, b: f"where({a}<{b},{a},{b})", *xs), _np_min, None),
+    "Neg": OpForm(lambda a: f"(-{a})", np.negative),
+    "Abs": OpForm(_u("abs"), np.abs),
+    "Exp": OpForm(_u("exp"), np.exp),
+    "Log": OpForm(_u("log"), np.log),
+    "Sqrt": OpForm(_u("sqrt"), np.sqrt),
+    "Tanh": OpForm(_u("tanh"), np.tanh),
+    "Sin": OpForm(_u("sin"), np.sin),
+    "Cos": OpForm(_u("cos"), np.cos),
+    "Reciprocal": OpForm(lambda a: f"(1/{a})", np.reciprocal),
+    "Identity": OpForm(lambda a: a, _np_identity),
+    "Relu": OpForm(lambda a: f"where({a}>0,{a},0)", _np_relu),
+    "LeakyRelu": OpForm(lambda a, alpha=0.01: f"where({a}>0,{a},{float(alpha)!r}*{a})", _np_leaky),
+    "Sigmoid": OpForm(lambda a: f"(1/(1+exp(-{a})))", _np_sigmoid),
+    "Silu": OpForm(lambda a: f"({a}/(1+exp(-{a})))", _np_silu),
+    "HardSigmoid": OpForm(lambda a, alpha=0.2, beta=0.5:
+                          _ne_clip(f"({float(alpha)!r}*{a}+{float(beta)!r})", 0.0, 1.0), _np_hardsigmoid),
+    "HardSwish": OpForm(lambda a: f"({a}*{_ne_clip(f'({a}/6.0+0.5)', 0.0, 1.0)})", _np_hardswish),
+    "Clip": OpForm(_ne_clip, _np_clip),
+    "Erf": OpForm(_ne_erf, _np_erf),
+    "Gelu": OpForm(_ne_gelu, _np_gelu),
+    "Elu": OpForm(lambda a, alpha=1.0: f"where({a}>0,{a},{float(alpha)!r}*(exp({a})-1))", _np_elu),
+    "Softplus": OpForm(lambda a: f"log(1+exp({a}))", _np_softplus),
+}
+
+
+def supported(op_type: str) -> bool:
+    return op_type in OPS
+
+
+# ------------------------------------------------------------------------------------------------
+# compilation
+# ------------------------------------------------------------------------------------------------
+_cache: dict[tuple, Callable[..., np.ndarray]] = {}
+_cache_lock = threading.Lock()
+_stats = {"hits": 0, "misses": 0}
+
+
+def cache_info() -> dict[str, int]:
+    """Hits and misses of the generated-kernel cache, and its size."""
+    return {**_stats, "size": len(_cache)}
+
+
+def compile_program(program: str, in_dtypes: Sequence[Any], in_shapes: Sequence[tuple | None], out_dtype: Any,
+                    out_shape: tuple | None, *, anchor: bool = False, mode: str = "auto") -> Callable[..., np.ndarray]:
+    """A callable ``fn(*operands, out=None) -> array`` for ``program``, cached by signature.
+
+    ``operands`` are the values of ``y`` (first, when ``anchor``) and ``a0, a1, ...``; scalars
+    among them may be passed as 0-d arrays. ``mode``: ``"numexpr"``, ``"numpy"`` or ``"auto"``.
+    """
+    key = (program, tuple(str(np.dtype(d)) for d in in_dtypes), tuple(in_shapes), str(np.dtype(out_dtype)), out_shape,
+           anchor, mode)
+    with _cache_lock:
+        fn = _cache.get(key)
+        if fn is not None:
+            _stats["hits"] += 1
+            return fn
+    _stats["misses"] += 1
+    steps = loads(program)
+    names = (["y"] if anchor else []) + [f"a{i}" for i in range(len(in_dtypes) - (1 if anchor else 0))]
+    size = math.prod(out_shape) if out_shape is not None and all(isinstance(d, int) for d in out_shape) else None
+    use_ne = mode == "numexpr" or (mode == "auto" and (size is None or size >= NUMEXPR_MIN_ELEMENTS))
+    fn = None
+    if mode == "numexpr" and all(OPS[op].ne is not None for op, _, _ in steps):
+        fn = _numexpr_kernel(steps, names, in_dtypes, np.dtype(out_dtype))
+    if fn is None:
+        fn = _numpy_kernel(steps, names, np.dtype(out_dtype))
+        if use_ne and mode != "numpy" and out_shape is not None and size is not None and size >= CHUNK_ELEMENTS * 2:
+            fn = _chunked(fn, in_shapes, out_shape, np.dtype(out_dtype))
+    with _cache_lock:
+        _cache[key] = fn
+    return fn
+
+
+#: Ops whose numexpr form repeats an operand: a compound operand is computed once first.
+_REPEATS = frozenset({"Erf", "Gelu", "HardSwish", "HardSigmoid", "Silu", "Relu", "LeakyRelu", "Clip", "Max", "Min",
+                      "Elu"})
+
+
+def _numexpr_kernel(steps: list[Step], names: list[str], dtypes: Sequence[Any], out_dtype: np.dtype):
+    """One numexpr expression per stage: a compound value read more than once (directly or
+    through an op that repeats its operand) is a stage of its own, so nothing is computed twice."""
+    try:
+        import numexpr
+        from numexpr.necompiler import getExprNames, getType
+    except ImportError:  # pragma: no cover - numexpr is a dependency
+        return None
+    if out_dtype.kind != "f":
+        return None
+    import re
+
+    uses: dict[str, int] = {}
+    for op, refs, _ in steps:
+        for r in refs:
+            uses[r] = uses.get(r, 0) + (2 if op in _REPEATS else 1)
+    exprs: dict[str, str] = {n: n for n in names}
+    stages: list[tuple[str, str]] = []  # (temp name, expression)
+    for j, (op, refs, attrs) in enumerate(steps):
+        form = OPS[op]
+        assert form.ne is not None
+        exprs[f"t{j}"] = form.ne(*[exprs[r] for r in refs], **attrs)
+        if j < len(steps) - 1 and uses.get(f"t{j}", 0) > 1 and not re.fullmatch(r"\w+", exprs[f"t{j}"]):
+            stages.append((f"s{len(stages)}", exprs[f"t{j}"]))
+            exprs[f"t{j}"] = stages[-1][0]
+    stages.append(("", exprs[f"t{len(steps) - 1}"]))
+    if sum(len(e) for _, e in stages) > 20000:
+        return None
+
+    def kind(d: Any) -> Any:
+        return getType(np.empty(0, np.dtype(d)))
+
+    all_names = list(names) + [t for t, _ in stages[:-1]]
+    all_types = list(dtypes) + [out_dtype] * (len(stages) - 1)
+    compiled_stages = []
+    for _, text in stages:
+        # numexpr computes in double where a literal meets float32: literals become float32 variables
+        text, consts = _hoist_literals(text, out_dtype)
+        used = set(re.findall(r"\b(y|a\d+|s\d+|k\d+)\b", text))
+        pick = [i for i, n in enumerate(all_names) if n in used]
+        kused = [c for c in consts if c in used]
+        try:
+            sig = [(all_names[i], kind(all_types[i])) for i in pick] + [(c, kind(out_dtype)) for c in kused]
+            raw = numexpr.NumExpr(text, signature=sig)
+            vml = bool(getExprNames(text, {})[1])
+        except Exception:  # noqa: BLE001 - an expression numexpr refuses: use NumPy code
+            return None
+        compiled = functools.partial(raw, ex_uses_vml=vml)
+        compiled_stages.append((compiled, pick, [np.asarray(consts[c], dtype=out_dtype) for c in kused], text))
+    casts = [np.dtype(d) for d in dtypes]
+    n_in = len(names)
+    last = len(compiled_stages) - 1
+
+    def kernel(*args, out=None):
+        env = [a if isinstance(a, np.ndarray) and a.dtype == c else np.asarray(a, dtype=c) for a, c in zip(args, casts)]
+        for k, (compiled, pick, cvals, _) in enumerate(compiled_stages):
+            arrs = [env[i] for i in pick]
+            if k < last:
+                env.append(compiled(*arrs, *cvals, casting="unsafe"))
+            elif out is None:
+                r = compiled(*arrs, *cvals, casting="unsafe")
+                return r if r.dtype == out_dtype else r.astype(out_dtype)
+            else:
+                compiled(*arrs, *cvals, out=out, casting="unsafe")
+                return out
+        raise AssertionError(n_in)  # pragma: no cover
+
+    kernel.mode = "numexpr"  # type: ignore[attr-defined]
+    kernel.source = "; ".join(f"{t or 'out'} = {e}" for _, _, _, e in compiled_stages for t in [""])  # type: ignore[attr-defined]
+    kernel.stages = len(compiled_stages)  # type: ignore[attr-defined]
+    return kernel
+
+
+def _hoist_literals(text: str, dtype: np.dtype) -> tuple[str, dict[str, float]]:
+    import re
+
+    consts: dict[str, float] = {}
+    by_value: dict[str, str] = {}
+
+    def sub(m: re.Match) -> str:
+        lit = m.group(0)
+        if lit not in by_value:
+            by_value[lit] = f"k{len(by_value)}"
+            consts[by_value[lit]] = float(lit)
+        return by_value[lit]
+
+    # numbers not part of a name (a0, t3, k1...)
+    pattern = r"(?<![A-Za-z_0-9.])(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)"
+    if dtype == np.float64:
+        return text, {}
+    return re.sub(pattern, sub, text), consts
+
+
+def _numpy_kernel(steps: list[Step], names: list[str], out_dtype: np.dtype):
+    """Generate straight-line NumPy code; temporaries are reused once their value is dead."""
+    last_use: dict[str, int] = {}
+    for j, (_, refs, _) in enumerate(steps):
+        for r in refs:
+            last_use[r] = j
+    n = len(steps)
+    lines = [f"def kernel({', '.join(names)}, out=None):"]
+    free: list[str] = []  # temporaries (generated, never inputs) whose value is dead
+    env: dict[str, Any] = {"np": np}
+    for j, (op, refs, attrs) in enumerate(steps):
+        fname = f"f{j}"
+        env[fname] = OPS[op].np
+        akw = "".join(f", {k}={v!r}" for k, v in attrs.items())
+        args = ", ".join(refs)
+        # a temporary that dies here may take the result when it has the result's shape
+        dying = [r for r in refs if r[0] == "t" and last_use.get(r) == j]
+        target = "out" if j == n - 1 else None
+        if target is None:
+            for r in dying:
+                if r not in free:
+                    free.append(r)
+            cand = [r for r in free]
+            if cand:
+                t = cand[0]
+                lines.append(f"    _t = {t} if {t}.shape == np.broadcast_shapes({', '.join(_shape(r) for r in refs)}) "
+                             f"and {t}.dtype == _dt else None")
+                lines.append(f"    t{j} = {fname}({args}, out=_t{akw})")
+                free.remove(t)
+            else:
+                lines.append(f"    t{j} = {fname}({args}{akw})")
+        else:
+            lines.append(f"    t{j} = {fname}({args}, out=out{akw})")
+    lines.append(f"    r = t{n - 1}")
+    lines.append("    return r if r.dtype == _dt else r.astype(_dt)")
+    env["_dt"] = out_dtype
+    src = "\n".join(lines)
+    exec(compile(src, "<ge_fusion generated>", "exec"), env)  # noqa: S102 - our own generated code
+    kernel = env["kernel"]
+    kernel.mode = "numpy"
+    kernel.source = src
+    return kernel
+
+
+def _chunked(body, in_shapes: Sequence[tuple | None], out_shape: tuple, out_dtype: np.dtype):
+    """Run ``body`` block by block along the first non-unit axis, so the whole chain of ufuncs
+    works on cache-resident blocks (NumPy's SIMD loops, one pass over memory)."""
+    rank = len(out_shape)
+    ax = next((i for i, d in enumerate(out_shape) if d > 1), None)
+    if ax is None or any(sh is None for sh in in_shapes):
+        return body
+    inner = math.prod(out_shape[ax + 1:])
+    rows = max(1, CHUNK_ELEMENTS // max(1, inner))
+    n = out_shape[ax]
+    if rows >= n:
+        return body
+    # per input: the position of the chunked axis in its own dims, or None (broadcast along it)
+    where: list[int | None] = []
+    for sh in in_shapes:
+        assert sh is not None
+        k = ax - (rank - len(sh))
+        where.append(k if k >= 0 and sh[k] == n else None)
+    starts = range(0, n, rows)
+
+    def kernel(*args, out=None):
+        if out is None:
+            out = np.empty(out_shape, out_dtype)
+        for i in starts:
+            sl = slice(i, i + rows)
+            part = [a if k is None else a[(slice(None),) * k + (sl,)] for a, k in zip(args, where)]
+            body(*part, out=out[(slice(None),) * ax + (sl,)])
+        return out
+
+    kernel.mode = "numpy-blocked"  # type: ignore[attr-defined]
+    kernel.source = getattr(body, "source", "")  # type: ignore[attr-defined]
+    return kernel
+
+
+def _shape(ref: str) -> str:
+    return f"np.shape({ref})"

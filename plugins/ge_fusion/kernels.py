@@ -1,0 +1,252 @@
+"""CPU kernels of the fused ops (backend ``cpu``).
+
+FusedConv runs the cpu backend's own Conv kernel (found through the kernel registry, never by
+importing ge_cpu) into the output buffer and applies its epilogue there, in place. FusedMatMul,
+Attention, LayerNorm and Softmax are NumPy/BLAS code writing into preallocated outputs; the
+elementwise ops run generated kernels (:mod:`ge_fusion.codegen`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ge_core.errors import UnsupportedOpError
+from ge_core.kernel import KernelSpec
+
+from . import codegen
+from .ops import CONV_ATTRS
+
+
+def _refuse(spec: KernelSpec, why: str) -> UnsupportedOpError:
+    return UnsupportedOpError(f"{spec.describe()}: {why}")
+
+
+def _type_of(spec: KernelSpec, i: int):
+    t = spec.inputs[i] if i < len(spec.inputs) else None
+    return (t.dtype if t is not None and t.dtype is not None else np.dtype("float32"),
+            t.shape if t is not None else None)
+
+
+def _out_type(spec: KernelSpec):
+    t = spec.outputs[0]
+    shape = t.shape if t.shape is not None and all(isinstance(d, int) for d in t.shape) else None
+    return (t.dtype if t.dtype is not None else np.dtype("float32")), shape
+
+
+def _static(shape):
+    return tuple(shape) if shape is not None and all(isinstance(d, int) for d in shape) else None
+
+
+def _epilogue(spec: KernelSpec, first_extra: int):
+    """The compiled epilogue of a FusedConv/FusedMatMul (None when it has none)."""
+    program = spec.attr("epilogue", "") or ""
+    if isinstance(program, bytes):
+        program = program.decode()
+    if not program:
+        return None
+    dt, shape = _out_type(spec)
+    dtypes = [dt] + [_type_of(spec, i)[0] for i in range(first_extra, len(spec.inputs))]
+    shapes = [shape] + [_static(_type_of(spec, i)[1]) for i in range(first_extra, len(spec.inputs))]
+    try:
+        return codegen.compile_program(program, dtypes, shapes, dt, shape, anchor=True)
+    except ValueError as e:
+        raise _refuse(spec, f"bad epilogue program: {e}") from None
+
+
+def _mark_out(kernel, inplace: bool = False):
+    kernel.accepts_out = True
+    kernel.inplace_ok = inplace
+    return kernel
+
+
+# ------------------------------------------------------------------------------------------------
+def elemwise_factory(spec: KernelSpec):
+    program = spec.attr("program", "")
+    if isinstance(program, bytes):
+        program = program.decode()
+    dt, shape = _out_type(spec)
+    dtypes = [_type_of(spec, i)[0] for i in range(len(spec.inputs))]
+    shapes = [_static(_type_of(spec, i)[1]) for i in range(len(spec.inputs))]
+    try:
+        fn = codegen.compile_program(program, dtypes, shapes, dt, shape)
+    except ValueError as e:
+        raise _refuse(spec, f"bad program: {e}") from None
+
+    if shape == ():
+        # NumPy turns 0-d results into scalars, which cannot take out=: run on 1-element arrays
+        def kernel(*args, out=None):
+            flat = [a.reshape(1) if isinstance(a, np.ndarray) and a.ndim == 0 else a for a in args]
+            dst = None if out is None else out[0].reshape(1)
+            r = fn(*flat, out=dst)
+            return (out[0] if out is not None else np.asarray(r).reshape(()),)
+    else:
+        def kernel(*args, out=None):
+            return (fn(*args, out=None if out is None else out[0]),)
+
+    kernel.mode = getattr(fn, "mode", "")  # type: ignore[attr-defined]
+    return _mark_out(kernel, inplace=True)
+
+
+def _single(op: str, **attrs: Any):
+    def factory(spec: KernelSpec):
+        a = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in spec.attrs.items() if k in attrs}
+        prog = codegen.dumps([(op, ["a0"], {**attrs, **a})])
+        dt, shape = _out_type(spec)
+        fn = codegen.compile_program(prog, [_type_of(spec, 0)[0]], [_static(_type_of(spec, 0)[1])], dt, shape)
+
+        def kernel(x, out=None):
+            return (fn(x, out=None if out is None else out[0]),)
+
+        return _mark_out(kernel, inplace=True)
+
+    return factory
+
+
+gelu_factory = _single("Gelu", approximate="none")
+silu_factory = _single("Silu")
+
+
+# ------------------------------------------------------------------------------------------------
+def conv_factory(spec: KernelSpec):
+    from ge_core.plugins import get_host
+
+    inner_factory = get_host().registries.kernels_for("cpu").get(("", "Conv"))
+    if inner_factory is None:
+        raise _refuse(spec, "the cpu backend has no Conv kernel to run the convolution")
+    n_conv = min(3, len(spec.inputs))
+    inner_spec = KernelSpec(name=spec.name, op_type="Conv", domain="",
+                            attrs={k: v for k, v in spec.attrs.items() if k in CONV_ATTRS},
+                            inputs=list(spec.inputs[:n_conv]), outputs=list(spec.outputs),
+                            const_inputs=list(spec.const_inputs[:n_conv]), opset=11, options=dict(spec.options))
+    conv = inner_factory(inner_spec)
+    epi = _epilogue(spec, 3)
+
+    def kernel(x, w, b=None, *extra, out=None):
+        # The convolution's own result array (its GEMM writes it contiguously) is read once
+        # more by the epilogue, which writes the planned output: no extra pass over memory.
+        y = conv(x, w, b)[0]
+        target = out[0] if out is not None else (y if y.flags.writeable else None)
+        if epi is not None:
+            return (epi(y, *extra, out=target),)
+        if target is not None and target is not y:
+            np.copyto(target, y)
+            return (target,)
+        return (y,)
+
+    return _mark_out(kernel)
+
+
+def matmul_factory(spec: KernelSpec):
+    trans_a = int(spec.attr("transA", 0))
+    trans_b = int(spec.attr("transB", 0))
+    alpha = float(spec.attr("alpha", 1.0))
+    beta = float(spec.attr("beta", 1.0))
+    dt, _ = _out_type(spec)
+    b_const = spec.const_inputs[1] if len(spec.const_inputs) > 1 else None
+    if b_const is not None:
+        b_const = np.swapaxes(b_const, -1, -2) if trans_b else b_const
+        b_const = np.ascontiguousarray(b_const * b_const.dtype.type(alpha) if alpha != 1.0 else b_const)
+    c_const = spec.const_inputs[2] if len(spec.const_inputs) > 2 else None
+    if c_const is not None and beta != 1.0:
+        c_const = (c_const * c_const.dtype.type(beta)).astype(c_const.dtype)
+    epi = _epilogue(spec, 3)
+
+    def kernel(a, b, c=None, *extra, out=None):
+        if trans_a:
+            a = np.swapaxes(a, -1, -2)
+        scaled = False
+        if b_const is not None:
+            b = b_const
+            scaled = True
+        elif trans_b:
+            b = np.swapaxes(b, -1, -2)
+        y = np.matmul(a, b, out=None if out is None else out[0])
+        if alpha != 1.0 and not scaled:
+            y *= y.dtype.type(alpha)
+        if c is not None:
+            if c_const is not None:
+                y += c_const
+            elif beta != 1.0:
+                y += c * y.dtype.type(beta)
+            else:
+                y += c
+        if epi is not None:
+            epi(y, *extra, out=y)
+        return (y if y.dtype == dt else y.astype(dt),)
+
+    return _mark_out(kernel)
+
+
+def _softmax_inplace(s: np.ndarray, axis: int) -> np.ndarray:
+    s -= s.max(axis=axis, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=axis, keepdims=True)
+    return s
+
+
+def attention_factory(spec: KernelSpec):
+    scale = float(spec.attr("scale", 1.0))
+
+    def kernel(q, kt, v, mask=None, out=None):
+        s = np.matmul(q, kt)
+        if scale != 1.0:
+            s *= s.dtype.type(scale)
+        if mask is not None:
+            s += mask
+        _softmax_inplace(s, -1)
+        return (np.matmul(s, v, out=None if out is None else out[0]),)
+
+    return _mark_out(kernel)
+
+
+def layernorm_factory(spec: KernelSpec):
+    eps = float(spec.attr("epsilon", 1e-5))
+
+    def kernel(x, gamma=None, beta=None, out=None):
+        d = x - x.mean(axis=-1, keepdims=True)
+        var = np.einsum("...i,...i->...", d, d)[..., None]
+        var *= var.dtype.type(1.0 / x.shape[-1])
+        var += var.dtype.type(eps)
+        np.sqrt(var, out=var)
+        d /= var
+        o = None if out is None else out[0]
+        if gamma is not None:
+            y = np.multiply(d, gamma, out=o)
+        elif o is not None:
+            np.copyto(o, d)
+            y = o
+        else:
+            y = d
+        if beta is not None:
+            y += beta
+        return (y,)
+
+    return _mark_out(kernel)
+
+
+def softmax_factory(spec: KernelSpec):
+    axis = int(spec.attr("axis", -1))
+
+    def kernel(x, out=None):
+        if out is None:
+            y = x.astype(x.dtype, copy=True)
+        else:
+            y = out[0]
+            np.copyto(y, x)
+        return (_softmax_inplace(y, axis),)
+
+    return _mark_out(kernel, inplace=True)
+
+
+KERNELS = {
+    "FusedConv": conv_factory,
+    "FusedMatMul": matmul_factory,
+    "FusedElemwise": elemwise_factory,
+    "Attention": attention_factory,
+    "LayerNorm": layernorm_factory,
+    "Softmax": softmax_factory,
+    "Gelu": gelu_factory,
+    "Silu": silu_factory,
+}
