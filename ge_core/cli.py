@@ -249,6 +249,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from .om import inspect_om
 
+    if getattr(args, "source", False):
+        import ge_core as ge
+
+        exe = ge.load_om(args.model).executable
+        src = getattr(exe, "source", None)
+        if src is None:
+            raise OptionError(f"the executor of '{args.model}' ({type(exe).__name__}) generates no source",
+                              hint="compile with the option executor=sink (the default for single-stream schedules)")
+        print(src, end="")
+        return 0
     info = inspect_om(args.model)
     if getattr(args, "memory_plot", None):
         from .memory_plot import plot_om
@@ -397,6 +407,7 @@ def build_parser(with_plugins: bool = True) -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="describe an .om file")
     p.add_argument("model")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--source", action="store_true", help="print the generated code of a sunk model")
     p.add_argument("--memory-plot", metavar="FILE.png", help="draw the memory plan (tensor lifetime by arena offset; needs matplotlib)")
     p.set_defaults(func=cmd_inspect)
 

@@ -159,49 +159,57 @@ class ArenaExecutable(SequentialExecutable):
             self._release(ctx)
 
     def _execute(self, ctx: _Ctx, feeds: Mapping[str, Any]) -> list[Any]:
-        arena = ctx.arena
-        template = ctx.template
-        env = list(template)
+        env = self._start(ctx, feeds)
+        for i in range(len(self.steps)):
+            self._step(i, env, ctx, free=True)
+        return [_as_output(env[s], ctx.arena) for s in self.output_slots]
+
+    def _start(self, ctx: _Ctx, feeds: Mapping[str, Any]) -> list[Any]:
+        env = list(ctx.template)
         for name, s in self.input_slots:
             env[s] = feeds[name]
-        may_share = np.may_share_memory
-        copyto = np.copyto
-        for st, mode, types, reads in zip(self.steps, self._modes, self._out_types, self._noop_reads):
-            if mode == _NOOP and all(env[i] is template[i] for i in reads):
-                continue
-            args = [env[i] if i >= 0 else None for i in st.ins]
-            try:
-                if mode == _OUT:
-                    res = st.fn(*args, out=tuple(env[s] for s in st.outs))
-                else:
-                    res = st.fn(*args)
-            except GEError:
-                raise
-            except Exception as e:
-                shapes = ", ".join("None" if i < 0 else _fmt(env[i]) for i in st.ins)
-                raise ExecutionError(
-                    f"{st.node.describe()} failed on inputs ({shapes}): {type(e).__name__}: {e}",
-                    hint="check the input shapes against the model, or report the kernel bug",
-                ) from e
-            if len(res) < len(st.outs):
-                raise ExecutionError(f"kernel of {st.node.describe()} returned {len(res)} outputs, expected {len(st.outs)}")
-            for s, r, t in zip(st.outs, res, types):
-                view = template[s]
-                if view is not None and t is not None:
-                    if r is view:
-                        env[s] = view
-                        continue
-                    if isinstance(r, np.ndarray) and r.dtype == t[0] and r.shape == t[1]:
-                        copyto(view, r)
-                        env[s] = view
-                        continue
-                # unplanned, or not what the plan expected: the value keeps an array of its own
-                if isinstance(r, np.ndarray) and may_share(r, arena):
-                    r = r.copy()
-                env[s] = r
+        return env
+
+    def _step(self, i: int, env: list[Any], ctx: _Ctx, free: bool) -> None:
+        """Run step ``i`` on ``env`` (the run's values) inside the context's arena."""
+        st = self.steps[i]
+        mode = self._modes[i]
+        template = ctx.template
+        if mode == _NOOP and all(env[j] is template[j] for j in self._noop_reads[i]):
+            return
+        args = [env[j] if j >= 0 else None for j in st.ins]
+        try:
+            if mode == _OUT:
+                res = st.fn(*args, out=tuple(env[s] for s in st.outs))
+            else:
+                res = st.fn(*args)
+        except GEError:
+            raise
+        except Exception as e:
+            shapes = ", ".join("None" if j < 0 else _fmt(env[j]) for j in st.ins)
+            raise ExecutionError(
+                f"{st.node.describe()} failed on inputs ({shapes}): {type(e).__name__}: {e}",
+                hint="check the input shapes against the model, or report the kernel bug",
+            ) from e
+        if len(res) < len(st.outs):
+            raise ExecutionError(f"kernel of {st.node.describe()} returned {len(res)} outputs, expected {len(st.outs)}")
+        for s, r, t in zip(st.outs, res, self._out_types[i]):
+            view = template[s]
+            if view is not None and t is not None:
+                if r is view:
+                    env[s] = view
+                    continue
+                if isinstance(r, np.ndarray) and r.dtype == t[0] and r.shape == t[1]:
+                    np.copyto(view, r)
+                    env[s] = view
+                    continue
+            # unplanned, or not what the plan expected: the value keeps an array of its own
+            if isinstance(r, np.ndarray) and np.may_share_memory(r, ctx.arena):
+                r = r.copy()
+            env[s] = r
+        if free:
             for s in st.free:
                 env[s] = None
-        return [_as_output(env[s], arena) for s in self.output_slots]
 
 
 def _as_output(v: Any, arena: np.ndarray) -> Any:

@@ -326,9 +326,34 @@ class CpuBackend(Backend):
     aliases = ("numpy", "host", "x86", "aarch64", "Ascend310", "Ascend910", "Ascend310P3")
 
     def build(self, model, kernels, options) -> Executable:
+        """Choose the executor (option ``executor``): ``auto`` runs several streams on threads
+        when the schedule has more than one, else the sunk (generated) program in the arena."""
+        from ge_core.errors import OptionError
+        from ge_core.memory import MemoryPlan
+
+        choice = str((getattr(options, "extra", {}) or {}).get("executor", "auto") or "auto").lower()
+        if choice not in EXECUTORS:
+            raise OptionError(f"executor '{choice}' is not one of {', '.join(EXECUTORS)}")
         plan = getattr(model, "memory_plan", None)
-        if plan is not None and plan.arena_bytes > 0:  # run inside the memory plan (arena.py)
+        streams = getattr(model, "streams", None)
+        if choice == "sequential":
+            return SequentialExecutable(model.graph, kernels, options)
+        if plan is None:
+            plan = MemoryPlan({}, 0, "none")  # nothing planned: every value keeps its own array
+        multi = streams is not None and streams.count > 1
+        if choice == "streams" or (choice == "auto" and multi):
+            if multi and streams is not None:
+                from .streams import MultiStreamExecutable
+
+                return MultiStreamExecutable(model.graph, kernels, options, plan, streams)
+        if choice == "arena":
             from .arena import ArenaExecutable
 
             return ArenaExecutable(model.graph, kernels, options, plan)
-        return SequentialExecutable(model.graph, kernels, options)
+        from .sink import SinkExecutable
+
+        return SinkExecutable(model.graph, kernels, options, plan)
+
+
+#: Values of the ``executor`` option of the cpu backend.
+EXECUTORS = ("auto", "sink", "arena", "streams", "sequential")

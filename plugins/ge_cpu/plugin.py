@@ -118,3 +118,13 @@ def _run_ops(args) -> int:
 def ge_register_cli_commands(register):
     register("ops", "list every op and its kernel kind (native, onnx.reference fallback, none)",
              _configure_ops, _run_ops)
+    from . import profile
+
+    register("profile", "run an .om and print time per op and stream; write a Chrome/Perfetto trace",
+             profile.configure, profile.run)
+
+
+@hookimpl
+def ge_register_options(register):
+    register("executor", "auto", "cpu executor: auto (streams when the schedule has several, else sink), "
+                                 "sink (one generated function), arena, streams or sequential")

@@ -10,6 +10,9 @@ from ge_core.plugins import get_host
 from ge_core.schedule import StreamAssignment
 from ge_sdk import GraphBuilder
 
+#: These tests count kernels and op types: keep the fuse stage empty so fusion cannot merge them.
+NO_FUSION = {"pipeline": {"fuse": {"passes": []}}}
+
 
 def kind(node):
     d = get_host().registries.ops.lookup(node.domain, node.op_type)
@@ -74,7 +77,7 @@ def test_concat_inputs_lie_back_to_back_in_the_output():
     assert p.aliases[v.name] == (c.name, 2 * 16 * 4, 5 * 16 * 4)
     root, off, _ = p.aliases[u.name]
     assert root == c.name and off == 0  # u is in place over the conv, which lies at c's start
-    model = ge.compile(g)
+    model = ge.compile(g, NO_FUSION)
     exe = model.executable
     assert exe.noop_steps == 1 and model.report["kernels"] == len(g) - 1
     x = np.random.default_rng(0).standard_normal((1, 3, 4, 4)).astype(np.float32)
@@ -141,11 +144,11 @@ def test_sink_pass_moves_constant_computations_to_their_reader():
     h = b.op("Relu", b.op("MatMul", x, w1))
     b.output(b.op("MatMul", h, w2))
     g = b.build()
-    model = ge.compile(g, {"constant_folding": False})
+    model = ge.compile(g, {"constant_folding": False, **NO_FUSION})
     order = [n.op_type for n in model.schedule]
     assert order == ["ConstantOfShape", "MatMul", "Relu", "ConstantOfShape", "MatMul"], order
     assert model.report["memory"]["lower_bound_bytes"] < 2 * 64 * 64 * 4 + 2 * 256
-    off = ge.compile(g, {"memory_optimize_level": "off", "constant_folding": False})
+    off = ge.compile(g, {"memory_optimize_level": "off", "constant_folding": False, **NO_FUSION})
     assert [n.op_type for n in off.schedule][:2] == ["ConstantOfShape", "ConstantOfShape"]
     xv = np.ones((1, 64), np.float32)
     np.testing.assert_allclose(list(model.run({"x": xv}).values())[0], list(off.run({"x": xv}).values())[0])

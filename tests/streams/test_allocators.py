@@ -49,7 +49,7 @@ def test_inception_v1_dependency_allocator_uses_several_streams():
 
 
 def test_dependency_rule_continues_predecessor_stream():
-    model = ge.compile(branches(4, 3), {"stream_allocator": "dependency"})
+    model = ge.compile(branches(4, 3), {"stream_allocator": "dependency", "opt_level": 0})
     sa = model.streams
     order = model.schedule
     # each MatMul/Tanh chain stays on one stream; four chains give four streams
@@ -63,9 +63,9 @@ def test_dependency_rule_continues_predecessor_stream():
 
 def test_critical_path_spreads_heavy_branches_and_respects_max_streams():
     g = branches(4, 3, size=128)
-    sa = ge.compile(g, {"stream_allocator": "critical_path"}).streams
+    sa = ge.compile(g, {"stream_allocator": "critical_path", "opt_level": 0}).streams
     assert sa.count == 4
-    sa2 = ge.compile(g, {"stream_allocator": "critical_path", "max_streams": 2}).streams
+    sa2 = ge.compile(g, {"stream_allocator": "critical_path", "max_streams": 2, "opt_level": 0}).streams
     assert sa2.count == 2
     assert redundant_events(sa2) == []
 
@@ -81,7 +81,7 @@ def test_long_streams_are_split():
     for _ in range(10):
         v = g.op("Neg", v)
     g.output(v)
-    sa = ge.compile(g.graph, {"stream_allocator": "dependency", "max_stream_nodes": 4}).streams
+    sa = ge.compile(g.graph, {"stream_allocator": "dependency", "max_stream_nodes": 4, "opt_level": 0}).streams
     assert sa.count == 3 and sa.streams == [0] * 4 + [1] * 4 + [2] * 2
     assert sa.events == [(3, 4), (7, 8)]
 

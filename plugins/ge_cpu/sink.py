@@ -1,0 +1,203 @@
+"""Model sinking: the whole schedule turned into one generated Python function at build time.
+
+Instead of interpreting a list of steps per run, the executor writes straight-line source code
+for the schedule: each step is one call (a NumPy ufunc with ``out=`` for simple elementwise ops,
+else the node's kernel), planned buffers of the arena are bound once per execution context as
+closure variables, constants are globals of the generated module, and a value nobody reads any
+more is deleted. A run is then a single call of that function. The source stays inspectable
+(``executable.source``, ``ge inspect --source``); a kernel error is mapped back from the failing
+line of the generated code to its node.
+"""
+
+from __future__ import annotations
+
+import linecache
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ge_core.errors import ExecutionError, GEError
+from ge_core.ir.graph import Graph
+from ge_core.memory import MemoryPlan
+
+from .arena import _CALL, _NOOP, _OUT, ArenaExecutable, _Ctx
+
+#: ONNX ops emitted as a direct NumPy ufunc call when all types agree (float dtypes only).
+_UFUNCS = {
+    "Add": "np.add", "Sub": "np.subtract", "Mul": "np.multiply", "Div": "np.divide",
+    "Neg": "np.negative", "Abs": "np.absolute", "Exp": "np.exp", "Log": "np.log", "Sqrt": "np.sqrt",
+    "Tanh": "np.tanh", "Sin": "np.sin", "Cos": "np.cos", "Reciprocal": "np.reciprocal",
+    "Floor": "np.floor", "Ceil": "np.ceil", "Max": "np.maximum", "Min": "np.minimum",
+}
+
+_counter = iter(range(1, 1 << 62))
+
+
+class SinkExecutable(ArenaExecutable):
+    """One generated function per model; see the module docstring."""
+
+    def __init__(self, graph: Graph, kernels, options, plan: MemoryPlan) -> None:
+        super().__init__(graph, kernels, options, plan)
+        self.filename = f"<ge-sink-{next(_counter)}:{graph.name}>"
+        self.source, self.line_step, ns = self._generate()
+        code = compile(self.source, self.filename, "exec")
+        # keep the source findable for tracebacks and debuggers
+        linecache.cache[self.filename] = (len(self.source), None, self.source.splitlines(True), self.filename)
+        exec(code, ns)
+        self._make = ns["_make"]
+        self._fns: dict[int, Any] = {}
+
+    # -- code generation ---------------------------------------------------------------------------
+    def _generate(self) -> tuple[str, dict[int, int], dict[str, Any]]:
+        ns: dict[str, Any] = {"np": np, "_may_share": np.may_share_memory, "_copyto": np.copyto, "_relu": _relu}
+        planned = {s for s, *_ in self._planned}
+        consts = {s for s, _ in self.const_slots}
+        for s, a in self.const_slots:
+            ns[f"c{s}"] = a
+        last_use: dict[int, int] = {}
+        for i, st in enumerate(self.steps):
+            for s in st.ins:
+                if s >= 0:
+                    last_use[s] = i
+        outputs = set(self.output_slots)
+        inputs = {s for _, s in self.input_slots}
+
+        def ref(s: int) -> str:
+            if s < 0:
+                return "None"
+            if s in consts:
+                return f"c{s}"
+            return f"v{s}"
+
+        lines: list[str] = []
+        line_step: dict[int, int] = {}
+        head = ["def _make(T, arena):"]
+        for s in sorted(planned):
+            head.append(f"    t{s} = T[{s}]")
+        head.append("    def run(feeds):")
+        body: list[tuple[str, int]] = []
+        for name, s in self.input_slots:
+            body.append((f"v{s} = feeds[{name!r}]", -1))
+        for i, st in enumerate(self.steps):
+            ns[f"k{i}"] = st.fn
+            mode = self._modes[i]
+            args = ", ".join(ref(s) for s in st.ins)
+            node = st.node
+            outs = st.outs
+            types = self._out_types[i]
+            direct = self._ufunc(node, st)
+            if mode == _NOOP:
+                reads = self._noop_reads[i]
+                cond = " and ".join(f"{ref(j)} is t{j}" for j in reads if j in planned) or "True"
+                body.append((f"if {cond}:", i))
+                for s in outs:
+                    body.append((f"    v{s} = t{s}", i))
+                body.append(("else:", i))
+                self._emit_call(body, i, "    ", args, outs, types, planned, mode=_CALL)
+            elif direct is not None and len(outs) == 1:
+                s = outs[0]
+                if s in planned:
+                    body.append((f"v{s} = {direct}({args}, out=t{s})", i))
+                else:
+                    body.append((f"v{s} = {direct}({args})", i))
+            else:
+                self._emit_call(body, i, "", args, outs, types, planned, mode=mode)
+            # drop values nobody reads any more (planned ones live in the arena anyway)
+            dead = [s for s in st.ins if s >= 0 and last_use.get(s) == i and s not in outputs
+                    and s not in consts and s not in inputs and s not in planned]
+            dead += [s for s in outs if s not in last_use and s not in outputs and s not in planned]
+            if dead:
+                body.append(("del " + ", ".join(f"v{s}" for s in sorted(set(dead))), i))
+        rets = []
+        for s in self.output_slots:
+            rets.append(ref(s) if s in consts else f"v{s}")
+        body.append((f"return [{', '.join(rets)}]", -1))
+        lines.extend(head)
+        first = len(lines) + 1
+        for k, (text, step) in enumerate(body):
+            lines.append("        " + text)
+            if step >= 0:
+                line_step[first + k] = step
+        lines.append("    return run")
+        return "\n".join(lines) + "\n", line_step, ns
+
+    @staticmethod
+    def _emit_call(body, i, ind, args, outs, types, planned, mode) -> None:
+        if mode == _OUT:
+            outs_t = ", ".join(f"t{s}" for s in outs) + ("," if len(outs) == 1 else "")
+            body.append((f"{ind}_r = k{i}({args}, out=({outs_t}))", i))
+        else:
+            body.append((f"{ind}_r = k{i}({args})", i))
+        for j, (s, t) in enumerate(zip(outs, types)):
+            body.append((f"{ind}v{s} = _r[{j}]", i))
+            if s in planned and t is not None:
+                dt, shape = t
+                body.append((f"{ind}if v{s} is not t{s}:", i))
+                body.append((f"{ind}    if v{s}.dtype == t{s}.dtype and v{s}.shape == t{s}.shape:", i))
+                body.append((f"{ind}        _copyto(t{s}, v{s}); v{s} = t{s}", i))
+                body.append((f"{ind}    elif _may_share(v{s}, arena):", i))
+                body.append((f"{ind}        v{s} = v{s}.copy()", i))
+            elif mode == _CALL:
+                body.append((f"{ind}if isinstance(v{s}, np.ndarray) and _may_share(v{s}, arena): v{s} = v{s}.copy()", i))
+
+    def _ufunc(self, node, st) -> str | None:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in _UFUNCS and node.op_type != "Relu":
+            return None
+        out_t = node.outputs[0].type
+        if out_t.dtype is None or out_t.dtype.kind != "f" or not out_t.is_static:
+            return None
+        for v in node.inputs:
+            if v is None or v.type.dtype != out_t.dtype or not v.type.is_static:
+                return None
+        n_in = len(node.inputs)
+        if node.op_type == "Relu":
+            return None if n_in != 1 else "_relu"
+        if node.op_type in ("Max", "Min") and n_in != 2:
+            return None
+        if node.op_type in ("Add", "Sub", "Mul", "Div", "Max", "Min") and n_in != 2:
+            return None
+        if node.op_type not in ("Add", "Sub", "Mul", "Div", "Max", "Min") and n_in != 1:
+            return None
+        return _UFUNCS[node.op_type]
+
+    # -- run ---------------------------------------------------------------------------------------
+    def _fn_for(self, ctx: _Ctx):
+        key = id(ctx)
+        fn = self._fns.get(key)
+        if fn is None or fn[0] is not ctx:
+            fn = (ctx, self._make(ctx.template, ctx.arena))
+            self._fns[key] = fn
+        return fn[1]
+
+    def _execute(self, ctx: _Ctx, feeds: Mapping[str, Any]) -> list[Any]:
+        fn = self._fn_for(ctx)
+        try:
+            outs = fn(feeds)
+        except GEError:
+            raise
+        except Exception as e:
+            raise self._explain(e, feeds) from e
+        arena = ctx.arena
+        return [o.copy() if isinstance(o, np.ndarray) and np.may_share_memory(o, arena) else o for o in outs]
+
+    def _explain(self, e: Exception, feeds) -> ExecutionError:
+        tb = sys.exc_info()[2]
+        step = None
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename == self.filename:
+                step = self.line_step.get(tb.tb_lineno, step)
+            tb = tb.tb_next
+        if step is None:
+            return ExecutionError(f"the generated model code failed: {type(e).__name__}: {e}")
+        st = self.steps[step]
+        return ExecutionError(
+            f"{st.node.describe()} failed: {type(e).__name__}: {e}",
+            hint="check the input shapes against the model, or report the kernel bug",
+        )
+
+
+def _relu(x, out=None):
+    return np.maximum(x, x.dtype.type(0), out=out)
+
