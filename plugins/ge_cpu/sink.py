@@ -22,7 +22,7 @@ from ge_core.errors import ExecutionError, GEError
 from ge_core.ir.graph import Graph
 from ge_core.memory import MemoryPlan
 
-from .arena import _CALL, _NOOP, _OUT, ArenaExecutable, _Ctx
+from .arena import _CALL, _NOOP, _OUT, ArenaExecutable, _Ctx, _fmt
 
 #: ONNX ops emitted as a direct NumPy ufunc call when all types agree (float dtypes only).
 _UFUNCS = {
@@ -184,16 +184,24 @@ class SinkExecutable(ArenaExecutable):
 
     def _explain(self, e: Exception, feeds) -> ExecutionError:
         tb = sys.exc_info()[2]
-        step = None
+        step, frame = None, None
         while tb is not None:
-            if tb.tb_frame.f_code.co_filename == self.filename:
-                step = self.line_step.get(tb.tb_lineno, step)
+            if tb.tb_frame.f_code.co_filename == self.filename and tb.tb_lineno in self.line_step:
+                step, frame = self.line_step[tb.tb_lineno], tb.tb_frame
             tb = tb.tb_next
-        if step is None:
+        if step is None or frame is None:
             return ExecutionError(f"the generated model code failed: {type(e).__name__}: {e}")
         st = self.steps[step]
+        local, glob = frame.f_locals, frame.f_globals
+        shown = []
+        for j in st.ins:
+            if j < 0:
+                shown.append("None")
+                continue
+            v = local.get(f"v{j}", glob.get(f"c{j}"))
+            shown.append(_fmt(v) if v is not None else "?")
         return ExecutionError(
-            f"{st.node.describe()} failed: {type(e).__name__}: {e}",
+            f"{st.node.describe()} failed on inputs ({', '.join(shown)}): {type(e).__name__}: {e}",
             hint="check the input shapes against the model, or report the kernel bug",
         )
 

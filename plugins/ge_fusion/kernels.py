@@ -74,13 +74,19 @@ def elemwise_factory(spec: KernelSpec):
     except ValueError as e:
         raise _refuse(spec, f"bad program: {e}") from None
 
+    # NumPy turns 0-d results into scalars, which cannot take out=: give 0-d operands shape (1,)
+    # (which broadcasts the same against any output of rank >= 1) and a 0-d output a 1-element view.
+    scalar_in = [i for i, sh in enumerate(shapes) if sh == ()]
     if shape == ():
-        # NumPy turns 0-d results into scalars, which cannot take out=: run on 1-element arrays
         def kernel(*args, out=None):
             flat = [a.reshape(1) if isinstance(a, np.ndarray) and a.ndim == 0 else a for a in args]
             dst = None if out is None else out[0].reshape(1)
             r = fn(*flat, out=dst)
             return (out[0] if out is not None else np.asarray(r).reshape(()),)
+    elif scalar_in:
+        def kernel(*args, out=None):
+            flat = [a.reshape(1) if isinstance(a, np.ndarray) and a.ndim == 0 else a for a in args]
+            return (fn(*flat, out=None if out is None else out[0]),)
     else:
         def kernel(*args, out=None):
             return (fn(*args, out=None if out is None else out[0]),)

