@@ -78,6 +78,15 @@ def _as_output(v: Any) -> Any:
     return np.asarray(v)
 
 
+def _dense(a: Any) -> Any:
+    """A constant stored as one value broadcast to its shape (folded ConstantOfShape, or a splat
+    weight from an .om) becomes a real array once, at build time: BLAS and the convolution GEMM
+    cannot use zero-stride operands and would fall back to slow generic loops."""
+    if isinstance(a, np.ndarray) and a.ndim and a.size > 1 and 0 in a.strides:
+        return np.ascontiguousarray(a)
+    return a
+
+
 class _Program:
     """The prepared steps of one graph (the main graph or a subgraph body)."""
 
@@ -92,7 +101,7 @@ class _Program:
 
         self.input_slots = [(v.name, slot_of(v)) for v in graph.inputs]
         self.extern_slots = [slot_of(v) for v in extern]
-        self.const_slots = [(slot_of(v), v.const_value) for v in graph.constants.values()]
+        self.const_slots = [(slot_of(v), _dense(v.const_value)) for v in graph.constants.values()]
         problems: list[str] = []
         missing: list[Node] = []
         steps: list[_Step] = []
