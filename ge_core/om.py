@@ -15,7 +15,8 @@ import os
 from typing import Any
 
 from . import __version__
-from .errors import GEError, OmFormatError
+from .errors import GEError, OmFormatError, UnsupportedOpError
+from .ir.verify import verify_graph
 from .memory import MemoryPlan
 from .model import CompiledModel
 from .om_container import read_container, write_container
@@ -49,7 +50,11 @@ def model_definition(model: CompiledModel) -> tuple[dict[str, Any], WeightWriter
 def save_om(model: CompiledModel, path: str) -> str:
     if not path:
         raise GEError("no output path given for the .om file")
-    d, weights = model_definition(model)
+    try:
+        d, weights = model_definition(model)
+    except MemoryError:
+        raise GEError(f"cannot save '{path}': the model's constants do not fit in memory",
+                      hint="a pass may have folded a huge constant; disable constant folding") from None
     try:
         blob = json.dumps(d, separators=(",", ":"), allow_nan=False, default=_json_default).encode("utf-8")
     except (TypeError, ValueError) as e:
@@ -105,6 +110,14 @@ def load_om(path: str | os.PathLike, *, host=None, verify_checksums: bool = True
             raise OmFormatError(f"'{path}' has no weights partition", hint="re-create it with `ge compile`")
         blob = container.partition("weights")
         graph = read_graph(d.get("graph"), d.get("weights", []), blob, f"'{path}'")
+        host = host or get_host()
+        try:  # every node names a registered op with a valid arity, before a backend sees it
+            verify_graph(graph, op_registry=host.registries.ops)
+        except UnsupportedOpError:
+            raise  # the op's plugin is missing here, or a node has the wrong number of inputs
+        except GEError as e:
+            raise OmFormatError(f"'{path}': the stored graph is invalid: {e}",
+                                hint="re-create it with `ge compile` (with the plugins it needs installed)") from None
         n = len(graph)
         streams = _read_streams(d.get("streams"), n, path)
         plan = _read_plan(d.get("memory_plan"), path)
@@ -117,7 +130,7 @@ def load_om(path: str | os.PathLike, *, host=None, verify_checksums: bool = True
         except GEError as e:
             raise OmFormatError(f"'{path}': stored compile options are invalid: {e}") from None
         report: dict[str, Any] = d["report"] if isinstance(d.get("report"), dict) else {}
-        model = CompiledModel(graph, options, streams=streams, memory_plan=plan, report=report, host=host or get_host())
+        model = CompiledModel(graph, options, streams=streams, memory_plan=plan, report=report, host=host)
         model.source = path
         model._keepalive = container
         _ = model.executable  # build now so a broken model fails at load, not at first run
@@ -175,7 +188,7 @@ def inspect_om(path: str) -> dict[str, Any]:
         "inputs": g.get("inputs"),
         "outputs": g.get("outputs"),
         "nodes": len(nodes),
-        "constants": len(g.get("constants", []) or []),
+        "constants": len(g["constants"]) if isinstance(g.get("constants"), list) else 0,
         "opset_imports": g.get("opset_imports"),
         "soc_version": d["options"].get("soc_version") if isinstance(d.get("options"), dict) else None,
     }

@@ -22,6 +22,8 @@ FORMAT_VERSION = 1
 WEIGHT_ALIGNMENT = 64
 MAX_RANK = 64
 MAX_NAME = 4096
+#: Largest single constant written to an .om (a broadcast view from folding can claim terabytes).
+MAX_WEIGHT_BYTES = 1 << 34
 _ALLOWED_DTYPES = {
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "float32", "float64", "complex64", "complex128", "bfloat16", "string",
@@ -45,6 +47,13 @@ class WeightWriter:
             return self._ids[key]
         idx = len(self.table)
         entry: dict[str, Any] = {"dtype": dtype_name(a.dtype), "shape": [int(d) for d in a.shape]}
+        if a.dtype != np.dtype(object) and a.nbytes > MAX_WEIGHT_BYTES:
+            raise GEError(
+                f"a constant of shape {list(a.shape)} ({dtype_name(a.dtype)}) would take {a.nbytes} bytes in the .om, "
+                f"more than {MAX_WEIGHT_BYTES}",
+                hint="a pass folded a huge constant (e.g. ConstantOfShape with a huge shape); disable constant "
+                     "folding or fix the model",
+            )
         if a.dtype == np.dtype(object):
             entry["strings"] = [_str(x) for x in a.reshape(-1).tolist()]
             self.arrays.append(a)
@@ -243,10 +252,11 @@ class GraphReader:
         shape = self.shape(e.get("shape"), f"weight {i} shape")
         if shape is None or any(not isinstance(s, int) for s in shape):
             self.fail(f"weight {i} has no static shape")
-        count = 1
+        count = span = 1
         for s in shape:
             count *= s
-            if count > 2**40:
+            span *= max(s, 1)  # a 0 dim must not hide absurd other dims (NumPy refuses those)
+            if span > 2**40:
                 self.fail(f"weight {i} claims an absurd element count")
         if dt == np.dtype(object):
             strings = self._list(e.get("strings"), f"weight {i} strings")

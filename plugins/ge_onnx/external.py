@@ -18,6 +18,20 @@ from ge_core.errors import ModelFileError, SecurityError
 #: A tensor whose dense form would exceed this many bytes is refused (sparse or hostile dims).
 MAX_TENSOR_BYTES = 1 << 34  # 16 GiB
 
+#: A sparse tensor is densified only if its dense form has at most this many elements, or at
+#: most SPARSE_MAX_RATIO times its stored values: a few bytes claiming billions of zeros are refused.
+SPARSE_FREE_ELEMENTS = 1 << 22
+SPARSE_MAX_RATIO = 1024
+#: The dense bytes all sparse tensors of one model may add beyond SPARSE_MAX_RATIO x their values.
+SPARSE_MODEL_BUDGET = 1 << 30
+
+
+class SparseBudget:
+    """Dense bytes left for the sparse tensors of one model (shared by all its graphs)."""
+
+    def __init__(self, nbytes: int = SPARSE_MODEL_BUDGET) -> None:
+        self.left = nbytes
+
 
 def _itemsize(data_type: int) -> int | None:
     from onnx import TensorProto, helper
@@ -109,7 +123,7 @@ def read_external(tensor, base_dir: str | None, model_path: str) -> np.ndarray:
     """The array of a tensor whose ``data_location`` is EXTERNAL (the proto is not modified)."""
     from onnx import TensorProto, numpy_helper
 
-    info = {e.key: e.value for e in tensor.external_data}
+    info = {_text(e.key): _text(e.value) for e in tensor.external_data}
     if base_dir is None:
         raise ModelFileError(
             f"tensor '{tensor.name}' of {model_path} is stored in external file '{info.get('location', '?')}' "
@@ -155,6 +169,17 @@ def read_external(tensor, base_dir: str | None, model_path: str) -> np.ndarray:
     return numpy_helper.to_array(t)
 
 
+def _text(x: Any) -> str:
+    """An external_data key or value: protobuf hands back bytes when they are not valid UTF-8."""
+    if isinstance(x, bytes):
+        try:
+            return x.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ModelFileError(f"external data entry {x[:60]!r} is not valid UTF-8",
+                                 hint="the model file is corrupt") from None
+    return x
+
+
 def tensor_to_array(tensor, base_dir: str | None, model_path: str) -> np.ndarray:
     """A TensorProto as a NumPy array, reading external data safely; errors are GEErrors."""
     from onnx import TensorProto, numpy_helper
@@ -187,8 +212,8 @@ def _decode(x: Any) -> Any:
     return x
 
 
-def sparse_to_array(sp, base_dir: str | None, model_path: str) -> np.ndarray:
-    """The dense array of a SparseTensorProto."""
+def sparse_to_array(sp, base_dir: str | None, model_path: str, budget: SparseBudget | None = None) -> np.ndarray:
+    """The dense array of a SparseTensorProto (sizes checked before anything is allocated)."""
     values = tensor_to_array(sp.values, base_dir, model_path)
     indices = tensor_to_array(sp.indices, base_dir, model_path).astype(np.int64, copy=False)
     dims = [int(d) for d in sp.dims]
@@ -197,8 +222,18 @@ def sparse_to_array(sp, base_dir: str | None, model_path: str) -> np.ndarray:
         if d < 0:
             raise ModelFileError(f"sparse tensor '{sp.values.name}' of {model_path} has a negative dim")
         n *= d
-    if n * max(values.dtype.itemsize, 1) > MAX_TENSOR_BYTES:
-        raise SecurityError(f"sparse tensor '{sp.values.name}' of {model_path} would take {n * values.dtype.itemsize} bytes densely")
+    nbytes = n * max(values.dtype.itemsize, 1)
+    what = f"sparse tensor '{sp.values.name}' of {model_path}"
+    if nbytes > MAX_TENSOR_BYTES or n > max(SPARSE_FREE_ELEMENTS, SPARSE_MAX_RATIO * values.size):
+        raise SecurityError(
+            f"{what} has {values.size} stored values but dims {dims} would take {nbytes} bytes densely; "
+            "refusing to allocate", hint="the model is corrupt or hostile")
+    if budget is not None and n > SPARSE_MAX_RATIO * values.size:
+        if nbytes > budget.left:
+            raise SecurityError(f"{what}: the sparse tensors of the model would take more than "
+                                f"{SPARSE_MODEL_BUDGET} bytes densely; refusing to allocate",
+                                hint="the model is corrupt or hostile")
+        budget.left -= nbytes
     dense = np.zeros(n, dtype=values.dtype)
     flat_vals = values.reshape(-1)
     if indices.ndim == 2:

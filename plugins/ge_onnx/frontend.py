@@ -25,7 +25,7 @@ from ge_core.ir.graph import Graph, Node, Value
 from ge_core.ir.types import TensorType
 from ge_core.registry import close_matches
 
-from .external import sparse_to_array, tensor_to_array
+from .external import SparseBudget, sparse_to_array, tensor_to_array
 
 #: Suffixes of other frameworks' files, never claimed by content sniffing.
 _OTHER_FORMATS = (".pb", ".pbtxt", ".h5", ".hdf5", ".keras", ".om", ".tflite", ".caffemodel", ".prototxt",
@@ -151,6 +151,7 @@ class _Builder:
         #: tensor names defined in the main graph, and values of subgraphs by name.
         self.main_defined: set[str] = set()
         self.sub_values: dict[str, Value] = {}
+        self.sparse_budget = SparseBudget()
 
     # -- attributes ----------------------------------------------------------------------------
     def attr_value(self, a, graph: Graph, scope: dict[str, Value], node_name: str) -> Any:
@@ -186,9 +187,9 @@ class _Builder:
         if t == A.TENSORS:
             return [tensor_to_array(x, self.base_dir, self.name) for x in a.tensors]
         if t == A.SPARSE_TENSOR:
-            return sparse_to_array(a.sparse_tensor, self.base_dir, self.name)
+            return sparse_to_array(a.sparse_tensor, self.base_dir, self.name, self.sparse_budget)
         if t == A.SPARSE_TENSORS:
-            return [sparse_to_array(x, self.base_dir, self.name) for x in a.sparse_tensors]
+            return [sparse_to_array(x, self.base_dir, self.name, self.sparse_budget) for x in a.sparse_tensors]
         if t == A.GRAPH:
             return self.build_graph(a.g, parent=graph, outer=scope, label=f"{node_name}.{a.name}")
         if t == A.GRAPHS:
@@ -244,7 +245,7 @@ class _Builder:
             init_names.add(t.name)
         for sp in gp.sparse_initializer:
             nm = sp.values.name
-            arr = sparse_to_array(sp, self.base_dir, self.name)
+            arr = sparse_to_array(sp, self.base_dir, self.name, self.sparse_budget)
             v = self._track(g.add_constant(arr, self._name(g, nm, main, "initializer")), main)
             define(nm, v)
             init_names.add(nm)
@@ -406,6 +407,27 @@ class _Builder:
             scope[o] = v
 
 
+def _check_text_fields(msg, source: str, path: str = "model") -> None:
+    """Refuse a model with a ``string`` field that is not valid UTF-8 (protobuf then hands back
+    bytes, which would become names of the IR and break everything downstream)."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    for fd, value in msg.ListFields():
+        repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == F.LABEL_REPEATED
+        if fd.type == F.TYPE_STRING:
+            values = value if repeated else (value,)
+            for v in values:
+                if not isinstance(v, str):
+                    raise ModelFileError(f"{source}: {path}.{fd.name} is not valid UTF-8 ({bytes(v)[:40]!r})",
+                                         hint="the model file is corrupt")
+        elif fd.type == F.TYPE_MESSAGE:
+            if repeated:
+                for i, m in enumerate(value):
+                    _check_text_fields(m, source, f"{path}.{fd.name}[{i}]")
+            else:
+                _check_text_fields(value, source, f"{path}.{fd.name}")
+
+
 def _captured_names(n) -> list[str]:
     """Names read inside the subgraphs of node ``n`` (implicit inputs)."""
     out: list[str] = []
@@ -548,6 +570,7 @@ class OnnxFrontend(Frontend):
         return graph
 
     def _build(self, model, name: str, base_dir: str | None, input_shape, out_nodes) -> Graph:
+        _check_text_fields(model, name)
         functions = [f"{f.domain}::{f.name}" for f in model.functions]
         if functions:
             model = _inline_functions(model, name)

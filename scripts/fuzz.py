@@ -1,0 +1,86 @@
+#!/usr/bin/env python
+"""Longer fuzzing campaigns of the readers (the test suite runs short ones: tests/fuzz).
+
+    python scripts/fuzz.py                          # every target, 20,000 cases each
+    python scripts/fuzz.py --target onnx --seconds 600 --seed 7
+    python scripts/fuzz.py --target om --cases 100000 --crash-dir crashes/
+    python scripts/fuzz.py --target onnx --replay 1234 --seed 7   # re-run one case, in process
+
+Each target runs in a child process with its address space capped (--mem-limit-mb), so a
+hostile size that makes a reader allocate gigabytes is a crash, not a swap storm; a segfault
+or a C-level hang is caught from outside. Figures per target: cases, outcomes (ok or the
+GEError subclass), GEErrors that wrap an internal exception, crashes with their mutation and
+traceback; crash inputs go to --crash-dir. Exit status 1 if any target crashed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "fuzz"))
+
+import fuzz_engine  # noqa: E402
+
+TARGETS = ("onnx", "om", "config", "switch")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", action="append", choices=TARGETS, help="target(s) to run (default: all)")
+    ap.add_argument("--cases", type=int, help="cases per target (default 20000 unless --seconds)")
+    ap.add_argument("--seconds", type=float, help="time per target")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--start", type=int, default=0, help="index of the first case")
+    ap.add_argument("--mem-limit-mb", type=int, default=fuzz_engine.DEFAULT_MEM_LIMIT >> 20,
+                    help="address-space cap of the child (0: none)")
+    ap.add_argument("--crash-dir", help="save the input of every crash here")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--replay", type=int, metavar="INDEX", help="run one case in this process, with its traceback")
+    a = ap.parse_args(argv)
+    targets = a.target or list(TARGETS)
+    if a.replay is not None:
+        return _replay(targets[0], a.seed, a.replay)
+    cases = a.cases if a.cases is not None or a.seconds is not None else 20000
+    results = []
+    for t in targets:
+        limit = (a.seconds or 0) + 600 if a.seconds else max(600.0, (cases or 0) * 0.05)
+        s = fuzz_engine.run_in_subprocess(t, cases=cases, seconds=a.seconds, seed=a.seed, start=a.start,
+                                          mem_limit=(a.mem_limit_mb << 20) or None, timeout=limit,
+                                          crash_dir=os.path.abspath(a.crash_dir) if a.crash_dir else None)
+        results.append(s)
+        if not a.json:
+            print(fuzz_engine.format_stats(s), flush=True)
+    if a.json:
+        print(json.dumps(results, indent=2))
+    return 1 if any(s["crashes"] for s in results) else 0
+
+
+def _replay(name: str, seed: int, index: int) -> int:
+    import random
+    import tempfile
+    import traceback
+
+    os.environ.setdefault("GE_DEBUG", "1")
+    target = fuzz_engine.get_target(name)
+    target.warm_up()  # type: ignore[attr-defined]
+    with tempfile.TemporaryDirectory() as tmp:
+        target.setup(tmp)
+        ctx: dict = {"mutation": "", "input": None}
+        try:
+            label = target.case(random.Random(f"{seed}:{index}"), index, ctx)
+            print(f"case {index}: {label}")
+        except BaseException as e:  # noqa: BLE001
+            traceback.print_exc()
+            if e.__cause__ is not None:
+                print("caused by:")
+                traceback.print_exception(e.__cause__)
+        print(f"mutation: {ctx['mutation']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
