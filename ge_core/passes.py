@@ -276,6 +276,8 @@ class PassManager:
         params.update(user)
         pctx = PassContext(ctx.options, ctx.registries, params, ctx.stats)
         guarded = not getattr(p, "required", False) and self.guard(p)
+        origin = ctx.registries.passes.origin(p.name) if ctx.registries is not None else None
+        who = f"pass '{p.name}'" + (f" of plugin '{origin}'" if origin else "")
         if self.progress is not None:
             self.progress(f"{stage}: {p.name}" + (f" (round {iteration + 1})" if iteration else ""))
         snapshot = graph.copy() if guarded else None
@@ -286,17 +288,17 @@ class PassManager:
             try:
                 changed = p.run(graph, pctx)
             except GEError as e:
-                raise PassError(f"pass '{p.name}' (stage {stage}) failed: {e}{self._history()}") from e
+                raise PassError(f"{who} (stage {stage}) failed: {e}{self._history()}") from e
             except Exception as e:
                 raise PassError(
-                    f"pass '{p.name}' (stage {stage}) raised {type(e).__name__}: {e}{self._history()}",
+                    f"{who} (stage {stage}) raised {type(e).__name__}: {e}{self._history()}",
                     hint="this is a bug in the pass; disable it with disabled_passes to go on",
                 ) from e
             if not isinstance(changed, bool):
                 if changed is None or isinstance(changed, int):
                     changed = bool(changed)
                 else:
-                    raise PassError(f"pass '{p.name}' (stage {stage}) returned {type(changed).__name__}, not bool"
+                    raise PassError(f"{who} (stage {stage}) returned {type(changed).__name__}, not bool"
                                     f"{self._history()}", hint="a pass returns whether it changed the graph")
             if self.verify_each or guarded:
                 try:
@@ -306,7 +308,7 @@ class PassManager:
 
                         verify_graph(graph, op_registry=ctx.registries.ops)
                 except GEError as e:
-                    raise PassError(f"pass '{p.name}' (stage {stage}) left an invalid graph: {e}{self._history()}") from e
+                    raise PassError(f"{who} (stage {stage}) left an invalid graph: {e}{self._history()}") from e
         except PassError as e:
             if snapshot is None or self.strict:
                 raise

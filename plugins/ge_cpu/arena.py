@@ -188,11 +188,11 @@ class ArenaExecutable(SequentialExecutable):
         except Exception as e:
             shapes = ", ".join("None" if j < 0 else _fmt(env[j]) for j in st.ins)
             raise ExecutionError(
-                f"{st.node.describe()} failed on inputs ({shapes}): {type(e).__name__}: {e}",
+                f"{st.who()} failed on inputs ({shapes}): {type(e).__name__}: {e}",
                 hint="check the input shapes against the model, or report the kernel bug",
             ) from e
         if len(res) < len(st.outs):
-            raise ExecutionError(f"kernel of {st.node.describe()} returned {len(res)} outputs, expected {len(st.outs)}")
+            raise ExecutionError(f"{st.who()}: the kernel returned {len(res)} outputs, expected {len(st.outs)}")
         for s, r, t in zip(st.outs, res, self._out_types[i]):
             view = template[s]
             if view is not None and t is not None:

@@ -36,10 +36,15 @@ from ge_core.ops import OpRegistry
 
 
 class _Step:
-    __slots__ = ("fn", "ins", "outs", "free", "node")
+    __slots__ = ("fn", "ins", "outs", "free", "node", "origin")
 
-    def __init__(self, fn, ins, outs, free, node):
+    def __init__(self, fn, ins, outs, free, node, origin=None):
         self.fn, self.ins, self.outs, self.free, self.node = fn, ins, outs, free, node
+        self.origin = origin
+
+    def who(self) -> str:
+        """The node, and the plugin whose kernel runs it (for error messages)."""
+        return self.node.describe() + (f" [kernel of plugin '{self.origin}']" if self.origin else "")
 
 
 def _node_reads(node: Node) -> Iterator[Value]:
@@ -78,12 +83,20 @@ def _as_output(v: Any) -> Any:
     return np.asarray(v)
 
 
+#: Broadcast constants up to this size are materialised at build time (larger ones stay views).
+DENSE_LIMIT_BYTES = 1 << 30
+
+
 def _dense(a: Any) -> Any:
     """A constant stored as one value broadcast to its shape (folded ConstantOfShape, or a splat
     weight from an .om) becomes a real array once, at build time: BLAS and the convolution GEMM
-    cannot use zero-stride operands and would fall back to slow generic loops."""
-    if isinstance(a, np.ndarray) and a.ndim and a.size > 1 and 0 in a.strides:
-        return np.ascontiguousarray(a)
+    cannot use zero-stride operands and would fall back to slow generic loops. A hostile or huge
+    one (over DENSE_LIMIT_BYTES) stays a broadcast view rather than exhausting memory."""
+    if isinstance(a, np.ndarray) and a.ndim and a.size > 1 and 0 in a.strides and a.nbytes <= DENSE_LIMIT_BYTES:
+        try:
+            return np.ascontiguousarray(a)
+        except MemoryError:
+            return a
     return a
 
 
@@ -136,7 +149,8 @@ class _Program:
             for s in ins:
                 if s >= 0:
                     last_use[s] = i
-            steps.append(_Step(fn, ins, outs, (), node))
+            origin = kernels.origin((OpRegistry.norm_domain(node.domain), node.op_type)) if hasattr(kernels, "origin") else None
+            steps.append(_Step(fn, ins, outs, (), node, origin))
         if missing:
             by: dict[tuple[str, str], list[str]] = {}
             for n in missing:
@@ -181,11 +195,11 @@ class _Program:
             except Exception as e:
                 shapes = ", ".join("None" if i < 0 else _fmt(env[i]) for i in st.ins)
                 raise ExecutionError(
-                    f"{st.node.describe()} failed on inputs ({shapes}): {type(e).__name__}: {e}",
+                    f"{st.who()} failed on inputs ({shapes}): {type(e).__name__}: {e}",
                     hint="check the input shapes against the model, or report the kernel bug",
                 ) from e
             if len(res) < len(st.outs):
-                raise ExecutionError(f"kernel of {st.node.describe()} returned {len(res)} outputs, expected {len(st.outs)}")
+                raise ExecutionError(f"{st.who()}: the kernel returned {len(res)} outputs, expected {len(st.outs)}")
             for s, r in zip(st.outs, res):
                 env[s] = r
             for s in st.free:

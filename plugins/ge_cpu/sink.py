@@ -201,7 +201,7 @@ class SinkExecutable(ArenaExecutable):
             v = local.get(f"v{j}", glob.get(f"c{j}"))
             shown.append(_fmt(v) if v is not None else "?")
         return ExecutionError(
-            f"{st.node.describe()} failed on inputs ({', '.join(shown)}): {type(e).__name__}: {e}",
+            f"{st.who()} failed on inputs ({', '.join(shown)}): {type(e).__name__}: {e}",
             hint="check the input shapes against the model, or report the kernel bug",
         )
 
