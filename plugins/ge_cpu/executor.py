@@ -198,7 +198,7 @@ class _Program:
                     f"{st.who()} failed on inputs ({shapes}): {type(e).__name__}: {e}",
                     hint="check the input shapes against the model, or report the kernel bug",
                 ) from e
-            if len(res) < len(st.outs):
+            if len(res) != len(st.outs):
                 raise ExecutionError(f"{st.who()}: the kernel returned {len(res)} outputs, expected {len(st.outs)}")
             for s, r in zip(st.outs, res):
                 env[s] = r

@@ -51,7 +51,8 @@ class SinkExecutable(ArenaExecutable):
 
     # -- code generation ---------------------------------------------------------------------------
     def _generate(self) -> tuple[str, dict[int, int], dict[str, Any]]:
-        ns: dict[str, Any] = {"np": np, "_may_share": np.may_share_memory, "_copyto": np.copyto, "_relu": _relu}
+        ns: dict[str, Any] = {"np": np, "_may_share": np.may_share_memory, "_copyto": np.copyto, "_relu": _relu,
+                              "_arity": self._arity}
         planned = {s for s, *_ in self._planned}
         consts = {s for s, _ in self.const_slots}
         for s, a in self.const_slots:
@@ -130,6 +131,7 @@ class SinkExecutable(ArenaExecutable):
             body.append((f"{ind}_r = k{i}({args}, out=({outs_t}))", i))
         else:
             body.append((f"{ind}_r = k{i}({args})", i))
+        body.append((f"{ind}if len(_r) != {len(outs)}: _arity({i}, _r)", i))
         for j, (s, t) in enumerate(zip(outs, types)):
             body.append((f"{ind}v{s} = _r[{j}]", i))
             if s in planned and t is not None:
@@ -141,6 +143,11 @@ class SinkExecutable(ArenaExecutable):
                 body.append((f"{ind}        v{s} = v{s}.copy()", i))
             elif mode == _CALL:
                 body.append((f"{ind}if isinstance(v{s}, np.ndarray) and _may_share(v{s}, arena): v{s} = v{s}.copy()", i))
+
+    def _arity(self, i: int, res: Any) -> None:
+        st = self.steps[i]
+        n = len(res) if hasattr(res, "__len__") else "no"
+        raise ExecutionError(f"{st.who()}: the kernel returned {n} outputs, expected {len(st.outs)}")
 
     def _ufunc(self, node, st) -> str | None:
         if node.domain not in ("", "ai.onnx") or node.op_type not in _UFUNCS and node.op_type != "Relu":

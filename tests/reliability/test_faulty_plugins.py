@@ -243,9 +243,7 @@ def test_custom_kernel_works():  # the control for the faulty kernels below
     np.testing.assert_array_equal(next(iter(out.values())), np.maximum(X * 2, 0))
 
 
-@pytest.mark.parametrize("kernel", ["no_outputs", pytest.param("two_outputs", marks=pytest.mark.xfail(
-    reason="extra kernel outputs are silently dropped (ge_cpu executor: check len(res) == len(outs))",
-    strict=False)), "not_a_sequence"])
+@pytest.mark.parametrize("kernel", ["no_outputs", "two_outputs", "not_a_sequence"])
 def test_kernel_returning_the_wrong_number_of_outputs_is_named(kernel):
     fns = {"no_outputs": lambda x: (), "two_outputs": lambda x: (x, x), "not_a_sequence": lambda x: 42}
     with temporary_plugin(_op_plugin(lambda spec: fns[kernel]), "twice_plugin"):
