@@ -83,23 +83,6 @@ def _as_output(v: Any) -> Any:
     return np.asarray(v)
 
 
-#: Broadcast constants up to this size are materialised at build time (larger ones stay views).
-DENSE_LIMIT_BYTES = 1 << 30
-
-
-def _dense(a: Any) -> Any:
-    """A constant stored as one value broadcast to its shape (folded ConstantOfShape, or a splat
-    weight from an .om) becomes a real array once, at build time: BLAS and the convolution GEMM
-    cannot use zero-stride operands and would fall back to slow generic loops. A hostile or huge
-    one (over DENSE_LIMIT_BYTES) stays a broadcast view rather than exhausting memory."""
-    if isinstance(a, np.ndarray) and a.ndim and a.size > 1 and 0 in a.strides and a.nbytes <= DENSE_LIMIT_BYTES:
-        try:
-            return np.ascontiguousarray(a)
-        except MemoryError:
-            return a
-    return a
-
-
 class _Program:
     """The prepared steps of one graph (the main graph or a subgraph body)."""
 
@@ -114,7 +97,9 @@ class _Program:
 
         self.input_slots = [(v.name, slot_of(v)) for v in graph.inputs]
         self.extern_slots = [slot_of(v) for v in extern]
-        self.const_slots = [(slot_of(v), _dense(v.const_value)) for v in graph.constants.values()]
+        # Constants go in as they are: a folded one may be a zero-stride broadcast view (one value);
+        # kernels that feed weights to BLAS (Conv, Gemm, fused MatMul) pack them at build time.
+        self.const_slots = [(slot_of(v), v.const_value) for v in graph.constants.values()]
         problems: list[str] = []
         missing: list[Node] = []
         steps: list[_Step] = []
