@@ -312,7 +312,7 @@ def compile_program(program: str, in_dtypes: Sequence[Any], in_shapes: Sequence[
     if mode == "numexpr" and all(OPS[op].ne is not None for op, _, _ in steps):
         fn = _numexpr_kernel(steps, names, in_dtypes, np.dtype(out_dtype))
     if fn is None:
-        fn = _numpy_kernel(steps, names, np.dtype(out_dtype))
+        fn = _numpy_kernel(steps, names, np.dtype(out_dtype), dict(zip(names, in_shapes)))
         if use_ne and mode != "numpy" and out_shape is not None and size is not None and size >= CHUNK_ELEMENTS * 2:
             fn = _chunked(fn, in_shapes, out_shape, np.dtype(out_dtype))
     with _cache_lock:
@@ -418,8 +418,24 @@ def _hoist_literals(text: str, dtype: np.dtype) -> tuple[str, dict[str, float]]:
     return re.sub(pattern, sub, text), consts
 
 
-def _numpy_kernel(steps: list[Step], names: list[str], out_dtype: np.dtype):
-    """Generate straight-line NumPy code; temporaries are reused once their value is dead."""
+def _static_shape(ref: str, shapes: dict[str, tuple | None]) -> tuple | None:
+    if ref in shapes:
+        sh = shapes[ref]
+        return tuple(sh) if sh is not None and all(isinstance(d, int) for d in sh) else None
+    try:
+        float(ref)
+        return ()
+    except ValueError:
+        return None
+
+
+def _numpy_kernel(steps: list[Step], names: list[str], out_dtype: np.dtype,
+                  in_shapes: dict[str, tuple | None] | None = None):
+    """Generate straight-line NumPy code; temporaries are reused once their value is dead.
+
+    With static input shapes the shape of every temporary is known when the code is written, so
+    a dead temporary is chosen for a result at generation time, with no shape test per call."""
+    shapes: dict[str, tuple | None] = dict(in_shapes or {})
     last_use: dict[str, int] = {}
     for j, (_, refs, _) in enumerate(steps):
         for r in refs:
@@ -440,8 +456,21 @@ def _numpy_kernel(steps: list[Step], names: list[str], out_dtype: np.dtype):
             for r in dying:
                 if r not in free:
                     free.append(r)
+            ref_shapes = [_static_shape(r, shapes) for r in refs]
+            result = None
+            if all(sh is not None for sh in ref_shapes):
+                try:
+                    result = tuple(np.broadcast_shapes(*ref_shapes))  # type: ignore[arg-type]
+                except ValueError:
+                    result = None
+            shapes[f"t{j}"] = result
             cand = [r for r in free]
-            if cand:
+            static = [r for r in cand if result is not None and result != () and shapes.get(r) == result]
+            if static:
+                t = static[0]
+                lines.append(f"    t{j} = {fname}({args}, out={t} if {t}.dtype == _dt else None{akw})")
+                free.remove(t)
+            elif cand and result is None:
                 t = cand[0]
                 lines.append(f"    _t = {t} if {t}.shape == np.broadcast_shapes({', '.join(_shape(r) for r in refs)}) "
                              f"and {t}.dtype == _dt else None")
