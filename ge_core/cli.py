@@ -194,22 +194,11 @@ def _load_feed(spec: str) -> tuple[str, np.ndarray]:
     return name, arr
 
 
-def random_feeds(model, seed: int = 0, sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+def random_feeds(model, seed: int = 0) -> dict[str, np.ndarray]:
     """Random inputs matching the model's input types (symbolic/unknown dims become 1)."""
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for v in model.graph.inputs:
-        shape = tuple(d if isinstance(d, int) else 1 for d in (v.type.shape or ()))
-        dt = v.type.dtype or np.dtype("float32")
-        if dt.kind == "f":
-            feeds[v.name] = rng.standard_normal(shape).astype(dt)
-        elif dt.kind in "iu":
-            feeds[v.name] = rng.integers(0, 4, shape).astype(dt)
-        elif dt.kind == "b":
-            feeds[v.name] = rng.integers(0, 2, shape).astype(bool)
-        else:
-            feeds[v.name] = np.full(shape, "a", dtype=object)
-    return feeds
+    from .inputs import random_inputs
+
+    return random_inputs(model.graph, seed)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

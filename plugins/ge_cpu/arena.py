@@ -30,12 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from ge_core.errors import ExecutionError, GEError
 from ge_core.ir.graph import Graph
 from ge_core.kernel import accepts_out
 from ge_core.memory import VIEW_OPS, MemoryPlan, value_size
 
-from .executor import SequentialExecutable
+from .executor import SequentialExecutable, call_step
 
 #: Arena base alignment (covers every buffer alignment a plan may use up to a page).
 ARENA_BASE_ALIGNMENT = 4096
@@ -178,21 +177,7 @@ class ArenaExecutable(SequentialExecutable):
         if mode == _NOOP and all(env[j] is template[j] for j in self._noop_reads[i]):
             return
         args = [env[j] if j >= 0 else None for j in st.ins]
-        try:
-            if mode == _OUT:
-                res = st.fn(*args, out=tuple(env[s] for s in st.outs))
-            else:
-                res = st.fn(*args)
-        except GEError:
-            raise
-        except Exception as e:
-            shapes = ", ".join("None" if j < 0 else _fmt(env[j]) for j in st.ins)
-            raise ExecutionError(
-                f"{st.who()} failed on inputs ({shapes}): {type(e).__name__}: {e}",
-                hint="check the input shapes against the model, or report the kernel bug",
-            ) from e
-        if len(res) != len(st.outs):
-            raise ExecutionError(f"{st.who()}: the kernel returned {len(res)} outputs, expected {len(st.outs)}")
+        res = call_step(st, args, tuple(env[s] for s in st.outs) if mode == _OUT else None)
         for s, r, t in zip(st.outs, res, self._out_types[i]):
             view = template[s]
             if view is not None and t is not None:

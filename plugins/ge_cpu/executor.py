@@ -173,23 +173,35 @@ class _Program:
         for s, a in self.const_slots:
             env[s] = a
         for st in self.steps:
-            try:
-                res = st.fn(*[env[i] if i >= 0 else None for i in st.ins])
-            except GEError:
-                raise
-            except Exception as e:
-                shapes = ", ".join("None" if i < 0 else _fmt(env[i]) for i in st.ins)
-                raise ExecutionError(
-                    f"{st.who()} failed on inputs ({shapes}): {type(e).__name__}: {e}",
-                    hint="check the input shapes against the model, or report the kernel bug",
-                ) from e
-            if len(res) != len(st.outs):
-                raise ExecutionError(f"{st.who()}: the kernel returned {len(res)} outputs, expected {len(st.outs)}")
+            res = call_step(st, [env[i] if i >= 0 else None for i in st.ins])
             for s, r in zip(st.outs, res):
                 env[s] = r
             for s in st.free:
                 env[s] = None
         return [_as_output(env[s]) for s in self.output_slots]
+
+
+def call_step(st: _Step, args: list[Any], out: tuple | None = None) -> Sequence[Any]:
+    """Run one step's kernel; a failure or a wrong number of results names the node and plugin."""
+    try:
+        res = st.fn(*args) if out is None else st.fn(*args, out=out)
+    except GEError:
+        raise
+    except Exception as e:
+        shapes = ", ".join(_fmt(a) for a in args)
+        raise ExecutionError(
+            f"{st.who()} failed on inputs ({shapes}): {type(e).__name__}: {e}",
+            hint="check the input shapes against the model, or report the kernel bug",
+        ) from e
+    try:
+        n = len(res)
+    except TypeError:
+        n = -1
+    if n != len(st.outs):
+        got = "no sequence of" if n < 0 else str(n)
+        raise ExecutionError(f"{st.who()}: the kernel returned {got} outputs, expected {len(st.outs)}",
+                             hint="a kernel returns a sequence with one array per output of its node")
+    return res
 
 
 class SubProgram:

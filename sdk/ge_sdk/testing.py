@@ -103,22 +103,9 @@ def count_ops(graph: Graph) -> collections.Counter:
 
 def random_inputs(graph: Graph, seed: int = 0, dims: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
     """Random feeds for the graph's inputs; symbolic or unknown dims take ``dims[name]`` or 2."""
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for v in graph.inputs:
-        if v.type.shape is None:
-            raise GEError(f"input '{v.name}' has an unknown rank; give feeds= explicitly")
-        shape = tuple(d if isinstance(d, int) else (dims or {}).get(str(d), 2) for d in v.type.shape)
-        dt = v.type.dtype or np.dtype("float32")
-        if dt.kind == "f":
-            feeds[v.name] = rng.standard_normal(shape).astype(dt)
-        elif dt.kind in "iu":
-            feeds[v.name] = rng.integers(0, 4, shape).astype(dt)
-        elif dt.kind == "b":
-            feeds[v.name] = rng.integers(0, 2, shape).astype(bool)
-        else:
-            raise GEError(f"input '{v.name}' of dtype {dt} needs explicit feeds")
-    return feeds
+    from ge_core.inputs import random_inputs as _random
+
+    return _random(graph, seed, dims, default_dim=2, strict=True)
 
 
 def _regs():
