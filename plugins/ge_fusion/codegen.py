@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -515,20 +516,55 @@ def _chunked(body, in_shapes: Sequence[tuple | None], out_shape: tuple, out_dtyp
         assert sh is not None
         k = ax - (rank - len(sh))
         where.append(k if k >= 0 and sh[k] == n else None)
-    starts = range(0, n, rows)
+    starts = list(range(0, n, rows))
+    workers = min(_parallelism(), len(starts))
+    # contiguous runs of blocks, one per worker (NumPy releases the GIL inside each ufunc)
+    runs = [starts[i::workers] for i in range(workers)] if workers > 1 else [starts]
+
+    def run_blocks(blocks, args, out):
+        for i in blocks:
+            sl = slice(i, i + rows)
+            part = [a if k is None else a[(slice(None),) * k + (sl,)] for a, k in zip(args, where)]
+            body(*part, out=out[(slice(None),) * ax + (sl,)])
 
     def kernel(*args, out=None):
         if out is None:
             out = np.empty(out_shape, out_dtype)
-        for i in starts:
-            sl = slice(i, i + rows)
-            part = [a if k is None else a[(slice(None),) * k + (sl,)] for a, k in zip(args, where)]
-            body(*part, out=out[(slice(None),) * ax + (sl,)])
+        if len(runs) == 1:
+            run_blocks(runs[0], args, out)
+            return out
+        pool = _pool()
+        futures = [pool.submit(run_blocks, r, args, out) for r in runs[1:]]
+        run_blocks(runs[0], args, out)
+        for f in futures:
+            f.result()
         return out
 
     kernel.mode = "numpy-blocked"  # type: ignore[attr-defined]
     kernel.source = getattr(body, "source", "")  # type: ignore[attr-defined]
     return kernel
+
+
+_POOL = None
+_POOL_LOCK = threading.Lock()
+
+
+def _parallelism() -> int:
+    """Threads a large fused kernel splits its blocks over (GE_FUSION_THREADS, else the cores)."""
+    env = os.environ.get("GE_FUSION_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def _pool():
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _POOL = ThreadPoolExecutor(max_workers=max(1, _parallelism() - 1), thread_name_prefix="ge-fused")
+        return _POOL
 
 
 def _shape(ref: str) -> str:
