@@ -346,8 +346,10 @@ class CpuBackend(Backend):
     aliases = ("numpy", "host", "x86", "aarch64", "Ascend310", "Ascend910", "Ascend310P3")
 
     def build(self, model, kernels, options) -> Executable:
-        """Choose the executor (option ``executor``): ``auto`` runs several streams on threads
-        when the schedule has more than one, else the sunk (generated) program in the arena."""
+        """Choose the executor (option ``executor``): ``auto``/``sink`` generate the schedule's code
+        (one function per stream, each stream on its own thread when there are several);
+        ``streams`` interprets a multi-stream schedule, ``arena`` interprets inside the memory
+        plan, ``sequential`` interprets without it."""
         from ge_core.errors import OptionError
         from ge_core.memory import MemoryPlan
 
@@ -361,11 +363,15 @@ class CpuBackend(Backend):
         if plan is None:
             plan = MemoryPlan({}, 0, "none")  # nothing planned: every value keeps its own array
         multi = streams is not None and streams.count > 1
-        if choice == "streams" or (choice == "auto" and multi):
-            if multi and streams is not None:
+        if multi and streams is not None:
+            if choice == "streams":  # interpreted, one thread per stream
                 from .streams import MultiStreamExecutable
 
                 return MultiStreamExecutable(model.graph, kernels, options, plan, streams)
+            if choice in ("auto", "sink"):  # one generated function per stream
+                from .sink import StreamSinkExecutable
+
+                return StreamSinkExecutable(model.graph, kernels, options, plan, streams)
         if choice == "arena":
             from .arena import ArenaExecutable
 

@@ -12,7 +12,9 @@ line of the generated code to its node.
 from __future__ import annotations
 
 import linecache
+import os
 import sys
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,7 +43,7 @@ class SinkExecutable(ArenaExecutable):
     def __init__(self, graph: Graph, kernels, options, plan: MemoryPlan) -> None:
         super().__init__(graph, kernels, options, plan)
         self.filename = f"<ge-sink-{next(_counter)}:{graph.name}>"
-        self.source, self.line_step, ns = self._generate()
+        self.source, self.line_step, ns = self._generate(*self._stream_layout())
         code = compile(self.source, self.filename, "exec")
         # keep the source findable for tracebacks and debuggers
         linecache.cache[self.filename] = (len(self.source), None, self.source.splitlines(True), self.filename)
@@ -49,21 +51,40 @@ class SinkExecutable(ArenaExecutable):
         self._make = ns["_make"]
         self._fns: dict[int, Any] = {}
 
+    def _stream_layout(self) -> tuple[list[list[int]] | None, dict[int, list[int]] | None, set[int] | None]:
+        """(steps per stream, waits per step, steps that record an event); None for one stream."""
+        return None, None, None
+
     # -- code generation ---------------------------------------------------------------------------
-    def _generate(self) -> tuple[str, dict[int, int], dict[str, Any]]:
+    def _generate(self, groups: list[list[int]] | None = None, waits: dict[int, list[int]] | None = None,
+                  records: set[int] | None = None) -> tuple[str, dict[int, int], dict[str, Any]]:
+        """Source of ``_make(T, arena)``, which binds the planned views and returns the run
+        function(s): one ``run0(feeds)`` returning the outputs for a single stream, or with
+        ``groups`` (step indices per stream) one ``run{k}(feeds, E, _wait, _set)`` per stream that
+        waits for and sets events and passes values read by other streams through the list ``E``."""
         ns: dict[str, Any] = {"np": np, "_may_share": np.may_share_memory, "_copyto": np.copyto, "_relu": _relu,
                               "_arity": self._arity}
+        multi = groups is not None
+        if groups is None:
+            groups = [list(range(len(self.steps)))]
+        waits = waits or {}
+        records = records or set()
         planned = {s for s, *_ in self._planned}
         consts = {s for s, _ in self.const_slots}
         for s, a in self.const_slots:
             ns[f"c{s}"] = a
-        last_use: dict[int, int] = {}
-        for i, st in enumerate(self.steps):
-            for s in st.ins:
-                if s >= 0:
-                    last_use[s] = i
         outputs = set(self.output_slots)
-        inputs = {s for _, s in self.input_slots}
+        input_name = {s: name for name, s in self.input_slots}
+        group_of = {i: g for g, steps in enumerate(groups) for i in steps}
+        producer_group = {s: group_of[i] for i, st in enumerate(self.steps) for s in st.outs}
+        # values crossing streams (and every graph output, in multi mode) go through E
+        shared: set[int] = set()
+        if multi:
+            for i, st in enumerate(self.steps):
+                for s in st.ins:
+                    if s >= 0 and s in producer_group and producer_group[s] != group_of[i]:
+                        shared.add(s)
+            shared |= {s for s in outputs if s in producer_group}
 
         def ref(s: int) -> str:
             if s < 0:
@@ -72,57 +93,80 @@ class SinkExecutable(ArenaExecutable):
                 return f"c{s}"
             return f"v{s}"
 
-        lines: list[str] = []
-        line_step: dict[int, int] = {}
-        head = ["def _make(T, arena):"]
+        lines: list[str] = ["def _make(T, arena):"]
         for s in sorted(planned):
-            head.append(f"    t{s} = T[{s}]")
-        head.append("    def run(feeds):")
-        body: list[tuple[str, int]] = []
-        for name, s in self.input_slots:
-            body.append((f"v{s} = feeds[{name!r}]", -1))
-        for i, st in enumerate(self.steps):
-            ns[f"k{i}"] = st.fn
-            mode = self._modes[i]
-            args = ", ".join(ref(s) for s in st.ins)
-            node = st.node
-            outs = st.outs
-            types = self._out_types[i]
-            direct = self._ufunc(node, st)
-            if mode == _NOOP:
-                reads = self._noop_reads[i]
-                cond = " and ".join(f"{ref(j)} is t{j}" for j in reads if j in planned) or "True"
-                body.append((f"if {cond}:", i))
-                for s in outs:
-                    body.append((f"    v{s} = t{s}", i))
-                body.append(("else:", i))
-                self._emit_call(body, i, "    ", args, outs, types, planned, mode=_CALL)
-            elif direct is not None and len(outs) == 1:
-                s = outs[0]
-                if s in planned:
-                    body.append((f"v{s} = {direct}({args}, out=t{s})", i))
-                else:
-                    body.append((f"v{s} = {direct}({args})", i))
+            lines.append(f"    t{s} = T[{s}]")
+        line_step: dict[int, int] = {}
+        for g, steps in enumerate(groups):
+            last_use: dict[int, int] = {}
+            for i in steps:
+                for s in self.steps[i].ins:
+                    if s >= 0:
+                        last_use[s] = i
+            body: list[tuple[str, int]] = []
+            loaded = set()
+            for i in steps:
+                for s in self.steps[i].ins:
+                    if s in input_name and s not in loaded:
+                        body.append((f"v{s} = feeds[{input_name[s]!r}]", -1))
+                        loaded.add(s)
+            for i in steps:
+                st = self.steps[i]
+                ns[f"k{i}"] = st.fn
+                for src in waits.get(i, ()):
+                    body.append((f"_wait({src})", i))
+                for s in st.ins:
+                    if s in shared and producer_group.get(s) != g:
+                        body.append((f"v{s} = E[{s}]", i))
+                self._emit_step(body, i, ref, planned)
+                for s in st.outs:
+                    if s in shared:
+                        body.append((f"E[{s}] = v{s}", i))
+                if i in records:
+                    body.append((f"_set({i})", i))
+                # drop values nobody here reads any more (planned ones live in the arena anyway)
+                dead = [s for s in st.ins if s >= 0 and last_use.get(s) == i and s not in outputs and s not in consts
+                        and s not in input_name and s not in planned]
+                dead += [s for s in st.outs if s not in last_use and s not in outputs and s not in planned]
+                if dead:
+                    body.append(("del " + ", ".join(f"v{s}" for s in sorted(set(dead))), i))
+            if multi:
+                lines.append(f"    def run{g}(feeds, E, _wait, _set):")
+                body.append(("return None", -1))
             else:
-                self._emit_call(body, i, "", args, outs, types, planned, mode=mode)
-            # drop values nobody reads any more (planned ones live in the arena anyway)
-            dead = [s for s in st.ins if s >= 0 and last_use.get(s) == i and s not in outputs
-                    and s not in consts and s not in inputs and s not in planned]
-            dead += [s for s in outs if s not in last_use and s not in outputs and s not in planned]
-            if dead:
-                body.append(("del " + ", ".join(f"v{s}" for s in sorted(set(dead))), i))
-        rets = []
-        for s in self.output_slots:
-            rets.append(ref(s) if s in consts else f"v{s}")
-        body.append((f"return [{', '.join(rets)}]", -1))
-        lines.extend(head)
-        first = len(lines) + 1
-        for k, (text, step) in enumerate(body):
-            lines.append("        " + text)
-            if step >= 0:
-                line_step[first + k] = step
-        lines.append("    return run")
+                lines.append(f"    def run{g}(feeds):")
+                body.append((f"return [{', '.join(ref(s) if s in consts else f'v{s}' for s in self.output_slots)}]", -1))
+            first = len(lines) + 1
+            for k, (text, step) in enumerate(body):
+                lines.append("        " + text)
+                if step >= 0:
+                    line_step[first + k] = step
+        lines.append(f"    return [{', '.join(f'run{g}' for g in range(len(groups)))}]")
         return "\n".join(lines) + "\n", line_step, ns
+
+    def _emit_step(self, body, i: int, ref, planned) -> None:
+        st = self.steps[i]
+        mode = self._modes[i]
+        args = ", ".join(ref(s) for s in st.ins)
+        outs = st.outs
+        types = self._out_types[i]
+        direct = self._ufunc(st.node, st)
+        if mode == _NOOP:
+            reads = self._noop_reads[i]
+            cond = " and ".join(f"{ref(j)} is t{j}" for j in reads if j in planned) or "True"
+            body.append((f"if {cond}:", i))
+            for s in outs:
+                body.append((f"    v{s} = t{s}", i))
+            body.append(("else:", i))
+            self._emit_call(body, i, "    ", args, outs, types, planned, mode=_CALL)
+        elif direct is not None and len(outs) == 1:
+            s = outs[0]
+            if s in planned:
+                body.append((f"v{s} = {direct}({args}, out=t{s})", i))
+            else:
+                body.append((f"v{s} = {direct}({args})", i))
+        else:
+            self._emit_call(body, i, "", args, outs, types, planned, mode=mode)
 
     @staticmethod
     def _emit_call(body, i, ind, args, outs, types, planned, mode) -> None:
@@ -174,7 +218,7 @@ class SinkExecutable(ArenaExecutable):
         key = id(ctx)
         fn = self._fns.get(key)
         if fn is None or fn[0] is not ctx:
-            fn = (ctx, self._make(ctx.template, ctx.arena))
+            fn = (ctx, self._make(ctx.template, ctx.arena)[0])
             self._fns[key] = fn
         return fn[1]
 
@@ -190,7 +234,9 @@ class SinkExecutable(ArenaExecutable):
         return [o.copy() if isinstance(o, np.ndarray) and np.may_share_memory(o, arena) else o for o in outs]
 
     def _explain(self, e: Exception, feeds) -> ExecutionError:
-        tb = sys.exc_info()[2]
+        return self._explain_tb(e, sys.exc_info()[2])
+
+    def _explain_tb(self, e: BaseException, tb) -> ExecutionError:
         step, frame = None, None
         while tb is not None:
             if tb.tb_frame.f_code.co_filename == self.filename and tb.tb_lineno in self.line_step:
@@ -216,3 +262,88 @@ class SinkExecutable(ArenaExecutable):
 def _relu(x, out=None):
     return np.maximum(x, x.dtype.type(0), out=out)
 
+
+
+class StreamSinkExecutable(SinkExecutable):
+    """Model sinking for a multi-stream schedule: one generated function per stream, each run on
+    its own thread; events are ``threading.Event`` objects, values read across streams pass
+    through one shared list. An error in any stream stops them all and surfaces once."""
+
+    def __init__(self, graph: Graph, kernels, options, plan: MemoryPlan, streams) -> None:
+        self.assignment = streams
+        super().__init__(graph, kernels, options, plan)
+        if not self.threads and self.stream_count > 1:
+            self.threads = max(1, (os.cpu_count() or 1) // self.stream_count)
+
+    def _stream_layout(self):
+        sa = self.assignment
+        order = self.graph.node_list()
+        if len(sa.streams) != len(order) or len(self.steps) != len(order):
+            raise GEError("the stream assignment does not match the compiled schedule", hint="recompile the model")
+        step_of = {st.node: i for i, st in enumerate(self.steps)}
+        groups: list[list[int]] = [[] for _ in range(sa.count)]
+        for idx, node in enumerate(order):
+            groups[sa.streams[idx]].append(step_of[node])
+        waits: dict[int, list[int]] = {}
+        records: set[int] = set()
+        for src, dst in sa.events:
+            waits.setdefault(step_of[order[dst]], []).append(step_of[order[src]])
+            records.add(step_of[order[src]])
+        self.stream_count = sa.count
+        self._records = records
+        return groups, waits, records
+
+    def _fns_for(self, ctx: _Ctx):
+        key = id(ctx)
+        fn = self._fns.get(key)
+        if fn is None or fn[0] is not ctx:
+            fn = (ctx, self._make(ctx.template, ctx.arena))
+            self._fns[key] = fn
+        return fn[1]
+
+    def _execute(self, ctx: _Ctx, feeds: Mapping[str, Any]) -> list[Any]:
+        fns = self._fns_for(ctx)
+        E: list[Any] = [None] * self.n_slots
+        done = {i: threading.Event() for i in self._records}
+        failed = threading.Event()
+        errors: list[tuple[BaseException, Any]] = []
+
+        def wait(src: int) -> None:
+            ev = done[src]
+            while not ev.wait(0.05):
+                if failed.is_set():
+                    raise _Abort
+            if failed.is_set():
+                raise _Abort
+
+        def go(k: int) -> None:
+            try:
+                fns[k](feeds, E, wait, lambda i: done[i].set())
+            except _Abort:
+                pass
+            except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
+                errors.append((e, sys.exc_info()[2]))
+                failed.set()
+                for ev in done.values():
+                    ev.set()
+
+        workers = [threading.Thread(target=go, args=(k,), name=f"ge-sink-stream-{k}", daemon=True)
+                   for k in range(1, len(fns))]
+        for w in workers:
+            w.start()
+        go(0)
+        for w in workers:
+            w.join()
+        if errors:
+            e, tb = errors[0]
+            if isinstance(e, GEError):
+                raise e
+            raise self._explain_tb(e, tb) from e
+        consts = dict(self.const_slots)
+        arena = ctx.arena
+        outs = [consts[s] if s in consts else E[s] for s in self.output_slots]
+        return [o.copy() if isinstance(o, np.ndarray) and np.may_share_memory(o, arena) else o for o in outs]
+
+
+class _Abort(Exception):
+    """Raised inside a stream when another stream failed."""

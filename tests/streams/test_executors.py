@@ -20,6 +20,7 @@ CONFIGS = {
     "sink": {"executor": "sink", "enable_single_stream": True},
     "streams/dependency": {"executor": "streams", "stream_allocator": "dependency"},
     "streams/critical_path": {"executor": "streams", "stream_allocator": "critical_path", "max_streams": 3},
+    "sink/dependency": {"executor": "sink", "stream_allocator": "dependency"},
 }
 
 
@@ -38,6 +39,8 @@ def test_outputs_identical_across_executors_and_allocators(name):
             assert kind == "MultiStreamExecutable"
         if label == "sink":
             assert kind == "SinkExecutable"
+        if label == "sink/dependency" and model.streams.count > 1:
+            assert kind == "StreamSinkExecutable"
     base = results["sequential"]
     for label, out in results.items():
         for k in base:
@@ -86,7 +89,7 @@ def test_error_in_a_stream_is_one_clear_error_and_nothing_hangs(executor):
         b.output(b.op("Add", left, right))
         model = ge.compile(b.graph, {"executor": executor, "stream_allocator": "dependency",
                                      "pipeline": {"fuse": {"passes": []}}})
-        if executor == "streams":
+        if executor in ("streams", "sink"):
             assert model.streams.count > 1
         ok = np.full((32, 32), 0.5, np.float32)
         np.testing.assert_allclose(model.run({"x": ok})["add"], np.tanh(ok) + np.exp(np.tanh(ok)), rtol=1e-6)
@@ -107,8 +110,9 @@ def test_error_in_a_stream_is_one_clear_error_and_nothing_hangs(executor):
         np.testing.assert_allclose(model.run({"x": ok})["add"], np.tanh(ok) + np.exp(np.tanh(ok)), rtol=1e-6)
 
 
-def test_streams_executor_is_thread_safe():
-    model = ge.compile(branches(), {"executor": "streams", "stream_allocator": "dependency", "opt_level": 0})
+@pytest.mark.parametrize("executor", ["streams", "sink"])
+def test_streams_executor_is_thread_safe(executor):
+    model = ge.compile(branches(), {"executor": executor, "stream_allocator": "dependency", "opt_level": 0})
     assert model.streams.count == 3
     xs = [np.random.default_rng(i).standard_normal((64, 64)).astype(np.float32) for i in range(6)]
     want = [model.run({"x": x})["sum"] for x in xs]
@@ -139,12 +143,15 @@ def test_sink_source_is_inspectable(tmp_path):
     b.output(v)
     model = ge.compile(b.graph, {"executor": "sink", "pipeline": {"fuse": {"passes": []}}, "opt_level": 0})
     src = model.executable.source
-    assert "def run(feeds):" in src and "np.add(" in src and "out=t" in src
+    multi = ge.compile(branches(), {"stream_allocator": "dependency", "opt_level": 0}).executable
+    assert type(multi).__name__ == "StreamSinkExecutable"
+    assert all(f"def run{k}(feeds, E, _wait, _set):" in multi.source for k in range(3)) and "_wait(" in multi.source
+    assert "def run0(feeds):" in src and "np.add(" in src and "out=t" in src
     compile(src, "<check>", "exec")
     path = model.save(tmp_path / "t.om")
     r = subprocess.run([sys.executable, "-m", "ge_core.cli", "inspect", str(path), "--source"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "def run(feeds):" in r.stdout
+    assert "def run0(feeds):" in r.stdout
 
 
 def test_unknown_executor_option():
