@@ -143,7 +143,8 @@ def main(argv=None) -> int:
         print(f"{k} {models[k].report['streams']}: {v * 1e3:.1f} ms")
     best_single = min(v for k, v in t.items() if k.startswith("single"))
     best_multi = min(v for k, v in t.items() if not k.startswith("single"))
-    print(f"best single / best multi-stream: {best_single / best_multi:.2f}x")
+    print(f"single stream, one core (1 BLAS thread) / best multi-stream: {t['single, 1 BLAS thread'] / best_multi:.2f}x")
+    print(f"best single stream (any BLAS threads) / best multi-stream: {best_single / best_multi:.2f}x")
 
     print("== 2. Inception v1/v2: single vs multi stream, best BLAS thread setting ==")
     for name in ("inception_v1", "inception_v2"):
