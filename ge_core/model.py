@@ -99,6 +99,9 @@ class CompiledModel:
         sym: dict[str, int] = {}
         for v in self.graph.inputs:
             a = feeds[v.name]
+            if (a is None or isinstance(a, list)) and v.type.dtype is None and v.type.shape is None:
+                out[v.name] = a  # a sequence or an empty optional: the IR does not type these yet
+                continue
             if not isinstance(a, np.ndarray):
                 a = np.asarray(a, dtype=v.type.dtype)
             t = v.type
