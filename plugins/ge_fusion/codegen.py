@@ -518,8 +518,9 @@ def _chunked(body, in_shapes: Sequence[tuple | None], out_shape: tuple, out_dtyp
         where.append(k if k >= 0 and sh[k] == n else None)
     starts = list(range(0, n, rows))
     workers = min(_parallelism(), len(starts))
-    # contiguous runs of blocks, one per worker (NumPy releases the GIL inside each ufunc)
-    runs = [starts[i::workers] for i in range(workers)] if workers > 1 else [starts]
+    # one contiguous run of blocks per worker (NumPy releases the GIL inside each ufunc)
+    per = -(-len(starts) // workers)
+    runs = [starts[i * per:(i + 1) * per] for i in range(workers)] if workers > 1 else [starts]
 
     def run_blocks(blocks, args, out):
         for i in blocks:
