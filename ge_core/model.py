@@ -84,7 +84,7 @@ class CompiledModel:
         outs = self.executable.run(checked)
         return {name: out for name, out in zip(self.output_names, outs)}
 
-    def _check_feeds(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+    def _check_feeds(self, feeds: dict[str, Any]) -> dict[str, Any]:
         names = self.input_names
         unknown = [k for k in feeds if k not in names]
         missing = [n for n in names if n not in feeds]
@@ -95,7 +95,7 @@ class CompiledModel:
             if unknown:
                 parts.append(f"unknown input(s) {', '.join(repr(u) for u in unknown)}")
             raise InputError(f"{'; '.join(parts)}", hint=f"the model takes {', '.join(repr(n) for n in names) or 'no inputs'}")
-        out = {}
+        out: dict[str, Any] = {}
         sym: dict[str, int] = {}
         for v in self.graph.inputs:
             a = feeds[v.name]
