@@ -17,18 +17,9 @@ import numpy as np
 from ge_core.errors import GEError, ModelFileError
 from ge_core.ir.graph import Graph, Node
 from ge_core.ir.types import TensorType
+from ge_sdk.onnx_types import dtype_to_elem as _elem_type
 
 _PRODUCER = "ge"
-
-
-def _elem_type(dtype: np.dtype | None) -> int:
-    from onnx import TensorProto, helper
-
-    if dtype is None:
-        return TensorProto.UNDEFINED
-    if dtype == np.dtype(object):
-        return TensorProto.STRING
-    return int(helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
 
 
 def value_info(name: str, t: TensorType, *, force: bool = False):

@@ -24,6 +24,7 @@ from ge_core.frontend import Frontend
 from ge_core.ir.graph import Graph, Node, Value
 from ge_core.ir.types import TensorType
 from ge_core.registry import close_matches
+from ge_sdk.onnx_types import type_from_proto as _type_from_proto
 
 from .external import SparseBudget, sparse_to_array, tensor_to_array
 
@@ -42,37 +43,9 @@ def _norm_domain(d: str) -> str:
 # ------------------------------------------------------------------------------------------
 # types
 # ------------------------------------------------------------------------------------------
-def _elem_dtype(elem_type: int) -> np.dtype | None:
-    from onnx import TensorProto, helper
-
-    if elem_type == TensorProto.UNDEFINED:
-        return None
-    if elem_type == TensorProto.STRING:
-        return np.dtype(object)
-    try:
-        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
-    except Exception:
-        return None
-
-
 def type_from_proto(tp) -> TensorType:
     """TensorType of a TypeProto (unknown for sequences, maps, optionals)."""
-    if tp is None or tp.WhichOneof("value") != "tensor_type":
-        return TensorType()
-    tt = tp.tensor_type
-    dtype = _elem_dtype(tt.elem_type)
-    if not tt.HasField("shape"):
-        return TensorType(dtype, None)
-    dims: list = []
-    for d in tt.shape.dim:
-        which = d.WhichOneof("value")
-        if which == "dim_value":
-            dims.append(int(d.dim_value) if d.dim_value >= 0 else None)
-        elif which == "dim_param":
-            dims.append(d.dim_param or None)
-        else:
-            dims.append(None)
-    return TensorType(dtype, tuple(dims))
+    return _type_from_proto(tp) or TensorType()
 
 
 # ------------------------------------------------------------------------------------------

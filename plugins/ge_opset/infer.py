@@ -26,6 +26,7 @@ import numpy as np
 from ge_core.errors import ShapeInferenceError
 from ge_core.ir.graph import Graph, Node
 from ge_core.ir.types import TensorType
+from ge_sdk.onnx_types import dtype_to_elem, elem_to_dtype, type_from_proto  # noqa: F401 - re-exported
 
 #: Constant inputs up to this many elements are handed to ONNX as input data.
 CONST_DATA_LIMIT = 1 << 16
@@ -92,36 +93,13 @@ def _attr_types(schema) -> dict[str, int]:
 # conversions
 # ------------------------------------------------------------------------------------------
 @functools.cache
-def _np_to_elem(dtype: np.dtype) -> int:
-    from onnx import TensorProto, helper
-
-    if dtype == np.dtype(object):
-        return TensorProto.STRING
-    return int(helper.np_dtype_to_tensor_dtype(dtype))
-
-
-@functools.cache
-def elem_to_dtype(elem_type: int) -> np.dtype | None:
-    """NumPy dtype of an ONNX element type (None for UNDEFINED or an unknown type)."""
-    from onnx import TensorProto, helper
-
-    if elem_type == TensorProto.UNDEFINED:
-        return None
-    if elem_type == TensorProto.STRING:
-        return np.dtype(object)
-    try:
-        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
-    except Exception:
-        return None
-
-
 @functools.lru_cache(maxsize=65536)
 def _type_bytes(t: TensorType) -> bytes:
     from onnx import TypeProto
 
     tp = TypeProto()
     tt = tp.tensor_type
-    tt.elem_type = _np_to_elem(t.dtype) if t.dtype is not None else 0
+    tt.elem_type = dtype_to_elem(t.dtype)
     if t.shape is not None:
         shape = tt.shape
         shape.SetInParent()
@@ -132,26 +110,6 @@ def _type_bytes(t: TensorType) -> bytes:
             elif isinstance(d, str):
                 dim.dim_param = d
     return tp.SerializeToString()
-
-
-def type_from_proto(tp) -> TensorType | None:
-    """A TensorType from a ``TypeProto`` (None for non-tensor types)."""
-    if tp.WhichOneof("value") != "tensor_type":
-        return None
-    tt = tp.tensor_type
-    dtype = elem_to_dtype(tt.elem_type)
-    if not tt.HasField("shape"):
-        return TensorType(dtype, None)
-    dims: list = []
-    for d in tt.shape.dim:
-        which = d.WhichOneof("value")
-        if which == "dim_value":
-            dims.append(int(d.dim_value) if d.dim_value >= 0 else None)
-        elif which == "dim_param":
-            dims.append(d.dim_param or None)
-        else:
-            dims.append(None)
-    return TensorType(dtype, tuple(dims))
 
 
 def _attr_proto(name: str, value: Any, attr_type: int | None):

@@ -20,7 +20,7 @@ LIGHT_MODELS = sorted(f for f in os.listdir(LIGHT_DIR) if f.endswith(".onnx"))
 
 
 def _type(tp):
-    from ge_onnx.frontend import type_from_proto
+    from ge_sdk.onnx_types import type_from_proto
 
     return type_from_proto(tp)
 

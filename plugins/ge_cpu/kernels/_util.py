@@ -134,3 +134,19 @@ def cast_like(result: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if result.dtype != dtype:
         return result.astype(dtype, copy=False)
     return result
+
+
+def kernel_table():
+    """A module's kernel table and the decorator that fills it: ``@reg("Add", "Sub")``
+    registers a factory under ``("", op)`` for each name."""
+    table: dict = {}
+
+    def reg(*names: str):
+        def deco(fn):
+            for n in names:
+                table[("", n)] = fn
+            return fn
+
+        return deco
+
+    return table, reg

@@ -12,18 +12,9 @@ import numpy as np
 
 from ge_core.kernel import KernelSpec
 
-from ._util import ints, norm_axis, unsupported
+from ._util import ints, kernel_table, norm_axis, unsupported
 
-KERNELS: dict = {}
-
-
-def _reg(*names: str):
-    def deco(fn):
-        for n in names:
-            KERNELS[("", n)] = fn
-        return fn
-
-    return deco
+KERNELS, _reg = kernel_table()
 
 
 def _builder(spec: KernelSpec):

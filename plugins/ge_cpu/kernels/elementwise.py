@@ -10,18 +10,9 @@ import numpy as np
 
 from ge_core.kernel import KernelSpec
 
-from ._util import as_str, cast_like, in_dtype, is_float, onnx_dtype, out_dtype, unsupported
+from ._util import as_str, cast_like, in_dtype, is_float, kernel_table, onnx_dtype, out_dtype, unsupported
 
-KERNELS: dict = {}
-
-
-def _reg(*names: str):
-    def deco(fn):
-        for n in names:
-            KERNELS[("", n)] = fn
-        return fn
-
-    return deco
+KERNELS, _reg = kernel_table()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,18 +19,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ge_core.kernel import KernelSpec
 
-from ._util import as_str, cast_like, const_input, has_input, in_dtype, ints, norm_axis, unsupported
+from ._util import as_str, cast_like, const_input, has_input, in_dtype, ints, kernel_table, norm_axis, unsupported
 
-KERNELS: dict = {}
-
-
-def _reg(*names: str):
-    def deco(fn):
-        for n in names:
-            KERNELS[("", n)] = fn
-        return fn
-
-    return deco
+KERNELS, _reg = kernel_table()
 
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
