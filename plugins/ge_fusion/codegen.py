@@ -7,10 +7,16 @@ the anchor op, for an epilogue fused into a Conv or MatMul) or ``"t<j>"`` (the r
 ``j``); the last step's result is the program's result.
 
 :func:`compile_program` turns a program plus input dtypes/shapes into a callable, cached by
-signature: a single numexpr expression (one pass over memory, multi-threaded) when every step
-has a numexpr form and the tensor is large enough to pay numexpr's fixed cost, otherwise
-generated NumPy code that works in place (each step a ufunc call writing into a buffer whose
-value died at that step, the last one into ``out``).
+signature:
+
+- with static shapes, a program of several steps (or one step over :data:`LOOP_MIN_ELEMENTS`
+  elements or more): one compiled loop (:mod:`ge_fusion.loopgen`, numba), the whole program per
+  element, one pass over memory, vectorised;
+- without numba, a long chain on a small tensor: one numexpr expression (one call instead of
+  one per op);
+- otherwise, and wherever neither applies, generated NumPy code that works in place (each step
+  a ufunc call writing into a buffer whose value died at that step, the last one into ``out``),
+  run in cache-sized blocks on large tensors.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ Step = tuple[str, list[str], dict[str, Any]]
 NUMEXPR_MIN_ELEMENTS = 32768
 #: Below NUMEXPR_MIN_ELEMENTS, a group of at least this many ops runs as one numexpr call.
 NUMEXPR_MIN_OPS_SMALL = 8
+#: With numba, a program of two or more steps always runs as one compiled loop (about 3 us a
+#: call against NumPy's 1-2 us per op); a single op from this many output elements.
+LOOP_MIN_ELEMENTS = 1024
 #: Elements per block of a blocked kernel (about 256 KB of float32: cache-resident).
 CHUNK_ELEMENTS = 65536
 
@@ -292,15 +301,23 @@ def cache_info() -> dict[str, int]:
     return {**_stats, "size": len(_cache)}
 
 
+def _loops_on() -> bool:
+    from . import loopgen
+
+    return loopgen.available()
+
+
 def compile_program(program: str, in_dtypes: Sequence[Any], in_shapes: Sequence[tuple | None], out_dtype: Any,
                     out_shape: tuple | None, *, anchor: bool = False, mode: str = "auto") -> Callable[..., np.ndarray]:
     """A callable ``fn(*operands, out=None) -> array`` for ``program``, cached by signature.
 
     ``operands`` are the values of ``y`` (first, when ``anchor``) and ``a0, a1, ...``; scalars
-    among them may be passed as 0-d arrays. ``mode``: ``"numexpr"``, ``"numpy"`` or ``"auto"``.
+    among them may be passed as 0-d arrays. ``mode``: ``"loop"`` (a compiled loop, see
+    :mod:`ge_fusion.loopgen`; generated NumPy code where there is none), ``"numexpr"``,
+    ``"numpy"`` or ``"auto"``.
     """
     key = (program, tuple(str(np.dtype(d)) for d in in_dtypes), tuple(in_shapes), str(np.dtype(out_dtype)), out_shape,
-           anchor, mode)
+           anchor, mode, _parallelism(), mode in ("auto", "loop") and _loops_on())
     with _cache_lock:
         fn = _cache.get(key)
         if fn is not None:
@@ -312,11 +329,16 @@ def compile_program(program: str, in_dtypes: Sequence[Any], in_shapes: Sequence[
     size = math.prod(out_shape) if out_shape is not None and all(isinstance(d, int) for d in out_shape) else None
     use_ne = mode == "numexpr" or (mode == "auto" and (size is None or size >= NUMEXPR_MIN_ELEMENTS))
     fn = None
+    # Large tensors: one compiled loop (numba), one pass over memory, vectorised.
+    if mode == "loop" or (mode == "auto" and size is not None and (size >= LOOP_MIN_ELEMENTS or len(steps) > 1)):
+        from . import loopgen
+
+        fn = loopgen.loop_kernel(steps, names, in_dtypes, in_shapes, out_dtype, out_shape, workers=_parallelism())
     # Small tensors: NumPy pays ~0.5 us of dispatch per op, one numexpr call ~3 us for a whole
     # chain, so a long enough chain runs as one numexpr expression.
     small_chain = (mode == "auto" and size is not None and size < NUMEXPR_MIN_ELEMENTS
                    and len(steps) >= NUMEXPR_MIN_OPS_SMALL and np.dtype(out_dtype).kind == "f")
-    if (mode == "numexpr" or small_chain) and all(OPS[op].ne is not None for op, _, _ in steps):
+    if fn is None and (mode == "numexpr" or small_chain) and all(OPS[op].ne is not None for op, _, _ in steps):
         fn = _numexpr_kernel(steps, names, in_dtypes, np.dtype(out_dtype))
     if fn is None:
         fn = _numpy_kernel(steps, names, np.dtype(out_dtype), dict(zip(names, in_shapes)))

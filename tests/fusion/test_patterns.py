@@ -200,7 +200,7 @@ def test_diamond_and_shared_values_stay_correct():
     check(b.build(), expect=["ge.fused::FusedElemwise"])
 
 
-@pytest.mark.parametrize("mode", ["numexpr", "numpy"])
+@pytest.mark.parametrize("mode", ["loop", "numexpr", "numpy"])
 def test_generated_kernels_agree_with_numpy(mode):
     steps = [("Mul", ["a0", "a1"], {}), ("Add", ["t0", "a0"], {}), ("Erf", ["t1"], {}), ("Relu", ["t2"], {}),
              ("LeakyRelu", ["t1"], {"alpha": 0.2}), ("Sum", ["t3", "t4", "a0"], {}),
@@ -242,12 +242,15 @@ def test_fused_model_round_trips_through_om(tmp_path):
                                rtol=1e-6)
 
 
-def test_blocked_kernel_handles_broadcast_inputs_and_in_place_output():
+@pytest.mark.parametrize("jit", ["1", "0"])
+def test_large_kernel_handles_broadcast_inputs_and_in_place_output(jit, monkeypatch):
+    # with numba: one compiled loop; with GE_FUSION_JIT=0: NumPy code run in cache-sized blocks
+    monkeypatch.setenv("GE_FUSION_JIT", jit)
     prog = codegen.dumps([("Mul", ["a0", "a1"], {}), ("Add", ["t0", "a2"], {}), ("Sigmoid", ["t1"], {}),
                           ("Mul", ["t2", "a0"], {})])
     shapes = [(300, 700), (700,), (300, 1)]
     fn = codegen.compile_program(prog, ["float32"] * 3, shapes, "float32", (300, 700))
-    assert fn.mode == "numpy-blocked"
+    assert fn.mode == ("loop" if jit == "1" else "numpy-blocked")
     rng = np.random.default_rng(1)
     a0, a1, a2 = (rng.standard_normal(s).astype(np.float32) for s in shapes)
     want = a0 / (1 + np.exp(-(a0 * a1 + a2)))

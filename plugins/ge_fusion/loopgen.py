@@ -1,0 +1,371 @@
+"""Compiled loop kernels for large fused elementwise groups (numba).
+
+A fused group over a large tensor is bound by how often it walks memory and by how well each
+step vectorises. NumPy walks memory once per op (eight passes for an eight-op chain); a
+generated loop computes the whole program per element in registers, reads each input once and
+writes the output once, and LLVM vectorises it. This module writes such a loop from a fused
+program (:mod:`ge_fusion.codegen`) and compiles it with numba.
+
+Shapes are not part of the compiled code, so one compiled loop serves every layer whose group
+has the same program, dtypes and broadcast pattern (BN+ReLU in every block of a ResNet compiles
+once). The iteration space is the output's, with every operand's broadcast strides coalesced
+into at most three dimensions; the innermost is contiguous in the output and either contiguous
+or broadcast (stride 0, loaded once per row) in each operand.
+
+Compiled loops are cached in memory only: numba's on-disk cache is a pickle, and nothing here
+reads pickles. Set ``GE_FUSION_JIT=0`` to never use this path (generated NumPy code runs
+instead); numba not being importable has the same effect.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+#: dtypes the loops are generated for (every operand and the output share one of them)
+DTYPES = ("float32", "float64")
+
+_lock = threading.Lock()
+_compiled: dict[tuple, Any] = {}
+_stats = {"compiled": 0, "reused": 0, "compile_s": 0.0}
+_numba: Any = None
+_numba_failed = False
+
+
+def available() -> bool:
+    """True when numba imports and ``GE_FUSION_JIT`` does not turn the loops off."""
+    global _numba, _numba_failed
+    if os.environ.get("GE_FUSION_JIT", "1").strip().lower() in ("0", "false", "off", "no"):
+        return False
+    if _numba is None and not _numba_failed:
+        try:
+            import numba
+
+            _numba = numba
+        except Exception:  # noqa: BLE001 - any import failure means: no compiled loops
+            _numba_failed = True
+    return _numba is not None
+
+
+def stats() -> dict[str, float]:
+    """Loops compiled in this process, reuses of a compiled loop, and seconds spent compiling."""
+    return dict(_stats)
+
+
+# ------------------------------------------------------------------------------------------------
+# scalar forms of the program's ops: format strings over operand expressions, constants as
+# ``{K:value}`` placeholders that become typed module constants
+# ------------------------------------------------------------------------------------------------
+def _chain(fn: str, xs: Sequence[str]) -> str:
+    r = xs[0]
+    for x in xs[1:]:
+        r = f"{fn}({r}, {x})"
+    return r
+
+
+class _Emitter:
+    """Writes one step's scalar expression; constants are collected as typed globals."""
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self.dtype = dtype
+        self.consts: dict[str, Any] = {}
+        self._by_value: dict[float, str] = {}
+
+    def k(self, value: float) -> str:
+        v = float(value)
+        key = v if not math.isnan(v) else float("nan")
+        name = self._by_value.get(key)
+        if name is None:
+            name = f"K{len(self._by_value)}"
+            self._by_value[key] = name
+            self.consts[name] = self.dtype.type(v)
+        return name
+
+    def __call__(self, op: str, xs: list[str], attrs: dict[str, Any]) -> str | None:
+        k = self.k
+        a = xs[0] if xs else ""
+        if op == "Add":
+            return f"({xs[0]} + {xs[1]})"
+        if op == "Sub":
+            return f"({xs[0]} - {xs[1]})"
+        if op == "Mul":
+            return f"({xs[0]} * {xs[1]})"
+        if op == "Div":
+            return f"({xs[0]} / {xs[1]})"
+        if op == "Pow":
+            return f"_pow({xs[0]}, {xs[1]})"
+        if op == "Sum":
+            return "(" + " + ".join(xs) + ")"
+        if op == "Mean":
+            return f"(({' + '.join(xs)}) * {k(1.0 / len(xs))})"
+        if op == "Max":
+            return _chain("_max", xs)
+        if op == "Min":
+            return _chain("_min", xs)
+        if op == "Neg":
+            return f"(-{a})"
+        if op == "Abs":
+            return f"abs({a})"
+        if op in ("Exp", "Log", "Sqrt", "Tanh", "Sin", "Cos", "Erf"):
+            return f"math.{op.lower()}({a})"
+        if op == "Reciprocal":
+            return f"({k(1)} / {a})"
+        if op == "Identity":
+            return a
+        if op == "Relu":
+            return f"_max({a}, {k(0)})"
+        if op == "LeakyRelu":
+            return f"({a} if {a} >= {k(0)} else {k(attrs.get('alpha', 0.01))} * {a})"
+        if op == "Sigmoid":
+            return f"({k(1)} / ({k(1)} + math.exp(-{a})))"
+        if op == "Silu":
+            return f"({a} / ({k(1)} + math.exp(-{a})))"
+        if op == "HardSigmoid":
+            inner = f"({k(attrs.get('alpha', 0.2))} * {a} + {k(attrs.get('beta', 0.5))})"
+            return f"_min(_max({inner}, {k(0)}), {k(1)})"
+        if op == "HardSwish":
+            return f"({a} * _min(_max({a} * {k(1 / 6)} + {k(0.5)}, {k(0)}), {k(1)}))"
+        if op == "Clip":
+            r = a
+            lo, hi = attrs.get("min"), attrs.get("max")
+            if lo is not None and not (isinstance(lo, float) and math.isinf(lo) and lo < 0):
+                r = f"_max({r}, {k(lo)})"
+            if hi is not None and not (isinstance(hi, float) and math.isinf(hi) and hi > 0):
+                r = f"_min({r}, {k(hi)})"
+            return r
+        if op == "Gelu":
+            if attrs.get("approximate", "none") == "tanh":
+                return (f"({k(0.5)} * {a} * ({k(1)} + math.tanh({k(math.sqrt(2 / math.pi))} * "
+                        f"({a} + {k(0.044715)} * {a} * {a} * {a}))))")
+            return f"({k(0.5)} * {a} * ({k(1)} + math.erf({a} * {k(1 / math.sqrt(2))})))"
+        if op == "Elu":
+            return f"({a} if {a} > {k(0)} else {k(attrs.get('alpha', 1.0))} * math.expm1({a}))"
+        if op == "Softplus":
+            return f"(_max({a}, {k(0)}) + math.log1p(math.exp(-abs({a}))))"
+        return None
+
+
+_PRELUDE = '''
+import math
+import numba
+
+
+@numba.njit(inline="always")
+def _max(a, b):
+    # NumPy's maximum: a NaN in either operand is the result
+    return a if (a >= b or a != a) else b
+
+
+@numba.njit(inline="always")
+def _min(a, b):
+    return a if (a <= b or a != a) else b
+
+
+@numba.njit(inline="always")
+def _pow(a, b):
+    return a * a if b == 2 else a ** b
+'''
+
+
+# ------------------------------------------------------------------------------------------------
+# layout: broadcast strides over the output, coalesced to <= 3 dims
+# ------------------------------------------------------------------------------------------------
+def _layout(in_shapes: Sequence[tuple], out_shape: tuple) -> tuple[list[int], list[list[int]]] | None:
+    """Dims (outer to inner) and per-array element strides (output first) of the iteration
+    space, padded to three dims; None when it does not coalesce to three."""
+    rank = len(out_shape)
+    arrays: list[list[int]] = []
+    for sh in [out_shape, *in_shapes]:
+        if len(sh) > rank:
+            return None
+        full = (1,) * (rank - len(sh)) + tuple(sh)
+        strides, acc = [0] * rank, 1
+        for d in range(rank - 1, -1, -1):
+            if full[d] == out_shape[d]:
+                strides[d] = acc if out_shape[d] != 1 else 0
+            elif full[d] == 1:
+                strides[d] = 0
+            else:
+                return None
+            acc *= full[d]
+        arrays.append(strides)
+    dims: list[int] = []
+    groups: list[list[int]] = [[] for _ in arrays]
+    for d in range(rank):
+        if out_shape[d] == 1:
+            continue
+        if dims and all(g[-1] == s[d] * out_shape[d] for g, s in zip(groups, arrays)):
+            dims[-1] *= out_shape[d]
+            for g, s in zip(groups, arrays):
+                g[-1] = s[d]
+            continue
+        dims.append(out_shape[d])
+        for g, s in zip(groups, arrays):
+            g.append(s[d])
+    if len(dims) > 3:
+        return None
+    pad = 3 - len(dims)
+    dims = [1] * pad + dims
+    padded = [[0] * pad + g for g in groups]
+    if padded[0][2] != 1 and dims[2] != 1:
+        return None
+    if any(s[2] not in (0, 1) for s in padded[1:]):
+        return None
+    return dims, padded
+
+
+# ------------------------------------------------------------------------------------------------
+def loop_kernel(steps: list[tuple[str, list[str], dict[str, Any]]], names: list[str], in_dtypes: Sequence[Any],
+                in_shapes: Sequence[tuple | None], out_dtype: Any, out_shape: tuple | None,
+                workers: int = 1) -> Callable[..., np.ndarray] | None:
+    """A callable ``fn(*operands, out=None)`` running ``steps`` as one compiled loop, or None when
+    this program/layout has no loop form (the caller then generates NumPy code)."""
+    if not available() or out_shape is None or any(sh is None for sh in in_shapes):
+        return None
+    dt = np.dtype(out_dtype)
+    if dt.name not in DTYPES or any(np.dtype(d) != dt for d in in_dtypes):
+        return None
+    lay = _layout([tuple(s) for s in in_shapes if s is not None], tuple(out_shape))
+    if lay is None:
+        return None
+    dims, strides = lay
+    inner = tuple(s[2] for s in strides[1:])
+    compiled = _compile(steps, names, dt, inner)
+    if compiled is None:
+        return None
+    return _wrap(compiled, dims, strides, tuple(out_shape), dt, workers, source=compiled.ge_source)
+
+
+def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...]):
+    key = (repr(steps), tuple(names), dt.name, inner)
+    with _lock:
+        fn = _compiled.get(key)
+        if fn is not None:
+            _stats["reused"] += 1
+            return fn
+    em = _Emitter(dt)
+    body: list[str] = []
+    env = dict(zip(names, (f"v{i}" for i in range(len(names)))))
+    for j, (op, refs, attrs) in enumerate(steps):
+        expr = em(op, [env[r] for r in refs], attrs)
+        if expr is None:
+            return None
+        body.append(f"t{j} = {expr}")
+        env[f"t{j}"] = f"t{j}"
+    params = ["d0", "d1", "d2", "out", "os0", "os1"]
+    for i in range(len(names)):
+        params += [f"x{i}", f"xs{i}_0", f"xs{i}_1"]
+    lines = [f"def kernel({', '.join(params)}):",
+             "    for i in range(d0):",
+             "        for j in range(d1):",
+             "            ob = i * os0 + j * os1",
+             # rows as slices: indexing them by the loop counter needs no wraparound test, so
+             # LLVM vectorises the inner loop
+             "            o = out[ob:ob + d2]"]
+    for i in range(len(names)):
+        lines.append(f"            b{i} = i * xs{i}_0 + j * xs{i}_1")
+        if inner[i] == 0:
+            lines.append(f"            v{i} = x{i}[b{i}]")
+        else:
+            lines.append(f"            r{i} = x{i}[b{i}:b{i} + d2]")
+    lines.append("            for k in range(d2):")
+    for i in range(len(names)):
+        if inner[i] == 1:
+            lines.append(f"                v{i} = r{i}[k]")
+    lines += [f"                {s}" for s in body]
+    lines.append(f"                o[k] = t{len(steps) - 1}")
+    consts = "".join(f"{n} = np.{dt.name}({float(v)!r})\n" for n, v in em.consts.items())
+    src = _PRELUDE + "import numpy as np\n" + consts + "\n\n" + "\n".join(lines) + "\n"
+    import time
+
+    numba = _numba
+    nt = numba.types
+    i64, scalar = nt.int64, getattr(nt, dt.name)
+    # operands are read-only in the signature, so mmap'ed weights of a loaded .om pass too
+    rw, ro = nt.Array(scalar, 1, "C"), nt.Array(scalar, 1, "C", readonly=True)
+    sig = nt.void(i64, i64, i64, rw, i64, i64, *([ro, i64, i64] * len(names)))
+    t0 = time.perf_counter()
+    ns: dict[str, Any] = {}
+    try:
+        exec(compile(src, "<ge_fusion loop>", "exec"), ns)  # noqa: S102 - our own generated code
+        fn = numba.njit(sig, nogil=True, error_model="numpy")(ns["kernel"])
+    except Exception:  # noqa: BLE001 - a loop numba refuses: the caller generates NumPy code
+        return None
+    fn.ge_source = src
+    with _lock:
+        _stats["compiled"] += 1
+        _stats["compile_s"] += time.perf_counter() - t0
+        _compiled[key] = fn
+    return fn
+
+
+def _wrap(compiled, dims: list[int], strides: list[list[int]], out_shape: tuple, dt: np.dtype, workers: int,
+          source: str) -> Callable[..., np.ndarray]:
+    d0, d1, d2 = dims
+    os0, os1 = strides[0][0], strides[0][1]
+    xs = [(s[0], s[1]) for s in strides[1:]]
+    n_in = len(xs)
+    size = math.prod(out_shape)
+    # parts for several workers: split the outermost dim that has enough rows; a flat loop
+    # (d0 == d1 == 1) is cut into contiguous pieces of the inner dim
+    parts: list[tuple[int, int, int, int, list[int]]] = []  # (d0, d1, d2, out offset, input offsets)
+    if workers > 1 and size >= 1 << 16:
+        if d0 >= workers or d1 >= workers:
+            ax = 0 if d0 >= workers else 1
+            n = d0 if ax == 0 else d1
+            per = -(-n // workers)
+            for lo in range(0, n, per):
+                cnt = min(per, n - lo)
+                so = (os0 if ax == 0 else os1) * lo
+                offs = [(x[0] if ax == 0 else x[1]) * lo for x in xs]
+                parts.append((cnt if ax == 0 else d0, d1 if ax == 0 else cnt, d2, so, offs))
+        elif d0 == 1 and d1 == 1:
+            per = -(-d2 // workers)
+            for lo in range(0, d2, per):
+                cnt = min(per, d2 - lo)
+                parts.append((1, 1, cnt, lo, [lo if s[2] == 1 else 0 for s in strides[1:]]))
+    casts = dt
+
+    def flat(a):
+        a = a if isinstance(a, np.ndarray) and a.dtype == casts else np.asarray(a, dtype=casts)
+        return a.reshape(-1) if a.flags.c_contiguous and a.flags.aligned else np.ascontiguousarray(a).reshape(-1)
+
+    def run_part(p, o, ins):
+        p0, p1, p2, so, offs = p
+        args: list[Any] = []
+        for (s0, s1), x, off in zip(xs, ins, offs):
+            args += [x[off:] if off else x, s0, s1]
+        compiled(p0, p1, p2, o[so:] if so else o, os0, os1, *args)
+
+    def kernel(*operands, out=None):
+        if len(operands) != n_in:
+            raise TypeError(f"fused loop takes {n_in} operands, got {len(operands)}")
+        ins = [flat(a) for a in operands]
+        target = out if (out is not None and out.flags.c_contiguous and out.flags.aligned and out.flags.writeable
+                         and out.dtype == dt and out.shape == out_shape) else np.empty(out_shape, dt)
+        o = target.reshape(-1)
+        if not parts:
+            args: list[Any] = []
+            for (s0, s1), x in zip(xs, ins):
+                args += [x, s0, s1]
+            compiled(d0, d1, d2, o, os0, os1, *args)
+        else:
+            from .codegen import _pool
+
+            futures = [_pool().submit(run_part, p, o, ins) for p in parts[1:]]
+            run_part(parts[0], o, ins)
+            for f in futures:
+                f.result()
+        if out is not None and target is not out:
+            np.copyto(out, target.reshape(out.shape) if out.shape != out_shape else target)
+            return out
+        return target
+
+    kernel.mode = "loop"  # type: ignore[attr-defined]
+    kernel.source = source  # type: ignore[attr-defined]
+    return kernel

@@ -1,0 +1,257 @@
+"""Compiled loop kernels (ge_fusion.loopgen): every op, every broadcast layout, threads, fallbacks,
+and whole models against onnxruntime."""
+
+import math
+
+import numpy as np
+import pytest
+
+import ge_core as ge
+from ge_fusion import codegen, loopgen
+from ge_sdk.testing import GraphBuilder, random_inputs, run_onnxruntime, run_reference
+
+
+def test_numba_is_there():
+    # numba is a dependency of this distribution; without it fused groups run as NumPy code
+    assert loopgen.available(), "numba did not import (or GE_FUSION_JIT=0 is set)"
+
+#: attributes each op is tried with (every op of the table is tried at least once)
+ATTRS = {
+    "LeakyRelu": [{"alpha": 0.2}, {"alpha": 3.0}],
+    "Clip": [{"min": -0.5, "max": 0.7}, {"min": None, "max": 0.3}, {"min": -0.2, "max": None}],
+    "Gelu": [{"approximate": "none"}, {"approximate": "tanh"}],
+    "HardSigmoid": [{"alpha": 0.3, "beta": 0.4}],
+    "Elu": [{"alpha": 0.7}],
+}
+CASES = [(op, a) for op in sorted(codegen.OPS) for a in ATTRS.get(op, [{}])]
+
+
+def _inputs(op, dtype, rng, shape=(37, 129)):
+    arity = codegen.OPS[op].arity
+    n = 3 if arity is None else arity
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    x.flat[:6] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30]
+    xs = [x]
+    if n >= 2:
+        xs.append((rng.standard_normal(shape[-1:]) * 2).astype(dtype))  # a row, broadcast
+    if n >= 3:
+        xs.append(np.array(0.75, dtype))  # a scalar
+    if op == "Pow":
+        xs[1] = np.where(np.arange(shape[-1]) % 2 == 0, 2.0, 1.5).astype(dtype)
+    return xs
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("op,attrs", CASES, ids=[f"{o}-{i}" for o, a in CASES for i in [len(str(a))]])
+def test_every_op_as_a_loop_matches_its_numpy_form(op, attrs, dtype):
+    rng = np.random.default_rng(7)
+    xs = _inputs(op, dtype, rng)
+    prog = codegen.dumps([(op, [f"a{i}" for i in range(len(xs))], attrs)])
+    shapes = [x.shape for x in xs]
+    loop = codegen.compile_program(prog, [dtype] * len(xs), shapes, dtype, xs[0].shape, mode="loop")
+    ref = codegen.compile_program(prog, [dtype] * len(xs), shapes, dtype, xs[0].shape, mode="numpy")
+    assert loop.mode == "loop" and ref.mode == "numpy"
+    with np.errstate(all="ignore"):
+        want = ref(*xs)
+        got = loop(*xs)
+    assert got.dtype == np.dtype(dtype) and got.shape == want.shape
+    # NumPy's erf is a 1.5e-7 polynomial; the loop uses libm's erf
+    tol = 2e-6 if op in ("Erf", "Gelu") else (2e-6 if dtype == "float32" else 1e-12)
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol, equal_nan=True)
+
+
+def test_nan_propagates_like_numpy_through_max_min_relu_and_clip():
+    x = np.array([np.nan, -1.0, 2.0, np.nan], np.float32)
+    y = np.array([0.0, np.nan, 1.0, 3.0], np.float32)
+    for op, want in [("Max", np.maximum(x, y)), ("Min", np.minimum(x, y))]:
+        fn = codegen.compile_program(codegen.dumps([(op, ["a0", "a1"], {})]), ["float32"] * 2, [(4,), (4,)],
+                                     "float32", (4,), mode="loop")
+        np.testing.assert_array_equal(fn(x, y), want)
+    for op, attrs, want in [("Relu", {}, np.maximum(x, 0)), ("Clip", {"min": 0.0, "max": 1.0}, np.clip(x, 0, 1))]:
+        fn = codegen.compile_program(codegen.dumps([(op, ["a0"], attrs)]), ["float32"], [(4,)], "float32", (4,),
+                                     mode="loop")
+        np.testing.assert_array_equal(fn(x), want)
+
+
+BN_RELU = codegen.dumps([("Mul", ["a0", "a1"], {}), ("Add", ["t0", "a2"], {}), ("Relu", ["t1"], {}),
+                         ("Sub", ["t2", "a1"], {})])
+
+#: (shapes of a0, a1, a2; output shape; the coalesced loop has a form)
+LAYOUTS = [
+    ([(1 << 16,), (), ()], (1 << 16,), True),                       # flat and scalars
+    ([(2, 64, 7, 7), (64, 1, 1), (64, 1, 1)], (2, 64, 7, 7), True),  # per channel, batch 2
+    ([(1, 64, 9, 9), (1, 64, 1, 1), (1, 1, 9, 9)], (1, 64, 9, 9), True),
+    ([(300, 700), (700,), (300, 1)], (300, 700), True),              # row and column
+    ([(64, 1), (1, 128), (1,)], (64, 128), True),                    # outer product
+    ([(1, 1, 1000), (1000,), ()], (1, 1, 1000), True),               # unit dims dropped
+    ([(3, 5, 7, 11), (5, 1, 11), (3, 1, 7, 1)], (3, 5, 7, 11), False),  # four dims do not coalesce
+    ([(), (), ()], (), True),                                        # a 0-d output
+]
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("shapes,out_shape,has_loop", LAYOUTS, ids=[str(s[1]) for s in LAYOUTS])
+def test_broadcast_layouts_and_worker_splits(shapes, out_shape, has_loop, workers):
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    want = np.maximum(xs[0] * xs[1] + xs[2], 0) - xs[1]
+    fn = loopgen.loop_kernel(codegen.loads(BN_RELU), ["a0", "a1", "a2"], ["float32"] * 3, shapes, "float32",
+                             out_shape, workers=workers)
+    if not has_loop:
+        assert fn is None
+        fn = codegen.compile_program(BN_RELU, ["float32"] * 3, shapes, "float32", out_shape)
+        assert fn.mode != "loop"  # generated NumPy code instead
+    np.testing.assert_allclose(fn(*xs), want, rtol=1e-6, atol=1e-6)
+    out = np.full(out_shape, np.nan, np.float32)
+    assert fn(*xs, out=out) is out
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+
+
+def test_strided_operands_and_output_and_in_place():
+    fn = codegen.compile_program(BN_RELU, ["float32"] * 3, [(40, 50), (50,), (40, 1)], "float32", (40, 50),
+                                 mode="loop")
+    rng = np.random.default_rng(5)
+    base = rng.standard_normal((50, 40)).astype(np.float32)
+    a0 = base.T  # not contiguous
+    a1 = rng.standard_normal(100).astype(np.float32)[::2]
+    a2 = rng.standard_normal((40, 1)).astype(np.float32)
+    want = np.maximum(a0 * a1 + a2, 0) - a1
+    big = np.zeros((40, 100), np.float32)
+    out = big[:, ::2]  # a strided output view
+    assert fn(a0, a1, a2, out=out) is out
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+    assert not big[:, 1::2].any()
+    x = np.ascontiguousarray(a0)
+    fn(x, a1, a2, out=x)  # the output is a dying input's memory
+    np.testing.assert_allclose(x, want, rtol=1e-6)
+
+
+def test_one_compiled_loop_serves_every_shape_of_a_program():
+    # a program no other test compiles
+    prog = codegen.dumps([("Mul", ["a0", "a1"], {}), ("Add", ["t0", "a2"], {}), ("Tanh", ["t1"], {}),
+                          ("Cos", ["t2"], {}), ("Sin", ["t3"], {}), ("Mul", ["t4", "a0"], {})])
+    before = loopgen.stats()
+    for c, hw in [(8, 5), (16, 9), (32, 3)]:
+        fn = codegen.compile_program(prog, ["float32"] * 3, [(1, c, hw, hw), (c, 1, 1), (c, 1, 1)], "float32",
+                                     (1, c, hw, hw))
+        assert fn.mode == "loop"
+    after = loopgen.stats()
+    assert after["compiled"] - before["compiled"] == 1
+    assert after["reused"] - before["reused"] == 2
+
+
+def test_integer_programs_and_mixed_dtypes_use_numpy_code():
+    prog = codegen.dumps([("Add", ["a0", "a1"], {}), ("Mul", ["t0", "a0"], {})])
+    fn = codegen.compile_program(prog, ["int64", "int64"], [(4096,), (4096,)], "int64", (4096,))
+    assert fn.mode != "loop"
+    a = np.arange(4096, dtype=np.int64)
+    np.testing.assert_array_equal(fn(a, a), (a + a) * a)
+    fn = codegen.compile_program(prog, ["float32", "float64"], [(4096,), (4096,)], "float64", (4096,))
+    assert fn.mode != "loop"
+
+
+def test_symbolic_shapes_use_numpy_code():
+    prog = codegen.dumps([("Add", ["a0", "a1"], {}), ("Relu", ["t0"], {})])
+    fn = codegen.compile_program(prog, ["float32"] * 2, [("N", 8), (8,)], "float32", None)
+    assert fn.mode != "loop"
+    a = np.ones((3, 8), np.float32)
+    np.testing.assert_array_equal(fn(a, -a[0]), np.zeros((3, 8), np.float32))
+
+
+def test_jit_switch_turns_loops_off(monkeypatch):
+    prog = codegen.dumps([("Exp", ["a0"], {}), ("Neg", ["t0"], {})])
+    assert codegen.compile_program(prog, ["float32"], [(5000,)], "float32", (5000,)).mode == "loop"
+    monkeypatch.setenv("GE_FUSION_JIT", "0")
+    assert codegen.compile_program(prog, ["float32"], [(5000,)], "float32", (5000,)).mode != "loop"
+
+
+def test_loop_source_is_inspectable():
+    fn = codegen.compile_program(BN_RELU, ["float32"] * 3, [(64, 100), (100,), (64, 1)], "float32", (64, 100))
+    assert "for k in range(d2)" in fn.source and "_max(" in fn.source
+
+
+# ------------------------------------------------------------------------------------------------
+# whole graphs against onnxruntime
+# ------------------------------------------------------------------------------------------------
+def _unary_soup(shape, dtype):
+    b = GraphBuilder("soup")
+    x = b.input("x", dtype, shape)
+    s = b.input("s", dtype, (shape[1], 1, 1))
+    t = b.Mul(x, s)
+    t = b.Add(t, b.const(np.array(0.5, dtype)))
+    t = b.Sigmoid(t)
+    u = b.Tanh(b.Mul(x, b.const(np.array(0.3, dtype))))
+    t = b.Add(t, u)
+    t = b.Sub(t, b.Exp(b.Neg(b.Abs(x))))
+    t = b.LeakyRelu(t, alpha=0.1)
+    t = b.Clip(t, b.const(np.array(-0.4, dtype)), b.const(np.array(0.9, dtype)))
+    t = b.Div(t, b.Add(b.Sqrt(b.Abs(x)), b.const(np.array(1.0, dtype))))
+    t = b.Elu(t, alpha=0.5)
+    t = b.HardSigmoid(t, alpha=0.3, beta=0.45)
+    t = b.Mul(t, b.Erf(x))
+    b.output(b.Softplus(t))
+    return b.build()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_fused_loops_match_onnxruntime_and_onnx_reference(dtype):
+    g = _unary_soup((2, 24, 33, 17), dtype)
+    feeds = random_inputs(g, seed=4)
+    model = ge.compile(g)
+    assert model.report["kernel_modes"].get("loop", 0) >= 1, model.report
+    assert model.report["kernels"] <= 2, model.report["op_counts"]
+    got = model.run(feeds)
+    # onnxruntime has no float64 Elu
+    want = run_onnxruntime(g, feeds) if dtype == "float32" else run_reference(g, feeds)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_fused_chain_of_the_benchmark_matches_onnxruntime_on_every_executor():
+    b = GraphBuilder("chain")
+    x = b.input("x", "float32", (1 << 16,))
+    t = b.Mul(x, np.float32(1.7))
+    t = b.Add(t, np.float32(0.3))
+    t = b.Relu(t)
+    t = b.Mul(t, x)
+    t = b.Sub(t, np.float32(0.25))
+    t = b.Abs(t)
+    t = b.Sqrt(t)
+    b.output(b.Neg(t))
+    g = b.build()
+    feeds = random_inputs(g, seed=9)
+    want = run_onnxruntime(g, feeds)
+    for executor in ("sequential", "arena", "sink", "streams"):
+        model = ge.compile(g, {"executor": executor})
+        assert model.report["kernels"] == 1 and model.report["kernel_modes"] == {"loop": 1}
+        got = model.run(feeds)
+        for k in want:
+            # FMA-free loop: the same rounding as the unfused ops, even where x*x - 0.25 cancels
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=f"{executor}:{k}")
+    assert math.isfinite(loopgen.stats()["compile_s"])
+
+
+def test_read_only_and_unaligned_operands(tmp_path):
+    # weights of a loaded .om are read-only memory maps
+    fn = codegen.compile_program(BN_RELU, ["float32"] * 3, [(8, 300), (300,), (8, 1)], "float32", (8, 300),
+                                 mode="loop")
+    rng = np.random.default_rng(2)
+    a0, a1, a2 = (rng.standard_normal(s).astype(np.float32) for s in [(8, 300), (300,), (8, 1)])
+    want = np.maximum(a0 * a1 + a2, 0) - a1
+    a1.setflags(write=False)
+    raw = np.zeros(8 * 300 * 4 + 1, np.uint8)[1:]  # an unaligned float32 view
+    odd = raw.view(np.float32).reshape(8, 300)
+    odd[...] = a0
+    np.testing.assert_allclose(fn(odd, a1, a2), want, rtol=1e-6)
+    b = GraphBuilder("bn")
+    x = b.input("x", "float32", (1, 64, 20, 20))
+    t = b.Mul(x, b.random_const((64, 1, 1), name="scale"))
+    t = b.Add(t, b.random_const((64, 1, 1), name="shift"))
+    b.output(b.Sigmoid(b.Relu(t)))
+    m = ge.compile(b.build())
+    assert m.report["kernel_modes"] == {"loop": 1}
+    m.save(tmp_path / "bn.om")
+    again = ge.load_om(str(tmp_path / "bn.om"))
+    feeds = random_inputs(m.graph, seed=1)
+    name = m.output_names[0]
+    np.testing.assert_array_equal(again.run(feeds)[name], m.run(feeds)[name])
