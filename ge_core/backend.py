@@ -13,6 +13,9 @@ class Executable:
 
     #: Kernel launches one inference makes (the report's ``kernels``).
     kernel_count: int = 0
+    #: How the backend's generated kernels were made, e.g. ``{"loop": 3, "numpy": 2}`` (the
+    #: report's ``kernel_modes``); empty when it generates none.
+    kernel_modes: dict[str, int] = {}
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:  # pragma: no cover
         """Outputs in graph output order; feeds are already checked by the caller."""

@@ -93,6 +93,9 @@ def compile_graph(graph: Graph, options: CompileOptions, host, progress: Callabl
     say("build")
     exe = model.executable
     report["kernels"] = int(getattr(exe, "kernel_count", len(order)))
+    modes = getattr(exe, "kernel_modes", None)
+    if modes:
+        report["kernel_modes"] = dict(modes)
     report["backend"] = regs.backend(options.soc_version).name
     report["compile_seconds"] = round(time.perf_counter() - t0, 4)
     host.notify("ge_model_built", model=model)

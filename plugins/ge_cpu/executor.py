@@ -22,6 +22,7 @@ empty optional, or an absent optional input).
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -168,6 +169,8 @@ class _Program:
         self.output_slots = [slot_of(v) for v in graph.outputs]
         self.output_types = [v.type for v in graph.outputs]
         self.kernel_count = len(steps)
+        modes = collections.Counter(m for st in steps for m in [getattr(st.fn, "mode", "")] if isinstance(m, str) and m)
+        self.kernel_modes = dict(sorted(modes.items()))
 
     def execute(self, env: list[Any]) -> list[Any]:
         for s, a in self.const_slots:
@@ -252,6 +255,7 @@ class SequentialExecutable(Executable):
         self.output_slots = p.output_slots
         self.output_types = p.output_types
         self.kernel_count = count_kernels(p)
+        self.kernel_modes = p.kernel_modes
 
     def run(self, feeds: Mapping[str, Any]) -> list[Any]:
         p = self.program

@@ -190,6 +190,27 @@ def run_onnxruntime(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, 
     return dict(zip(names, outs))
 
 
+def run_reference(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run ``graph`` with ``onnx.reference`` (ONNX's own Python evaluator): the oracle for what
+    onnxruntime has no kernel for (float64 Elu, for one). Raises :class:`GEError` when it cannot."""
+    fe = _regs().frontends.get("onnx")
+    if fe is None:
+        raise GEError("no 'onnx' frontend is registered, so the graph cannot be exported for onnx.reference")
+    from onnx.reference import ReferenceEvaluator
+
+    g = graph.copy()
+    infer_graph(g, _regs().ops)
+    try:
+        proto = fe.export(g)
+        ev = ReferenceEvaluator(proto)
+        outs = ev.run(None, {k: v for k, v in feeds.items() if k in set(ev.input_names)})
+    except GEError:
+        raise
+    except Exception as e:
+        raise GEError(f"onnx.reference cannot run the graph: {type(e).__name__}: {str(e)[:300]}") from None
+    return dict(zip(ev.output_names, outs))
+
+
 @dataclass
 class SemanticsCheck:
     """What :func:`assert_pass_preserves_semantics` compared."""
