@@ -28,6 +28,21 @@ def _frontend_for(source: Any, framework: str | None, regs):
             hint=f"installed frontends: {', '.join(sorted(fronts)) or 'none'}"
             + ("; install ge-python[tensorflow] for TensorFlow" if fw in ("tensorflow", "3") else ""),
         )
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        # the serialized model itself: tell the format by its first bytes, as for a file
+        head = bytes(source[:_HEAD])
+        for f in fronts.values():
+            try:
+                if f.sniff("", head):
+                    return f
+            except Exception:  # noqa: BLE001 - a frontend's sniff failing means: not its format
+                continue
+        if head[:4] == b"GEOM":
+            raise ModelFileError("these bytes are a compiled .om model, not a source model",
+                                 hint="write them to a file and load it with ge.load_om")
+        raise ModelFileError(f"cannot tell the format of {len(source)} bytes of model",
+                             hint="give the framework (framework=...; installed: "
+                                  f"{', '.join(sorted(fronts)) or 'none'})")
     if not isinstance(source, (str, os.PathLike)):
         for f in fronts.values():
             if f.accepts_object(source):

@@ -113,3 +113,24 @@ def test_every_hookspec_is_documented():
     for name in specs:
         doc = getattr(hookspecs, name).__doc__ or ""
         assert len(doc.strip()) > 40, name
+
+
+def test_load_tells_the_format_of_model_bytes(tmp_path):
+    import onnxruntime as ort
+
+    from tests.conftest import light_model_path
+
+    data = open(light_model_path("squeezenet"), "rb").read()
+    g = ge.load(data)  # no framework given: the bytes are sniffed like a file's head
+    assert g.metadata["framework"] == "onnx"
+    assert ge.load(memoryview(data)).metadata["framework"] == "onnx"
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {g.inputs[0].name: x})[0]
+    got = ge.compile(g).run({g.inputs[0].name: x})
+    np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-3, atol=1e-4)
+    om = tmp_path / "m.om"
+    ge.compile(g).save(om)
+    with pytest.raises(ge.ModelFileError, match="compiled .om"):
+        ge.load(om.read_bytes())
+    with pytest.raises(ge.ModelFileError, match="cannot tell the format of 11 bytes"):
+        ge.load(b"hello world")
