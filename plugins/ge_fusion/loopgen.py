@@ -75,6 +75,16 @@ class _Emitter:
         self.dtype = dtype
         self.consts: dict[str, Any] = {}
         self._by_value: dict[float, str] = {}
+        #: set when a step needs a libm call that keeps the loop from vectorising
+        self.scalar_calls: list[str] = []
+
+    def f(self, name: str) -> str:
+        """The vectorisable float32 form of a math function (:mod:`ge_fusion.vmath`); libm's
+        scalar one otherwise (noted: NumPy's SIMD ufuncs beat such a loop)."""
+        if self.dtype == np.float32 and name in _VMATH:
+            return _VMATH[name]
+        self.scalar_calls.append(name)
+        return f"math.{name}"
 
     def k(self, value: float) -> str:
         v = float(value)
@@ -111,8 +121,10 @@ class _Emitter:
             return f"(-{a})"
         if op == "Abs":
             return f"abs({a})"
-        if op in ("Exp", "Log", "Sqrt", "Tanh", "Sin", "Cos", "Erf"):
-            return f"math.{op.lower()}({a})"
+        if op == "Sqrt":
+            return f"math.sqrt({a})"
+        if op in ("Exp", "Log", "Tanh", "Sin", "Cos", "Erf"):
+            return f"{self.f(op.lower())}({a})"
         if op == "Reciprocal":
             return f"({k(1)} / {a})"
         if op == "Identity":
@@ -122,9 +134,9 @@ class _Emitter:
         if op == "LeakyRelu":
             return f"({a} if {a} >= {k(0)} else {k(attrs.get('alpha', 0.01))} * {a})"
         if op == "Sigmoid":
-            return f"({k(1)} / ({k(1)} + math.exp(-{a})))"
+            return f"({k(1)} / ({k(1)} + {self.f('exp')}(-{a})))"
         if op == "Silu":
-            return f"({a} / ({k(1)} + math.exp(-{a})))"
+            return f"({a} / ({k(1)} + {self.f('exp')}(-{a})))"
         if op == "HardSigmoid":
             inner = f"({k(attrs.get('alpha', 0.2))} * {a} + {k(attrs.get('beta', 0.5))})"
             return f"_min(_max({inner}, {k(0)}), {k(1)})"
@@ -140,15 +152,19 @@ class _Emitter:
             return r
         if op == "Gelu":
             if attrs.get("approximate", "none") == "tanh":
-                return (f"({k(0.5)} * {a} * ({k(1)} + math.tanh({k(math.sqrt(2 / math.pi))} * "
+                return (f"({k(0.5)} * {a} * ({k(1)} + {self.f('tanh')}({k(math.sqrt(2 / math.pi))} * "
                         f"({a} + {k(0.044715)} * {a} * {a} * {a}))))")
-            return f"({k(0.5)} * {a} * ({k(1)} + math.erf({a} * {k(1 / math.sqrt(2))})))"
+            return f"({k(0.5)} * {a} * ({k(1)} + {self.f('erf')}({a} * {k(1 / math.sqrt(2))})))"
         if op == "Elu":
-            return f"({a} if {a} > {k(0)} else {k(attrs.get('alpha', 1.0))} * math.expm1({a}))"
+            return f"({a} if {a} > {k(0)} else {k(attrs.get('alpha', 1.0))} * {self.f('expm1')}({a}))"
         if op == "Softplus":
-            return f"(_max({a}, {k(0)}) + math.log1p(math.exp(-abs({a}))))"
+            return f"(_max({a}, {k(0)}) + {self.f('log1p')}({self.f('exp')}(-abs({a}))))"
         return None
 
+
+#: math functions with a vectorisable float32 form in :mod:`ge_fusion.vmath`
+_VMATH = {"exp": "exp32", "log": "log32", "log1p": "log1p32", "expm1": "expm1_32", "tanh": "tanh32",
+          "erf": "erf32"}
 
 _PRELUDE = '''
 import math
@@ -244,9 +260,10 @@ def loop_kernel(steps: list[tuple[str, list[str], dict[str, Any]]], names: list[
 def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...]):
     key = (repr(steps), tuple(names), dt.name, inner)
     with _lock:
-        fn = _compiled.get(key)
-        if fn is not None:
-            _stats["reused"] += 1
+        if key in _compiled:
+            fn = _compiled[key]
+            if fn is not None:
+                _stats["reused"] += 1
             return fn
     em = _Emitter(dt)
     body: list[str] = []
@@ -257,6 +274,12 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...]):
             return None
         body.append(f"t{j} = {expr}")
         env[f"t{j}"] = f"t{j}"
+    if em.scalar_calls:
+        # libm per element (sin, cos; every float64 transcendental) keeps LLVM from vectorising:
+        # NumPy's SIMD ufuncs in cache-sized blocks are faster
+        with _lock:
+            _compiled[key] = None
+        return None
     params = ["d0", "d1", "d2", "out", "os0", "os1"]
     for i in range(len(names)):
         params += [f"x{i}", f"xs{i}_0", f"xs{i}_1"]
@@ -290,7 +313,9 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...]):
     rw, ro = nt.Array(scalar, 1, "C"), nt.Array(scalar, 1, "C", readonly=True)
     sig = nt.void(i64, i64, i64, rw, i64, i64, *([ro, i64, i64] * len(names)))
     t0 = time.perf_counter()
-    ns: dict[str, Any] = {}
+    from . import vmath
+
+    ns: dict[str, Any] = dict(vmath.FUNCTIONS)
     try:
         exec(compile(src, "<ge_fusion loop>", "exec"), ns)  # noqa: S102 - our own generated code
         fn = numba.njit(sig, nogil=True, error_model="numpy")(ns["kernel"])
