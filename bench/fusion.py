@@ -3,7 +3,8 @@
 Both variants of each model are compiled in this one process and run interleaved, round by
 round, on the same inputs, so machine noise hits them alike. Prints the median latency per
 model with fusion on and off, kernel launches of each, and the speed-up; then the same for a
-chain of eight elementwise ops on 4M float32 elements (one generated kernel vs eight).
+chain of eight elementwise ops on 4M float32 elements (one generated kernel vs eight), and
+the row kernels (Softmax, LayerNorm, GELU) fused vs unfused vs onnxruntime.
 
     python bench/fusion.py [--rounds 5] [--models resnet50,vgg19] [--chain-only] [--threads 2]
 """
@@ -42,6 +43,51 @@ def chain_graph(n: int = 1 << 22) -> ge.Graph:
     t = b.Sqrt(t)
     b.output(b.Neg(t))
     return b.build()
+
+
+def row_graph(op: str, shape: tuple) -> ge.Graph:
+    """Softmax / LayerNormalization over the last axis, or the erf form of GELU, on ``shape``."""
+    b = GraphBuilder(op)
+    b.graph.opset_imports[""] = 17
+    x = b.input("x", "float32", shape)
+    d = shape[-1]
+    if op == "Softmax":
+        b.output(b.Softmax(x, axis=-1))
+    elif op == "LayerNormalization":
+        r = np.random.default_rng(0)
+        b.output(b.LayerNormalization(x, b.const(r.random(d).astype(np.float32)),
+                                      b.const(r.random(d).astype(np.float32)), axis=-1))
+    else:
+        e = b.Erf(b.Div(x, np.float32(math.sqrt(2))))
+        b.output(b.Mul(b.Mul(x, b.Add(e, np.float32(1.0))), np.float32(0.5)))
+    return b.build()
+
+
+def side_by_side(g: ge.Graph, feeds: dict, extra: dict, rounds: int):
+    """Median seconds of ``g`` fused, unfused and in onnxruntime, interleaved; outputs checked equal."""
+    on = ge.compile(g, dict(extra))
+    off = ge.compile(g, {**OFF, **extra})
+    np.testing.assert_allclose(on.run(feeds)[on.output_names[0]], off.run(feeds)[off.output_names[0]],
+                               rtol=1e-5, atol=1e-6)
+    runs: dict[str, object] = {"on": on, "off": off}
+    try:
+        import onnxruntime as ort
+
+        from ge_core.plugins import get_host
+
+        proto = get_host().registries.frontends.get("onnx").export(g)
+        so = ort.SessionOptions()
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+        class _Ort:
+            def run(self, f):
+                return sess.run(None, f)
+
+        runs["onnxruntime"] = _Ort()
+    except ImportError:
+        pass
+    return interleaved(runs, feeds, rounds), on, off
 
 
 def interleaved(runs: dict[str, object], feeds: dict, rounds: int) -> dict[str, float]:
@@ -89,31 +135,9 @@ def main(argv=None) -> int:
         con.print(table)
         if ratios:
             con.print(f"geometric mean speed-up: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}x")
-    g = chain_graph()
-    on = ge.compile(g, dict(extra))
-    off = ge.compile(g, {**OFF, **extra})
+    rounds = max(args.rounds, 7)
     feeds = {"x": rng.standard_normal(1 << 22).astype(np.float32)}
-    np.testing.assert_allclose(on.run(feeds)[on.output_names[0]],
-                               off.run(feeds)[off.output_names[0]], rtol=1e-5, atol=1e-6)
-    runs: dict[str, object] = {"on": on, "off": off}
-    try:
-        import onnxruntime as ort
-
-        from ge_core.plugins import get_host
-
-        proto = get_host().registries.frontends.get("onnx").export(g)
-        so = ort.SessionOptions()
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-        class _Ort:
-            def run(self, f):
-                return sess.run(None, f)
-
-        runs["onnxruntime"] = _Ort()
-    except ImportError:
-        pass
-    med = interleaved(runs, feeds, max(args.rounds, 7))
+    med, on, off = side_by_side(chain_graph(), feeds, extra, rounds)
     speedup = med["off"] / med["on"]
     modes = ", ".join(f"{k}" for k in on.report.get("kernel_modes", {})) or "?"
     con.print(f"elementwise chain, 8 ops on 4M float32: fused {med['on'] * 1e3:.1f} ms ({on.report['kernels']} {modes} kernel), "
@@ -121,6 +145,16 @@ def main(argv=None) -> int:
     if "onnxruntime" in med:
         con.print(f"  onnxruntime {med['onnxruntime'] * 1e3:.1f} ms: ge fused / onnxruntime = "
                   f"{med['on'] / med['onnxruntime']:.2f}")
+    if not args.chain_only:
+        table = Table(title=f"row kernels (median of {rounds} interleaved rounds, ms)")
+        for col in ("op", "shape", "fused", "unfused", "onnxruntime", "fused / ort"):
+            table.add_column(col, justify="right" if col not in ("op", "shape") else "left")
+        for op, shape in (("Softmax", (8192, 768)), ("LayerNormalization", (8192, 768)), ("Gelu", (8192, 3072))):
+            g = row_graph(op, shape)
+            m, _, _ = side_by_side(g, {"x": rng.standard_normal(shape).astype(np.float32)}, extra, rounds)
+            table.add_row(op, "x".join(map(str, shape)), f"{m['on'] * 1e3:.2f}", f"{m['off'] * 1e3:.2f}",
+                          f"{m.get('onnxruntime', math.nan) * 1e3:.2f}", f"{m['on'] / m.get('onnxruntime', math.nan):.2f}")
+        con.print(table)
     return 0 if speedup >= 2.0 else 1
 
 

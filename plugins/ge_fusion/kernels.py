@@ -185,15 +185,34 @@ def matmul_factory(spec: KernelSpec):
     return _mark_out(kernel)
 
 
-def _softmax_inplace(s: np.ndarray, axis: int) -> np.ndarray:
+def _rows(kind: str, dtype: Any):
+    from . import loopgen
+
+    return loopgen.row_kernel(kind, dtype)
+
+
+def _softmax_inplace(s: np.ndarray, axis: int, rows=None) -> np.ndarray:
+    if rows is not None and s.dtype == rows.ge_dtype and s.flags.c_contiguous and s.ndim and s.size \
+            and axis in (-1, s.ndim - 1):
+        v = s.reshape(-1, s.shape[-1])
+        rows(v, v)  # one pass per row: max, exp, sum, scale (ge_fusion.loopgen)
+        return s
     s -= s.max(axis=axis, keepdims=True)
     np.exp(s, out=s)
     s /= s.sum(axis=axis, keepdims=True)
     return s
 
 
+def _row_softmax(dtype: Any):
+    fn = _rows("softmax", dtype)
+    if fn is not None:
+        fn.ge_dtype = np.dtype(dtype)
+    return fn
+
+
 def attention_factory(spec: KernelSpec):
     scale = float(spec.attr("scale", 1.0))
+    rows = _row_softmax(_out_type(spec)[0])
 
     def kernel(q, kt, v, mask=None, out=None):
         s = np.matmul(q, kt)
@@ -201,7 +220,7 @@ def attention_factory(spec: KernelSpec):
             s *= s.dtype.type(scale)
         if mask is not None:
             s += mask
-        _softmax_inplace(s, -1)
+        _softmax_inplace(s, -1, rows)
         return (np.matmul(s, v, out=None if out is None else out[0]),)
 
     return _mark_out(kernel)
@@ -209,8 +228,31 @@ def attention_factory(spec: KernelSpec):
 
 def layernorm_factory(spec: KernelSpec):
     eps = float(spec.attr("epsilon", 1e-5))
+    dt, _ = _out_type(spec)
+    rows = _rows("layernorm", dt)
+    ones: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def as_row(p, d: int, fill: float):
+        if p is None:
+            if d not in ones:
+                ones[d] = (np.ones(d, dt), np.zeros(d, dt))
+            return ones[d][0 if fill else 1]
+        if p.dtype != dt or p.size != d or (p.ndim > 1 and p.shape[-1] != d):
+            return None
+        return np.ascontiguousarray(p.reshape(d))
 
     def kernel(x, gamma=None, beta=None, out=None):
+        if rows is not None and x.dtype == dt and x.ndim and x.size and x.flags.c_contiguous:
+            d = x.shape[-1]
+            g, b = as_row(gamma, d, 1.0), as_row(beta, d, 0.0)
+            o = None if out is None else out[0]
+            if g is not None and b is not None:
+                y = o if o is not None and o.flags.c_contiguous and o.shape == x.shape else np.empty_like(x)
+                rows(x.reshape(-1, d), g, b, dt.type(eps), y.reshape(-1, d))  # ge_fusion.loopgen
+                if o is not None and y is not o:
+                    np.copyto(o, y)
+                    y = o
+                return (y,)
         d = x - x.mean(axis=-1, keepdims=True)
         var = np.einsum("...i,...i->...", d, d)[..., None]
         var *= var.dtype.type(1.0 / x.shape[-1])
@@ -234,12 +276,23 @@ def layernorm_factory(spec: KernelSpec):
 
 def softmax_factory(spec: KernelSpec):
     axis = int(spec.attr("axis", -1))
+    rank = len(spec.inputs[0].shape) if spec.inputs and spec.inputs[0] is not None and spec.inputs[0].shape is not None \
+        else None
+    if rank is not None and axis < 0:
+        axis += rank
+    rows = _row_softmax(_out_type(spec)[0]) if rank is not None and axis == rank - 1 else None
 
     def kernel(x, out=None):
-        if out is None:
+        o = None if out is None else out[0]
+        if rows is not None and x.dtype == rows.ge_dtype and x.size and x.flags.c_contiguous and \
+                (o is None or (o.flags.c_contiguous and o.shape == x.shape)):
+            y = np.empty_like(x) if o is None else o
+            rows(x.reshape(-1, x.shape[-1]), y.reshape(-1, x.shape[-1]))  # reads x, writes y (may be x)
+            return (y,)
+        if o is None:
             y = x.astype(x.dtype, copy=True)
         else:
-            y = out[0]
+            y = o
             np.copyto(y, x)
         return (_softmax_inplace(y, axis),)
 

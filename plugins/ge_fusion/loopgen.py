@@ -394,3 +394,100 @@ def _wrap(compiled, dims: list[int], strides: list[list[int]], out_shape: tuple,
     kernel.mode = "loop"  # type: ignore[attr-defined]
     kernel.source = source  # type: ignore[attr-defined]
     return kernel
+
+
+# ------------------------------------------------------------------------------------------------
+# row kernels: LayerNorm and Softmax over the last axis, one pass per row in registers
+# ------------------------------------------------------------------------------------------------
+_ROW_SRC = '''
+def layernorm(x, gamma, beta, eps, out):
+    n, d = x.shape
+    inv = ONE / d
+    for i in range(n):
+        r = x[i]
+        o = out[i]
+        s = ZERO
+        for k in range(d):
+            s += r[k]
+        m = s * inv
+        v = ZERO
+        for k in range(d):
+            t = r[k] - m
+            v += t * t
+        rs = ONE / math.sqrt(v * inv + eps)
+        for k in range(d):
+            o[k] = (r[k] - m) * rs * gamma[k] + beta[k]
+
+
+def softmax(x, out):
+    # no fast-math here: it would fold exp32's rounding trick away; the reductions have it
+    n, d = x.shape
+    for i in range(n):
+        r = x[i]
+        o = out[i]
+        m = ROWMAX(r)
+        for k in range(d):
+            o[k] = EXP(r[k] - m)
+        inv = ONE / ROWSUM(o)
+        for k in range(d):
+            o[k] *= inv
+
+
+def rowmax(r):
+    m = r[0]
+    for k in range(1, r.shape[0]):
+        m = r[k] if r[k] > m else m
+    return m
+
+
+def rowsum(r):
+    s = ZERO
+    for k in range(r.shape[0]):
+        s += r[k]
+    return s
+'''
+
+_rows: dict[tuple[str, str], Any] = {}
+
+
+def row_kernel(kind: str, dtype: Any) -> Any:
+    """The compiled ``layernorm(x2d, gamma, beta, eps, out2d)`` or ``softmax(x2d, out2d)`` for
+    ``dtype`` (float32/float64), or None without numba. Sums are reassociated (vectorised)."""
+    dt = np.dtype(dtype)
+    if not available() or dt.name not in DTYPES:
+        return None
+    key = (kind, dt.name)
+    with _lock:
+        if key in _rows:
+            return _rows[key]
+    import time
+
+    from . import vmath
+
+    numba = _numba
+    nt = numba.types
+    scalar = getattr(nt, dt.name)
+    rw2, ro2 = nt.Array(scalar, 2, "C"), nt.Array(scalar, 2, "C", readonly=True)
+    ro1 = nt.Array(scalar, 1, "C", readonly=True)
+    ns: dict[str, Any] = {"math": math, "ONE": dt.type(1), "ZERO": dt.type(0),
+                          "EXP": vmath.exp32 if dt == np.float32 else None}
+    if dt == np.float64:
+        ns["EXP"] = numba.njit(inline="always")(lambda v: math.exp(v))
+    t0 = time.perf_counter()
+    exec(compile(_ROW_SRC, "<ge_fusion rows>", "exec"), ns)  # noqa: S102 - our own code
+    flags = {"reassoc", "nsz"}
+    if kind == "layernorm":
+        fn = numba.njit(nt.void(ro2, ro1, ro1, scalar, rw2), nogil=True, error_model="numpy",
+                        fastmath=flags)(ns["layernorm"])
+    elif kind == "softmax":
+        ro1w = nt.Array(scalar, 1, "C")
+        ns["ROWMAX"] = numba.njit(scalar(ro1), fastmath=flags)(ns["rowmax"])
+        ns["ROWSUM"] = numba.njit(scalar(ro1w), fastmath=flags)(ns["rowsum"])
+        fn = numba.njit(nt.void(ro2, rw2), nogil=True, error_model="numpy")(ns["softmax"])
+    else:
+        raise ValueError(f"no row kernel {kind!r}")
+    with _lock:
+        _stats["compiled"] += 1
+        _stats["compile_s"] += time.perf_counter() - t0
+        _rows[key] = fn
+    return fn

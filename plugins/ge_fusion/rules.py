@@ -555,6 +555,59 @@ def _attention_rule() -> Rule:
 
 
 # ------------------------------------------------------------------------------------------------
+# ONNX ops that this plugin's kernels run faster (one compiled pass per row)
+# ------------------------------------------------------------------------------------------------
+def _float32_or_64(v: Value) -> bool:
+    return v.type.dtype is not None and v.type.dtype.name in ("float32", "float64")
+
+
+def _onnx_softmax_rule() -> Rule:
+    x = Var("x", pred=_float32_or_64)
+
+    def replace(rw: Rewriter, m: Match):
+        """Softmax over the last axis → this plugin's Softmax (a compiled row kernel)"""
+        return rw.op("Softmax", m.value("x"), domain=DOMAIN, name="softmax", axis=-1)
+
+    return Rule("softmax_kernel", Op("Softmax", x, pred=_softmax_last), replace)
+
+
+def _layernorm_last(node: Node) -> bool:
+    x, g = node.inputs[0], node.graph
+    if x is None or g is None or x.type.rank is None:
+        return False
+    if int(_attr(node, "axis", -1)) not in (-1, x.type.rank - 1) or int(_attr(node, "stash_type", 1)) != 1:
+        return False
+    # Mean and InvStdDev, when asked for, are not computed by the fused kernel
+    if any(o is not None and (o.has_uses() or o in g.outputs) for o in node.outputs[1:]):
+        return False
+    d = x.type.shape[-1] if x.type.shape else None
+    for p in node.inputs[1:3]:
+        if p is None:
+            continue
+        sh = p.type.shape
+        if sh is None or p.type.dtype != x.type.dtype or not isinstance(d, int) \
+                or not all(isinstance(k, int) for k in sh) or math.prod(sh) != d or (len(sh) and sh[-1] != d):  # type: ignore[arg-type]
+            return False
+    return True
+
+
+def _onnx_layernorm_rule() -> Rule:
+    x = Var("x", pred=_float32_or_64)
+    pattern = Op("LayerNormalization", x, ..., name="ln", pred=_layernorm_last)
+
+    def replace(rw: Rewriter, m: Match):
+        """LayerNormalization over the last axis → this plugin's LayerNorm (a compiled row kernel)"""
+        node = m["ln"]
+        ins = [v for v in node.inputs[:3]]
+        while ins and ins[-1] is None:
+            ins.pop()
+        return rw.op("LayerNorm", *ins, domain=DOMAIN, name="layernorm",
+                     epsilon=float(_attr(node, "epsilon", 1e-5)), output_types=[node.outputs[0].type])
+
+    return Rule("layernorm_kernel", pattern, replace)
+
+
+# ------------------------------------------------------------------------------------------------
 # epilogues: bias, residual and activation fused into Conv / MatMul / Gemm
 # ------------------------------------------------------------------------------------------------
 def _residual_ok(m: Match, anchor: str) -> bool:
@@ -679,7 +732,8 @@ def _build() -> list[tuple[str, list[Rule]]]:
     conv_act, conv_res = _conv_epilogue_rules()
     matmul, gemm_act = _matmul_rules()
     return [("fold", folds), ("recognise", recognise), ("attention", [_attention_rule()]),
-            ("epilogue", [conv_act, conv_res, matmul, gemm_act])]
+            ("epilogue", [conv_act, conv_res, matmul, gemm_act]),
+            ("kernels", [_onnx_softmax_rule(), _onnx_layernorm_rule()])]
 
 
 #: (phase, rules) in the order they run.

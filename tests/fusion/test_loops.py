@@ -312,3 +312,62 @@ def test_read_only_and_unaligned_operands(tmp_path):
     feeds = random_inputs(m.graph, seed=1)
     name = m.output_names[0]
     np.testing.assert_array_equal(again.run(feeds)[name], m.run(feeds)[name])
+
+
+# ------------------------------------------------------------------------------------------------
+# row kernels: Softmax and LayerNorm
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape,axis", [((4, 7, 300), -1), ((64, 1000), 1), ((3, 5, 6), 1), ((2, 1, 1), -1)])
+def test_onnx_softmax_runs_as_a_row_kernel(shape, axis, dtype):
+    b = GraphBuilder("sm")
+    x = b.input("x", dtype, shape)
+    b.output(b.Softmax(b.Mul(x, b.const(np.array(3.0, dtype))), axis=axis))
+    g = b.build()
+    feeds = {"x": (np.random.default_rng(1).standard_normal(shape) * 4).astype(dtype)}
+    feeds["x"].flat[0] = 80.0  # large logits: the max is subtracted first
+    model = ge.compile(g)
+    last = axis in (-1, len(shape) - 1)
+    assert ("ge.fused::Softmax" in model.report["op_counts"]) == last, model.report["op_counts"]
+    want = run_onnxruntime(g, feeds) if dtype == "float32" else run_reference(g, feeds)
+    for k, v in model.run(feeds).items():
+        np.testing.assert_allclose(v, want[k], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", ["scale_bias", "scale_only", "input_scale", "stats_unused", "mean_used", "axis_1"])
+def test_onnx_layernorm_runs_as_a_row_kernel(case, dtype):
+    shape = (3, 17, 384)
+    rng = np.random.default_rng(2)
+    b = GraphBuilder("ln")
+    b.graph.opset_imports[""] = 17
+    x = b.input("x", dtype, shape)
+    scale = b.input("s", dtype, (384,)) if case == "input_scale" else b.const(rng.random(384).astype(dtype) + 0.5)
+    ins = [x, scale] + ([] if case == "scale_only" else [b.const(rng.standard_normal(384).astype(dtype))])
+    axis = 1 if case == "axis_1" else -1
+    if case in ("mean_used", "stats_unused"):
+        y, mean, inv = b.LayerNormalization(*ins, num_outputs=3, epsilon=1e-3, axis=axis)
+        b.output(*([y, mean] if case == "mean_used" else [y]))
+    else:
+        b.output(b.LayerNormalization(*ins, epsilon=1e-3, axis=axis))
+    g = b.build()
+    feeds = random_inputs(g, seed=3)
+    feeds["x"] = (feeds["x"] * 5 + 2).astype(dtype)
+    model = ge.compile(g)
+    fused = "ge.fused::LayerNorm" in model.report["op_counts"]
+    assert fused == (case in ("scale_bias", "scale_only", "input_scale", "stats_unused")), model.report["op_counts"]
+    want = run_onnxruntime(g, feeds) if dtype == "float32" else run_reference(g, feeds)
+    for k, v in model.run(feeds).items():
+        np.testing.assert_allclose(v, want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+def test_row_kernels_are_switchable(tmp_path):
+    import json
+
+    b = GraphBuilder("sm")
+    x = b.input("x", "float32", (8, 128))
+    b.output(b.Softmax(x, axis=-1))
+    p = tmp_path / "switch.json"
+    p.write_text(json.dumps({"Switch": {"GraphFusion": {"softmax_kernel": "off"}}}))
+    model = ge.compile(b.build(), {"fusion_switch_file": str(p)})
+    assert "ge.fused::Softmax" not in model.report["op_counts"]
