@@ -422,9 +422,12 @@ def layernorm(x, gamma, beta, eps, out):
 def softmax(x, out):
     # no fast-math here: it would fold exp32's rounding trick away; the reductions have it
     n, d = x.shape
+    xf = x.reshape(n * d)
+    of = out.reshape(n * d)
     for i in range(n):
-        r = x[i]
-        o = out[i]
+        b = i * d
+        r = xf[b:b + d]
+        o = of[b:b + d]
         m = ROWMAX(r)
         for k in range(d):
             o[k] = EXP(r[k] - m)
@@ -481,7 +484,8 @@ def row_kernel(kind: str, dtype: Any) -> Any:
                         fastmath=flags)(ns["layernorm"])
     elif kind == "softmax":
         ro1w = nt.Array(scalar, 1, "C")
-        ns["ROWMAX"] = numba.njit(scalar(ro1), fastmath=flags)(ns["rowmax"])
+        # a NaN in the row still makes the row NaN: it reaches the exp and the sum, which keep NaNs
+        ns["ROWMAX"] = numba.njit(scalar(ro1), fastmath=flags | {"nnan"})(ns["rowmax"])
         ns["ROWSUM"] = numba.njit(scalar(ro1w), fastmath=flags)(ns["rowsum"])
         fn = numba.njit(nt.void(ro2, rw2), nogil=True, error_model="numpy")(ns["softmax"])
     else:
