@@ -30,11 +30,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import GEError
+from .errors import GEError, SecurityError
 from .ir.graph import Graph, Node, Value
 from .ops import OpKind
 
 DEFAULT_ALIGNMENT = 64
+
+#: Arenas (bytes) must be smaller than this: what an .om stores and loads (256 TiB). A static shape
+#: can claim far more (a ConstantOfShape of [2**31, 2**16, 2**16] floats is 2**65 bytes).
+MAX_ARENA_BYTES = 1 << 48
 
 #: Ops whose output holds exactly the bytes of their first input (C order).
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
@@ -147,6 +151,13 @@ def build_problem(
             if size is None:
                 dynamic.append(v.name)
                 continue
+            if size >= MAX_ARENA_BYTES:
+                raise SecurityError(
+                    f"output '{v.name}' of {node.describe()} is {v.type}: {size} bytes, too large for a memory "
+                    f"arena (less than {MAX_ARENA_BYTES} bytes, 256 TiB)",
+                    hint="the model's shapes are wrong or hostile: check the shape inputs of that node (and the "
+                         "input_shape option, if given)",
+                )
             e = i
             rs = []
             for user, _ in v._uses:
@@ -377,6 +388,12 @@ def verify_plan(problem: MemoryProblem, plan: MemoryPlan) -> None:
 
     Shared values are checked to lie inside their buffer at the offset the problem gives.
     """
+    if plan.arena_bytes >= MAX_ARENA_BYTES:
+        raise SecurityError(
+            f"the memory plan by '{plan.planner}' needs an arena of {plan.arena_bytes} bytes; an arena must be "
+            f"smaller than {MAX_ARENA_BYTES} bytes (256 TiB)",
+            hint="the model's shapes are wrong or hostile (check the input_shape option, if given)",
+        )
     bufs = sorted(problem.buffers, key=lambda b: b.start)
     for b in bufs:
         if b.name not in plan.offsets:

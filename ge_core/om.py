@@ -17,7 +17,7 @@ from typing import Any
 from . import __version__
 from .errors import GEError, OmFormatError, UnsupportedOpError
 from .ir.verify import verify_graph
-from .memory import MemoryPlan
+from .memory import MAX_ARENA_BYTES, MemoryPlan
 from .model import CompiledModel
 from .om_container import read_container, write_container
 from .options import CompileOptions
@@ -166,7 +166,7 @@ def _read_plan(d: Any, path: str) -> MemoryPlan | None:
     if not isinstance(d, dict):
         raise bad
     offsets, arena = d.get("offsets", {}), d.get("arena_bytes", 0)
-    if not isinstance(offsets, dict) or not isinstance(arena, int) or not 0 <= arena < 2**48:
+    if not isinstance(offsets, dict) or not isinstance(arena, int) or not 0 <= arena < MAX_ARENA_BYTES:
         raise bad
     for v in offsets.values():
         if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= arena:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .errors import GEError, OptionError, PassError
+from .errors import GEError, OptionError, PassError, ShapeInferenceError
 from .ir.graph import Graph
 from .registry import close_matches
 
@@ -231,7 +231,9 @@ class PassManager:
     kept and the pass is reported as failed (a warning), unless ``strict``, which stops the
     compile with a :class:`PassError`. ``guard(pass)`` says which passes are guarded (by
     default those not shipped with ge itself); unguarded passes always stop the compile on
-    failure. Required passes (``Pass.required``) are never skipped.
+    failure. Required passes (``Pass.required``) are never skipped. A :class:`ShapeInferenceError`
+    raised before any pass changed the graph is the input's fault, not the pass's: it stops the
+    compile as a ShapeInferenceError naming the pass that found it, not as a PassError.
     """
 
     def __init__(self, stages: list[StagePlan], *, verify_each: bool = False, dump_dir: str | None = None,
@@ -287,6 +289,17 @@ class PassManager:
         try:
             try:
                 changed = p.run(graph, pctx)
+            except ShapeInferenceError as e:
+                if not self._input_untouched() or (snapshot is not None and not self.strict):
+                    raise PassError(f"{who} (stage {stage}) failed: {e}{self._history()}") from e
+                # No pass has changed the graph yet: the inconsistency is the input's, not a pass's.
+                src = graph.metadata.get("source")
+                raise ShapeInferenceError(
+                    f"{e.detail} (in {f'{src!r}' if src else 'the graph'} as given: {who} found it before any "
+                    "pass changed the graph)",
+                    hint="fix the model at that node (or the input_shape / out_nodes options, if they changed "
+                         "its inputs)",
+                ) from e
             except GEError as e:
                 raise PassError(f"{who} (stage {stage}) failed: {e}{self._history()}") from e
             except Exception as e:
@@ -324,6 +337,10 @@ class PassManager:
         if self.host is not None:
             self.host.notify("ge_after_pass", pass_name=p.name, stage=stage, graph=graph, changed=changed, seconds=dt)
         return graph, changed
+
+    def _input_untouched(self) -> bool:
+        """True while no pass has changed the graph: it is still the one the compile was given."""
+        return not any(r.changed for r in self.records)
 
     def _history(self, skip_last: int = 0) -> str:
         records = self.records[: len(self.records) - skip_last]

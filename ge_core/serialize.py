@@ -22,8 +22,22 @@ FORMAT_VERSION = 1
 WEIGHT_ALIGNMENT = 64
 MAX_RANK = 64
 MAX_NAME = 4096
-#: Largest single constant written to an .om (a broadcast view from folding can claim terabytes).
+#: Largest single constant written to an .om, in stored bytes (a splat, one value broadcast to a
+#: shape, stores one element).
 MAX_WEIGHT_BYTES = 1 << 34
+#: Largest element count a constant may claim (a broadcast view from folding can claim terabytes;
+#: the reader refuses more). Zero dims count as 1, so that they cannot hide absurd other dims.
+MAX_WEIGHT_ELEMENTS = 1 << 40
+
+
+def weight_span(shape) -> int:
+    """The element count :data:`MAX_WEIGHT_ELEMENTS` limits: the product of the dims, 0 as 1."""
+    span = 1
+    for d in shape:
+        span *= max(int(d), 1)
+    return span
+
+
 _ALLOWED_DTYPES = {
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "float32", "float64", "complex64", "complex128", "bfloat16", "string",
@@ -47,13 +61,16 @@ class WeightWriter:
             return self._ids[key]
         idx = len(self.table)
         entry: dict[str, Any] = {"dtype": dtype_name(a.dtype), "shape": [int(d) for d in a.shape]}
-        if a.dtype != np.dtype(object) and a.nbytes > MAX_WEIGHT_BYTES:
-            raise GEError(
-                f"a constant of shape {list(a.shape)} ({dtype_name(a.dtype)}) would take {a.nbytes} bytes in the .om, "
-                f"more than {MAX_WEIGHT_BYTES}",
-                hint="a pass folded a huge constant (e.g. ConstantOfShape with a huge shape); disable constant "
-                     "folding or fix the model",
-            )
+        if a.dtype != np.dtype(object):
+            is_splat = a.ndim > 0 and a.size > 1 and all(st == 0 for st in a.strides)
+            stored = a.dtype.itemsize if is_splat else a.nbytes
+            if stored > MAX_WEIGHT_BYTES or weight_span(a.shape) > MAX_WEIGHT_ELEMENTS:
+                raise GEError(
+                    f"a constant of shape {list(a.shape)} ({dtype_name(a.dtype)}) is too large for an .om: "
+                    f"{stored} bytes stored (at most {MAX_WEIGHT_BYTES}), {weight_span(a.shape)} elements "
+                    f"(at most {MAX_WEIGHT_ELEMENTS})",
+                    hint="fix the model: no constant this large can be stored (constant folding never makes one)",
+                )
         if a.dtype == np.dtype(object):
             entry["strings"] = [_str(x) for x in a.reshape(-1).tolist()]
             self.arrays.append(a)
@@ -256,7 +273,7 @@ class GraphReader:
         for s in shape:
             count *= s
             span *= max(s, 1)  # a 0 dim must not hide absurd other dims (NumPy refuses those)
-            if span > 2**40:
+            if span > MAX_WEIGHT_ELEMENTS:
                 self.fail(f"weight {i} claims an absurd element count")
         if dt == np.dtype(object):
             strings = self._list(e.get("strings"), f"weight {i} strings")

@@ -126,9 +126,10 @@ def live_pressure(problem: MemoryProblem) -> dict[str, int]:
         return {}
     a = problem.alignment
     n = max(b.end for b in problem.buffers) + 2
-    delta = np.zeros(n, dtype=np.int64)
-    for b in problem.buffers:
-        s = align_up(b.size, a)
+    sizes = [align_up(b.size, a) for b in problem.buffers]
+    # int64 sums are exact only while the total fits; beyond that, exact Python ints (object)
+    delta = np.zeros(n, dtype=np.int64 if sum(sizes) < 2**62 else object)
+    for b, s in zip(problem.buffers, sizes):
         delta[b.start] += s
         delta[b.end + 1] -= s
     live = np.cumsum(delta)

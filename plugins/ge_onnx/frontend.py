@@ -8,12 +8,15 @@
 * attributes become Python values (str, int, float, lists, ndarray, Graph, list[Graph]);
 * ``input_shape`` overrides input shapes, ``out_nodes`` selects outputs (tensor names or ATC's
   ``node_name:index``);
-* unknown ops (in any subgraph too) raise one :class:`UnsupportedOpError` listing them all;
+* unknown ops (in any subgraph too) raise one :class:`UnsupportedOpError` listing them all, as
+  do ops removed before the imported opset; nodes that break their op's schema (input/output
+  counts, a required input left empty) raise :class:`ModelFileError` naming them;
 * the ModelProto given is never modified.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -450,6 +453,83 @@ def check_ops(graph: Graph, registry, source: str) -> None:
         raise UnsupportedOpError(
             f"{source} imports ai.onnx opset {opset}, but " + "; ".join(parts) + more,
             hint="re-export the model with a newer opset (or convert it with onnx.version_converter)",
+        )
+    check_node_specs(graph, registry, source)
+
+
+def _onnx_schema(domain: str, op_type: str, opset: int):
+    """The schema ``opset`` of ``domain`` selects for ``op_type`` (the newest for ``opset`` 0);
+    None when ONNX has none (a plugin's own op, an op newer than the opset)."""
+    return _schema_cached(domain, op_type, opset)
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_cached(domain: str, op_type: str, opset: int):
+    import onnx.defs
+
+    try:
+        if opset > 0:
+            return onnx.defs.get_schema(op_type, opset, domain)
+        return onnx.defs.get_schema(op_type, domain)
+    except Exception:  # noqa: BLE001 - no such op in ONNX, or it did not exist yet at that opset
+        return None
+
+
+def _arity(lo: int, hi: int) -> str:
+    if lo == hi:
+        return f"exactly {lo}"
+    return f"at least {lo}" if hi >= 2**31 - 1 else f"{lo} to {hi}"
+
+
+def check_node_specs(graph: Graph, registry, source: str) -> None:
+    """Refuse nodes that break their op's schema in the version the model's opset selects (what
+    ``onnx.checker`` calls a bad node spec): too few or too many inputs or outputs, a required
+    input given as '' (absent), an op removed before the imported opset.
+
+    Such a node cannot be inferred, optimised or run; without this check it would only fail
+    inside the compile's passes. Ops ONNX has no schema for are held to the arity of their OpDef.
+    """
+    from onnx.defs import OpSchema
+
+    imports = graph.opset_imports
+    bad: list[str] = []
+    removed: list[str] = []
+    for n in _walk_nodes(graph):
+        dom = _norm_domain(n.domain)
+        opset = imports.get(dom) or 0
+        if not 0 <= opset < 2**31:
+            opset = 0  # no such opset: hold the node to the newest schema
+        schema = _onnx_schema(dom, n.op_type, opset)
+        n_in, n_out = len(n.inputs), len(n.outputs)
+        if schema is None:
+            d = registry.lookup(n.domain, n.op_type)
+            if d is not None and not d.min_inputs <= n_in <= d.max_inputs:
+                bad.append(f"{n.describe()} has {n_in} input(s); {n.op_type} takes {_arity(d.min_inputs, d.max_inputs)}")
+            continue
+        what = f"{n.op_type}-{schema.since_version} (the version {dom or 'ai.onnx'} opset {opset or 'latest'} selects)"
+        if schema.deprecated:
+            removed.append(f"{n.describe()} uses {n.op_type}, which ONNX removed in {dom or 'ai.onnx'} opset "
+                           f"{schema.since_version} (the model imports opset {opset or 'latest'})")
+        elif not schema.min_input <= n_in <= schema.max_input:
+            bad.append(f"{n.describe()} has {n_in} input(s); {what} takes {_arity(schema.min_input, schema.max_input)}")
+        elif not schema.min_output <= n_out <= schema.max_output:
+            bad.append(f"{n.describe()} has {n_out} output(s); {what} gives {_arity(schema.min_output, schema.max_output)}")
+        else:
+            for i, (v, p) in enumerate(zip(n.inputs, schema.inputs)):
+                if v is None and p.option == OpSchema.FormalParameterOption.Single:
+                    bad.append(f"{n.describe()} leaves input {i} ('{p.name}') empty; it is required by {what}")
+                    break
+    if removed:
+        more = f" and {len(removed) - 5} more" if len(removed) > 5 else ""
+        raise UnsupportedOpError(
+            f"{source}: " + "; ".join(removed[:5]) + more,
+            hint="re-export the model with the op's replacement, or for an opset before the op was removed",
+        )
+    if bad:
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise ModelFileError(
+            f"{source}: " + "; ".join(bad[:5]) + more,
+            hint="the model is malformed: fix or re-export it (onnx.checker.check_model reports the same)",
         )
 
 

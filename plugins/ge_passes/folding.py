@@ -9,6 +9,8 @@ store one element, so folding the light models' ConstantOfShape weights costs no
 Size rule: a folded result is kept only when the bytes it really stores are at most
 ``size_limit`` or at most the bytes of the constant inputs it frees, so folding never grows the
 model by more than ``size_limit`` per node (a small Expand of a scalar to a huge shape stays).
+A result of more elements than an .om constant may claim (``MAX_WEIGHT_ELEMENTS``, 2**40) is
+never kept, splat or not: the node stays.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ge_core.ir.graph import Node, Value
 from ge_core.ir.types import TensorType
 from ge_core.kernel import KernelSpec
 from ge_core.ops import OpRegistry
+from ge_core.serialize import MAX_WEIGHT_ELEMENTS, weight_span
 
 from ._util import const, first_element, int_list, is_splat, splat, static_shape, stored_nbytes
 from .rewrite import Rewriter, RulePass
@@ -90,6 +93,10 @@ class FoldConstants(RulePass):
             log.debug("folding %s skipped: %s: %s", node.describe(), type(e).__name__, e)
             return False
         if results is None or not self.small_enough(node, results, int(rw.params.get("size_limit", 1 << 20))):
+            return False
+        if any(weight_span(r.shape) > MAX_WEIGHT_ELEMENTS for r in results):
+            # a splat can claim any shape, but an .om cannot store this one (its reader refuses it): keep the node
+            log.debug("folding %s skipped: its result has more than %d elements", node.describe(), MAX_WEIGHT_ELEMENTS)
             return False
         values: list[Value | None] = [
             rw.constant(r, like=o) if (o.has_uses() or o.is_graph_output) else None
@@ -211,6 +218,18 @@ def splat_result(node: Node) -> list[np.ndarray] | None:
 # ------------------------------------------------------------------------------------------------
 # shape folding
 # ------------------------------------------------------------------------------------------------
+def replace_by_constant(node: Node, arr: np.ndarray, rw: Rewriter) -> bool:
+    """Replace the single-output ``node`` by a constant holding ``arr``. Where that is not possible
+    (a graph output keeps its producer) nothing changes: the constant is not left behind, or
+    ``dce`` would remove it and the fixed-point stage would never settle."""
+    c = rw.constant(arr, like=node.output)
+    if rw.replace_node(node, [c]):
+        return True
+    if not c.has_uses() and c.graph is not None:
+        c.graph.remove_constant(c)
+    return False
+
+
 def _shape_dims(node: Node) -> list[Any] | None:
     """Dims a Shape node returns (ints where known, None/str where not), honouring start/end."""
     x = node.inputs[0]
@@ -231,7 +250,7 @@ def fold_shape(node: Node, rw: Rewriter) -> bool:
     dims = _shape_dims(node)
     if dims is None or not all(isinstance(d, int) for d in dims):
         return False
-    return rw.replace_node(node, [rw.constant(np.array(dims, dtype=np.int64), like=node.output)])
+    return replace_by_constant(node, np.array(dims, dtype=np.int64), rw)
 
 
 def fold_size(node: Node, rw: Rewriter) -> bool:
@@ -240,7 +259,7 @@ def fold_size(node: Node, rw: Rewriter) -> bool:
     n = x.type.numel if x is not None else None
     if n is None:
         return False
-    return rw.replace_node(node, [rw.constant(np.array(n, dtype=np.int64), like=node.output)])
+    return replace_by_constant(node, np.array(n, dtype=np.int64), rw)
 
 
 def _from_shape(v: Value | None) -> list[Any] | None:
@@ -263,7 +282,7 @@ def fold_gather_of_shape(node: Node, rw: Rewriter) -> bool:
     if not all(isinstance(d, int) for d in picked):
         return False
     arr = np.array(picked, dtype=np.int64).reshape(idx.shape)
-    return rw.replace_node(node, [rw.constant(arr, like=node.output)])
+    return replace_by_constant(node, arr, rw)
 
 
 def fold_slice_of_shape(node: Node, rw: Rewriter) -> bool:
@@ -281,7 +300,7 @@ def fold_slice_of_shape(node: Node, rw: Rewriter) -> bool:
     picked = dims[slice(starts[0], ends[0], steps[0])]
     if not all(isinstance(d, int) for d in picked):
         return False
-    return rw.replace_node(node, [rw.constant(np.array(picked, dtype=np.int64), like=node.output)])
+    return replace_by_constant(node, np.array(picked, dtype=np.int64), rw)
 
 
 class FoldShapes(RulePass):

@@ -41,7 +41,12 @@ def dropout(node: Node, rw: Rewriter) -> bool:
             values.append(rw.constant(splat(True, s, bool), like=mask))
         else:
             values.append(None)
-    return rw.replace_node(node, values)
+    if rw.replace_node(node, values):
+        return True
+    for v in values[1:]:  # not replaced (the mask is a graph output): leave no unused constant behind
+        if v is not None and v.is_constant and not v.has_uses() and v.graph is not None:
+            v.graph.remove_constant(v)
+    return False
 
 
 def cast(node: Node, rw: Rewriter) -> bool:
