@@ -15,6 +15,7 @@ kernel: ``ge.fused::FusedElemwise`` (or the anchor as ``FusedConv`` / ``FusedMat
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -130,9 +131,27 @@ def _bn_constants(graph: Graph, node: Node) -> tuple[Value, Value]:
             graph.add_constant(np.asarray(b).reshape(shape).astype(dt), graph.fresh_name("bn_shift")))
 
 
+#: Ops that one compiled loop runs several times faster than the cpu backend's NumPy kernel
+#: even alone (erf 40x, softplus 15x, leaky relu, elu, clip, hard sigmoid/swish 3-7x on 1M float32).
+SINGLE_OP_LOOPS = frozenset({"Erf", "Softplus", "Elu", "LeakyRelu", "Clip", "HardSwish", "HardSigmoid"})
+
+
+def _single_op_loop(node: Node) -> bool:
+    """A lone op worth a generated kernel: a compiled float32 loop beats NumPy on it."""
+    if node.op_type not in SINGLE_OP_LOOPS or node.domain not in ("", "ai.onnx"):
+        return False
+    t = node.outputs[0].type
+    if t.dtype is None or t.dtype.name != "float32" or t.shape is None \
+            or not all(isinstance(d, int) for d in t.shape) or math.prod(t.shape) < codegen.LOOP_MIN_ELEMENTS:
+        return False
+    from . import loopgen
+
+    return loopgen.available()
+
+
 def materialize(graph: Graph, g: _Group) -> bool:
     """Replace group ``g`` by one node with a generated kernel; False if it is not worth it."""
-    if len(g.members) < 2 and g.anchor is None:
+    if len(g.members) < 2 and g.anchor is None and not _single_op_loop(g.members[0]):
         return False
     members = list(reversed(g.members))  # the sweep added them in reverse topological order
     inside = {m.outputs[0]: f"t{i}" for i, m in enumerate(members)}

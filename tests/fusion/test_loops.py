@@ -371,3 +371,19 @@ def test_row_kernels_are_switchable(tmp_path):
     p.write_text(json.dumps({"Switch": {"GraphFusion": {"softmax_kernel": "off"}}}))
     model = ge.compile(b.build(), {"fusion_switch_file": str(p)})
     assert "ge.fused::Softmax" not in model.report["op_counts"]
+
+
+@pytest.mark.parametrize("op,attrs", [("Erf", {}), ("Softplus", {}), ("LeakyRelu", {"alpha": 0.1}), ("Elu", {"alpha": 0.5})])
+def test_slow_single_ops_become_one_loop(op, attrs):
+    for shape, dtype, fused in [((64, 4096), "float32", True), ((8, 8), "float32", False),
+                                ((64, 4096), "float64", False)]:
+        b = GraphBuilder(op)
+        x = b.input("x", dtype, shape)
+        b.output(getattr(b, op)(x, **attrs))
+        g = b.build()
+        model = ge.compile(g)
+        assert ("ge.fused::FusedElemwise" in model.report["op_counts"]) == fused, (shape, dtype, model.report)
+        feeds = random_inputs(g, seed=5)
+        want = run_onnxruntime(g, feeds) if dtype == "float32" else run_reference(g, feeds)
+        for k, v in model.run(feeds).items():
+            np.testing.assert_allclose(v, want[k], rtol=1e-5, atol=1e-6)
