@@ -7,7 +7,7 @@ level  passes that run by default
 O0     none (the prepare stage's type inference only)
 O1     exact clean-ups: fold_constants, fold_shapes, eliminate_noops, share_constants, cse, dce
 O2     O1 + simplify_algebra, simplify_layout, merge_constant_arithmetic,
-       fold_affine_into_batchnorm (the default level)
+       fold_affine_into_batchnorm, sink_transposes (the default level)
 O3     O2 + distribute_constants (reassociates affine chains; rounding may differ more)
 =====  ==========================================================================================
 """

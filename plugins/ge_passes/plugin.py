@@ -11,6 +11,7 @@ from .dce import DeadCodeElimination
 from .folding import FoldConstants, FoldShapes
 from .layout import SimplifyLayout
 from .noops import EliminateNoops
+from .transpose_sinking import SinkTransposes
 
 #: Every pass of the plugin in its canonical order: folding first (it feeds everything else),
 #: local simplifications next, then the global clean-ups (sharing, CSE, DCE).
@@ -22,6 +23,7 @@ PASSES: tuple[type[Pass], ...] = (
     DistributeConstants,
     MergeConstantArithmetic,
     FoldAffineIntoBatchNorm,
+    SinkTransposes,
     SimplifyLayout,
     ShareConstants,
     CommonSubexpressionElimination,

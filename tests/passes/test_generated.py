@@ -168,8 +168,8 @@ def redundancy_zoo():
 
 
 ALL_PASSES = ["fold_shapes", "fold_constants", "eliminate_noops", "simplify_algebra", "distribute_constants",
-              "merge_constant_arithmetic", "fold_affine_into_batchnorm", "simplify_layout", "share_constants",
-              "cse", "dce"]
+              "merge_constant_arithmetic", "fold_affine_into_batchnorm", "sink_transposes", "simplify_layout",
+              "share_constants", "cse", "dce"]
 
 
 @pytest.mark.parametrize("name", ALL_PASSES)

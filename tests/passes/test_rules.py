@@ -127,7 +127,7 @@ def test_levels_choose_the_documented_passes():
 
     o1 = ["fold_shapes", "fold_constants", "eliminate_noops", "share_constants", "cse", "dce"]
     o2 = ["fold_shapes", "fold_constants", "eliminate_noops", "simplify_algebra", "merge_constant_arithmetic",
-          "fold_affine_into_batchnorm", "simplify_layout", "share_constants", "cse", "dce"]
+          "fold_affine_into_batchnorm", "sink_transposes", "simplify_layout", "share_constants", "cse", "dce"]
     assert names(0) == []
     assert names(1) == o1
     assert names(2) == o2
