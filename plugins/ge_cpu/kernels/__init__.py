@@ -9,8 +9,13 @@ Modules: ``elementwise`` (arithmetic, activations, logic, Cast, Clip, Where, var
 ``matmul`` (MatMul, Gemm, Einsum), ``nn`` (Conv, ConvTranspose, pooling, LRN, normalisations,
 Softmax family, Dropout), ``reduce`` (Reduce*, ArgMax/ArgMin), ``resize`` (Resize, Upsample),
 ``tensor`` (shape and data movement), ``control`` (If, Loop, Scan, SequenceMap, sequence and
-optional ops; sequences are lists of arrays, an empty optional is ``None``). ``reference_fallback`` runs any other ONNX op through
-``onnx.reference`` and is not part of ``KERNELS``.
+optional ops; sequences are lists of arrays, an empty optional is ``None``), ``recurrent`` (LSTM,
+GRU, RNN), ``quant`` (QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger,
+QLinearMatMul, ConvInteger, QLinearConv), ``normalization`` (GroupNormalization,
+RMSNormalization, LpNormalization), ``attention`` (Attention, RotaryEmbedding), ``activations``
+(Swish, SwiGLU), ``tensor_extra`` (CumProd, ReverseSequence, Compress, EyeLike, ReduceLogSum).
+``reference_fallback`` runs any other ONNX op through ``onnx.reference`` and is not part of
+``KERNELS``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,21 @@ import numpy as np
 
 from ge_core.kernel import KernelFactory, KernelSpec
 
-from . import control, elementwise, matmul, nn, reduce, resize, tensor
+from . import (
+    activations,
+    attention,
+    control,
+    elementwise,
+    matmul,
+    nn,
+    normalization,
+    quant,
+    recurrent,
+    reduce,
+    resize,
+    tensor,
+    tensor_extra,
+)
 
 
 def _arrays_out(factory: KernelFactory) -> KernelFactory:
@@ -57,7 +76,8 @@ def _arrays_out(factory: KernelFactory) -> KernelFactory:
 
 
 KERNELS: dict[tuple[str, str], KernelFactory] = {}
-for _mod in (control, elementwise, matmul, nn, reduce, resize, tensor):
+for _mod in (control, elementwise, matmul, nn, reduce, resize, tensor, recurrent, quant, normalization, attention,
+             activations, tensor_extra):
     for _key, _factory in _mod.KERNELS.items():
         if _key in KERNELS:  # pragma: no cover - a programming error caught by the tests
             raise RuntimeError(f"kernel {_key} defined twice")

@@ -1,0 +1,990 @@
+"""Recurrent kernels: LSTM, GRU, RNN (every attribute of opsets 1-22).
+
+Strategy (per call, all directions at once):
+
+1. **input projection up front**: ``X`` of every time step (per direction, in the order that
+   direction reads it) times ``W^T`` plus the folded biases is one batched GEMM over all
+   ``seq_length * batch`` rows; a column of ones appended to ``X`` carries the bias row of the
+   packed weights, so the GEMM adds the biases for free;
+2. **one small GEMM per step** (GRU: one for the z/r gates, one for the candidate):
+   ``H_{t-1} R^T`` plus that step's input projection, for both directions in one call of a
+   compiled (numba) loop that reads ``R`` in its ONNX layout (np.matmul on ``R^T`` without
+   numba or with ``GE_CPU_JIT=0``), into a preallocated gate buffer; then a handful of in-place
+   NumPy ufuncs over the whole ``(num_directions, batch, gates * hidden)`` block (for an LSTM
+   with the default activations and no peepholes: one ``tanh`` over the gate block and two
+   compiled loops for the cell and hidden updates; likewise for a default GRU).
+
+Sigmoid gates are evaluated as ``0.5 * tanh(x / 2) + 0.5``; the ``1/2`` is folded into the
+packed weights, biases, peepholes and clip bounds at build time, so a default LSTM step runs a
+single ``tanh`` over all four gates. The reverse direction reads ``X`` reversed within each
+batch entry's ``sequence_lens`` (a gather done once, on the small input), so both directions
+run the same forward recurrence; a batch entry whose sequence has ended keeps its state
+(``Y`` is zero there, as onnxruntime does; a zero-length sequence gives zero final states).
+
+``float16``/``bfloat16`` models compute in float32; ``float32`` and ``float64`` compute in their
+own type. Packed weights are prepared once when ``W``/``R``/``B``/``P`` are constants.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ge_core.errors import ExecutionError
+from ge_core.kernel import KernelSpec
+
+from ._util import as_str, const_input, has_input, in_dtype, kernel_table, unsupported
+
+KERNELS, _reg = kernel_table()
+
+#: gates per op, and the activations each direction takes (defaults)
+_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+_DEFAULT_ACTS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"), "RNN": ("Tanh",)}
+
+#: activation name (lower case) -> (canonical name, uses alpha, uses beta, default alpha, default beta);
+#: defaults are those of the ONNX operators of the same name.
+_ACTS: dict[str, tuple[str, bool, bool, float, float]] = {
+    "relu": ("Relu", False, False, 0.0, 0.0),
+    "tanh": ("Tanh", False, False, 0.0, 0.0),
+    "sigmoid": ("Sigmoid", False, False, 0.0, 0.0),
+    "affine": ("Affine", True, True, 1.0, 0.0),
+    "leakyrelu": ("LeakyRelu", True, False, 0.01, 0.0),
+    "thresholdedrelu": ("ThresholdedRelu", True, False, 1.0, 0.0),
+    "scaledtanh": ("ScaledTanh", True, True, 1.0, 1.0),
+    "hardsigmoid": ("HardSigmoid", True, True, 0.2, 0.5),
+    "elu": ("Elu", True, False, 1.0, 0.0),
+    "softsign": ("Softsign", False, False, 0.0, 0.0),
+    "softplus": ("Softplus", False, False, 0.0, 0.0),
+}
+
+_DIRECTIONS = ("forward", "reverse", "bidirectional")
+
+
+class _Act:
+    """One activation of one direction, applied in place to a gate block (a view).
+
+    ``pre`` is the factor folded into everything that feeds the activation's input (0.5 for
+    Sigmoid, computed as ``0.5 * tanh(x) + 0.5`` on the halved input; 1 otherwise).
+    """
+
+    __slots__ = ("name", "alpha", "beta", "pre")
+
+    def __init__(self, name: str, alpha: float, beta: float) -> None:
+        self.name = name
+        self.alpha = alpha
+        self.beta = beta
+        self.pre = 0.5 if name == "Sigmoid" else 1.0
+
+    def key(self) -> tuple:
+        return (self.name, self.alpha, self.beta)
+
+    def __call__(self, x: np.ndarray, prescaled: bool = True) -> None:
+        """Apply in place; ``prescaled=False`` when the input did not get the ``pre`` factor
+        (LSTM's ``h`` applied to the cell state)."""
+        n = self.name
+        t = x.dtype.type
+        if n == "Sigmoid":
+            if not prescaled:
+                x *= t(0.5)
+            np.tanh(x, out=x)
+            x *= t(0.5)
+            x += t(0.5)
+        elif n == "Tanh":
+            np.tanh(x, out=x)
+        elif n == "Relu":
+            np.maximum(x, t(0), out=x)
+        elif n == "Affine":
+            x *= t(self.alpha)
+            x += t(self.beta)
+        elif n == "LeakyRelu":
+            np.multiply(x, np.where(x >= 0, t(1), t(self.alpha)), out=x)
+        elif n == "ThresholdedRelu":
+            x *= x > t(self.alpha)
+        elif n == "ScaledTanh":
+            x *= t(self.beta)
+            np.tanh(x, out=x)
+            x *= t(self.alpha)
+        elif n == "HardSigmoid":
+            x *= t(self.alpha)
+            x += t(self.beta)
+            np.clip(x, t(0), t(1), out=x)
+        elif n == "Elu":
+            neg = x < 0
+            e = np.expm1(np.minimum(x, t(0)))
+            e *= t(self.alpha)
+            np.copyto(x, e, where=neg)
+        elif n == "Softsign":
+            d = np.abs(x)
+            d += t(1)
+            x /= d
+        elif n == "Softplus":
+            # log(1 + e^x) = max(x, 0) + log1p(e^-|x|), stable for large |x|
+            a = np.abs(x)
+            np.negative(a, out=a)
+            np.exp(a, out=a)
+            np.log1p(a, out=a)
+            np.maximum(x, t(0), out=x)
+            x += a
+        else:  # pragma: no cover - names are validated at build time
+            raise AssertionError(n)
+
+
+def _parse_acts(spec: KernelSpec, op: str, nd: int) -> list[list[_Act]]:
+    """The activations of each direction, with their alpha/beta (consumed in list order)."""
+    per = len(_DEFAULT_ACTS[op])
+    raw = spec.attr("activations")
+    names = [as_str(a) or "" for a in raw] if raw is not None else list(_DEFAULT_ACTS[op]) * nd
+    if len(names) == per and nd == 2:
+        names = names * 2  # one set given for a bidirectional node: both directions use it
+    if len(names) != per * nd:
+        raise unsupported(spec, f"activations={names} (expected {per * nd} names for {nd} direction(s))")
+    alphas = [float(a) for a in (spec.attr("activation_alpha") or [])]
+    betas = [float(b) for b in (spec.attr("activation_beta") or [])]
+    ai = bi = 0
+    acts: list[_Act] = []
+    for nm in names:
+        entry = _ACTS.get(nm.lower())
+        if entry is None:
+            raise unsupported(spec, f"activation {nm!r} (expected one of {sorted(v[0] for v in _ACTS.values())})")
+        canon, use_a, use_b, da, db = entry
+        a, b = da, db
+        if use_a:
+            if ai < len(alphas):
+                a = alphas[ai]
+                ai += 1
+        if use_b:
+            if bi < len(betas):
+                b = betas[bi]
+                bi += 1
+        acts.append(_Act(canon, a, b))
+    return [acts[d * per:(d + 1) * per] for d in range(nd)]
+
+
+def _compute_dtype(spec: KernelSpec) -> tuple[np.dtype, np.dtype]:
+    """(dtype the recurrence runs in, dtype of the outputs)."""
+    dt = in_dtype(spec, 0)
+    if dt is None:
+        dt = spec.outputs[0].dtype if spec.outputs and spec.outputs[0] is not None else None
+    if dt is None:
+        return np.dtype(np.float32), np.dtype(np.float32)
+    if dt == np.float64:
+        return dt, dt
+    if dt == np.float32:
+        return dt, dt
+    if dt == np.float16 or dt.name == "bfloat16":
+        return np.dtype(np.float32), dt
+    raise unsupported(spec, f"input dtype {dt}")
+
+
+class _Groups:
+    """Direction groups that share activations: a single slice over all directions when every
+    direction uses the same activations (the common case), else one slice per direction."""
+
+    def __init__(self, acts: list[list[_Act]]) -> None:
+        nd = len(acts)
+        if nd == 1 or all(tuple(a.key() for a in acts[d]) == tuple(a.key() for a in acts[0]) for d in range(nd)):
+            self.parts: list[tuple[slice, list[_Act]]] = [(slice(None), acts[0])]
+        else:
+            self.parts = [(slice(d, d + 1), acts[d]) for d in range(nd)]
+
+    def apply(self, k: int, block: np.ndarray, prescaled: bool = True) -> None:
+        """Apply activation ``k`` of each group to ``block`` (leading axis: direction)."""
+        for sl, acts in self.parts:
+            acts[k](block[sl], prescaled)
+
+
+def _pre_vector(acts: list[list[_Act]], gate_acts: Sequence[int], hidden: int, dt) -> np.ndarray:
+    """(nd, gates * hidden) factors folded into the inputs of each gate's activation."""
+    nd = len(acts)
+    v = np.ones((nd, len(gate_acts) * hidden), dt)
+    for d in range(nd):
+        for g, k in enumerate(gate_acts):
+            v[d, g * hidden:(g + 1) * hidden] = acts[d][k].pre
+    return v
+
+
+# ------------------------------------------------------------------------------------------------
+# the per-step GEMM: H_{t-1} R^T (+ the step's input projection)
+#
+# A BLAS GEMM with a handful of rows (the batch) repacks the whole of R on every call, which
+# costs as much as the arithmetic; the compiled loop below reads R in its ONNX layout (one row
+# per gate unit, contiguous over the hidden size) and computes 4 gate units x 4 batch rows per
+# tile as dot products, so R streams through once per step and the accumulators stay in
+# registers. It also adds the input projection of the step, saving a pass. Without numba (or
+# with GE_CPU_JIT=0) np.matmul on R^T does the same.
+
+_jit_lock = threading.Lock()
+_jit: dict[str, Any] = {}
+_jit_stats = {"compiled": 0, "compile_s": 0.0}
+_numba: Any = None
+_numba_failed = False
+
+
+def jit_available() -> bool:
+    """True when numba imports and ``GE_CPU_JIT`` does not turn compiled loops off."""
+    global _numba, _numba_failed
+    if os.environ.get("GE_CPU_JIT", "1").strip().lower() in ("0", "false", "off", "no"):
+        return False
+    if _numba is None and not _numba_failed:
+        try:
+            import numba
+
+            _numba = numba
+        except Exception:  # noqa: BLE001 - any import failure means: no compiled loops
+            _numba_failed = True
+    return _numba is not None
+
+
+def jit_stats() -> dict[str, float]:
+    """Step loops compiled in this process and seconds spent compiling them."""
+    return dict(_jit_stats)
+
+
+def _step_gemm_py(h, rr, xw, s, xoff, add, out):  # pragma: no cover - runs compiled
+    """out[d, b, n] = sum_k h[d, b, k] * rr[d, n, k] (+ xw[d, s, b, xoff + n] when ``add``).
+
+    Tiles of 4 gate units x 4 batch rows (16 accumulators, vectorised over k); the batch rows
+    left over run 4 units x 1 row, the units left over one at a time."""
+    nd, nb, nk = h.shape
+    nn = rr.shape[1]
+    z = out.dtype.type(0)
+    nb4 = nb - nb % 4
+    nn4 = nn - nn % 4
+    for d in range(nd):
+        hd = h[d]
+        rd = rr[d]
+        od = out[d]
+        xd = xw[d, s]
+        for n in range(0, nn4, 4):
+            r0 = rd[n]
+            r1 = rd[n + 1]
+            r2 = rd[n + 2]
+            r3 = rd[n + 3]
+            for b in range(0, nb4, 4):
+                h0 = hd[b]
+                h1 = hd[b + 1]
+                h2 = hd[b + 2]
+                h3 = hd[b + 3]
+                a00 = a01 = a02 = a03 = z
+                a10 = a11 = a12 = a13 = z
+                a20 = a21 = a22 = a23 = z
+                a30 = a31 = a32 = a33 = z
+                for k in range(nk):
+                    y0 = r0[k]
+                    y1 = r1[k]
+                    y2 = r2[k]
+                    y3 = r3[k]
+                    x0 = h0[k]
+                    a00 += x0 * y0
+                    a01 += x0 * y1
+                    a02 += x0 * y2
+                    a03 += x0 * y3
+                    x1 = h1[k]
+                    a10 += x1 * y0
+                    a11 += x1 * y1
+                    a12 += x1 * y2
+                    a13 += x1 * y3
+                    x2 = h2[k]
+                    a20 += x2 * y0
+                    a21 += x2 * y1
+                    a22 += x2 * y2
+                    a23 += x2 * y3
+                    x3 = h3[k]
+                    a30 += x3 * y0
+                    a31 += x3 * y1
+                    a32 += x3 * y2
+                    a33 += x3 * y3
+                if add:
+                    j = xoff + n
+                    a00 += xd[b, j]
+                    a01 += xd[b, j + 1]
+                    a02 += xd[b, j + 2]
+                    a03 += xd[b, j + 3]
+                    a10 += xd[b + 1, j]
+                    a11 += xd[b + 1, j + 1]
+                    a12 += xd[b + 1, j + 2]
+                    a13 += xd[b + 1, j + 3]
+                    a20 += xd[b + 2, j]
+                    a21 += xd[b + 2, j + 1]
+                    a22 += xd[b + 2, j + 2]
+                    a23 += xd[b + 2, j + 3]
+                    a30 += xd[b + 3, j]
+                    a31 += xd[b + 3, j + 1]
+                    a32 += xd[b + 3, j + 2]
+                    a33 += xd[b + 3, j + 3]
+                od[b, n] = a00
+                od[b, n + 1] = a01
+                od[b, n + 2] = a02
+                od[b, n + 3] = a03
+                od[b + 1, n] = a10
+                od[b + 1, n + 1] = a11
+                od[b + 1, n + 2] = a12
+                od[b + 1, n + 3] = a13
+                od[b + 2, n] = a20
+                od[b + 2, n + 1] = a21
+                od[b + 2, n + 2] = a22
+                od[b + 2, n + 3] = a23
+                od[b + 3, n] = a30
+                od[b + 3, n + 1] = a31
+                od[b + 3, n + 2] = a32
+                od[b + 3, n + 3] = a33
+            for b in range(nb4, nb):
+                h0 = hd[b]
+                a00 = a01 = a02 = a03 = z
+                for k in range(nk):
+                    x0 = h0[k]
+                    a00 += x0 * r0[k]
+                    a01 += x0 * r1[k]
+                    a02 += x0 * r2[k]
+                    a03 += x0 * r3[k]
+                if add:
+                    j = xoff + n
+                    a00 += xd[b, j]
+                    a01 += xd[b, j + 1]
+                    a02 += xd[b, j + 2]
+                    a03 += xd[b, j + 3]
+                od[b, n] = a00
+                od[b, n + 1] = a01
+                od[b, n + 2] = a02
+                od[b, n + 3] = a03
+        for n in range(nn4, nn):
+            r0 = rd[n]
+            for b in range(nb):
+                h0 = hd[b]
+                a00 = z
+                for k in range(nk):
+                    a00 += h0[k] * r0[k]
+                if add:
+                    a00 += xd[b, xoff + n]
+                od[b, n] = a00
+
+
+def _step_gemm(dt: np.dtype):
+    """The compiled step GEMM for ``dt`` (float32/float64), or None (numba missing/refusing)."""
+    key = dt.name
+    fn = _jit.get(key)
+    if fn is not None:
+        return fn or None
+    if dt.name not in ("float32", "float64") or not jit_available():
+        return None
+    nt = _numba.types
+    sc = getattr(nt, dt.name)
+    ro3 = nt.Array(sc, 3, "C", readonly=True)
+    sig = nt.void(ro3, ro3, nt.Array(sc, 4, "C", readonly=True), nt.int64, nt.int64, nt.boolean,
+                  nt.Array(sc, 3, "C"))
+    t0 = time.perf_counter()
+    try:
+        # reassoc: the dot products are reductions, which vectorise only when the sum may be
+        # reordered (as a BLAS GEMM reorders it); contract: multiply-adds become FMAs. NaN and
+        # infinity keep their IEEE meaning (no nnan/ninf).
+        fn = _numba.njit(sig, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})(_step_gemm_py)
+    except Exception:  # noqa: BLE001 - numba refusing: the NumPy path runs instead
+        fn = False
+    with _jit_lock:
+        _jit[key] = fn
+        if fn:
+            _jit_stats["compiled"] += 1
+            _jit_stats["compile_s"] += time.perf_counter() - t0
+    return fn or None
+
+
+def _lstm_cell_py(g, c, input_forget):  # pragma: no cover - runs compiled
+    """C = f * C + i * c~ from the tanh'ed gate block (i, o, f as tanh(x/2): sigmoid = t/2 + 1/2)."""
+    nd, nb, gh = g.shape
+    hid = gh // 4
+    half = c.dtype.type(0.5)
+    one = c.dtype.type(1)
+    for d in range(nd):
+        for b in range(nb):
+            gr = g[d, b]
+            cr = c[d, b]
+            for j in range(hid):
+                i = gr[j] * half + half
+                f = one - i if input_forget else gr[2 * hid + j] * half + half
+                cr[j] = f * cr[j] + i * gr[3 * hid + j]
+
+
+def _lstm_hidden_py(g, t, h):  # pragma: no cover - runs compiled
+    """H = o * tanh(C), with ``t`` = tanh(C) and o from the tanh'ed gate block."""
+    nd, nb, gh = g.shape
+    hid = gh // 4
+    half = h.dtype.type(0.5)
+    for d in range(nd):
+        for b in range(nb):
+            gr = g[d, b]
+            tr = t[d, b]
+            hr = h[d, b]
+            for j in range(hid):
+                hr[j] = (gr[hid + j] * half + half) * tr[j]
+
+
+def _lstm_gates(dt: np.dtype):
+    """Compiled (cell, hidden) loops of the default-activation LSTM step, or None."""
+    key = "lstm-gates-" + dt.name
+    fns = _jit.get(key)
+    if fns is not None:
+        return fns or None
+    if dt.name not in ("float32", "float64") or not jit_available():
+        return None
+    nt = _numba.types
+    sc = getattr(nt, dt.name)
+    ro3 = nt.Array(sc, 3, "C", readonly=True)
+    rw3 = nt.Array(sc, 3, "C")
+    t0 = time.perf_counter()
+    try:
+        opts = {"nogil": True, "error_model": "numpy", "fastmath": {"contract"}}
+        fns = (_numba.njit(nt.void(ro3, rw3, nt.boolean), **opts)(_lstm_cell_py),
+               _numba.njit(nt.void(ro3, ro3, rw3), **opts)(_lstm_hidden_py))
+    except Exception:  # noqa: BLE001 - numba refusing: the NumPy path runs instead
+        fns = False
+    with _jit_lock:
+        _jit[key] = fns
+        if fns:
+            _jit_stats["compiled"] += 2
+            _jit_stats["compile_s"] += time.perf_counter() - t0
+    return fns or None
+
+
+def _gru_reset_py(zr, h, rh):  # pragma: no cover - runs compiled
+    """rh = r * H, r from the tanh'ed z/r block (sigmoid = t/2 + 1/2)."""
+    nd, nb, hid = h.shape
+    half = h.dtype.type(0.5)
+    for d in range(nd):
+        for b in range(nb):
+            zrr = zr[d, b]
+            hr = h[d, b]
+            out = rh[d, b]
+            for j in range(hid):
+                out[j] = (zrr[hid + j] * half + half) * hr[j]
+
+
+def _gru_candidate_py(zr, ghh, rbh, xw, s):  # pragma: no cover - runs compiled
+    """ghh = r * (H R_h^T + Rb_h) + x W_h^T + Wb_h (linear_before_reset), before g()."""
+    nd, nb, hid = ghh.shape
+    half = ghh.dtype.type(0.5)
+    for d in range(nd):
+        rb = rbh[d, 0]
+        for b in range(nb):
+            zrr = zr[d, b]
+            gr = ghh[d, b]
+            xr = xw[d, s, b]
+            for j in range(hid):
+                gr[j] = (zrr[hid + j] * half + half) * (gr[j] + rb[j]) + xr[2 * hid + j]
+
+
+def _gru_combine_py(zr, hh, h, hn):  # pragma: no cover - runs compiled
+    """H_t = hh + z * (H_{t-1} - hh), z from the tanh'ed z/r block."""
+    nd, nb, hid = h.shape
+    half = h.dtype.type(0.5)
+    for d in range(nd):
+        for b in range(nb):
+            zrr = zr[d, b]
+            hhr = hh[d, b]
+            hr = h[d, b]
+            out = hn[d, b]
+            for j in range(hid):
+                z = zrr[j] * half + half
+                out[j] = hhr[j] + z * (hr[j] - hhr[j])
+
+
+def _gru_gates(dt: np.dtype):
+    """Compiled (reset, candidate, combine) loops of the default-activation GRU step, or None."""
+    key = "gru-gates-" + dt.name
+    fns = _jit.get(key)
+    if fns is not None:
+        return fns or None
+    if dt.name not in ("float32", "float64") or not jit_available():
+        return None
+    nt = _numba.types
+    sc = getattr(nt, dt.name)
+    ro3 = nt.Array(sc, 3, "C", readonly=True)
+    rw3 = nt.Array(sc, 3, "C")
+    ro4 = nt.Array(sc, 4, "C", readonly=True)
+    t0 = time.perf_counter()
+    try:
+        opts = {"nogil": True, "error_model": "numpy", "fastmath": {"contract"}}
+        fns = (_numba.njit(nt.void(ro3, ro3, rw3), **opts)(_gru_reset_py),
+               _numba.njit(nt.void(ro3, rw3, ro3, ro4, nt.int64), **opts)(_gru_candidate_py),
+               _numba.njit(nt.void(ro3, ro3, ro3, rw3), **opts)(_gru_combine_py))
+    except Exception:  # noqa: BLE001 - numba refusing: the NumPy path runs instead
+        fns = False
+    with _jit_lock:
+        _jit[key] = fns
+        if fns:
+            _jit_stats["compiled"] += 3
+            _jit_stats["compile_s"] += time.perf_counter() - t0
+    return fns or None
+
+
+class _Rec:
+    """One recurrent weight block: ``R`` rows (nd, N, H) for the compiled loop, or ``R^T``
+    (nd, H, N) for np.matmul."""
+
+    __slots__ = ("w", "fn")
+
+    def __init__(self, rows: np.ndarray, fn) -> None:
+        self.fn = fn
+        self.w = np.ascontiguousarray(rows) if fn is not None else np.ascontiguousarray(rows.transpose(0, 2, 1))
+
+    def __call__(self, h: np.ndarray, xw: np.ndarray, s: int, xoff: int, add: bool, out: np.ndarray) -> None:
+        """out = h R^T (+ xw[:, s, :, xoff:xoff + N] when ``add``)."""
+        if self.fn is not None:
+            self.fn(h, self.w, xw, s, xoff, add, out)
+            return
+        np.matmul(h, self.w, out=out)
+        if add:
+            out += xw[:, s, :, xoff:xoff + out.shape[2]]
+
+
+class _Prepared:
+    """Packed weights of one call: ``wx`` (nd, I+1, G*H) with the bias row last, the recurrent
+    blocks (GRU: the z/r block and the h block apart), peepholes and GRU's Rbh."""
+
+    __slots__ = ("wx", "rec", "rec_h", "rbh", "peep", "hidden", "input_size")
+
+    def __init__(self) -> None:
+        self.wx: np.ndarray
+        self.rec: _Rec
+        self.rec_h: _Rec | None = None
+        self.rbh: np.ndarray | None = None
+        self.peep: np.ndarray | None = None
+        self.hidden = 0
+        self.input_size = 0
+
+
+def _lengths(seq_lens, batch: int, steps: int, spec: KernelSpec) -> np.ndarray | None:
+    """Validated per-batch lengths, or None when every sequence spans all steps."""
+    if seq_lens is None:
+        return None
+    lens = np.asarray(seq_lens).reshape(-1).astype(np.int64)
+    if lens.shape[0] != batch:
+        raise ExecutionError(f"{spec.describe()}: sequence_lens has {lens.shape[0]} entries for batch {batch}",
+                             hint="give one length per batch entry")
+    if lens.size and (lens.min() < 0 or lens.max() > steps):
+        raise ExecutionError(f"{spec.describe()}: sequence_lens values must be in [0, {steps}], got {lens.tolist()}",
+                             hint="fix the sequence lengths")
+    if lens.size == 0 or lens.min() == steps:
+        return None
+    return lens
+
+
+def _reverse_index(lens: np.ndarray | None, steps: int, batch: int) -> np.ndarray | None:
+    """idx[t, b]: the time index the reverse direction reads at its step t (None: plain flip)."""
+    if lens is None:
+        return None
+    t = np.arange(steps)[:, None]
+    idx = lens[None, :] - 1 - t
+    return np.where(idx >= 0, idx, t)
+
+
+def _make_factory(op: str) -> Callable[[KernelSpec], Any]:
+    n_gates = _GATES[op]
+
+    def factory(spec: KernelSpec):
+        direction = as_str(spec.attr("direction"), "forward") or "forward"
+        if direction == "foward":  # the opset-1 schemas' default, misspelt
+            direction = "forward"
+        if direction not in _DIRECTIONS:
+            raise unsupported(spec, f"direction={direction!r} (expected forward, reverse or bidirectional)")
+        nd = 2 if direction == "bidirectional" else 1
+        layout = int(spec.attr("layout", 0) or 0)
+        if layout not in (0, 1):
+            raise unsupported(spec, f"layout={layout}")
+        clip_attr = spec.attr("clip")
+        clip = None if clip_attr is None else float(clip_attr)
+        if clip is not None and not clip > 0:
+            raise unsupported(spec, f"clip={clip} (the cell clip threshold must be positive)")
+        input_forget = bool(int(spec.attr("input_forget", 0) or 0)) if op == "LSTM" else False
+        lbr = bool(int(spec.attr("linear_before_reset", 0) or 0)) if op == "GRU" else False
+        hidden_attr = spec.attr("hidden_size")
+        acts = _parse_acts(spec, op, nd)
+        groups = _Groups(acts)
+        cdt, odt = _compute_dtype(spec)
+        n_out = spec.num_outputs
+        if n_out > (3 if op == "LSTM" else 2):
+            raise unsupported(spec, f"{n_out} outputs")
+        want = [i < n_out and spec.outputs[i] is not None for i in range(3)]
+        # which activation feeds each gate's pre-activation
+        gate_acts = {"LSTM": (0, 0, 0, 1), "GRU": (0, 0, 1), "RNN": (0,)}[op]
+        fast_lstm = op == "LSTM" and all(
+            a[0].name == "Sigmoid" and a[1].name == "Tanh" and a[2].name == "Tanh" for _, a in groups.parts)
+
+        def prepare(w, r, b, p) -> _Prepared:
+            w = np.asarray(w)
+            r = np.asarray(r)
+            if w.ndim != 3 or r.ndim != 3 or w.shape[0] != nd or r.shape[0] != nd:
+                raise ExecutionError(f"{spec.describe()}: W {list(w.shape)} / R {list(r.shape)} do not match "
+                                     f"{nd} direction(s)", hint="check the weights against direction")
+            hidden = r.shape[2]
+            if hidden_attr is not None and int(hidden_attr) != hidden:
+                raise ExecutionError(f"{spec.describe()}: hidden_size={hidden_attr} but R has hidden size {hidden}",
+                                     hint="fix hidden_size or R")
+            gh = n_gates * hidden
+            if w.shape[1] != gh or r.shape[1] != gh:
+                raise ExecutionError(f"{spec.describe()}: W {list(w.shape)} / R {list(r.shape)} must have "
+                                     f"{gh} rows ({n_gates} gates x hidden {hidden})", hint="check the weights")
+            isz = w.shape[2]
+            pre = _pre_vector(acts, gate_acts, hidden, cdt)  # (nd, gh)
+            pp = _Prepared()
+            pp.hidden, pp.input_size = hidden, isz
+            wb = np.zeros((nd, gh), cdt) if b is None else np.asarray(b)[:, :gh].astype(cdt)
+            rb = np.zeros((nd, gh), cdt) if b is None else np.asarray(b)[:, gh:2 * gh].astype(cdt)
+            if b is not None and np.asarray(b).shape != (nd, 2 * gh):
+                raise ExecutionError(f"{spec.describe()}: B has shape {list(np.asarray(b).shape)}, expected "
+                                     f"{[nd, 2 * gh]}", hint="check the bias")
+            wx = np.empty((nd, isz + 1, gh), cdt)
+            wx[:, :isz, :] = w.transpose(0, 2, 1)
+            bias = wb + rb
+            if op == "GRU" and lbr:
+                bias[:, 2 * hidden:] = wb[:, 2 * hidden:]  # Rbh stays inside r * (H R_h^T + Rbh)
+                rbh = rb[:, 2 * hidden:] * pre[:, 2 * hidden:]
+                pp.rbh = rbh.reshape(nd, 1, hidden) if np.any(rbh) else None
+            wx[:, isz, :] = bias
+            wx *= pre[:, None, :]
+            rows = r.astype(cdt) * pre[:, :, None]  # (nd, gh, hidden), ONNX layout
+            fn = _step_gemm(cdt)
+            if op == "GRU":
+                pp.rec = _Rec(rows[:, :2 * hidden], fn)
+                pp.rec_h = _Rec(rows[:, 2 * hidden:], fn)
+            else:
+                pp.rec = _Rec(rows, fn)
+            pp.wx = wx
+            if op == "LSTM" and p is not None:
+                pa = np.asarray(p).astype(cdt)
+                if pa.shape != (nd, 3 * hidden):
+                    raise ExecutionError(f"{spec.describe()}: P has shape {list(pa.shape)}, expected "
+                                         f"{[nd, 3 * hidden]}", hint="check the peepholes")
+                if np.any(pa):
+                    # P order is (i, o, f); each is scaled like the gate it feeds
+                    pi = pa[:, :hidden] * pre[:, :hidden]
+                    po = pa[:, hidden:2 * hidden] * pre[:, hidden:2 * hidden]
+                    pf = pa[:, 2 * hidden:] * pre[:, 2 * hidden:3 * hidden]
+                    pp.peep = np.stack([pi, po, pf]).reshape(3, nd, 1, hidden)
+            return pp
+
+        consts = [const_input(spec, i) for i in (1, 2, 3)]
+        p_const = const_input(spec, 7) if op == "LSTM" else None
+        static_ok = consts[0] is not None and consts[1] is not None and (consts[2] is not None or not has_input(spec, 3)) \
+            and (op != "LSTM" or p_const is not None or not has_input(spec, 7))
+        prepared = prepare(consts[0], consts[1], consts[2], p_const) if static_ok else None
+
+        # clip bounds per gate (scaled like the pre-activations); built lazily per hidden size
+        clip_cache: dict[int, np.ndarray] = {}
+
+        def clip_bounds(hidden: int) -> np.ndarray | None:
+            if clip is None:
+                return None
+            cb = clip_cache.get(hidden)
+            if cb is None:
+                cb = (clip * _pre_vector(acts, gate_acts, hidden, cdt)).reshape(nd, 1, n_gates * hidden)
+                clip_cache[hidden] = cb
+            return cb
+
+        def kernel(x, w, r, b=None, seq_lens=None, h0=None, c0=None, p=None, out=None):
+            pp = prepared if prepared is not None else prepare(w, r, b, p if op == "LSTM" else None)
+            hidden = pp.hidden
+            if x.ndim != 3:
+                raise ExecutionError(f"{spec.describe()}: X must be 3-D, got shape {list(x.shape)}",
+                                     hint="feed [seq, batch, input] (layout 0) or [batch, seq, input] (layout 1)")
+            xs = x.transpose(1, 0, 2) if layout == 1 else x
+            steps, batch, isz = xs.shape
+            if isz != pp.input_size:
+                raise ExecutionError(f"{spec.describe()}: X has input size {isz}, W expects {pp.input_size}",
+                                     hint="check the input against W")
+            lens = _lengths(seq_lens, batch, steps, spec)
+            run_steps = steps if lens is None else int(lens.max())
+
+            # 1. input projection of every step, both directions: one batched GEMM
+            xa = np.empty((nd, steps, batch, isz + 1), cdt)
+            xa[..., isz] = 1
+            for d in range(nd):
+                rev = direction == "reverse" or d == 1
+                if not rev:
+                    xa[d, :, :, :isz] = xs
+                elif lens is None:
+                    xa[d, :, :, :isz] = xs[::-1]
+                else:
+                    ridx = _reverse_index(lens, steps, batch)
+                    xa[d, :, :, :isz] = xs[ridx, np.arange(batch)[None, :]]
+            gh = n_gates * hidden
+            xw = np.matmul(xa.reshape(nd, steps * batch, isz + 1), pp.wx).reshape(nd, steps, batch, gh)
+
+            # 2. the recurrence
+            hs = np.empty((max(run_steps, 1), nd, batch, hidden), cdt)  # h after each step, step order
+            hinit = np.zeros((nd, batch, hidden), cdt)
+            if h0 is not None:
+                hinit[...] = h0.transpose(1, 0, 2) if layout == 1 else h0
+            valid = None if lens is None else (np.arange(steps)[:, None] < lens[None, :])  # (steps, batch)
+            min_len = steps if lens is None else int(lens.min())
+            cb = clip_bounds(hidden)
+            c_final = None
+            if op == "LSTM":
+                c_final = _run_lstm(xw, pp, hs, hinit, c0, layout, run_steps, valid, min_len, cb, groups,
+                                    fast_lstm, input_forget, cdt)
+            elif op == "GRU":
+                _run_gru(xw, pp, hs, hinit, run_steps, valid, min_len, cb, groups, lbr, cdt)
+            else:
+                _run_rnn(xw, pp, hs, hinit, run_steps, valid, min_len, cb, groups, cdt)
+
+            # 3. outputs
+            outs: list[np.ndarray | None] = []
+            y = None
+            if want[0]:
+                y_shape = (batch, steps, nd, hidden) if layout == 1 else (steps, nd, batch, hidden)
+                y = _target(out, 0, y_shape, odt)
+                yv = y.transpose(1, 2, 0, 3) if layout == 1 else y  # (steps, nd, batch, hidden) view
+                _assemble_y(yv, hs, run_steps, lens, direction, nd)
+                outs.append(y)
+            else:
+                outs.append(None)
+            last = hs[run_steps - 1] if run_steps > 0 else hinit
+            if want[1]:
+                yh = _final(out, 1, last, lens, layout, odt)
+                outs.append(yh)
+            elif n_out > 1:
+                outs.append(None)
+            if op == "LSTM" and want[2]:
+                assert c_final is not None
+                outs.append(_final(out, 2, c_final, lens, layout, odt))
+            elif n_out > 2:
+                outs.append(None)
+            return tuple(outs[:n_out])
+
+        if odt == cdt and all(want[i] for i in range(n_out)):
+            kernel.accepts_out = True  # type: ignore[attr-defined]
+        return kernel
+
+    return factory
+
+
+def _target(out, i: int, shape, dt) -> np.ndarray:
+    o = out[i] if out is not None and i < len(out) else None
+    if o is not None and o.shape == tuple(shape) and o.dtype == dt:
+        return o
+    return np.empty(shape, dt)
+
+
+def _final(out, i: int, state: np.ndarray, lens, layout: int, dt) -> np.ndarray:
+    """A final state output (nd, batch, hidden) or (batch, nd, hidden) for layout 1; entries of
+    zero-length sequences are zero."""
+    nd, batch, hidden = state.shape
+    shape = (batch, nd, hidden) if layout == 1 else (nd, batch, hidden)
+    o = _target(out, i, shape, dt)
+    ov = o.transpose(1, 0, 2) if layout == 1 else o
+    ov[...] = state
+    if lens is not None and np.any(lens == 0):
+        ov[:, lens == 0, :] = 0
+    return o
+
+
+def _assemble_y(yv: np.ndarray, hs: np.ndarray, run_steps: int, lens, direction: str, nd: int) -> None:
+    """Y (steps, nd, batch, hidden) from the per-step states (step order); zero past each
+    sequence's end."""
+    steps, _, batch, hidden = yv.shape
+    if run_steps < steps:
+        yv[run_steps:] = 0
+    if run_steps == 0:
+        return
+    for d in range(nd):
+        rev = direction == "reverse" or d == 1
+        if lens is None:
+            yv[:, d] = hs[::-1, d] if rev else hs[:, d]
+            continue
+        if not rev:
+            yv[:run_steps, d] = hs[:run_steps, d]
+        else:
+            t = np.arange(run_steps)[:, None]
+            src = lens[None, :] - 1 - t
+            src = np.where(src >= 0, src, 0)
+            yv[:run_steps, d] = hs[src, d, np.arange(batch)[None, :]]
+        valid = np.arange(run_steps)[:, None] < lens[None, :]
+        if not valid.all():
+            yv[:run_steps, d] *= valid[:, :, None]
+
+
+def _mask_rows(new: np.ndarray, old: np.ndarray, keep: np.ndarray) -> None:
+    """Rows (batch entries) whose sequence has ended keep their old state."""
+    new[:, keep] = old[:, keep]
+
+
+def _run_lstm(xw, pp: _Prepared, hs, hinit, c0, layout, run_steps, valid, min_len, cb, groups: _Groups,
+              fast: bool, input_forget: bool, cdt) -> np.ndarray:
+    nd, _, batch, gh = xw.shape
+    hidden = gh // 4
+    rec = pp.rec
+    c = np.zeros((nd, batch, hidden), cdt)
+    if c0 is not None:
+        c[...] = c0.transpose(1, 0, 2) if layout == 1 else c0
+    c_prev = np.empty_like(c) if valid is not None else None
+    g = np.empty((nd, batch, gh), cdt)
+    tmp = np.empty((nd, batch, hidden), cdt)
+    peep = pp.peep
+    gi, go, gf, gc = (g[..., k * hidden:(k + 1) * hidden] for k in range(4))
+    cbv = None if cb is None else [cb[..., k * hidden:(k + 1) * hidden] for k in range(4)]
+    # default activations, no peepholes: tanh over the gate block, the rest in two compiled loops
+    fused = _lstm_gates(np.dtype(cdt)) if fast and peep is None else None
+    h = hinit
+    for s in range(run_steps):
+        rec(h, xw, s, 0, True, g)
+        if c_prev is not None and s >= min_len:
+            np.copyto(c_prev, c)
+        if fused is not None:
+            if cb is not None:
+                np.clip(g, -cb, cb, out=g)
+            np.tanh(g, out=g)
+            fused[0](g, c, input_forget)
+            np.tanh(c, out=tmp)
+            hn = hs[s]
+            fused[1](g, tmp, hn)
+            if valid is not None and s >= min_len:
+                keep = ~valid[s]
+                _mask_rows(hn, h, keep)
+                assert c_prev is not None
+                _mask_rows(c, c_prev, keep)
+            h = hn
+            continue
+        if peep is None:
+            if cbv is not None:
+                np.clip(g, -cb, cb, out=g)
+            if fast:
+                np.tanh(g, out=g)
+                sg = g[..., :3 * hidden]
+                sg *= cdt.type(0.5)
+                sg += cdt.type(0.5)
+            else:
+                groups.apply(0, g[..., :3 * hidden])
+                groups.apply(1, gc)
+        else:
+            np.multiply(c, peep[0], out=tmp)
+            gi += tmp
+            if not input_forget:
+                np.multiply(c, peep[2], out=tmp)
+                gf += tmp
+            if cbv is not None:
+                np.clip(gi, -cbv[0], cbv[0], out=gi)
+                np.clip(gf, -cbv[2], cbv[2], out=gf)
+                np.clip(gc, -cbv[3], cbv[3], out=gc)
+            groups.apply(0, gi)
+            if not input_forget:
+                groups.apply(0, gf)
+            groups.apply(1, gc)
+        if input_forget:
+            np.subtract(cdt.type(1), gi, out=gf)
+        # C_t = f * C_{t-1} + i * c
+        c *= gf
+        np.multiply(gi, gc, out=tmp)
+        c += tmp
+        if peep is not None:
+            np.multiply(c, peep[1], out=tmp)
+            go += tmp
+            if cbv is not None:
+                np.clip(go, -cbv[1], cbv[1], out=go)
+            groups.apply(0, go)
+        # H_t = o * h(C_t)
+        if fast:
+            np.tanh(c, out=tmp)
+        else:
+            np.copyto(tmp, c)
+            groups.apply(2, tmp, prescaled=False)
+        hn = hs[s]
+        np.multiply(go, tmp, out=hn)
+        if valid is not None and s >= min_len:
+            keep = ~valid[s]
+            _mask_rows(hn, h, keep)
+            assert c_prev is not None
+            _mask_rows(c, c_prev, keep)
+        h = hn
+    return c
+
+
+def _run_gru(xw, pp: _Prepared, hs, hinit, run_steps, valid, min_len, cb, groups: _Groups, lbr: bool,
+             cdt) -> None:
+    nd, _, batch, gh = xw.shape
+    hidden = gh // 3
+    tmp = np.empty((nd, batch, hidden), cdt)
+    cb_zr = None if cb is None else cb[..., :2 * hidden]
+    cb_h = None if cb is None else cb[..., 2 * hidden:]
+    rec, rec_h = pp.rec, pp.rec_h
+    assert rec_h is not None
+    zr = np.empty((nd, batch, 2 * hidden), cdt)
+    gz, gr = zr[..., :hidden], zr[..., hidden:]
+    ghh = np.empty((nd, batch, hidden), cdt)
+    rh = np.empty((nd, batch, hidden), cdt) if not lbr else None
+    # default activations (Sigmoid, Tanh): tanh over each block, the rest in compiled loops
+    default = all(a[0].name == "Sigmoid" and a[1].name == "Tanh" for _, a in groups.parts)
+    fused = _gru_gates(np.dtype(cdt)) if default else None
+    rbh = pp.rbh if pp.rbh is not None else np.zeros((nd, 1, hidden), cdt)
+    h = hinit
+    for s in range(run_steps):
+        rec(h, xw, s, 0, True, zr)
+        if fused is not None:
+            if cb_zr is not None:
+                np.clip(zr, -cb_zr, cb_zr, out=zr)
+            np.tanh(zr, out=zr)
+            if lbr:
+                rec_h(h, xw, s, 0, False, ghh)
+                fused[1](zr, ghh, rbh, xw, s)
+            else:
+                assert rh is not None
+                fused[0](zr, h, rh)
+                rec_h(rh, xw, s, 2 * hidden, True, ghh)
+            if cb_h is not None:
+                np.clip(ghh, -cb_h, cb_h, out=ghh)
+            np.tanh(ghh, out=ghh)
+            fused[2](zr, ghh, h, hs[s])
+            if valid is not None and s >= min_len:
+                _mask_rows(hs[s], h, ~valid[s])
+            h = hs[s]
+            continue
+        if cb_zr is not None:
+            np.clip(zr, -cb_zr, cb_zr, out=zr)
+        groups.apply(0, zr)
+        if lbr:
+            # h~ = g(x W_h + r * (H R_h^T + Rb_h) + Wb_h)
+            rec_h(h, xw, s, 0, False, ghh)
+            if pp.rbh is not None:
+                ghh += pp.rbh
+            ghh *= gr
+            ghh += xw[:, s, :, 2 * hidden:]
+        else:
+            # h~ = g(x W_h + (r * H) R_h^T + Rb_h + Wb_h)
+            assert rh is not None
+            np.multiply(gr, h, out=rh)
+            rec_h(rh, xw, s, 2 * hidden, True, ghh)
+        if cb_h is not None:
+            np.clip(ghh, -cb_h, cb_h, out=ghh)
+        groups.apply(1, ghh)
+        _gru_combine(hs[s], h, gz, ghh, tmp)
+        if valid is not None and s >= min_len:
+            _mask_rows(hs[s], h, ~valid[s])
+        h = hs[s]
+
+
+def _gru_combine(hn: np.ndarray, h: np.ndarray, z: np.ndarray, hh: np.ndarray, tmp: np.ndarray) -> None:
+    """H_t = (1 - z) * hh + z * H_{t-1} = hh + z * (H_{t-1} - hh)."""
+    np.subtract(h, hh, out=tmp)
+    tmp *= z
+    np.add(tmp, hh, out=hn)
+
+
+def _run_rnn(xw, pp: _Prepared, hs, hinit, run_steps, valid, min_len, cb, groups: _Groups, cdt) -> None:
+    rec = pp.rec
+    h = hinit
+    for s in range(run_steps):
+        hn = hs[s]
+        rec(h, xw, s, 0, True, hn)
+        if cb is not None:
+            np.clip(hn, -cb, cb, out=hn)
+        groups.apply(0, hn)
+        if valid is not None and s >= min_len:
+            _mask_rows(hn, h, ~valid[s])
+        h = hn
+
+
+for _op in ("LSTM", "GRU", "RNN"):
+    KERNELS[("", _op)] = _make_factory(_op)
