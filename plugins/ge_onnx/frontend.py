@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -481,10 +482,47 @@ def _arity(lo: int, hi: int) -> str:
     return f"at least {lo}" if hi >= 2**31 - 1 else f"{lo} to {hi}"
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _is_float(v: Any) -> bool:
+    return isinstance(v, (float, int, np.floating, np.integer)) and not isinstance(v, bool)
+
+
+def _is_seq(item) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, (list, tuple, np.ndarray)) and all(item(x) for x in np.asarray(v, dtype=object).ravel())
+
+
+def _describe_attr(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        kinds = sorted({type(x).__name__ for x in v})
+        return f"a list of {'/'.join(kinds) or 'nothing'}"
+    return f"a {type(v).__name__}"
+
+
+def _attr_kinds() -> dict[Any, tuple[str, Callable[[Any], bool]]]:
+    from onnx.defs import OpSchema
+
+    t = OpSchema.AttrType
+    return {
+        t.INT: ("an int", _is_int),
+        t.FLOAT: ("a float", _is_float),
+        t.STRING: ("a string", lambda v: isinstance(v, (str, bytes))),
+        t.INTS: ("a list of ints", _is_seq(_is_int)),
+        t.FLOATS: ("a list of floats", _is_seq(_is_float)),
+        t.STRINGS: ("a list of strings", _is_seq(lambda x: isinstance(x, (str, bytes)))),
+    }
+
+
+_ATTR_KINDS = _attr_kinds()
+
+
 def check_node_specs(graph: Graph, registry, source: str) -> None:
     """Refuse nodes that break their op's schema in the version the model's opset selects (what
     ``onnx.checker`` calls a bad node spec): too few or too many inputs or outputs, a required
-    input given as '' (absent), an op removed before the imported opset.
+    input given as '' (absent), an attribute of the wrong type, an op removed before the imported
+    opset.
 
     Such a node cannot be inferred, optimised or run; without this check it would only fail
     inside the compile's passes. Ops ONNX has no schema for are held to the arity of their OpDef.
@@ -519,6 +557,14 @@ def check_node_specs(graph: Graph, registry, source: str) -> None:
                 if v is None and p.option == OpSchema.FormalParameterOption.Single:
                     bad.append(f"{n.describe()} leaves input {i} ('{p.name}') empty; it is required by {what}")
                     break
+            else:
+                for name, value in n.attrs.items():
+                    spec = schema.attributes.get(name)
+                    want = _ATTR_KINDS.get(spec.type) if spec is not None else None
+                    if want is not None and not want[1](value):
+                        bad.append(f"{n.describe()} has attribute '{name}' of the wrong type: {what} takes {want[0]}, "
+                                   f"got {_describe_attr(value)}")
+                        break
     if removed:
         more = f" and {len(removed) - 5} more" if len(removed) > 5 else ""
         raise UnsupportedOpError(

@@ -151,3 +151,19 @@ def test_huge_constant_of_shape_neither_allocates_at_compile_nor_at_save(tmp_pat
 
 def test_resource_module_available():  # the fuzz harness relies on RLIMIT_AS
     assert hasattr(resource, "RLIMIT_AS")
+
+
+@pytest.mark.parametrize("op,attrs,inputs", [
+    ("MaxPool", {"kernel_shape": [2.0, 2.0]}, ["x"]),          # INTS given as floats: a TypeError in the kernel once
+    ("Softmax", {"axis": "last"}, ["x"]),
+    ("LeakyRelu", {"alpha": "0.1"}, ["x"]),
+    ("Transpose", {"perm": ["0", "1", "2", "3"]}, ["x"]),
+])
+def test_attribute_of_the_wrong_type_is_refused_at_load(op, attrs, inputs):
+    node = helper.make_node(op, inputs, ["y"], **attrs)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    with pytest.raises(ModelFileError, match=rf"attribute '{next(iter(attrs))}' of the wrong type") as e:
+        ge.load(m.SerializeToString())
+    assert op in str(e.value) and "malformed" in e.value.hint
