@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from . import __version__
-from .errors import GEError, OmFormatError, UnsupportedOpError
+from .errors import GEError, GraphError, OmFormatError, OptionError, UnsupportedOpError
 from .ir.verify import verify_graph
 from .memory import MAX_ARENA_BYTES, MemoryPlan
 from .model import CompiledModel
@@ -49,16 +49,17 @@ def model_definition(model: CompiledModel) -> tuple[dict[str, Any], WeightWriter
 
 def save_om(model: CompiledModel, path: str) -> str:
     if not path:
-        raise GEError("no output path given for the .om file")
+        raise OptionError("no output path given for the .om file", hint="pass a file name (--output / save(path))")
     try:
         d, weights = model_definition(model)
     except MemoryError:
-        raise GEError(f"cannot save '{path}': the model's constants do not fit in memory",
+        raise GraphError(f"cannot save '{path}': the model's constants do not fit in memory",
                       hint="a pass may have folded a huge constant; disable constant folding") from None
     try:
         blob = json.dumps(d, separators=(",", ":"), allow_nan=False, default=_json_default).encode("utf-8")
     except (TypeError, ValueError) as e:
-        raise GEError(f"cannot serialise the model for '{path}': {e}") from e
+        raise GraphError(f"cannot serialise the model for '{path}': {e}",
+                         hint="a node attribute or metadata holds a value an .om cannot store") from e
     write_container(
         path,
         [("model", blob, 8), ("weights", weights.chunks(), 4096)],

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from .errors import GEError, OmFormatError
+from .errors import GEError, GraphError, OmFormatError
 from .ir.graph import Graph, Value
 from .ir.types import TensorType, dtype_name, parse_dtype
 
@@ -55,7 +55,7 @@ class WeightWriter:
         self.size = 0
         self._ids: dict[int, int] = {}
 
-    def add(self, a: np.ndarray) -> int:
+    def add(self, a: np.ndarray, what: str = "a constant") -> int:
         key = id(a)
         if key in self._ids and self.arrays[self._ids[key]] is a:
             return self._ids[key]
@@ -65,8 +65,8 @@ class WeightWriter:
             is_splat = a.ndim > 0 and a.size > 1 and all(st == 0 for st in a.strides)
             stored = a.dtype.itemsize if is_splat else a.nbytes
             if stored > MAX_WEIGHT_BYTES or weight_span(a.shape) > MAX_WEIGHT_ELEMENTS:
-                raise GEError(
-                    f"a constant of shape {list(a.shape)} ({dtype_name(a.dtype)}) is too large for an .om: "
+                raise GraphError(
+                    f"{what} of shape {list(a.shape)} ({dtype_name(a.dtype)}) is too large for an .om: "
                     f"{stored} bytes stored (at most {MAX_WEIGHT_BYTES}), {weight_span(a.shape)} elements "
                     f"(at most {MAX_WEIGHT_ELEMENTS})",
                     hint="fix the model: no constant this large can be stored (constant folding never makes one)",
@@ -118,7 +118,8 @@ def graph_to_dict(graph: Graph, weights: WeightWriter) -> dict[str, Any]:
     d: dict[str, Any] = {
         "name": graph.name,
         "inputs": [{"name": v.name, **vtype(v.type)} for v in graph.inputs],
-        "constants": [{"name": v.name, "weight": weights.add(_const(v))} for v in graph.constants.values()],
+        "constants": [{"name": v.name, "weight": weights.add(_const(v), f"constant '{v.name}'")}
+                      for v in graph.constants.values()],
         "nodes": [],
         "outputs": [v.name for v in graph.outputs],
     }
@@ -135,7 +136,7 @@ def graph_to_dict(graph: Graph, weights: WeightWriter) -> dict[str, Any]:
         if n.domain:
             nd["domain"] = n.domain
         if n.attrs:
-            nd["attrs"] = {k: _enc_attr(a, weights) for k, a in n.attrs.items()}
+            nd["attrs"] = {k: _enc_attr(a, weights, n, k) for k, a in n.attrs.items()}
         meta = {k: v for k, v in n.meta.items() if _jsonable(v)}
         if meta:
             nd["meta"] = meta
@@ -145,7 +146,7 @@ def graph_to_dict(graph: Graph, weights: WeightWriter) -> dict[str, Any]:
 
 def _const(v) -> np.ndarray:
     if v.const_value is None:
-        raise GEError(f"constant '{v.name}' has no value")
+        raise GraphError(f"constant '{v.name}' has no value", hint="a pass left the constant empty; report it")
     return v.const_value
 
 
@@ -161,7 +162,7 @@ def _jsonable(v: Any) -> bool:
     return False
 
 
-def _enc_attr(a: Any, w: WeightWriter) -> dict[str, Any]:
+def _enc_attr(a: Any, w: WeightWriter, node: Any = None, key: str = "") -> dict[str, Any]:
     if isinstance(a, bool):
         return {"bool": a}
     if isinstance(a, (int, np.integer)):
@@ -173,7 +174,7 @@ def _enc_attr(a: Any, w: WeightWriter) -> dict[str, Any]:
     if isinstance(a, bytes):
         return {"b": base64.b64encode(a).decode("ascii")}
     if isinstance(a, np.ndarray):
-        return {"t": w.add(a)}
+        return {"t": w.add(a, f"attribute '{key}' of {node.describe()}" if node is not None else "a tensor attribute")}
     if isinstance(a, Graph):
         return {"g": graph_to_dict(a, w)}
     if a is None:
@@ -181,8 +182,10 @@ def _enc_attr(a: Any, w: WeightWriter) -> dict[str, Any]:
     if isinstance(a, (list, tuple)):
         if a and all(isinstance(x, Graph) for x in a):
             return {"gs": [graph_to_dict(x, w) for x in a]}
-        return {"list": [_enc_attr(x, w) for x in a]}
-    raise GEError(f"attribute value of type {type(a).__name__} cannot be saved in an .om")
+        return {"list": [_enc_attr(x, w, node, key) for x in a]}
+    where = f"attribute '{key}' of {node.describe()}" if node is not None else "an attribute"
+    raise GraphError(f"{where} holds a {type(a).__name__}, which an .om cannot store",
+                     hint="the plugin that set it should store numbers, strings, arrays or graphs")
 
 
 def _enc_float(f: float) -> float | str:

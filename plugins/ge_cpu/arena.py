@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ge_core.errors import ExecutionError
 from ge_core.ir.graph import Graph
 from ge_core.kernel import accepts_out
 from ge_core.memory import VIEW_OPS, MemoryPlan, value_size
@@ -48,7 +49,13 @@ class _Ctx:
     __slots__ = ("arena", "template")
 
     def __init__(self, nbytes: int, n_slots: int, consts, planned) -> None:
-        raw = np.empty(nbytes + ARENA_BASE_ALIGNMENT, dtype=np.uint8)
+        try:
+            raw = np.empty(nbytes + ARENA_BASE_ALIGNMENT, dtype=np.uint8)
+        except (MemoryError, ValueError) as e:
+            raise ExecutionError(
+                f"the model's memory arena needs {nbytes} bytes, which cannot be allocated here ({type(e).__name__})",
+                hint="run on a machine with more memory, or compile with a smaller input_shape",
+            ) from None
         pad = (-raw.ctypes.data) % ARENA_BASE_ALIGNMENT
         self.arena = raw[pad:pad + nbytes]
         t: list[Any] = [None] * n_slots

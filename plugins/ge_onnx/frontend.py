@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ge_core.errors import GEError, ModelFileError, OptionError, UnsupportedOpError
+from ge_core.errors import GEError, GraphError, ModelFileError, OptionError, UnsupportedOpError
 from ge_core.frontend import Frontend
 from ge_core.ir.graph import Graph, Node, Value
 from ge_core.ir.types import TensorType
@@ -656,6 +656,10 @@ class OnnxFrontend(Frontend):
         out_nodes = list(getattr(options, "out_nodes", None) or [])
         try:
             graph = self._build(model, name, base_dir, input_shape, out_nodes)
+        except GraphError as e:
+            # the IR refused what the file describes (duplicate value names, a cycle...)
+            raise ModelFileError(f"{name}: {e.detail}",
+                                 hint="the model is malformed; onnx.checker.check_model may say more") from e
         except GEError:
             raise
         except Exception as e:

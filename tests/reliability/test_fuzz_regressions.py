@@ -167,3 +167,40 @@ def test_attribute_of_the_wrong_type_is_refused_at_load(op, attrs, inputs):
     with pytest.raises(ModelFileError, match=rf"attribute '{next(iter(attrs))}' of the wrong type") as e:
         ge.load(m.SerializeToString())
     assert op in str(e.value) and "malformed" in e.value.hint
+
+
+def test_an_arena_too_large_for_the_machine_is_an_execution_error():
+    import numpy as np
+
+    from ge_sdk.testing import GraphBuilder
+
+    # 2**44 bytes of intermediate values: compiles (under the .om limit), cannot run here
+    b = GraphBuilder("huge")
+    x = b.input("x", "float32", (1,))
+    big = b.Expand(x, b.const(np.array([1 << 42], np.int64)))
+    b.output(b.ReduceSum(b.Relu(big), keepdims=0))
+    model = ge.compile(b.build(), {"executor": "arena"})
+    with pytest.raises(ge.ExecutionError, match="arena needs"):
+        model.run({"x": np.ones(1, np.float32)})
+
+
+def test_om_writer_refusals_name_what_and_are_subclasses(tmp_path):
+    import numpy as np
+
+    from ge_sdk.testing import GraphBuilder
+
+    b = GraphBuilder("g")
+    x = b.input("x", "float32", (2,))
+    b.output(b.Relu(x))
+    model = ge.compile(b.build())
+    with pytest.raises(ge.OptionError, match="no output path"):
+        model.save("")
+    node = next(iter(model.graph.nodes))
+    node.attrs["odd"] = object()
+    with pytest.raises(ge.GraphError, match=r"attribute 'odd' of node .* holds a object"):
+        model.save(tmp_path / "m.om")
+    assert not (tmp_path / "m.om").exists()
+    del node.attrs["odd"]
+    node.attrs["t"] = np.broadcast_to(np.float32(1), (1 << 41,))
+    with pytest.raises(ge.GraphError, match=r"attribute 't' of node .* is too large for an .om"):
+        model.save(tmp_path / "m.om")
