@@ -79,7 +79,7 @@ class _Emitter:
         self.scalar_calls: list[str] = []
 
     def f(self, name: str) -> str:
-        """The vectorisable float32 form of a math function (:mod:`ge_fusion.vmath`); libm's
+        """The vectorisable float32 form of a math function (:mod:`ge_sdk.vmath`); libm's
         scalar one otherwise (noted: NumPy's SIMD ufuncs beat such a loop)."""
         if self.dtype == np.float32 and name in _VMATH:
             return _VMATH[name]
@@ -162,7 +162,7 @@ class _Emitter:
         return None
 
 
-#: math functions with a vectorisable float32 form in :mod:`ge_fusion.vmath`
+#: math functions with a vectorisable float32 form in :mod:`ge_sdk.vmath`
 _VMATH = {"exp": "exp32", "log": "log32", "log1p": "log1p32", "expm1": "expm1_32", "tanh": "tanh32",
           "erf": "erf32"}
 
@@ -313,7 +313,7 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...]):
     rw, ro = nt.Array(scalar, 1, "C"), nt.Array(scalar, 1, "C", readonly=True)
     sig = nt.void(i64, i64, i64, rw, i64, i64, *([ro, i64, i64] * len(names)))
     t0 = time.perf_counter()
-    from . import vmath
+    from ge_sdk import vmath
 
     ns: dict[str, Any] = dict(vmath.FUNCTIONS)
     try:
@@ -465,7 +465,7 @@ def row_kernel(kind: str, dtype: Any) -> Any:
             return _rows[key]
     import time
 
-    from . import vmath
+    from ge_sdk import vmath
 
     numba = _numba
     nt = numba.types

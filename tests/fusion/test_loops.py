@@ -63,48 +63,6 @@ def test_every_op_as_a_loop_matches_its_numpy_form(op, attrs, dtype):
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol, equal_nan=True)
 
 
-def _vmath_kernel(name):
-    import numba
-    from numba import types as nt
-
-    from ge_fusion import vmath
-
-    f = vmath.FUNCTIONS[name]
-    arr = nt.Array(nt.float32, 1, "C")
-
-    @numba.njit(nt.void(arr, arr))
-    def k(x, out):
-        for i in range(x.shape[0]):
-            out[i] = f(x[i])
-
-    return k
-
-
-#: (function, float64 reference, max ulp; erf's A&S branch has an absolute bound instead)
-VMATH = [("exp32", np.exp, 2), ("log32", np.log, 2), ("log1p32", np.log1p, 3), ("expm1_32", np.expm1, 10),
-         ("tanh32", np.tanh, 2), ("sigmoid32", lambda v: 1 / (1 + np.exp(-v)), 3),
-         ("erf32", np.vectorize(math.erf, otypes=[np.float64]), 4)]
-
-
-@pytest.mark.parametrize("name,ref,max_ulp", VMATH, ids=[v[0] for v in VMATH])
-def test_vectorisable_math_is_accurate_and_keeps_specials(name, ref, max_ulp):
-    rng = np.random.default_rng(11)
-    x = np.concatenate([np.linspace(-100, 100, 20001), rng.standard_normal(4000) * 1e-3, rng.standard_normal(4000) * 3,
-                        np.logspace(-45, 38, 800), -np.logspace(-45, 38, 800),
-                        [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, 1.17e-38, 88.72, 88.73, -87.5, -103.9]])
-    x = x.astype(np.float32)
-    out = np.empty_like(x)
-    _vmath_kernel(name)(x, out)
-    with np.errstate(all="ignore"):
-        want = ref(x.astype(np.float64))
-        w32 = want.astype(np.float32)
-    for kind in (np.isnan, np.isposinf, np.isneginf):
-        np.testing.assert_array_equal(kind(out), kind(w32), err_msg=f"{name}: {kind.__name__}")
-    fin = np.isfinite(want) & np.isfinite(out) & (np.abs(want) > 1.2e-38)
-    ulp = np.abs(out[fin].astype(np.float64) - want[fin]) / np.spacing(np.abs(w32[fin])).astype(np.float64)
-    assert ulp.max() <= max_ulp, (name, float(ulp.max()), x[fin][np.argmax(ulp)])
-
-
 def test_transcendental_loops_vectorise():
     # the loop inlines vmath: its machine code uses vector registers, not a libm call per element
     fn = codegen.compile_program(codegen.dumps([("Tanh", ["a0"], {}), ("Sigmoid", ["t0"], {}), ("Erf", ["t1"], {})]),

@@ -11,8 +11,10 @@ the loops that inline them vectorise (AVX2/AVX-512) like the rest of the program
 - ``erf32``: Cephes' polynomial below 1 (a few ulp), Abramowitz & Stegun 7.1.26 above
   (absolute error < 1e-6 in float32).
 
-NaN and infinities come out as NumPy's do. This module imports numba; import it only when
-numba is there (:func:`ge_fusion.loopgen.available`).
+NaN and infinities come out as NumPy's do. Plugin authors' numba kernels may use these too:
+call them from ``@numba.njit`` code (they are ``inline="always"`` so the caller's loop
+vectorises; do not give that loop fast-math, whose reassociation would fold exp32's rounding
+trick away). This module imports numba: import it only where numba is installed.
 """
 
 from __future__ import annotations
