@@ -3,8 +3,9 @@
 Convolution strategy (all per call work is a handful of large NumPy/BLAS calls):
 
 * 1x1, unpadded conv: a direct batched GEMM on the (strided) input, no im2col;
-* depthwise conv (group == C, one input channel per group): a loop over the *kernel positions*
-  only, each one a fused multiply-add over the whole tensor;
+* depthwise conv (group == C, one input channel per group), 1-D or 2-D, float32/float64: a
+  compiled loop per plane (:mod:`._window`, numba); without numba (or for other dtypes and
+  ranks) a loop over the *kernel positions* only, each one a multiply-add over the whole tensor;
 * everything else: pad once, im2col through ``sliding_window_view`` (one copy into the column
   matrix) and a single ``np.matmul`` for all groups and the whole batch.
 """
@@ -19,6 +20,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ge_core.kernel import KernelSpec
 
+from . import _window
 from ._util import as_str, cast_like, const_input, has_input, in_dtype, ints, kernel_table, norm_axis, unsupported
 
 KERNELS, _reg = kernel_table()
@@ -114,6 +116,25 @@ def _position_slices(k, s, d, out):
     return res
 
 
+def _plan_2d(in_sp, k, s, d, pb, out_sp) -> _window.WindowPlan:
+    """The compiled window loop's plan of a 1-D or 2-D window op (1-D runs as one row)."""
+    if len(in_sp) == 1:
+        return _window.WindowPlan((1, in_sp[0]), (1, k[0]), (1, s[0]), (1, d[0]), (0, pb[0]), (1, out_sp[0]))
+    return _window.WindowPlan(in_sp, k, s, d, pb, out_sp)
+
+
+def _as4d(a: np.ndarray) -> np.ndarray:
+    return a if a.ndim == 4 else a.reshape(a.shape[:2] + (1,) + a.shape[2:])
+
+
+def _out_target(out, shape, dt):
+    """The caller's output array when the loop can write it directly, else a new one."""
+    o = out[0] if out is not None else None
+    if o is not None and o.dtype == dt and o.shape == shape and o.flags.c_contiguous and o.flags.writeable:
+        return o
+    return np.empty(shape, dt)
+
+
 class _PlanCache:
     """Per input spatial shape memo of window plans (shapes rarely change between calls)."""
 
@@ -172,6 +193,47 @@ def conv_factory(spec: KernelSpec):
 
     plans = _PlanCache(planner)
 
+    def window_planner(key):
+        pb, _, out_sp, _ = plans(key)
+        return _plan_2d(key[0], key[1], strides, dilations, pb, out_sp)
+
+    window_plans = _PlanCache(window_planner)
+    # depthwise 1-D/2-D convs run the compiled window loop (decided once, when the kernel is built)
+    use_loop = nd <= 2 and group > 1 and _window.available()
+    loop_w: dict = {}  # constant weights as (M, taps) and bias as (M,) per dtype
+
+    def _depthwise_loop(x, w, b, out, key):
+        """Depthwise conv through the compiled window loop; None when it does not apply."""
+        dt = x.dtype
+        if dt not in _window.NP_DTYPES or w.dtype != dt or x.ndim != nd + 2:
+            return None
+        n, m = x.shape[0], w.shape[0]
+        out_sp = plans(key)[2]
+        shape = (n, m) + tuple(out_sp)
+        if 0 in shape or 0 in x.shape:
+            return None
+        wt = loop_w.get(("w", dt)) if w_const is not None else None
+        if wt is None:
+            wt = np.ascontiguousarray(w.reshape(m, -1), dtype=dt)
+            if w_const is not None:
+                loop_w[("w", dt)] = wt
+        bkey = ("b", dt, m) if b is None or b is b_const else None
+        bias = loop_w.get(bkey) if bkey is not None else None
+        if bias is None:
+            bias = np.zeros(m, dt) if b is None else np.ascontiguousarray(np.asarray(b).reshape(-1), dtype=dt)
+            if bkey is not None:
+                loop_w[bkey] = bias
+        if bias.shape != (m,):
+            return None
+        target = _out_target(out, shape, dt)
+        if not _window.run("conv", window_plans(key), _as4d(x), _as4d(target), wt, bias):
+            return None
+        if out is not None:
+            if target is not out[0]:
+                np.copyto(out[0], target)
+            return out
+        return (target,)
+
     def kernel(x, w, b=None, out=None):
         if b_const is not None:
             b = b_const
@@ -182,6 +244,10 @@ def conv_factory(spec: KernelSpec):
         if w.shape[1] != cg or c % group or m % group:
             raise ValueError(f"Conv: input channels {c} / group {group} do not match weights {w.shape}")
         in_sp = x.shape[2:]
+        if use_loop and cg == 1 and group == c:
+            r = _depthwise_loop(x, w, b, out, (in_sp, k))
+            if r is not None:
+                return r
         pb, pe, out_sp, _ = plans((in_sp, k))
         wk = packed["w"] if w_const is not None else pack(w)
         p = math.prod(out_sp)
@@ -476,6 +542,44 @@ def _separable_plan(in_sp, k, s, d, pb, out):
             for i in range(len(k))]
 
 
+def _pool_loop(kind, window_plans, x, nd, out, dv_of=None):
+    """A 1-D/2-D float pool through the compiled window loop; None when it does not apply."""
+    dt = x.dtype
+    if dt not in _window.NP_DTYPES or x.ndim != nd + 2:
+        return None
+    in_sp = tuple(x.shape[2:])
+    plan = window_plans(in_sp)
+    if plan.out_hw == (1, 1):
+        # one window over the plane (a global pool): NumPy's reduction is as fast, and needs no
+        # loop compiled for its many taps
+        return None
+    osp = plan.out_hw if nd == 2 else plan.out_hw[1:]
+    shape = x.shape[:2] + tuple(osp)
+    if 0 in shape or 0 in x.shape:
+        return None
+    target = _out_target(out, shape, dt)
+    dv = dv_of(in_sp, dt) if dv_of is not None else None
+    if not _window.run(kind, plan, _as4d(x), _as4d(target), dv=dv):
+        return None
+    return _pool_result(target, out)
+
+
+def _pool_result(y, out):
+    if out is None:
+        return (y,)
+    if y is not out[0]:
+        np.copyto(out[0], y)
+    return out
+
+
+def _pool_out(spec: KernelSpec, kernel, want_idx: bool = False):
+    """Let the executor hand a float pool its output array (the loop writes it directly)."""
+    dt = in_dtype(spec, 0)
+    if not want_idx and dt is not None and dt in _window.NP_DTYPES and out_dtype_ok(spec, dt):
+        kernel.accepts_out = True
+    return kernel
+
+
 @_reg("MaxPool")
 def maxpool_factory(spec: KernelSpec):
     auto_pad, k, s, d, pads, ceil_mode = _pool_common(spec)
@@ -488,13 +592,19 @@ def maxpool_factory(spec: KernelSpec):
         return pb, pend, out, _position_slices(k, s, d, out), _separable_plan(in_sp, k, s, d, pb, out)
 
     plans = _PlanCache(planner)
+    use_loop = nd <= 2 and not want_idx and _window.available()
+    window_plans = _PlanCache(lambda in_sp: _plan_2d(in_sp, k, s, d, plans(in_sp)[0], plans(in_sp)[2]))
 
-    def kernel(x):
+    def kernel(x, out=None):
         in_sp = x.shape[2:]
-        pb, pend, out, slices, sep = plans(tuple(in_sp))
+        if use_loop:
+            r = _pool_loop("max", window_plans, x, nd, out)
+            if r is not None:
+                return r
+        pb, pend, osp, slices, sep = plans(tuple(in_sp))
         if not want_idx:
             y = _separable_pool(x, sep, np.maximum, _lowest(x.dtype))
-            return (y if y.base is None else y.copy(),)
+            return _pool_result(y if y.base is None else y.copy(), out)
         xp = _pad_spatial(x, pb, pend, _lowest(x.dtype))
         lead = (slice(None), slice(None))
         # Indices: flattened over the whole input (N*C*spatial), padding not counted.
@@ -502,7 +612,7 @@ def maxpool_factory(spec: KernelSpec):
             strides_el = [math.prod(in_sp[:i]) for i in range(nd)]
         else:
             strides_el = [math.prod(in_sp[i + 1:]) for i in range(nd)]
-        coords = [np.arange(out[i]) * s[i] - pb[i] for i in range(nd)]
+        coords = [np.arange(osp[i]) * s[i] - pb[i] for i in range(nd)]
         y = None
         best = None
         for pos, sl in zip(itertools.product(*[range(ki) for ki in k]), slices):
@@ -513,7 +623,7 @@ def maxpool_factory(spec: KernelSpec):
             xs = xp[lead + sl]
             if y is None:
                 y = xs.copy()
-                best = np.broadcast_to(flat, x.shape[:2] + tuple(out)).astype(np.int64)
+                best = np.broadcast_to(flat, x.shape[:2] + tuple(osp)).astype(np.int64)
             else:
                 mask = xs > y
                 np.copyto(y, xs, where=mask)
@@ -523,7 +633,7 @@ def maxpool_factory(spec: KernelSpec):
             x.shape[:2] + (1,) * nd)
         return (y, best + base)
 
-    return kernel
+    return _pool_out(spec, kernel, want_idx)
 
 
 def _avg_divisor(in_sp, k, s, d, pb, pe, out, include_pad):
@@ -552,8 +662,32 @@ def avgpool_factory(spec: KernelSpec):
         return _separable_plan(in_sp, k, s, d, pb, out), (full if uniform else div)
 
     plans = _PlanCache(planner)
+    nd = len(k)
+    use_loop = nd <= 2 and _window.available()
 
-    def kernel(x):
+    def loop_planner(in_sp):
+        pb, pe, out, _ = _window_plan(auto_pad, pads, in_sp, k, s, d, ceil_mode)
+        return _plan_2d(in_sp, k, s, d, pb, out)
+
+    window_plans = _PlanCache(loop_planner)
+    divisors: dict = {}
+
+    def dv_of(in_sp, dt):
+        # window counts per output element, flattened, in the input dtype
+        dv = divisors.get((in_sp, dt))
+        if dv is None:
+            pb, pe, out, _ = _window_plan(auto_pad, pads, in_sp, k, s, d, ceil_mode)
+            div = _avg_divisor(in_sp, k, s, d, pb, pe, out, include_pad)
+            dv = np.ascontiguousarray(np.broadcast_to(div, tuple(out)).reshape(-1), dtype=dt)
+            if len(divisors) < 64:
+                divisors[(in_sp, dt)] = dv
+        return dv
+
+    def kernel(x, out=None):
+        if use_loop:
+            r = _pool_loop("avg", window_plans, x, nd, out, dv_of)
+            if r is not None:
+                return r
         sep, div = plans(tuple(x.shape[2:]))
         y = _separable_pool(x, sep, np.add, 0)
         if y.base is not None or y is x:
@@ -563,9 +697,9 @@ def avgpool_factory(spec: KernelSpec):
                 y *= y.dtype.type(1.0 / div)
         else:
             y /= div.astype(y.dtype)
-        return (y,)
+        return _pool_result(y, out)
 
-    return kernel
+    return _pool_out(spec, kernel)
 
 
 @_reg("LpPool")

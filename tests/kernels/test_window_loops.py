@@ -1,0 +1,369 @@
+"""The compiled window loops of the ge_cpu kernels (depthwise Conv, MaxPool, AveragePool).
+
+Every case runs a one-node ONNX model through onnxruntime (float32, and float64 MaxPool) or
+onnx.reference (float64 Conv and AveragePool, which onnxruntime has no kernel for) and through
+the ge_cpu kernel on the same inputs. The loops are numba-compiled; without numba the kernels
+fall back to NumPy and these tests check that path.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import helper, numpy_helper  # noqa: E402
+
+import ge_core as ge  # noqa: E402
+from ge_core.ir.types import TensorType  # noqa: E402
+from ge_core.kernel import KernelSpec  # noqa: E402
+from ge_cpu.kernels import KERNELS, _window  # noqa: E402
+
+ort = pytest.importorskip("onnxruntime")
+
+RNG = np.random.default_rng(7)
+TOL = {np.float32: dict(rtol=1e-4, atol=1e-5), np.float64: dict(rtol=1e-10, atol=1e-12)}
+
+
+def rand(*shape, dtype=np.float32):
+    return RNG.uniform(-1.0, 1.0, size=shape).astype(dtype)
+
+
+def _model(op, inputs, attrs, const, n_outputs=1, opset=17):
+    names, graph_inputs, inits = [], [], []
+    for i, a in enumerate(inputs):
+        name = f"in{i}"
+        names.append(name)
+        if i in const:
+            inits.append(numpy_helper.from_array(a, name))
+        else:
+            graph_inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape))
+    outs = [f"out{j}" for j in range(n_outputs)]
+    node = helper.make_node(op, names, outs, **attrs)
+    graph = helper.make_graph([node], "g", graph_inputs, [helper.make_empty_tensor_value_info(o) for o in outs], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model, {n: a for i, (n, a) in enumerate(zip(names, inputs)) if i not in const}
+
+
+def reference(op, inputs, attrs, const, opset=17):
+    model, feeds = _model(op, inputs, attrs, const, opset=opset)
+    if inputs[0].dtype == np.float64 and op != "MaxPool":
+        from onnx.reference import ReferenceEvaluator
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return ReferenceEvaluator(model).run(None, feeds)[0]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)[0]
+
+
+def build(op, inputs, attrs, const, out_like, opset=17):
+    spec = KernelSpec(name=f"test_{op}", op_type=op, attrs=dict(attrs),
+                      inputs=[TensorType.of(a) for a in inputs], outputs=[TensorType.of(out_like)],
+                      const_inputs=[a if i in const else None for i, a in enumerate(inputs)], opset=opset)
+    return KERNELS[("", op)](spec)
+
+
+def check(op, inputs, attrs, const=(1, 2), opset=17):
+    want = reference(op, inputs, attrs, const, opset)
+    kernel = build(op, inputs, attrs, const, want, opset)
+    got = kernel(*inputs)[0]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_allclose(got, want, **TOL[want.dtype.type])
+    # the out= protocol: the result lands in the caller's array
+    if getattr(kernel, "accepts_out", False):
+        buf = np.full(want.shape, np.nan, want.dtype)
+        res = kernel(*inputs, out=(buf,))
+        assert res[0] is buf
+        np.testing.assert_allclose(buf, want, **TOL[want.dtype.type])
+    return kernel, got
+
+
+needs_numba = pytest.mark.skipif(not _window.available(), reason="numba is not importable")
+
+
+# ------------------------------------------------------------------------------------------------
+# depthwise Conv
+
+DW_CASES = [
+    # (C, H, W, kernel, attrs)
+    (8, 9, 9, (3, 3), {"pads": [1, 1, 1, 1]}),
+    (8, 9, 10, (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    (6, 11, 7, (3, 3), {"pads": [0, 1, 2, 1]}),
+    (6, 11, 7, (3, 3), {"pads": [2, 0, 1, 3], "strides": [2, 1]}),
+    (5, 12, 13, (5, 5), {"pads": [2, 2, 2, 2], "strides": [1, 2]}),
+    (4, 15, 14, (7, 7), {"pads": [3, 3, 3, 3], "strides": [3, 3]}),
+    (4, 8, 9, (3, 1), {"pads": [1, 0, 1, 0]}),
+    (4, 8, 9, (1, 5), {"pads": [0, 2, 0, 2], "strides": [1, 3]}),
+    (4, 8, 9, (2, 2), {}),
+    (4, 10, 10, (3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+    (4, 10, 11, (3, 3), {"dilations": [1, 3], "pads": [1, 2, 0, 3], "strides": [2, 1]}),
+    (4, 10, 11, (3, 3), {"dilations": [2, 2], "strides": [2, 2]}),
+    (6, 10, 7, (3, 3), {"auto_pad": "SAME_UPPER"}),
+    (6, 10, 7, (4, 4), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    (6, 10, 7, (4, 4), {"auto_pad": "SAME_LOWER", "strides": [2, 2]}),
+    (6, 9, 8, (3, 2), {"auto_pad": "SAME_LOWER", "strides": [3, 2]}),
+    (6, 9, 8, (3, 3), {"auto_pad": "VALID", "strides": [2, 2]}),
+    (3, 4, 4, (5, 5), {"pads": [4, 4, 4, 4]}),  # padding wider than the input
+    (4, 6, 6, (1, 1), {"strides": [2, 2]}),
+    (2, 12, 12, (9, 9), {"pads": [4, 4, 4, 4]}),  # more taps than the unrolled loops take
+]
+
+
+@needs_numba
+@pytest.mark.parametrize("c,h,w,k,attrs", DW_CASES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_depthwise_conv(c, h, w, k, attrs, bias):
+    x = rand(2, c, h, w)
+    ws = rand(c, 1, *k)
+    inputs = [x, ws] + ([rand(c)] if bias else [])
+    check("Conv", inputs, {**attrs, "group": c, "kernel_shape": list(k)})
+
+
+@needs_numba
+@pytest.mark.parametrize("c,h,w,k,attrs", [DW_CASES[1], DW_CASES[3], DW_CASES[10], DW_CASES[14]])
+def test_depthwise_conv_float64(c, h, w, k, attrs):
+    x = rand(2, c, h, w, dtype=np.float64)
+    inputs = [x, rand(c, 1, *k, dtype=np.float64), rand(c, dtype=np.float64)]
+    check("Conv", inputs, {**attrs, "group": c, "kernel_shape": list(k)})
+
+
+@needs_numba
+@pytest.mark.parametrize("const", [(1, 2), (1,), ()])
+def test_depthwise_conv_weights_at_run_time(const):
+    x, w, b = rand(1, 6, 9, 9), rand(6, 1, 3, 3), rand(6)
+    check("Conv", [x, w, b], {"group": 6, "pads": [1, 1, 1, 1], "strides": [2, 2]}, const=const)
+
+
+@needs_numba
+def test_depthwise_conv_channel_multiplier():
+    # group == C with two output channels per input channel
+    x, w, b = rand(2, 4, 9, 8), rand(8, 1, 3, 3), rand(8)
+    check("Conv", [x, w, b], {"group": 4, "kernel_shape": [3, 3], "pads": [1, 0, 1, 2], "strides": [2, 1]})
+
+
+@needs_numba
+@pytest.mark.parametrize("attrs", [{"pads": [1, 1]}, {"strides": [2], "pads": [2, 0]},
+                                   {"dilations": [2], "pads": [2, 1]}, {"auto_pad": "SAME_LOWER", "strides": [2]}])
+def test_depthwise_conv_1d(attrs):
+    x, w, b = rand(2, 5, 17), rand(5, 1, 3), rand(5)
+    check("Conv", [x, w, b], {**attrs, "group": 5, "kernel_shape": [3]})
+
+
+@needs_numba
+def test_depthwise_conv_strided_readonly_input():
+    # a channel-shuffle style view (not C-contiguous) and read-only (mmap'ed) weights
+    base = rand(1, 4, 2, 9, 9)
+    x = base.transpose(0, 2, 1, 3, 4).reshape(1, 8, 9, 9)[:, :, :, :8]
+    assert not x.flags.c_contiguous
+    w, b = rand(8, 1, 3, 3), rand(8)
+    w.setflags(write=False)
+    b.setflags(write=False)
+    want = reference("Conv", [np.ascontiguousarray(x), w, b], {"group": 8, "pads": [1, 1, 1, 1]}, (1, 2))
+    kernel = build("Conv", [x, w, b], {"group": 8, "pads": [1, 1, 1, 1]}, (1, 2), want)
+    np.testing.assert_allclose(kernel(x, w, b)[0], want, **TOL[np.float32])
+    x.setflags(write=False)
+    np.testing.assert_allclose(kernel(x, w, b)[0], want, **TOL[np.float32])
+
+
+@needs_numba
+def test_depthwise_conv_out_not_contiguous():
+    x, w, b = rand(1, 4, 8, 8), rand(4, 1, 3, 3), rand(4)
+    attrs = {"group": 4, "pads": [1, 1, 1, 1]}
+    want = reference("Conv", [x, w, b], attrs, (1, 2))
+    kernel = build("Conv", [x, w, b], attrs, (1, 2), want)
+    big = np.zeros((1, 4, 8, 16), np.float32)
+    view = big[:, :, :, ::2]
+    assert kernel(x, w, b, out=(view,))[0] is view
+    np.testing.assert_allclose(view, want, **TOL[np.float32])
+    assert not big[:, :, :, 1::2].any()
+
+
+def test_depthwise_conv_without_the_loops(monkeypatch):
+    # GE_CPU_JIT=0 (or no numba): the NumPy kernel gives the same results
+    monkeypatch.setenv("GE_CPU_JIT", "0")
+    assert not _window.available()
+    x, w, b = rand(2, 6, 10, 9), rand(6, 1, 3, 3), rand(6)
+    check("Conv", [x, w, b], {"group": 6, "pads": [1, 0, 1, 2], "strides": [2, 2]})
+    x, w = rand(2, 6, 10, 9, dtype=np.float64), rand(6, 1, 3, 3, dtype=np.float64)
+    check("Conv", [x, w], {"group": 6, "dilations": [2, 1]})
+
+
+@needs_numba
+def test_depthwise_conv_matches_numpy_path(monkeypatch):
+    x, w, b = rand(2, 6, 13, 11), rand(6, 1, 5, 3), rand(6)
+    attrs = {"group": 6, "pads": [2, 1, 1, 0], "strides": [2, 1], "dilations": [1, 2]}
+    want = reference("Conv", [x, w, b], attrs, (1, 2))
+    loop = build("Conv", [x, w, b], attrs, (1, 2), want)(x, w, b)[0]
+    monkeypatch.setenv("GE_CPU_JIT", "0")
+    numpy_path = build("Conv", [x, w, b], attrs, (1, 2), want)(x, w, b)[0]
+    np.testing.assert_allclose(loop, numpy_path, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# grouped Conv (1 < group < C) keeps the im2col/GEMM path
+
+
+@pytest.mark.parametrize("xs,ws,attrs", [
+    ((2, 8, 9, 9), (8, 2, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}),
+    ((1, 24, 14, 14), (112, 6, 1, 1), {"group": 4}),
+    ((1, 12, 10, 11), (6, 4, 3, 3), {"group": 3, "strides": [2, 2], "pads": [0, 1, 2, 1]}),
+])
+def test_grouped_conv(xs, ws, attrs):
+    check("Conv", [rand(*xs), rand(*ws), rand(ws[0])], {**attrs, "kernel_shape": list(ws[2:])})
+
+
+# ------------------------------------------------------------------------------------------------
+# pooling
+
+POOL_CASES = [
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+    {"kernel_shape": [3, 3], "strides": [2, 2]},
+    {"kernel_shape": [2, 2], "strides": [2, 2]},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
+    {"kernel_shape": [3, 2], "strides": [2, 3], "pads": [1, 0, 2, 1], "ceil_mode": 1},
+    {"kernel_shape": [3, 3], "auto_pad": "SAME_UPPER", "strides": [2, 2]},
+    {"kernel_shape": [4, 4], "auto_pad": "SAME_LOWER", "strides": [3, 3]},
+    {"kernel_shape": [2, 3], "auto_pad": "VALID", "strides": [1, 2]},
+    {"kernel_shape": [7, 7], "strides": [1, 1]},
+    {"kernel_shape": [3], "strides": [2], "pads": [1, 1]},
+]
+
+
+def _pool_x(attrs, dtype=np.float32):
+    return rand(2, 5, 14, 13, dtype=dtype) if len(attrs["kernel_shape"]) == 2 else rand(2, 5, 17, dtype=dtype)
+
+
+@pytest.mark.parametrize("attrs", POOL_CASES + [{"kernel_shape": [3, 3], "dilations": [2, 2], "pads": [1, 1, 1, 1]}])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_maxpool(attrs, dtype):
+    check("MaxPool", [_pool_x(attrs, dtype)], attrs, const=())
+
+
+@pytest.mark.parametrize("attrs", POOL_CASES)
+@pytest.mark.parametrize("cip", [0, 1])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_averagepool(attrs, cip, dtype):
+    check("AveragePool", [_pool_x(attrs, dtype)], {**attrs, "count_include_pad": cip}, const=())
+
+
+def test_averagepool_dilations_opset19():
+    from onnx.reference import ReferenceEvaluator
+
+    x = rand(1, 2, 9, 9)
+    attrs = {"kernel_shape": [2, 2], "dilations": [2, 2], "pads": [1, 1, 1, 1]}
+    model, feeds = _model("AveragePool", [x], attrs, (), opset=19)
+    want = ReferenceEvaluator(model).run(None, feeds)[0]
+    got = build("AveragePool", [x], attrs, (), want, opset=19)(x)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@needs_numba
+def test_maxpool_propagates_nan_like_numpy(monkeypatch):
+    x = rand(1, 2, 6, 6)
+    x[0, 0, 2, 3] = np.nan
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    want = reference("MaxPool", [np.nan_to_num(x)], attrs, ())
+    loop = build("MaxPool", [x], attrs, (), want)(x)[0]
+    monkeypatch.setenv("GE_CPU_JIT", "0")
+    numpy_path = build("MaxPool", [x], attrs, (), want)(x)[0]
+    np.testing.assert_array_equal(np.isnan(loop), np.isnan(numpy_path))
+    assert np.isnan(loop).any()
+    np.testing.assert_array_equal(loop[~np.isnan(loop)], numpy_path[~np.isnan(numpy_path)])
+
+
+def test_pools_without_the_loops(monkeypatch):
+    monkeypatch.setenv("GE_CPU_JIT", "0")
+    for attrs in POOL_CASES[:5]:
+        check("MaxPool", [_pool_x(attrs)], attrs, const=())
+        check("AveragePool", [_pool_x(attrs)], attrs, const=())
+
+
+def test_maxpool_indices_unchanged():
+    x = rand(2, 3, 9, 8)
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    model, feeds = _model("MaxPool", [x], attrs, (), n_outputs=2)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    spec = KernelSpec(name="mp", op_type="MaxPool", attrs=attrs, inputs=[TensorType.of(x)],
+                      outputs=[TensorType.of(want[0]), TensorType.of(want[1])], const_inputs=[None], opset=17)
+    kernel = KERNELS[("", "MaxPool")](spec)
+    assert not getattr(kernel, "accepts_out", False)
+    got = kernel(x)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+# ------------------------------------------------------------------------------------------------
+# through the whole engine: depthwise Conv + BatchNormalization + Relu becomes a FusedConv
+
+
+def test_depthwise_block_compiled_model():
+    c = 16
+    x = rand(2, c, 15, 15)
+    inits = [numpy_helper.from_array(rand(c, 1, 3, 3), "w"), numpy_helper.from_array(rand(c), "b"),
+             numpy_helper.from_array(rand(c) + 1.5, "scale"), numpy_helper.from_array(rand(c), "shift"),
+             numpy_helper.from_array(rand(c), "mean"), numpy_helper.from_array(rand(c) + 1.5, "var"),
+             numpy_helper.from_array(rand(c, c // 4, 1, 1), "w2")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=c, kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                              strides=[2, 2]),
+             helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["bn"]),
+             helper.make_node("Relu", ["bn"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["c2"], group=4, kernel_shape=[1, 1]),
+             helper.make_node("MaxPool", ["c2"], ["mp"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("AveragePool", ["c2"], ["ap"], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["ap", "w"], ["y2"], group=c, kernel_shape=[3, 3])]
+    graph = helper.make_graph(nodes, "dw", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("mp", onnx.TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("y2", onnx.TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = ge.compile(model).run({"x": x})
+    np.testing.assert_allclose(got["mp"], want[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["y2"], want[1], rtol=1e-4, atol=1e-5)
+
+
+@needs_numba
+def test_kernels_use_the_compiled_loops(monkeypatch):
+    calls = []
+    real = _window.run
+
+    def counting(kind, *args, **kwargs):
+        ok = real(kind, *args, **kwargs)
+        calls.append((kind, ok))
+        return ok
+
+    monkeypatch.setattr(_window, "run", counting)
+    x = rand(1, 4, 8, 8)
+    check("Conv", [x, rand(4, 1, 3, 3), rand(4)], {"group": 4, "pads": [1, 1, 1, 1]})
+    check("MaxPool", [x], {"kernel_shape": [3, 3], "strides": [2, 2]}, const=())
+    check("AveragePool", [x], {"kernel_shape": [3, 3], "strides": [2, 2]}, const=())
+    check("Conv", [x, rand(4, 2, 3, 3)], {"group": 2})  # grouped, not depthwise: GEMM path
+    assert {k for k, ok in calls if ok} == {"conv", "max", "avg"}
+    assert len(calls) == 6  # each once without and once with out=
+    assert _window.stats()["compiled"] >= 3
+
+
+def test_window_plans_stay_inside_their_buffer():
+    # the loops do not check bounds: every plan of a valid window op must fit its buffer
+    # (a plan that does not is refused and the NumPy kernel runs, which would hide a slow path)
+    from ge_cpu.kernels.nn import _plan_2d, _window_plan
+
+    rng = np.random.default_rng(3)
+    for _ in range(2000):
+        nd = int(rng.integers(1, 3))
+        in_sp = [int(v) for v in rng.integers(1, 20, nd)]
+        k = [int(v) for v in rng.integers(1, 6, nd)]
+        s = [int(v) for v in rng.integers(1, 4, nd)]
+        d = [int(v) for v in rng.integers(1, 3, nd)]
+        pads = [int(v) for v in rng.integers(0, 4, 2 * nd)]
+        auto_pad = str(rng.choice(["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
+        ceil_mode = bool(rng.integers(0, 2))
+        pb, _, out, _ = _window_plan(auto_pad, pads, in_sp, k, s, d, ceil_mode)
+        if min(out) <= 0:
+            continue
+        plan = _plan_2d(in_sp, k, s, d, pb, out)
+        assert plan.ok, (in_sp, k, s, d, pads, auto_pad, ceil_mode)
