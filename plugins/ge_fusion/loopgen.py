@@ -20,12 +20,13 @@ instead); numba not being importable has the same effect.
 from __future__ import annotations
 
 import math
-import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+from ge_sdk.jit import numba_if_enabled
 
 #: dtypes the loops are generated for (every operand and the output share one of them)
 DTYPES = ("float32", "float64")
@@ -34,21 +35,12 @@ _lock = threading.Lock()
 _compiled: dict[tuple, Any] = {}
 _stats = {"compiled": 0, "reused": 0, "compile_s": 0.0}
 _numba: Any = None
-_numba_failed = False
 
 
 def available() -> bool:
     """True when numba imports and ``GE_FUSION_JIT`` does not turn the loops off."""
-    global _numba, _numba_failed
-    if os.environ.get("GE_FUSION_JIT", "1").strip().lower() in ("0", "false", "off", "no"):
-        return False
-    if _numba is None and not _numba_failed:
-        try:
-            import numba
-
-            _numba = numba
-        except Exception:  # noqa: BLE001 - any import failure means: no compiled loops
-            _numba_failed = True
+    global _numba
+    _numba = numba_if_enabled("GE_FUSION_JIT")
     return _numba is not None
 
 

@@ -367,3 +367,20 @@ def test_window_plans_stay_inside_their_buffer():
             continue
         plan = _plan_2d(in_sp, k, s, d, pb, out)
         assert plan.ok, (in_sp, k, s, d, pads, auto_pad, ceil_mode)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_erf_runs_as_a_compiled_loop_and_matches_double_precision_erf(dtype, monkeypatch):
+    import math
+
+    from ge_cpu.kernels import elementwise
+
+    x = (np.random.default_rng(4).standard_normal((64, 300)) * 3).astype(dtype)
+    x.flat[:5] = [np.nan, np.inf, -np.inf, 0.0, 1e-30]
+    assert elementwise._erf_loop(x.dtype) is not None
+    want = np.array([math.erf(v) for v in x.ravel().astype(np.float64)]).reshape(x.shape)
+    got = elementwise.erf(x)
+    np.testing.assert_allclose(got, want, rtol=4e-7 if dtype == "float32" else 1e-15, atol=2e-7, equal_nan=True)
+    monkeypatch.setenv("GE_CPU_JIT", "0")  # the NumPy path agrees
+    assert elementwise._erf_loop(x.dtype) is None
+    np.testing.assert_allclose(elementwise.erf(x), want, rtol=4e-7, atol=2e-7, equal_nan=True)

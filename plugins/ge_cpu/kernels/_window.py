@@ -29,13 +29,14 @@ numba not being importable has the same effect.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from ge_sdk.jit import numba_if_enabled
 
 #: dtypes the loops are compiled for (input, weights, bias and output share one of them)
 DTYPES = ("float32", "float64")
@@ -50,21 +51,12 @@ _lock = threading.Lock()
 _compiled: dict[tuple, Any] = {}
 _stats = {"compiled": 0, "compile_s": 0.0}
 _numba: Any = None
-_numba_failed = False
 
 
 def available() -> bool:
     """True when numba imports and ``GE_CPU_JIT`` does not turn the loops off."""
-    global _numba, _numba_failed
-    if os.environ.get("GE_CPU_JIT", "1").strip().lower() in ("0", "false", "off", "no"):
-        return False
-    if _numba is None and not _numba_failed:
-        try:
-            import numba
-
-            _numba = numba
-        except Exception:  # noqa: BLE001 - any import failure means: no compiled loops
-            _numba_failed = True
+    global _numba
+    _numba = numba_if_enabled("GE_CPU_JIT")
     return _numba is not None
 
 

@@ -27,7 +27,6 @@ own type. Packed weights are prepared once when ``W``/``R``/``B``/``P`` are cons
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,6 +36,7 @@ import numpy as np
 
 from ge_core.errors import ExecutionError
 from ge_core.kernel import KernelSpec
+from ge_sdk.jit import numba_if_enabled
 
 from ._util import as_str, const_input, has_input, in_dtype, kernel_table, unsupported
 
@@ -222,21 +222,12 @@ _jit_lock = threading.Lock()
 _jit: dict[str, Any] = {}
 _jit_stats = {"compiled": 0, "compile_s": 0.0}
 _numba: Any = None
-_numba_failed = False
 
 
 def jit_available() -> bool:
     """True when numba imports and ``GE_CPU_JIT`` does not turn compiled loops off."""
-    global _numba, _numba_failed
-    if os.environ.get("GE_CPU_JIT", "1").strip().lower() in ("0", "false", "off", "no"):
-        return False
-    if _numba is None and not _numba_failed:
-        try:
-            import numba
-
-            _numba = numba
-        except Exception:  # noqa: BLE001 - any import failure means: no compiled loops
-            _numba_failed = True
+    global _numba
+    _numba = numba_if_enabled("GE_CPU_JIT")
     return _numba is not None
 
 
