@@ -63,8 +63,9 @@ def row_graph(op: str, shape: tuple) -> ge.Graph:
     return b.build()
 
 
-def side_by_side(g: ge.Graph, feeds: dict, extra: dict, rounds: int):
-    """Median seconds of ``g`` fused, unfused and in onnxruntime, interleaved; outputs checked equal."""
+def side_by_side(g: ge.Graph, feeds: dict, extra: dict, rounds: int, ort_one_thread: bool = False):
+    """Median seconds of ``g`` fused, unfused and in onnxruntime (also on one thread when asked),
+    interleaved; outputs checked equal."""
     on = ge.compile(g, dict(extra))
     off = ge.compile(g, {**OFF, **extra})
     np.testing.assert_allclose(on.run(feeds)[on.output_names[0]], off.run(feeds)[off.output_names[0]],
@@ -81,10 +82,17 @@ def side_by_side(g: ge.Graph, feeds: dict, extra: dict, rounds: int):
         sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
         class _Ort:
-            def run(self, f):
-                return sess.run(None, f)
+            def __init__(self, session):
+                self.session = session
 
-        runs["onnxruntime"] = _Ort()
+            def run(self, f):
+                return self.session.run(None, f)
+
+        runs["onnxruntime"] = _Ort(sess)
+        if ort_one_thread:
+            so.intra_op_num_threads = 1
+            runs["onnxruntime 1 thread"] = _Ort(ort.InferenceSession(proto.SerializeToString(), so,
+                                                                    providers=["CPUExecutionProvider"]))
     except ImportError:
         pass
     return interleaved(runs, feeds, rounds), on, off
@@ -147,13 +155,14 @@ def main(argv=None) -> int:
                   f"{med['on'] / med['onnxruntime']:.2f}")
     if not args.chain_only:
         table = Table(title=f"row kernels (median of {rounds} interleaved rounds, ms)")
-        for col in ("op", "shape", "fused", "unfused", "onnxruntime", "fused / ort"):
+        for col in ("op", "shape", "fused", "unfused", "onnxruntime", "ort 1 thread", "fused / ort", "fused / ort 1t"):
             table.add_column(col, justify="right" if col not in ("op", "shape") else "left")
         for op, shape in (("Softmax", (8192, 768)), ("LayerNormalization", (8192, 768)), ("Gelu", (8192, 3072))):
             g = row_graph(op, shape)
-            m, _, _ = side_by_side(g, {"x": rng.standard_normal(shape).astype(np.float32)}, extra, rounds)
+            m, _, _ = side_by_side(g, {"x": rng.standard_normal(shape).astype(np.float32)}, extra, rounds, True)
+            o, o1 = m.get("onnxruntime", math.nan), m.get("onnxruntime 1 thread", math.nan)
             table.add_row(op, "x".join(map(str, shape)), f"{m['on'] * 1e3:.2f}", f"{m['off'] * 1e3:.2f}",
-                          f"{m.get('onnxruntime', math.nan) * 1e3:.2f}", f"{m['on'] / m.get('onnxruntime', math.nan):.2f}")
+                          f"{o * 1e3:.2f}", f"{o1 * 1e3:.2f}", f"{m['on'] / o:.2f}", f"{m['on'] / o1:.2f}")
         con.print(table)
     return 0 if speedup >= 2.0 else 1
 

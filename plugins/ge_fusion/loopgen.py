@@ -411,8 +411,8 @@ def layernorm(x, gamma, beta, eps, out):
             o[k] = (r[k] - m) * rs * gamma[k] + beta[k]
 
 
-def softmax(x, out):
-    # no fast-math here: it would fold exp32's rounding trick away; the reductions have it
+def softmax(x, m, out):
+    # no fast-math here: it would fold exp's rounding trick away; the row sum has it
     n, d = x.shape
     xf = x.reshape(n * d)
     of = out.reshape(n * d)
@@ -420,19 +420,12 @@ def softmax(x, out):
         b = i * d
         r = xf[b:b + d]
         o = of[b:b + d]
-        m = ROWMAX(r)
+        mi = m[i]
         for k in range(d):
-            o[k] = EXP(r[k] - m)
+            o[k] = EXP(r[k] - mi)
         inv = ONE / ROWSUM(o)
         for k in range(d):
             o[k] *= inv
-
-
-def rowmax(r):
-    m = r[0]
-    for k in range(1, r.shape[0]):
-        m = r[k] if r[k] > m else m
-    return m
 
 
 def rowsum(r):
@@ -446,7 +439,8 @@ _rows: dict[tuple[str, str], Any] = {}
 
 
 def row_kernel(kind: str, dtype: Any) -> Any:
-    """The compiled ``layernorm(x2d, gamma, beta, eps, out2d)`` or ``softmax(x2d, out2d)`` for
+    """The compiled ``layernorm(x2d, gamma, beta, eps, out2d)`` or ``softmax(x2d, out2d)`` (``out``
+    may be ``x``) for
     ``dtype`` (float32/float64), or None without numba. Sums are reassociated (vectorised)."""
     dt = np.dtype(dtype)
     if not available() or dt.name not in DTYPES:
@@ -465,7 +459,7 @@ def row_kernel(kind: str, dtype: Any) -> Any:
     rw2, ro2 = nt.Array(scalar, 2, "C"), nt.Array(scalar, 2, "C", readonly=True)
     ro1 = nt.Array(scalar, 1, "C", readonly=True)
     ns: dict[str, Any] = {"math": math, "ONE": dt.type(1), "ZERO": dt.type(0),
-                          "EXP": vmath.exp32 if dt == np.float32 else None}
+                          "EXP": vmath.expneg32 if dt == np.float32 else None}
     if dt == np.float64:
         ns["EXP"] = numba.njit(inline="always")(lambda v: math.exp(v))
     t0 = time.perf_counter()
@@ -476,10 +470,12 @@ def row_kernel(kind: str, dtype: Any) -> Any:
                         fastmath=flags)(ns["layernorm"])
     elif kind == "softmax":
         ro1w = nt.Array(scalar, 1, "C")
-        # a NaN in the row still makes the row NaN: it reaches the exp and the sum, which keep NaNs
-        ns["ROWMAX"] = numba.njit(scalar(ro1), fastmath=flags | {"nnan"})(ns["rowmax"])
         ns["ROWSUM"] = numba.njit(scalar(ro1w), fastmath=flags)(ns["rowsum"])
-        fn = numba.njit(nt.void(ro2, rw2), nogil=True, error_model="numpy")(ns["softmax"])
+        compiled = numba.njit(nt.void(ro2, ro1, rw2), nogil=True, error_model="numpy")(ns["softmax"])
+
+        def fn(x, out, _c=compiled):
+            # NumPy's SIMD row max (numba's max reduction does not vectorise); a NaN makes the row NaN
+            _c(x, np.max(x, axis=1), out)
     else:
         raise ValueError(f"no row kernel {kind!r}")
     with _lock:

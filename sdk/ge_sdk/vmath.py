@@ -7,6 +7,7 @@ the loops that inline them vectorise (AVX2/AVX-512) like the rest of the program
 
 - ``exp32``: range reduction by ln 2, degree-6 polynomial, 2^n built from its bits (split in two
   factors so denormal results and the top of the range are right): within 2 ulp of exp;
+- ``expneg32``: exp for x <= 0 with one scaling factor (softmax);
 - ``log32`` (denormals included), ``log1p32``, ``expm1_32``, ``tanh32``, ``sigmoid32``;
 - ``erf32``: Cephes' polynomial below 1 (a few ulp), Abramowitz & Stegun 7.1.26 above
   (absolute error < 1e-6 in float32).
@@ -76,6 +77,20 @@ def exp32(x):  # type: ignore[no-untyped-def]
     n1 = n >> I32(1)
     n2 = n - n1
     y = y * bits_to_f32((n1 + I32(127)) << I32(23)) * bits_to_f32((n2 + I32(127)) << I32(23))
+    return y if x == x else x
+
+
+@numba.njit(inline="always")
+def expneg32(x):  # type: ignore[no-untyped-def]
+    """exp for x <= 0 (softmax's shifted logits), faster than exp32: one scaling factor, and
+    below -87.3 the result is exp(-87.3) ~ 1.2e-38 instead of a denormal or 0."""
+    xc = x if x > F(-87.3) else F(-87.3)
+    t = xc * _LOG2E + _MAGIC
+    fx = t - _MAGIC
+    r = xc - fx * _LN2_HI - fx * _LN2_LO
+    z = r * r
+    y = (((((_E0 * r + _E1) * r + _E2) * r + _E3) * r + _E4) * r + _E5) * z + r + _ONE
+    y = y * bits_to_f32((f32_to_bits(t) - I32(0x4B400000) + I32(127)) << I32(23))
     return y if x == x else x
 
 
@@ -167,5 +182,5 @@ def erf32(x):  # type: ignore[no-untyped-def]
 
 
 #: name in generated code -> function, for the loops' namespace
-FUNCTIONS = {"exp32": exp32, "log32": log32, "log1p32": log1p32, "expm1_32": expm1_32, "tanh32": tanh32,
+FUNCTIONS = {"exp32": exp32, "expneg32": expneg32, "log32": log32, "log1p32": log1p32, "expm1_32": expm1_32, "tanh32": tanh32,
              "sigmoid32": sigmoid32, "erf32": erf32}

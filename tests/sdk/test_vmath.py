@@ -47,3 +47,16 @@ def test_vectorisable_math_is_accurate_and_keeps_specials(name, ref, max_ulp):
     fin = np.isfinite(want) & np.isfinite(out) & (np.abs(want) > 1.2e-38)
     ulp = np.abs(out[fin].astype(np.float64) - want[fin]) / np.spacing(np.abs(w32[fin])).astype(np.float64)
     assert ulp.max() <= max_ulp, (name, float(ulp.max()), x[fin][np.argmax(ulp)])
+
+
+def test_expneg32_for_shifted_logits():
+    x = np.concatenate([np.linspace(-87.0, 0.0, 50001), -np.logspace(-30, 1.9, 2000), [0.0, -0.0, np.nan, -np.inf, -200.0]])
+    x = x.astype(np.float32)
+    out = np.empty_like(x)
+    _vmath_kernel("expneg32")(x, out)
+    want = np.exp(x.astype(np.float64))
+    normal = want > 1.2e-38
+    ulp = np.abs(out[normal] - want[normal]) / np.spacing(want[normal].astype(np.float32)).astype(np.float64)
+    assert ulp.max() <= 2, float(ulp.max())
+    assert np.all(out[~normal & ~np.isnan(x)] <= 1.3e-38)  # far below: ~1.2e-38, never above
+    assert np.isnan(out[np.isnan(x)]).all()
