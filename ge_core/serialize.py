@@ -99,7 +99,8 @@ class WeightWriter:
             if entry["offset"] > pos:
                 yield bytes(entry["offset"] - pos)
             if a.nbytes:
-                yield memoryview(a).cast("B") if a.ndim else a.tobytes()
+                # the bytes themselves: memoryview cannot export ml_dtypes' types (bfloat16, float8)
+                yield memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)) if a.ndim else a.tobytes()
             pos = entry["offset"] + a.nbytes
 
 

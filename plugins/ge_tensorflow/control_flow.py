@@ -133,7 +133,7 @@ def _if(ctx):
     n_out = ctx.num_outputs
     for key in ("then_branch", "else_branch"):
         fname = ctx.attr(key)
-        g, outs, _ = ctx.converter.subgraph(fname, args, shapes, ctx.graph, f"{ctx.name}/{key}")
+        g, outs, _ = ctx.converter.subgraph(fname, args, shapes, ctx.graph, f"{ctx.name}/{key}", num_outputs=n_out)
         vals = []
         for o in outs:
             if not isinstance(o, Value):
@@ -174,7 +174,7 @@ def _while(ctx):
             ctx.fail(f"carries a {type(v).__name__} through the loop (input {i}), which is not supported")
 
     # the first condition, in the outer graph
-    cond0 = conv.inline_function(cond_name, init, shapes, ctx.graph)[0]
+    cond0 = conv.inline_function(cond_name, init, shapes, ctx.graph, num_outputs=1)[0]
     if not isinstance(cond0, Value):
         ctx.fail("has a condition that is not a tensor")
     cond0 = _to_bool_scalar(ctx, cond0)
@@ -196,7 +196,7 @@ def _while(ctx):
             args.append(outs_lists[i])
         else:
             args.append(v)
-    outs = conv.inline_function(body_name, args, shapes, body)
+    outs = conv.inline_function(body_name, args, shapes, body, num_outputs=n)
     if len(outs) != n:
         ctx.fail(f"has a body returning {len(outs)} values for {n} loop variables")
     scans: list[tuple[int, Value]] = []
@@ -210,7 +210,7 @@ def _while(ctx):
             scans.append((i, o.item))
         elif o is not init[i]:
             ctx.fail(f"changes the TensorList loop variable {i} it reads")
-    cond_next = conv.inline_function(cond_name, outs, shapes, body)[0]
+    cond_next = conv.inline_function(cond_name, outs, shapes, body, num_outputs=1)[0]
     if not isinstance(cond_next, Value):
         ctx.fail("has a condition that is not a tensor")
     cond_next = _to_bool_scalar_in(body, cond_next, ctx)

@@ -94,7 +94,11 @@ class NodeContext:
         a = self.tf_op.node_def.attr.get(name)
         if a is None:
             return default
-        return decode_attr(a)
+        try:
+            return decode_attr(a)
+        except (ValueError, TypeError) as e:  # a tensor NumPy cannot build, a dtype TensorFlow does not know
+            self.invalid(f"has an unreadable attribute '{name}': {type(e).__name__}: {e}")
+            raise AssertionError from None  # unreachable
 
     def has_attr(self, name: str) -> bool:
         return name in self.tf_op.node_def.attr
@@ -167,9 +171,17 @@ class NodeContext:
         return self.graph.add_constant(arr, self.graph.fresh_name(f"{self.name}/const"))
 
     def fail(self, message: str) -> None:
+        """Refuse a construct the mapper does not handle (UnsupportedOpError)."""
         raise UnsupportedOpError(
-            f"TensorFlow node '{self.name}' ({self.op_type}) {message}",
+            f"{self.converter.source}: TensorFlow node '{self.name}' ({self.op_type}) {message}",
             hint="freeze/simplify the model or register a mapper for this case with ge_register_op_mappers",
+        )
+
+    def invalid(self, message: str) -> None:
+        """Refuse a node that no valid TensorFlow graph holds (ModelFileError)."""
+        raise ModelFileError(
+            f"{self.converter.source}: TensorFlow node '{self.name}' ({self.op_type}) {message}",
+            hint="the model is malformed; re-export it from TensorFlow",
         )
 
 
@@ -241,6 +253,11 @@ class Converter:
         self.functions = functions  # name -> FunctionDef
         self.source = source
         self._func_graphs: dict[tuple, Any] = {}
+        self._current: Any = None  # the TF op being converted (named by errors about its functions)
+
+    def _where(self) -> str:
+        op = self._current
+        return f"TensorFlow node '{op.name}' ({op.type})" if op is not None else "the graph"
 
     # -- analysis -------------------------------------------------------------------------------
     @staticmethod
@@ -318,7 +335,11 @@ class Converter:
             if mapper is None:  # check_supported ran before: only reachable for functions' ops
                 raise UnsupportedOpError(f"{self.source}: no mapper for TensorFlow op {op.type} (node '{op.name}')")
             ctx = NodeContext(self, op, graph, env)
-            result = mapper(ctx)
+            outer, self._current = self._current, op
+            try:
+                result = mapper(ctx)
+            finally:
+                self._current = outer
             self._bind(op, result, graph, env)
 
     def _bind(self, op, result: Any, graph: Graph, env: dict[str, Any]) -> None:
@@ -356,20 +377,49 @@ class Converter:
         if fg is None:
             from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
 
-            fdef = self.functions.get(fname)
-            if fdef is None:
-                raise ModelFileError(f"{self.source}: function '{fname}' is not in the graph's function library")
-            with self.tf_graph.as_default():
-                fg = function_def_to_graph(fdef, input_shapes=list(input_shapes))
+            fdef = self._fdef(fname)
+            if len(fdef.signature.input_arg) != len(input_shapes):
+                raise ModelFileError(
+                    f"{self.source}: {self._where()} calls function '{fname}' with {len(input_shapes)} arguments; "
+                    f"it takes {len(fdef.signature.input_arg)}",
+                    hint="the model is malformed; re-export it from TensorFlow",
+                )
+            try:
+                with self.tf_graph.as_default():
+                    fg = function_def_to_graph(fdef, input_shapes=list(input_shapes))
+            except ValueError as e:  # a shape that contradicts the body, an input of the wrong type
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                raise ModelFileError(
+                    f"{self.source}: {self._where()} calls function '{fname}', which TensorFlow cannot build "
+                    f"with the caller's inputs: {first}",
+                    hint="the model is malformed; re-export it from TensorFlow",
+                ) from None
             self._func_graphs[key] = fg
         return fg
 
-    def inline_function(self, fname: str, args: Sequence[Any], input_shapes: Sequence[Any], graph: Graph) -> list[Any]:
+    def _fdef(self, fname: Any):
+        fdef = self.functions.get(fname) if isinstance(fname, str) else None
+        if fdef is None:
+            raise ModelFileError(
+                f"{self.source}: {self._where()} calls function '{fname}', which is not in the graph's function library",
+                hint="the model is malformed; re-export it from TensorFlow",
+            )
+        return fdef
+
+    def inline_function(self, fname: str, args: Sequence[Any], input_shapes: Sequence[Any], graph: Graph,
+                        num_outputs: int | None = None) -> list[Any]:
         """Convert the body of ``fname`` into ``graph`` with its arguments bound to ``args``;
-        returns the converted outputs (Values or other objects)."""
+        returns the converted outputs (Values or other objects), ``num_outputs`` of them if given."""
+        fdef = self._fdef(fname)
+        n_out = len(fdef.signature.output_arg)
+        if len(fdef.signature.input_arg) != len(args) or (num_outputs is not None and n_out != num_outputs):
+            want = f" returning {num_outputs} value(s)" if num_outputs is not None else ""
+            raise ModelFileError(
+                f"{self.source}: {self._where()} calls function '{fname}' with {len(args)} argument(s){want}; "
+                f"it takes {len(fdef.signature.input_arg)} and returns {n_out}",
+                hint="the model is malformed; re-export it from TensorFlow",
+            )
         fg = self.func_graph(fname, input_shapes)
-        if len(fg.inputs) != len(args):
-            raise ModelFileError(f"{self.source}: function '{fname}' takes {len(fg.inputs)} arguments, got {len(args)}")
         env: dict[str, Any] = {}
         for t, a in zip(fg.inputs, args):
             env[t.name] = a
@@ -378,7 +428,8 @@ class Converter:
         return [env[t.name] for t in fg.outputs]
 
     def subgraph(self, fname: str, args: Sequence[Any], input_shapes: Sequence[Any], parent: Graph, label: str,
-                 extra_inputs: Sequence[tuple[str, TensorType]] = ()) -> tuple[Graph, list[Any], list[Value]]:
+                 extra_inputs: Sequence[tuple[str, TensorType]] = (),
+                 num_outputs: int | None = None) -> tuple[Graph, list[Any], list[Value]]:
         """A new IR subgraph of ``parent`` holding the body of ``fname``.
 
         ``args`` bind the function's arguments (outer values are captured); ``extra_inputs``
@@ -386,7 +437,7 @@ class Converter:
         """
         g = Graph(label, parent=parent)
         own = [g.add_input(g.fresh_name(n), t) for n, t in extra_inputs]
-        outs = self.inline_function(fname, args, input_shapes, g)
+        outs = self.inline_function(fname, args, input_shapes, g, num_outputs)
         return g, outs, own
 
 

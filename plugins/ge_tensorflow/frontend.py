@@ -273,6 +273,20 @@ def _apply_input_shapes(gd, src: _Source, shapes: dict[str, tuple]) -> None:
             sp.dim.add().size = d if isinstance(d, int) else -1
 
 
+#: A node attribute that makes grappler's constant folding leave the node's arithmetic alone
+#: (its SimplifyGraph skips nodes with an attribute named ``*_tpu_*``). Those rewrites are of no
+#: use to the frontend, and some abort the process on valid graphs: MulConvPushDown builds a
+#: TensorShape from a symbolic shape (``Check failed: size >= 0``) for Conv2D -> RealDiv by a
+#: constant vector -> Mul by a constant vector, a common normalisation (TensorFlow 2.21).
+_NO_SIMPLIFY = "_ge_tpu_no_simplify"
+
+
+def _all_nodes(gd):
+    yield from gd.node
+    for f in gd.library.function:
+        yield from f.node_def
+
+
 def _grappler(tf, gd, fetches: list[str]):
     """Constant folding (and function inlining) by TensorFlow's grappler; ``gd`` on failure."""
     try:
@@ -287,11 +301,29 @@ def _grappler(tf, gd, fetches: list[str]):
         with tf.Graph().as_default() as g:
             tf.import_graph_def(gd, name="")
             mg = tf.compat.v1.train.export_meta_graph(graph_def=g.as_graph_def(add_shapes=True), graph=g)
+        for n in _all_nodes(mg.graph_def):
+            n.attr[_NO_SIMPLIFY].b = True
+        shapes = {}
+        for n in mg.graph_def.node:
+            if n.op == "Placeholder" and "shape" in n.attr:
+                # Grappler allocates and fills a tensor for each input of static shape (gigabytes
+                # for a big or hostile shape, a segfault when that fails); hide the shape from it.
+                # The shapes TensorFlow inferred (``_output_shapes``) still drive the folding.
+                shapes[n.name] = n.attr["shape"].shape.SerializeToString()
+                n.attr["shape"].shape.Clear()
+                n.attr["shape"].shape.unknown_rank = True
         fc = meta_graph_pb2.CollectionDef()
         for t in fetches:
             fc.node_list.value.append(t)
         mg.collection_def["train_op"].CopyFrom(fc)
-        return tf_optimizer.OptimizeGraph(config, mg)
+        out = tf_optimizer.OptimizeGraph(config, mg)
+        for n in _all_nodes(out):
+            if _NO_SIMPLIFY in n.attr:
+                del n.attr[_NO_SIMPLIFY]
+        for n in out.node:
+            if n.op == "Placeholder" and n.name in shapes:
+                n.attr["shape"].shape.ParseFromString(shapes[n.name])
+        return out
     except Exception:
         return gd
 
@@ -315,6 +347,7 @@ def _resolve_tensor(g, spec: str, src: _Source):
 
 def convert_source(src: _Source, options) -> Graph:
     from .convert import Converter, as_graph_output, tf_type
+    from .validate import check_functions, check_graph_def, check_static_sizes, check_supported
 
     tf = _import_tf()
     gd = src.graph_def.__class__()
@@ -322,6 +355,8 @@ def convert_source(src: _Source, options) -> Graph:
     shapes = dict(getattr(options, "input_shape", None) or {})
     if shapes:
         _apply_input_shapes(gd, src, shapes)
+    check_graph_def(gd, src.name)  # what would crash TensorFlow's importer or grappler
+    check_supported(gd, src.name)
     out_nodes = [s.strip() for s in (getattr(options, "out_nodes", None) or []) if s.strip()]
 
     # resolve output specs against the unoptimized graph, then keep them through grappler
@@ -333,6 +368,8 @@ def convert_source(src: _Source, options) -> Graph:
                 f"{src.name}: TensorFlow cannot import the graph: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
                 hint="check that the model is a complete, frozen TensorFlow graph",
             ) from None
+        check_static_sizes(g0, src.name)
+        check_functions(gd, src.name)
         if out_nodes:
             outputs = [_resolve_tensor(g0, s, src).name for s in out_nodes]
             out_names = list(out_nodes)

@@ -20,6 +20,6 @@ def pytest_terminal_summary(terminalreporter):
         outcomes = ", ".join(f"{k} {v}" for k, v in s["outcomes"].items())
         deep = ", ".join(f"{k} {v}" for k, v in (s.get("deep") or {}).items())
         terminalreporter.write_line(
-            f"{s['target']:>7}: {s['cases']} cases, {s['seconds']} s, {len(s['crashes'])} crashes; {outcomes}"
+            f"{s['target']:>10}: {s['cases']} cases, {s['seconds']} s, {len(s['crashes'])} crashes; {outcomes}"
             + (f"; further: {deep}" if deep else "")
         )

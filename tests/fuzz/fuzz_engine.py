@@ -100,6 +100,9 @@ class Target:
     name = ""
     #: wall-clock seconds one case may take before it counts as a hang
     case_timeout = 10.0
+    #: cap the child's address space at what it maps after ``warm_up`` plus the limit (for
+    #: frameworks that reserve gigabytes on import), not at the limit alone
+    mem_limit_relative = False
 
     def setup(self, workdir: str) -> None:
         self.workdir = workdir
@@ -222,9 +225,14 @@ def run_campaign(
     workdir: str | None = None,
     crash_dir: str | None = None,
     progress: Callable[[int], None] | None = None,
+    snapshot: Callable[[Stats], None] | None = None,
     max_crashes: int = 20,
 ) -> Stats:
-    """Run ``target`` for ``cases`` cases and/or ``seconds`` seconds; never raises for a case."""
+    """Run ``target`` for ``cases`` cases and/or ``seconds`` seconds; never raises for a case.
+
+    ``progress(i)`` hears the index of each case before it runs, ``snapshot(stats)`` the figures
+    so far (so that a driver can report the cases before one that killed the process).
+    """
     from ge_core.errors import GEError
 
     if cases is None and seconds is None:
@@ -245,6 +253,9 @@ def run_campaign(
                 break
             if seconds is not None and time.perf_counter() - t0 >= seconds:
                 break
+            if snapshot is not None:
+                stats.seconds = time.perf_counter() - t0
+                snapshot(stats)
             if progress is not None:
                 progress(i)
             rng = random.Random(f"{seed}:{i}")
@@ -374,12 +385,17 @@ def run_in_subprocess(
         except (OSError, ValueError):
             pass
         what = "timed out" if rc is None else f"exited with status {rc}"
-        return {
-            "target": name, "seed": seed, "cases": max(at - start, 0), "seconds": None, "outcomes": {"CRASH": 1},
-            "deep": {}, "mutations": {},
-            "crashes": [Crash(at, "process", "ProcessDied", f"the fuzzing child {what} at case {at}",
-                              (err or "")[-3000:]).as_dict()],
-        }
+        died = Crash(at, "process", "ProcessDied", f"the fuzzing child {what} at case {at}", (err or "")[-3000:])
+        try:  # the figures of the cases before the one that killed it
+            with open(progress + ".stats", encoding="utf-8") as f:
+                partial = json.load(f)
+        except (OSError, ValueError):
+            partial = {"target": name, "seed": seed, "cases": max(at - start, 0), "seconds": None, "outcomes": {},
+                       "deep": {}, "mutations": {}, "crashes": []}
+        partial["outcomes"]["CRASH"] = partial["outcomes"].get("CRASH", 0) + 1
+        partial["crashes"].append(died.as_dict())
+        partial["cases"] += 1  # the case that killed it
+        return partial
 
 
 def format_stats(s: dict[str, Any]) -> str:
@@ -401,6 +417,18 @@ def format_stats(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _address_space() -> int:
+    """Bytes of address space this process maps now (0 where /proc is not there)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def _child_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", required=True)
@@ -419,8 +447,11 @@ def _child_main(argv: list[str] | None = None) -> int:
     # Import the heavy modules and load the plugins before the cap: the cap is for the cases.
     target.warm_up()  # type: ignore[attr-defined]
     if a.mem_limit:
-        resource.setrlimit(resource.RLIMIT_AS, (a.mem_limit, a.mem_limit))
-    progress = None
+        limit = a.mem_limit
+        if getattr(target, "mem_limit_relative", False):
+            limit += _address_space()  # a framework that maps gigabytes up front (TensorFlow)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    progress = snapshot = None
     if a.progress_file:
         pf = a.progress_file
 
@@ -428,11 +459,16 @@ def _child_main(argv: list[str] | None = None) -> int:
             with open(pf, "w", encoding="ascii") as f:
                 f.write(str(i))
 
+        def snapshot(stats: Stats) -> None:
+            with open(pf + ".stats.tmp", "w", encoding="utf-8") as f:
+                json.dump(stats.as_dict(), f)
+            os.replace(pf + ".stats.tmp", pf + ".stats")
+
     workdir = a.workdir
     if workdir:
         os.makedirs(workdir, exist_ok=True)
     stats = run_campaign(target, cases=a.cases, seconds=a.seconds, seed=a.seed, start=a.start,
-                         workdir=workdir, crash_dir=a.crash_dir, progress=progress)
+                         workdir=workdir, crash_dir=a.crash_dir, progress=progress, snapshot=snapshot)
     d = stats.as_dict()
     if a.json_out:
         with open(a.json_out, "w", encoding="utf-8") as f:
@@ -442,8 +478,8 @@ def _child_main(argv: list[str] | None = None) -> int:
         if a.show_input:
             for c in d["crashes"]:
                 if c.get("input_file"):
-                    with open(c["input_file"], "rb") as f:
-                        print(c["index"], base64.b64encode(f.read()).decode())
+                    with open(c["input_file"], "rb") as fh:
+                        print(c["index"], base64.b64encode(fh.read()).decode())
     return 0
 
 

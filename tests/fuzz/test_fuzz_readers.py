@@ -1,11 +1,14 @@
-"""Bounded fuzzing of every reader: mutated ONNX models, .om files, pipeline configs and fusion
-switch files. Each target runs 2,000 cases in a child process whose address space is capped
-(so a hostile size that makes a reader allocate gigabytes fails the case), with a per-case time
-limit. Every case must end in a result or a GEError. ``GE_FUZZ_SEED`` picks another seed;
-``scripts/fuzz.py`` runs longer campaigns.
+"""Bounded fuzzing of every reader: mutated ONNX models, .om files, pipeline configs, fusion
+switch files and frozen TensorFlow GraphDefs. Each target runs 2,000 cases (the TensorFlow one
+1,000: a case goes through TensorFlow's importer and grappler) in a child process whose address
+space is capped (so a hostile size that makes a reader allocate gigabytes fails the case), with
+a per-case time limit. Every case must end in a result or a GEError. ``GE_FUZZ_SEED`` picks
+another seed, ``GE_FUZZ_CASES`` another number of cases (for every target); ``scripts/fuzz.py``
+runs longer campaigns.
 
 For the ONNX target every case is loaded (``ge.load``: bytes, or a file for the external-data
-seed and 10% of the others); 40% of the cases that load are compiled and saved as .om.
+seed and 10% of the others); 40% of the cases that load are compiled and saved as .om. The
+TensorFlow target does the same with .pb files; it is skipped where TensorFlow is not installed.
 """
 
 import json
@@ -15,18 +18,27 @@ import pytest
 from fuzz_engine import format_stats, run_in_subprocess
 
 SEED = int(os.environ.get("GE_FUZZ_SEED", "0"))
-CASES = int(os.environ.get("GE_FUZZ_CASES", "2000"))
+#: cases per target; TensorFlow's import and grappler make its cases the slowest (about 1,000
+#: in 30 s on 2 cores, plus 8 s to start TensorFlow and build its seeds)
+DEFAULT_CASES = {"onnx": 2000, "om": 2000, "config": 2000, "switch": 2000, "tensorflow": 1000}
 
 
-@pytest.mark.parametrize("target", ["onnx", "om", "config", "switch"])
+def _cases(target: str) -> int:
+    return int(os.environ.get("GE_FUZZ_CASES", DEFAULT_CASES[target]))
+
+
+@pytest.mark.parametrize("target", list(DEFAULT_CASES))
 def test_fuzz_target(target, record_property, tmp_path):
-    stats = run_in_subprocess(target, cases=CASES, seed=SEED, timeout=400, crash_dir=str(tmp_path / "crashes"))
+    if target == "tensorflow":
+        pytest.importorskip("tensorflow", reason="the TensorFlow fuzz target needs the [tensorflow] extra")
+    cases = _cases(target)
+    stats = run_in_subprocess(target, cases=cases, seed=SEED, timeout=400, crash_dir=str(tmp_path / "crashes"))
     record_property("fuzz_figures", json.dumps({k: v for k, v in stats.items() if k != "mutations"}))
     assert not stats["crashes"], "\n" + format_stats(stats)
-    assert stats["cases"] >= CASES
+    assert stats["cases"] >= cases
     # the seeds and mutations reach both ends: some inputs are accepted, most are refused cleanly
-    assert stats["outcomes"].get("ok", 0) >= CASES // 50, format_stats(stats)
-    assert sum(v for k, v in stats["outcomes"].items() if k != "ok") >= CASES // 2, format_stats(stats)
+    assert stats["outcomes"].get("ok", 0) >= cases // 50, format_stats(stats)
+    assert sum(v for k, v in stats["outcomes"].items() if k != "ok") >= cases // 2, format_stats(stats)
 
 
 @pytest.mark.parametrize("mode,kind", [
