@@ -347,7 +347,7 @@ def _resolve_tensor(g, spec: str, src: _Source):
 
 def convert_source(src: _Source, options) -> Graph:
     from .convert import Converter, as_graph_output, tf_type
-    from .validate import check_functions, check_graph_def, check_static_sizes, check_supported
+    from .validate import check_functions, check_graph_def, check_static_sizes, check_unsupported_attrs
 
     tf = _import_tf()
     gd = src.graph_def.__class__()
@@ -356,7 +356,7 @@ def convert_source(src: _Source, options) -> Graph:
     if shapes:
         _apply_input_shapes(gd, src, shapes)
     check_graph_def(gd, src.name)  # what would crash TensorFlow's importer or grappler
-    check_supported(gd, src.name)
+    check_unsupported_attrs(gd, src.name)
     out_nodes = [s.strip() for s in (getattr(options, "out_nodes", None) or []) if s.strip()]
 
     # resolve output specs against the unoptimized graph, then keep them through grappler

@@ -15,7 +15,7 @@ the node and its op:
   and constant shape operands, of more than :data:`MAX_SHAPE_ELEMENTS` elements or
   :data:`MAX_RANK` dims (shape inference multiplies dims unchecked and aborts); a Range of
   constants longer than a constant may be (shape inference evaluates it);
-* :func:`check_supported`: what the mappers refuse anyway and a shape function aborts on
+* :func:`check_unsupported_attrs`: what the mappers refuse anyway and a shape function aborts on
   (GatherV2's ``batch_dims``), before TensorFlow sees it;
 * :func:`check_functions`: every function of the library must build (TensorFlow checks the
   bodies only when it runs them; grappler trusts them and aborts on a node without a required
@@ -243,7 +243,7 @@ def _check_range(source: str, where: str, n, consts: list) -> None:
               "the model is corrupt or hostile")
 
 
-def check_supported(gd, source: str) -> None:
+def check_unsupported_attrs(gd, source: str) -> None:
     """Refuse, before TensorFlow imports the graph, what the mappers refuse anyway and TensorFlow's
     shape functions abort on: a ``batch_dims`` of GatherV2 beyond the ranks of its operands
     (a negative rank reaches a CHECK). The mapper supports ``batch_dims`` = 0 only."""

@@ -18,8 +18,9 @@ import pytest
 from fuzz_engine import format_stats, run_in_subprocess
 
 SEED = int(os.environ.get("GE_FUZZ_SEED", "0"))
-#: cases per target; TensorFlow's import and grappler make its cases the slowest (about 1,000
-#: in 30 s on 2 cores, plus 8 s to start TensorFlow and build its seeds)
+#: cases per target; TensorFlow's import and grappler make its cases the slowest: 1,000 take
+#: 15 s on 2 idle cores (8 s of them to start TensorFlow and build the seeds), 26 s with both
+#: cores busy with other work
 DEFAULT_CASES = {"onnx": 2000, "om": 2000, "config": 2000, "switch": 2000, "tensorflow": 1000}
 
 

@@ -32,7 +32,9 @@ Before the fixes (TensorFlow 2.21, the same cases):
   function (``rank must not be negative``);
 * a valid Conv2D -> RealDiv by a constant vector -> Mul by a constant vector: CHECK failure in
   grappler's MulConvPushDown (``size >= 0``);
-* a valid input of a large static shape: grappler allocates a tensor that size (segfault).
+* a valid input of a large static shape: grappler allocates a tensor that size (segfault);
+* a bfloat16 constant (the fuzzer got one through a Const of mismatching dtype): the .om writer
+  raised ValueError (a memoryview cannot export ml_dtypes arrays; fixed in ge_core/serialize.py).
 """
 
 from __future__ import annotations
