@@ -20,6 +20,8 @@ from ge_core.ir.types import TensorType  # noqa: E402
 from ge_core.kernel import KernelSpec  # noqa: E402
 from ge_cpu.kernels import KERNELS  # noqa: E402
 
+from ._onnx_ref import make_model  # noqa: E402
+
 try:
     import onnxruntime as ort
 except ImportError:  # pragma: no cover
@@ -33,36 +35,8 @@ def rand(*shape, dtype=np.float32, lo=-1.0, hi=1.0):
     return RNG.uniform(lo, hi, size=shape).astype(dtype)
 
 
-def _attr_for_onnx(v):
-    if isinstance(v, np.ndarray):
-        return numpy_helper.from_array(v)
-    return v
-
-
 def _model(op, inputs, attrs, opset, n_outputs, const, domain=""):
-    names = []
-    graph_inputs = []
-    inits = []
-    for i, a in enumerate(inputs):
-        if a is None:
-            names.append("")
-            continue
-        name = f"in{i}"
-        names.append(name)
-        if i in const:
-            inits.append(numpy_helper.from_array(a, name))
-        else:
-            graph_inputs.append(helper.make_tensor_value_info(
-                name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape))
-    outs = [f"out{j}" for j in range(n_outputs)]
-    node = helper.make_node(op, names, outs, domain=domain,
-                            **{k: _attr_for_onnx(v) for k, v in attrs.items()})
-    graph = helper.make_graph(
-        [node], "g", graph_inputs, [helper.make_empty_tensor_value_info(o) for o in outs], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(domain, opset)])
-    model.ir_version = 8 if opset <= 18 else 10
-    return model, {n: a for i, (n, a) in enumerate(zip(names, inputs))
-                   if a is not None and i not in const}
+    return make_model(op, inputs, attrs, opset, [f"out{j}" for j in range(n_outputs)], const, domain)
 
 
 def run_reference(op, inputs, attrs, opset, n_outputs, const, which):
