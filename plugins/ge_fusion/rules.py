@@ -192,8 +192,8 @@ def _channel_vector(c: np.ndarray, out_rank: int, channels: int) -> np.ndarray |
     return None
 
 
-def _fold_mul_conv(rw: Rewriter, m: Match):
-    """Conv × per-channel constant → Conv with scaled weights."""
+def _conv_and_channel_constant(m: Match):
+    """(conv, weights, float64 bias, float64 per-channel vector) of a Conv ∘ constant match, or None."""
     conv = m["conv"]
     b = _conv_bias(conv)
     w = m.const("w")
@@ -203,23 +203,25 @@ def _fold_mul_conv(rw: Rewriter, m: Match):
     s = _channel_vector(m.const("c"), rank, w.shape[0])
     if s is None:
         return None
-    bias = np.zeros(w.shape[0]) if b is None else np.asarray(b, np.float64)
+    return conv, w, (np.zeros(w.shape[0]) if b is None else np.asarray(b, np.float64)), s
+
+
+def _fold_mul_conv(rw: Rewriter, m: Match):
+    """Conv × per-channel constant → Conv with scaled weights."""
+    got = _conv_and_channel_constant(m)
+    if got is None:
+        return None
+    conv, w, bias, s = got
     nw = (w * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
     return _new_conv(rw, conv, m.value("x"), nw, (bias * s).astype(w.dtype))
 
 
 def _fold_add_conv(rw: Rewriter, m: Match):
     """Conv + per-channel constant → Conv with a shifted bias."""
-    conv = m["conv"]
-    b = _conv_bias(conv)
-    w = m.const("w")
-    rank = conv.outputs[0].type.rank
-    if b is False or rank is None:
+    got = _conv_and_channel_constant(m)
+    if got is None:
         return None
-    s = _channel_vector(m.const("c"), rank, w.shape[0])
-    if s is None:
-        return None
-    bias = np.zeros(w.shape[0]) if b is None else np.asarray(b, np.float64)
+    conv, w, bias, s = got
     return _new_conv(rw, conv, m.value("x"), w, (bias + s).astype(w.dtype))
 
 
