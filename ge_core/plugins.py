@@ -62,6 +62,17 @@ def _strict() -> bool:
     return os.environ.get("GE_STRICT_PLUGINS", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _reraise_interrupt(e: BaseException) -> None:
+    """Re-raise a real Ctrl-C; anything else a plugin raised (``SystemExit``, a custom
+    ``BaseException``, a ``KeyboardInterrupt`` subclass) is that plugin's failure to report."""
+    if type(e) is KeyboardInterrupt:
+        raise e
+
+
+def _failure_text(e: BaseException) -> str:
+    return traceback.format_exception_only(type(e), e)[-1].strip() or type(e).__name__
+
+
 def _disabled() -> set[str]:
     raw = os.environ.get("GE_DISABLE_PLUGINS", "")
     return {p.strip() for p in raw.replace(";", ",").split(",") if p.strip()}
@@ -154,9 +165,9 @@ class PluginHost:
                 continue
             try:
                 obj = ep.load()
-            except Exception as e:
-                last = traceback.format_exception_only(type(e), e)[-1].strip()
-                self._fail(info, f"failed to import '{ep.value}': {last}", e)
+            except BaseException as e:  # noqa: BLE001 - SystemExit at import must not end the host
+                _reraise_interrupt(e)
+                self._fail(info, f"failed to import '{ep.value}': {_failure_text(e)}", e)
                 continue
             self._register_obj(obj, info)
 
@@ -164,21 +175,30 @@ class PluginHost:
         if inspect.isclass(obj):
             try:
                 obj = obj()
-            except Exception as e:
-                self._fail(info, f"cannot instantiate plugin class: {e}", e)
+            except BaseException as e:  # noqa: BLE001
+                _reraise_interrupt(e)
+                self._fail(info, f"cannot instantiate plugin class: {_failure_text(e)}", e)
                 return
         try:
             self.pm.register(obj, name=info.name)
         except (pluggy.PluginValidationError, ValueError) as e:
             self._fail(info, f"invalid plugin: {e}", e)
             return
+        except BaseException as e:  # noqa: BLE001 - an attribute of the plugin raised while pluggy looked
+            _reraise_interrupt(e)
+            self._fail(info, f"invalid plugin: {_failure_text(e)}", e)
+            return
         info.loaded = True
         info.hooks = sorted(
             h.name for h in self.pm.get_hookcallers(obj) or [] if h.name.startswith("ge_")
         )
-        unknown = [
-            n for n in dir(obj) if n.startswith("ge_") and callable(getattr(obj, n, None)) and not hasattr(self.pm.hook, n)
-        ]
+        try:
+            unknown = [
+                n for n in dir(obj) if n.startswith("ge_") and callable(getattr(obj, n, None)) and not hasattr(self.pm.hook, n)
+            ]
+        except BaseException as e:  # noqa: BLE001 - a property of the plugin raised
+            _reraise_interrupt(e)
+            unknown = []
         if unknown:
             self._fail(info, f"implements unknown hook(s) {', '.join(unknown)} (typo or newer ge?)")
 
@@ -305,9 +325,9 @@ class PluginHost:
                     self._fail(info, f"{hook_name}: {e.detail}", e)
                 except GEError as e:
                     self._fail(info, f"{hook_name}: {e}", e)
-                except Exception as e:
-                    last = traceback.format_exception_only(type(e), e)[-1].strip()
-                    self._fail(info, f"{hook_name} raised {last}", e)
+                except BaseException as e:  # noqa: BLE001 - SystemExit in a hook must not end the host
+                    _reraise_interrupt(e)
+                    self._fail(info, f"{hook_name} raised {_failure_text(e)}", e)
         return r
 
     # -- observers ---------------------------------------------------------------------------
@@ -317,7 +337,8 @@ class PluginHost:
         for impl in caller.get_hookimpls():
             try:
                 impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
-            except Exception as e:
+            except BaseException as e:  # noqa: BLE001
+                _reraise_interrupt(e)
                 info = self.info.setdefault(impl.plugin_name, PluginInfo(name=impl.plugin_name))
                 self._fail(info, f"{hook_name} raised {type(e).__name__}: {e}", e)
 

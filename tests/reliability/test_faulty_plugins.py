@@ -300,3 +300,116 @@ def test_frontend_that_raises_is_named(tmp_path):
         with pytest.raises(GEError) as ei:
             ge.load(str(p))
     assert "badfmt" in str(ei.value) and "bad_frontend_plugin" in str(ei.value)
+
+
+# ------------------------------------------------------------------------------------------
+# SystemExit and other BaseExceptions are isolated like any plugin failure (only Ctrl-C passes)
+# ------------------------------------------------------------------------------------------
+class PluginExit(BaseException):
+    """A BaseException that is neither SystemExit nor KeyboardInterrupt."""
+
+
+class FakeInterrupt(KeyboardInterrupt):
+    """A plugin's own KeyboardInterrupt subclass: not a real Ctrl-C."""
+
+
+_IMPORT_FAULTS = {
+    "system_exit": "raise SystemExit(3)\n",
+    "base_exception": "class PluginExit(BaseException):\n    pass\nraise PluginExit('custom base exception at import')\n",
+}
+
+
+def _entry_point_plugins(monkeypatch, tmp_path, modules: dict[str, str]):
+    import importlib.metadata as md
+
+    eps = []
+    for name, text in modules.items():
+        mod = f"ge_trust_fault_{name}"
+        (tmp_path / f"{mod}.py").write_text(text)
+        eps.append(md.EntryPoint(name=f"fault_{name}", value=mod, group="ge.plugins"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    real = md.entry_points
+
+    def fake(**kw):
+        found = real(**kw)
+        return list(found) + eps if kw.get("group") == "ge.plugins" else found
+
+    monkeypatch.setattr(md, "entry_points", fake)
+
+
+def test_base_exceptions_at_import_are_reported_by_ge_plugins(monkeypatch, tmp_path, capsys):
+    import json
+
+    from ge_core import cli, plugins
+
+    _entry_point_plugins(monkeypatch, tmp_path, _IMPORT_FAULTS)
+    old = plugins.reset_host(plugins.PluginHost())  # would end the test process before the fix
+    try:
+        rc = cli.main(["plugins", "--json"])
+        out = capsys.readouterr().out
+        rows = {r["name"]: r for r in json.loads(out[out.index("["):])} if rc == 0 else {}
+        assert rc == 0, out
+        assert not rows["fault_system_exit"]["loaded"]
+        assert "SystemExit: 3" in rows["fault_system_exit"]["errors"][0]
+        assert not rows["fault_base_exception"]["loaded"]
+        assert "custom base exception at import" in rows["fault_base_exception"]["errors"][0]
+        assert rows["ge_cpu"]["loaded"]
+        model = ge.compile(_graph())
+        np.testing.assert_array_equal(model.run({"x": X})[model.output_names[0]], -np.maximum(X, 0))
+    finally:
+        plugins.reset_host(old)
+
+
+def test_base_exception_at_import_is_fatal_in_strict_mode(monkeypatch, tmp_path):
+    from ge_core import plugins
+
+    _entry_point_plugins(monkeypatch, tmp_path, {"system_exit": _IMPORT_FAULTS["system_exit"]})
+    monkeypatch.setenv("GE_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginError, match="fault_system_exit"):
+        plugins.PluginHost()
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), PluginExit("custom base exception"), FakeInterrupt("not ctrl-c")],
+                         ids=["system_exit", "base_exception", "keyboard_interrupt_subclass"])
+def test_base_exceptions_in_hooks_are_isolated(exc):
+    class Registers:
+        @hookimpl
+        def ge_register_passes(self, register):
+            raise exc
+
+    class Observes:
+        @hookimpl
+        def ge_after_pass(self, pass_name, stage, graph, changed, seconds):
+            raise exc
+
+    with temporary_plugin(Registers(), "base_exc_hook"), temporary_plugin(Observes(), "base_exc_observer"):
+        model = ge.compile(_graph())
+        np.testing.assert_array_equal(model.run({"x": X})[model.output_names[0]], -np.maximum(X, 0))
+        host = get_host()
+        assert any(type(exc).__name__ in e and "ge_register_passes" in e for e in host.info["base_exc_hook"].errors)
+        assert any(type(exc).__name__ in e and "ge_after_pass" in e for e in host.info["base_exc_observer"].errors)
+
+
+def test_base_exception_instantiating_a_plugin_class_is_isolated(fresh_host):
+    class Explodes:
+        def __init__(self):
+            raise SystemExit(4)
+
+        @hookimpl
+        def ge_register_passes(self, register):
+            pass
+
+    fresh_host.register_plugin(Explodes, "explodes_at_init")
+    assert "SystemExit: 4" in fresh_host.info["explodes_at_init"].errors[0]
+    assert "infer_shapes" in fresh_host.registries.passes
+
+
+def test_a_real_keyboard_interrupt_still_stops_everything():
+    class CtrlC:
+        @hookimpl
+        def ge_register_passes(self, register):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        with temporary_plugin(CtrlC(), "ctrl_c_plugin"):
+            get_host().registries  # noqa: B018
