@@ -6,7 +6,8 @@ Sources it reads (``ge.load(source, ...)``):
   ``dynamic_shapes=...`` as :func:`torch.export.export` takes them), or the tuple
   ``(module, example_inputs)`` / ``(module, example_inputs, example_kwargs)``;
 * a ``torch.export.ExportedProgram``;
-* a ``.pt2`` file written by :func:`torch.export.save`.
+* a ``.pt2`` file written by :func:`torch.export.save`, read without unpickling anything
+  (:mod:`ge_torch.pt2`; ``torch.export.load`` would unpickle parts of it).
 
 The program is lowered to core ATen (``run_decompositions``), keeping whole the composite ops
 a mapper maps better than their decomposition (linear, layer_norm, matmul, ...), then every op
@@ -119,16 +120,11 @@ def export_program(source: Any, example_inputs: Any = None, example_kwargs: Any 
     torch = _torch()
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             raise ModelFileError(f"model file '{path}' does not exist", hint="check the path")
-        try:
-            ep = torch.export.load(path)
-        except Exception as e:
-            raise ModelFileError(
-                f"'{path}' is not a readable torch.export program ({type(e).__name__}: {e})",
-                hint="write it with torch.export.save(torch.export.export(model, args), path)",
-            ) from None
-        return ep, path, {}
+        from .pt2 import load_exported_program  # never torch.export.load: it unpickles
+
+        return load_exported_program(path), path, {}
     if isinstance(source, torch.export.ExportedProgram):
         return source, "<ExportedProgram>", {}
     if isinstance(source, tuple):
