@@ -104,10 +104,30 @@ def load(source: Any, framework: str | int | None = None, **options: Any) -> Gra
             f"{type(e).__name__}: {e}",
             hint="this is a bug in the frontend plugin; please report it with the model",
         ) from e
+    _refuse_internal_ops(graph, regs.ops.internal_domains(), _label(source), front.name)
     graph.metadata.setdefault("source", _label(source))
     graph.metadata.setdefault("framework", front.name)
     host.notify("ge_graph_loaded", graph=graph, source=source, framework=front.name)
     return graph
+
+
+def _refuse_internal_ops(graph: Graph, internal: set[str], label: str, frontend: str) -> None:
+    """A source model holding an op of a compiler-internal domain (a fused kernel, whose
+    attributes steer generated code) is refused: only the compiler makes those, and only an .om
+    (whose programs ``load_om`` validates) carries them. Subgraphs are walked too."""
+    if not internal:
+        return
+    todo = [graph]
+    while todo:
+        g = todo.pop()
+        for node in g.nodes:
+            if node.domain in internal:
+                raise ModelFileError(
+                    f"model '{label}': {node.describe()} uses domain '{node.domain}', which is internal to the "
+                    f"compiler (read by frontend '{frontend}')",
+                    hint="a source model may not contain compiled (fused) ops; export the original model again",
+                )
+            todo.extend(node.subgraphs())
 
 
 def _label(source: Any) -> str:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import GEError, ShapeInferenceError, UnsupportedOpError
+from .errors import GEError, GraphError, ShapeInferenceError, UnsupportedOpError
 from .ir.graph import Graph, Node
 from .ir.types import TensorType
 from .registry import Registry, close_matches
@@ -50,6 +50,13 @@ class OpDef:
     #: Attributes with their default values (documentation, and the printer).
     attrs: dict[str, Any] = field(default_factory=dict)
     doc: str = ""
+    #: ``check(node)``: validates the node's attributes before a backend sees them (run by
+    #: :meth:`OpRegistry.check_node`, so by ``load_om``'s verification); raises a GEError (a
+    #: :class:`GraphError`) naming the node. For ops whose attributes steer generated code.
+    check: Callable[[Node], None] | None = None
+    #: True for ops only the compiler makes (fused kernels): their domain is refused in a source
+    #: model (:meth:`OpRegistry.internal_domains`); an .om may hold them, checked by ``check``.
+    internal: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
@@ -79,7 +86,18 @@ class OpRegistry(Registry[OpDef]):
             raise UnsupportedOpError(
                 f"{node.describe()} has {n_in} inputs; {d.op_type} takes {d.min_inputs}..{d.max_inputs}"
             )
+        if d.check is not None:
+            try:
+                d.check(node)
+            except GEError:
+                raise
+            except Exception as e:  # a plugin's check: name the node
+                raise GraphError(f"{node.describe()}: invalid attributes: {type(e).__name__}: {e}") from None
         return d
+
+    def internal_domains(self) -> set[str]:
+        """Domains of ops only the compiler makes (``OpDef.internal``): never in a source model."""
+        return {d.domain for d in self.values() if d.internal and self.norm_domain(d.domain)}
 
     def infer_node(self, node: Node, opset_imports: dict[str, int]) -> bool:
         """Infer and set output types of one node; True if any output type changed."""

@@ -25,11 +25,14 @@ import functools
 import json
 import math
 import os
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+from ge_sdk import gensrc
 
 Step = tuple[str, list[str], dict[str, Any]]
 
@@ -53,27 +56,100 @@ def dumps(steps: Sequence[Step]) -> str:
     return json.dumps([[op, list(refs), dict(attrs)] for op, refs, attrs in steps], separators=(",", ":"))
 
 
-def loads(text: str) -> list[Step]:
-    """Parse a program attribute (raises ValueError on a malformed one)."""
-    raw = json.loads(text)
+#: Bounds of a program read back from a model: steps, refs per step, characters of text.
+MAX_STEPS = 4096
+MAX_REFS = 1024
+MAX_PROGRAM_CHARS = 1 << 20
+
+_REF = re.compile(r"([at])(0|[1-9][0-9]{0,8})\Z", re.ASCII)
+
+
+def loads(text: str, n_inputs: int | None = None, anchor: bool = False) -> list[Step]:
+    """Parse and validate a program attribute; raises ValueError on a malformed one.
+
+    Every step names an op of :data:`OPS` with its arity, refs ``a<k>`` (``k < n_inputs`` when
+    given), ``t<j>`` (``j`` < the step's own index) or ``y`` (only with ``anchor``), and attributes
+    from the op's own schema with values of the schema's types (returned normalised). Nothing
+    else reaches a generator."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError("the program is not UTF-8 text") from None
+    if not isinstance(text, str):
+        raise ValueError(f"a fused program is a JSON string, not {type(text).__name__}")
+    if len(text) > MAX_PROGRAM_CHARS:
+        raise ValueError(f"the program is longer than {MAX_PROGRAM_CHARS} characters")
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"the program is not valid JSON ({type(e).__name__})") from None
     if not isinstance(raw, list):
         raise ValueError("a fused program is a list of steps")
+    if not raw:
+        raise ValueError("a fused program needs at least one step")
+    if len(raw) > MAX_STEPS:
+        raise ValueError(f"the program has {len(raw)} steps; at most {MAX_STEPS} are allowed")
     out: list[Step] = []
     for i, st in enumerate(raw):
         if not (isinstance(st, list) and len(st) == 3 and isinstance(st[0], str) and isinstance(st[1], list)
                 and isinstance(st[2], dict)):
             raise ValueError(f"step {i} is not [op, [refs], {{attrs}}]")
-        for r in st[1]:
-            if not isinstance(r, str) or not (r == "y" or r[:1] in "at" and r[1:].isdigit()):
-                raise ValueError(f"step {i} has a bad ref {r!r}")
-            if r[:1] == "t" and int(r[1:]) >= i:
-                raise ValueError(f"step {i} reads {r}, which is not computed yet")
-        if st[0] not in OPS:
-            raise ValueError(f"step {i}: op {st[0]} has no generated form")
-        out.append((st[0], list(st[1]), dict(st[2])))
-    if not out:
-        raise ValueError("a fused program needs at least one step")
+        op, refs, attrs = st
+        form = OPS.get(op)
+        if form is None:
+            raise ValueError(f"step {i}: op {op[:40]!r} has no generated form")
+        if len(refs) > MAX_REFS:
+            raise ValueError(f"step {i} ({op}) has {len(refs)} operands; at most {MAX_REFS} are allowed")
+        if form.arity is not None and len(refs) != form.arity:
+            raise ValueError(f"step {i} ({op}) has {len(refs)} operands; it takes {form.arity}")
+        if not refs:
+            raise ValueError(f"step {i} ({op}) has no operands")
+        for r in refs:
+            _check_ref(r, i, n_inputs, anchor)
+        out.append((op, list(refs), form.check_attrs(attrs, f"step {i} ({op})")))
     return out
+
+
+def _check_ref(r: Any, i: int, n_inputs: int | None, anchor: bool) -> None:
+    if r == "y":
+        if not anchor:
+            raise ValueError(f"step {i} reads y, but this program has no anchor op")
+        return
+    m = _REF.match(r) if isinstance(r, str) else None
+    if m is None:
+        shown = r[:40] if isinstance(r, str) else r
+        raise ValueError(f"step {i} has a bad ref {shown!r} (refs are a<k>, t<j> or y)")
+    k = int(m.group(2))
+    if m.group(1) == "t" and k >= i:
+        raise ValueError(f"step {i} reads {r}, which is not computed yet")
+    if m.group(1) == "a" and n_inputs is not None and k >= n_inputs:
+        raise ValueError(f"step {i} reads {r}, but the kernel has {n_inputs} input(s)")
+
+
+# attribute types of the schema: each normalises a value or raises ValueError
+def _a_float(v: Any) -> float:
+    if type(v) not in (int, float):
+        raise ValueError(f"{type(v).__name__} {str(v)[:40]!r} is not a number")
+    try:
+        return float(v)
+    except OverflowError:
+        raise ValueError("the number is out of range") from None
+
+
+def _a_float_or_none(v: Any) -> float | None:
+    return None if v is None else _a_float(v)
+
+
+def _a_choice(*allowed: str) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if isinstance(v, bytes):
+            v = v.decode("utf-8", "replace")
+        if not isinstance(v, str) or v not in allowed:
+            raise ValueError(f"{str(v)[:40]!r} is not one of {', '.join(allowed)}")
+        return v
+
+    return check
 
 
 # ------------------------------------------------------------------------------------------------
@@ -178,6 +254,8 @@ def _np_pow(a, b, out=None):
 
 
 def _np_sum(*xs, out=None):
+    if len(xs) == 1:
+        return _np_identity(xs[0], out=out)
     r = np.add(xs[0], xs[1], out=out)
     for x in xs[2:]:
         np.add(r, x, out=r)
@@ -190,6 +268,8 @@ def _np_mean(*xs, out=None):
 
 
 def _np_max(*xs, out=None):
+    if len(xs) == 1:
+        return _np_identity(xs[0], out=out)
     r = np.maximum(xs[0], xs[1], out=out)
     for x in xs[2:]:
         np.maximum(r, x, out=r)
@@ -197,33 +277,42 @@ def _np_max(*xs, out=None):
 
 
 def _np_min(*xs, out=None):
+    if len(xs) == 1:
+        return _np_identity(xs[0], out=out)
     r = np.minimum(xs[0], xs[1], out=out)
     for x in xs[2:]:
         np.minimum(r, x, out=r)
     return r
 
 
+# numexpr forms: operand expressions are generator-made; numbers enter only through _lit
+# (gensrc.literal: finite numbers; a NaN or infinite attribute makes the numexpr form refuse,
+# and the program runs as NumPy code)
+_lit = gensrc.literal
+
+
 def _ne_erf(a: str) -> str:
     p, (a1, a2, a3, a4, a5) = _ERF_P, _ERF_A
-    t = f"(1/(1+{p}*abs({a})))"
-    poly = f"({a5})"
+    t = f"(1/(1+{_lit(p)}*abs({a})))"
+    poly = f"({_lit(a5)})"
     for c in (a4, a3, a2, a1):
-        poly = f"({poly}*{t}+({c}))"
+        poly = f"({poly}*{t}+({_lit(c)}))"
     poly = f"({poly}*{t})"
     return f"(where({a}<0,-1,1)*(1-{poly}*exp(-({a})*({a}))))"
 
 
 def _ne_gelu(a: str, approximate: str = "none") -> str:
     if approximate == "tanh":
-        return f"(0.5*{a}*(1+tanh({math.sqrt(2 / math.pi)!r}*({a}+0.044715*{a}*{a}*{a}))))"
-    return f"(0.5*{a}*(1+{_ne_erf(f'({a}*{1 / math.sqrt(2)!r})')}))"
+        return f"(0.5*{a}*(1+tanh({_lit(math.sqrt(2 / math.pi))}*({a}+0.044715*{a}*{a}*{a}))))"
+    return f"(0.5*{a}*(1+{_ne_erf(f'({a}*{_lit(1 / math.sqrt(2))})')}))"
 
 
 def _ne_clip(a: str, min=None, max=None) -> str:  # noqa: A002
-    if min is not None and math.isfinite(float(min)):
-        a = f"where({a}<{float(min)!r},{float(min)!r},{a})"
-    if max is not None and math.isfinite(float(max)):
-        a = f"where({a}>{float(max)!r},{float(max)!r},{a})"
+    # no bound for None and for the infinity on its own side; NaN and the other infinity refuse
+    if min is not None and min != -math.inf:
+        a = f"where({a}<{_lit(float(min))},{_lit(float(min))},{a})"
+    if max is not None and max != math.inf:
+        a = f"where({a}>{_lit(float(max))},{_lit(float(max))},{a})"
     return a
 
 
@@ -239,10 +328,29 @@ def _ne_chain(fn: Callable[[str, str], str], *xs: str) -> str:
 
 
 class OpForm:
-    """How one op type is generated: ``ne(*operand_exprs, **attrs)`` (or None) and ``np``."""
+    """How one op type is generated: ``ne(*operand_exprs, **attrs)`` (or None), ``np``, the
+    number of operands (None: one or more) and the attribute schema: name -> a type check that
+    returns the normalised value or raises ValueError. A step's attributes are exactly those
+    the schema names (each optional: the forms have defaults)."""
 
-    def __init__(self, ne: Callable[..., str] | None, np_fn: Callable[..., np.ndarray], arity: int | None = 1) -> None:
+    def __init__(self, ne: Callable[..., str] | None, np_fn: Callable[..., np.ndarray], arity: int | None = 1,
+                 attrs: dict[str, Callable[[Any], Any]] | None = None) -> None:
         self.ne, self.np, self.arity = ne, np_fn, arity
+        self.attrs: dict[str, Callable[[Any], Any]] = dict(attrs or {})
+
+    def check_attrs(self, attrs: dict[str, Any], where: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in attrs.items():
+            check = self.attrs.get(k) if isinstance(k, str) else None
+            if check is None:
+                shown = k[:40] if isinstance(k, str) else k
+                raise ValueError(f"{where} has attribute {shown!r}; it takes "
+                                 f"{', '.join(sorted(self.attrs)) or 'none'}")
+            try:
+                out[k] = check(v)
+            except ValueError as e:
+                raise ValueError(f"{where}, attribute {k}: {e}") from None
+        return out
 
 
 def _u(name: str) -> Callable[..., str]:
@@ -270,16 +378,19 @@ OPS: dict[str, OpForm] = {
     "Reciprocal": OpForm(lambda a: f"(1/{a})", np.reciprocal),
     "Identity": OpForm(lambda a: a, _np_identity),
     "Relu": OpForm(lambda a: f"maximum({a},0)", _np_relu),
-    "LeakyRelu": OpForm(lambda a, alpha=0.01: f"where({a}>0,{a},{float(alpha)!r}*{a})", _np_leaky),
+    "LeakyRelu": OpForm(lambda a, alpha=0.01: f"where({a}>0,{a},{_lit(float(alpha))}*{a})", _np_leaky,
+                        attrs={"alpha": _a_float}),
     "Sigmoid": OpForm(lambda a: f"(1/(1+exp(-{a})))", _np_sigmoid),
     "Silu": OpForm(lambda a: f"({a}/(1+exp(-{a})))", _np_silu),
     "HardSigmoid": OpForm(lambda a, alpha=0.2, beta=0.5:
-                          _ne_clip(f"({float(alpha)!r}*{a}+{float(beta)!r})", 0.0, 1.0), _np_hardsigmoid),
+                          _ne_clip(f"({_lit(float(alpha))}*{a}+{_lit(float(beta))})", 0.0, 1.0), _np_hardsigmoid,
+                          attrs={"alpha": _a_float, "beta": _a_float}),
     "HardSwish": OpForm(lambda a: f"({a}*{_ne_clip(f'({a}/6.0+0.5)', 0.0, 1.0)})", _np_hardswish),
-    "Clip": OpForm(_ne_clip, _np_clip),
+    "Clip": OpForm(_ne_clip, _np_clip, attrs={"min": _a_float_or_none, "max": _a_float_or_none}),
     "Erf": OpForm(_ne_erf, _np_erf),
-    "Gelu": OpForm(_ne_gelu, _np_gelu),
-    "Elu": OpForm(lambda a, alpha=1.0: f"where({a}>0,{a},{float(alpha)!r}*(exp({a})-1))", _np_elu),
+    "Gelu": OpForm(_ne_gelu, _np_gelu, attrs={"approximate": _a_choice("none", "tanh")}),
+    "Elu": OpForm(lambda a, alpha=1.0: f"where({a}>0,{a},{_lit(float(alpha))}*(exp({a})-1))", _np_elu,
+                  attrs={"alpha": _a_float}),
     "Softplus": OpForm(lambda a: f"log(1+exp({a}))", _np_softplus),
 }
 
@@ -324,8 +435,9 @@ def compile_program(program: str, in_dtypes: Sequence[Any], in_shapes: Sequence[
             _stats["hits"] += 1
             return fn
     _stats["misses"] += 1
-    steps = loads(program)
-    names = (["y"] if anchor else []) + [f"a{i}" for i in range(len(in_dtypes) - (1 if anchor else 0))]
+    n_in = len(in_dtypes) - (1 if anchor else 0)
+    steps = loads(program, n_inputs=n_in, anchor=anchor)
+    names = (["y"] if anchor else []) + [gensrc.name("a", i) for i in range(n_in)]
     size = math.prod(out_shape) if out_shape is not None and all(isinstance(d, int) for d in out_shape) else None
     use_ne = mode == "numexpr" or (mode == "auto" and (size is None or size >= NUMEXPR_MIN_ELEMENTS))
     fn = None
@@ -364,7 +476,6 @@ def _numexpr_kernel(steps: list[Step], names: list[str], dtypes: Sequence[Any], 
         return None
     if out_dtype.kind != "f":
         return None
-    import re
 
     uses: dict[str, int] = {}
     for op, refs, _ in steps:
@@ -375,7 +486,10 @@ def _numexpr_kernel(steps: list[Step], names: list[str], dtypes: Sequence[Any], 
     for j, (op, refs, attrs) in enumerate(steps):
         form = OPS[op]
         assert form.ne is not None
-        exprs[f"t{j}"] = form.ne(*[exprs[r] for r in refs], **attrs)
+        try:
+            exprs[f"t{j}"] = form.ne(*[exprs[r] for r in refs], **attrs)
+        except gensrc.SourceTokenError:  # a NaN / infinite attribute has no literal: NumPy code
+            return None
         if j < len(steps) - 1 and uses.get(f"t{j}", 0) > 1 and not re.fullmatch(r"\w+", exprs[f"t{j}"]):
             stages.append((f"s{len(stages)}", exprs[f"t{j}"]))
             exprs[f"t{j}"] = stages[-1][0]
@@ -392,6 +506,7 @@ def _numexpr_kernel(steps: list[Step], names: list[str], dtypes: Sequence[Any], 
     for _, text in stages:
         # numexpr computes in double where a literal meets float32: literals become float32 variables
         text, consts = _hoist_literals(text, out_dtype)
+        gensrc.check_source(text, _NE_VOCAB, mode="eval", what="a generated numexpr expression")
         used = set(re.findall(r"\b(y|a\d+|s\d+|k\d+)\b", text))
         pick = [i for i, n in enumerate(all_names) if n in used]
         kused = [c for c in consts if c in used]
@@ -427,9 +542,31 @@ def _numexpr_kernel(steps: list[Step], names: list[str], dtypes: Sequence[Any], 
     return kernel
 
 
-def _hoist_literals(text: str, dtype: np.dtype) -> tuple[str, dict[str, float]]:
-    import re
+#: what a numexpr expression of :data:`OPS` is made of
+_NE_VOCAB = gensrc.Vocabulary(
+    names=frozenset({"y", "where", "abs", "exp", "log", "sqrt", "tanh", "sin", "cos", "maximum", "minimum"}),
+    patterns=(r"a[0-9]+", r"s[0-9]+", r"k[0-9]+"))
 
+#: what generated NumPy code is made of: generator-made refs and step functions, nothing else
+_NP_VOCAB = gensrc.Vocabulary(
+    names=frozenset({"kernel", "out", "np", "_dt", "_t", "r", "y"}),
+    patterns=(r"a[0-9]+", r"t[0-9]+", r"f[0-9]+"),
+    attributes=frozenset({"dtype", "shape", "astype", "broadcast_shapes"}),
+    keywords=frozenset({"out"}))
+
+
+def _tok(ref: str) -> str:
+    """A ref of a validated program as a source token (``y``, ``a<k>``, ``t<j>``), re-made by the
+    generator from its parts."""
+    if ref == "y":
+        return "y"
+    tok = gensrc.name(ref[:1], int(ref[1:]))
+    if tok != ref:
+        raise gensrc.SourceTokenError(f"{ref!r} is not a canonical ref")
+    return tok
+
+
+def _hoist_literals(text: str, dtype: np.dtype) -> tuple[str, dict[str, float]]:
     consts: dict[str, float] = {}
     by_value: dict[str, str] = {}
 
@@ -470,14 +607,16 @@ def _numpy_kernel(steps: list[Step], names: list[str], out_dtype: np.dtype,
         for r in refs:
             last_use[r] = j
     n = len(steps)
-    lines = [f"def kernel({', '.join(names)}, out=None):"]
+    lines = [f"def kernel({', '.join(_tok(n) for n in names)}, out=None):"]
     free: list[str] = []  # temporaries (generated, never inputs) whose value is dead
     env: dict[str, Any] = {"np": np}
     for j, (op, refs, attrs) in enumerate(steps):
-        fname = f"f{j}"
-        env[fname] = OPS[op].np
-        akw = "".join(f", {k}={v!r}" for k, v in attrs.items())
-        args = ", ".join(refs)
+        # the step's function, its (schema-checked) attributes bound as objects: no attribute
+        # key or value is ever part of the source
+        fname = gensrc.name("f", j)
+        fn = OPS[op].np
+        env[fname] = functools.partial(fn, **attrs) if attrs else fn
+        args = ", ".join(_tok(r) for r in refs)
         # a temporary that dies here may take the result when it has the result's shape
         dying = [r for r in refs if r[0] == "t" and last_use.get(r) == j]
         target = "out" if j == n - 1 else None
@@ -497,23 +636,24 @@ def _numpy_kernel(steps: list[Step], names: list[str], out_dtype: np.dtype,
             static = [r for r in cand if result is not None and result != () and shapes.get(r) == result]
             if static:
                 t = static[0]
-                lines.append(f"    t{j} = {fname}({args}, out={t} if {t}.dtype == _dt else None{akw})")
+                lines.append(f"    t{j} = {fname}({args}, out={t} if {t}.dtype == _dt else None)")
                 free.remove(t)
             elif cand and result is None:
                 t = cand[0]
-                lines.append(f"    _t = {t} if {t}.shape == np.broadcast_shapes({', '.join(_shape(r) for r in refs)}) "
+                lines.append(f"    _t = {t} if {t}.shape == np.broadcast_shapes({', '.join(_shape(_tok(r)) for r in refs)}) "
                              f"and {t}.dtype == _dt else None")
-                lines.append(f"    t{j} = {fname}({args}, out=_t{akw})")
+                lines.append(f"    t{j} = {fname}({args}, out=_t)")
                 free.remove(t)
             else:
-                lines.append(f"    t{j} = {fname}({args}{akw})")
+                lines.append(f"    t{j} = {fname}({args})")
         else:
-            lines.append(f"    t{j} = {fname}({args}, out=out{akw})")
+            lines.append(f"    t{j} = {fname}({args}, out=out)")
     lines.append(f"    r = t{n - 1}")
     lines.append("    return r if r.dtype == _dt else r.astype(_dt)")
     env["_dt"] = out_dtype
     src = "\n".join(lines)
-    exec(compile(src, "<ge_fusion generated>", "exec"), env)  # noqa: S102 - our own generated code
+    code = gensrc.compile_checked(src, "<ge_fusion generated>", _NP_VOCAB)
+    exec(code, env)  # noqa: S102 - checked generated code (gensrc)
     kernel = env["kernel"]
     kernel.mode = "numpy"
     kernel.source = src

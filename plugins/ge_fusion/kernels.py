@@ -98,9 +98,12 @@ def elemwise_factory(spec: KernelSpec):
 def _single(op: str, **attrs: Any):
     def factory(spec: KernelSpec):
         a = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in spec.attrs.items() if k in attrs}
-        prog = codegen.dumps([(op, ["a0"], {**attrs, **a})])
         dt, shape = _out_type(spec)
-        fn = codegen.compile_program(prog, [_type_of(spec, 0)[0]], [_static(_type_of(spec, 0)[1])], dt, shape)
+        try:
+            prog = codegen.dumps([(op, ["a0"], {**attrs, **a})])
+            fn = codegen.compile_program(prog, [_type_of(spec, 0)[0]], [_static(_type_of(spec, 0)[1])], dt, shape)
+        except (ValueError, TypeError) as e:
+            raise _refuse(spec, f"bad attributes: {e}") from None
 
         def kernel(x, out=None):
             return (fn(x, out=None if out is None else out[0]),)

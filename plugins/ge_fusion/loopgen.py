@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ge_sdk import gensrc
 from ge_sdk.jit import numba_if_enabled
 
 #: dtypes the loops are generated for (every operand and the output share one of them)
@@ -50,8 +51,9 @@ def stats() -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------------
-# scalar forms of the program's ops: format strings over operand expressions, constants as
-# ``{K:value}`` placeholders that become typed module constants
+# scalar forms of the program's ops: expressions over generator-made operand names; every number
+# an op needs (its attributes included) is a typed constant K<n> bound in the namespace the loop
+# is compiled in, never a literal in the source
 # ------------------------------------------------------------------------------------------------
 def _chain(fn: str, xs: Sequence[str]) -> str:
     r = xs[0]
@@ -66,7 +68,7 @@ class _Emitter:
     def __init__(self, dtype: np.dtype) -> None:
         self.dtype = dtype
         self.consts: dict[str, Any] = {}
-        self._by_value: dict[float, str] = {}
+        self._by_value: dict[str, str] = {}
         #: set when a step needs a libm call that keeps the loop from vectorising
         self.scalar_calls: list[str] = []
 
@@ -80,10 +82,10 @@ class _Emitter:
 
     def k(self, value: float) -> str:
         v = float(value)
-        key = v if not math.isnan(v) else float("nan")
+        key = repr(v)  # -0.0 and 0.0 are two constants; every NaN is one
         name = self._by_value.get(key)
         if name is None:
-            name = f"K{len(self._by_value)}"
+            name = gensrc.name("K", len(self._by_value))
             self._by_value[key] = name
             self.consts[name] = self.dtype.type(v)
         return name
@@ -178,6 +180,17 @@ def _min(a, b):
 def _pow(a, b):
     return a * a if b == 2 else a ** b
 '''
+
+
+#: what a generated loop is made of (the prelude, the loop nest, the scalar forms above)
+_LOOP_VOCAB = gensrc.Vocabulary(
+    names=frozenset({"math", "numba", "np", "_max", "_min", "_pow", "a", "b", "kernel", "abs", "range",
+                     "d0", "d1", "d2", "out", "os0", "os1", "i", "j", "k", "ob", "o", *_VMATH.values()}),
+    patterns=(r"x[0-9]+", r"xs[0-9]+_[01]", r"b[0-9]+", r"v[0-9]+", r"r[0-9]+", r"t[0-9]+", r"K[0-9]+"),
+    attributes=frozenset({"njit", "sqrt", "exp", "log", "tanh", "sin", "cos", "erf", "expm1", "log1p"}),
+    keywords=frozenset({"inline"}),
+    strings=frozenset({"always"}),
+    modules=frozenset({"math", "numba", "numpy"}))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -294,8 +307,8 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...]):
             lines.append(f"                v{i} = r{i}[k]")
     lines += [f"                {s}" for s in body]
     lines.append(f"                o[k] = t{len(steps) - 1}")
-    consts = "".join(f"{n} = np.{dt.name}({float(v)!r})\n" for n, v in em.consts.items())
-    src = _PRELUDE + "import numpy as np\n" + consts + "\n\n" + "\n".join(lines) + "\n"
+    src = _PRELUDE + "import numpy as np\n\n\n" + "\n".join(lines) + "\n"
+    code = gensrc.compile_checked(src, "<ge_fusion loop>", _LOOP_VOCAB)
     import time
 
     numba = _numba
@@ -308,8 +321,9 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...]):
     from ge_sdk import vmath
 
     ns: dict[str, Any] = dict(vmath.FUNCTIONS)
+    ns.update(em.consts)  # typed constants: numba freezes globals into the compiled loop
     try:
-        exec(compile(src, "<ge_fusion loop>", "exec"), ns)  # noqa: S102 - our own generated code
+        exec(code, ns)  # noqa: S102 - checked generated code (gensrc)
         fn = numba.njit(sig, nogil=True, error_model="numpy")(ns["kernel"])
     except Exception:  # noqa: BLE001 - a loop numba refuses: the caller generates NumPy code
         return None

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
+from ge_core.errors import GraphError
 from ge_core.ir.types import TensorType
 from ge_core.ops import OpDef, OpKind
 from ge_sdk.kit import broadcast_inputs, same_as_input
@@ -61,23 +66,93 @@ def _attention_infer(node, opset):
 CONV_ATTRS = {"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None, "pads": None,
               "strides": None}
 
+
+# ------------------------------------------------------------------------------------------------
+# attribute checks: a fused node's attributes steer generated code (its program / epilogue) and
+# the kernels' arithmetic, so an .om's are validated at load (OpRegistry.check_node) against
+# these types; attributes outside them are not read by any kernel
+# ------------------------------------------------------------------------------------------------
+def _bad(node, what: str) -> GraphError:
+    return GraphError(f"{node.describe()}: {what}", hint="re-create the model with `ge compile`")
+
+
+def _text(v):
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+
+
+def _is_int(v) -> bool:
+    return type(v) is int or isinstance(v, np.integer)
+
+
+def _is_num(v) -> bool:
+    return (type(v) in (int, float) or isinstance(v, (np.integer, np.floating))) and not isinstance(v, bool)
+
+
+#: attribute -> (test, what it must be) for the scalar attributes of each fused op
+_INT = (_is_int, "an int")
+_NUM = (_is_num, "a number")
+_FLAG = (lambda v: _is_int(v) and int(v) in (0, 1), "0 or 1")
+_INTS = (lambda v: v is None or (isinstance(v, (list, tuple)) and len(v) <= 64 and all(_is_int(x) for x in v)),
+         "a list of ints")
+_AUTO_PAD = (lambda v: _text(v) in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"), "NOTSET, SAME_UPPER, SAME_LOWER or VALID")
+_APPROX = (lambda v: _text(v) in ("none", "tanh"), "none or tanh")
+_CONV_TYPES = {"auto_pad": _AUTO_PAD, "group": _INT, "dilations": _INTS, "kernel_shape": _INTS, "pads": _INTS,
+               "strides": _INTS}
+_TYPES = {
+    "FusedConv": _CONV_TYPES,
+    "FusedMatMul": {"transA": _FLAG, "transB": _FLAG, "alpha": _NUM, "beta": _NUM},
+    "Attention": {"scale": _NUM},
+    "LayerNorm": {"epsilon": _NUM},
+    "Softmax": {"axis": _INT},
+    "Gelu": {"approximate": _APPROX},
+}
+
+
+def _check_program(node, attr: str, n_inputs: int, anchor: bool, required: bool) -> None:
+    from . import codegen
+
+    text = _text(node.attrs.get(attr, ""))
+    if text is None or text == "":
+        if required:
+            raise _bad(node, f"has no {attr} program")
+        return
+    try:
+        codegen.loads(text, n_inputs=n_inputs, anchor=anchor)
+    except ValueError as e:
+        raise _bad(node, f"bad {attr} program: {e}") from None
+
+
+def check_node(node) -> None:
+    """Validate a fused node's attributes (raises GraphError naming the node)."""
+    for name, (ok, what) in _TYPES.get(node.op_type, {}).items():
+        if name in node.attrs and not ok(node.attrs[name]):
+            raise _bad(node, f"attribute {name} must be {what}")
+    if node.op_type == "FusedElemwise":
+        _check_program(node, "program", len(node.inputs), anchor=False, required=True)
+    elif node.op_type in ("FusedConv", "FusedMatMul"):
+        _check_program(node, "epilogue", max(0, len(node.inputs) - 3), anchor=True, required=False)
+
+
+#: every op of this plugin is made by the compiler only, and has its attributes checked
+_FUSED: dict[str, Any] = {"internal": True, "check": check_node}
+
 OPDEFS = [
-    OpDef("FusedConv", DOMAIN, min_inputs=2, kind=OpKind.OUT_ELEMWISE_FUSABLE, infer=_conv_infer,
+    OpDef("FusedConv", DOMAIN, **_FUSED, min_inputs=2, kind=OpKind.OUT_ELEMWISE_FUSABLE, infer=_conv_infer,
           attrs={**CONV_ATTRS, "epilogue": ""},
           doc="Conv(X, W, B) followed by an elementwise epilogue program over extra inputs (residual, ...)"),
-    OpDef("FusedMatMul", DOMAIN, min_inputs=2, kind=OpKind.OUT_ELEMWISE_FUSABLE, infer=_matmul_infer,
+    OpDef("FusedMatMul", DOMAIN, **_FUSED, min_inputs=2, kind=OpKind.OUT_ELEMWISE_FUSABLE, infer=_matmul_infer,
           attrs={"transA": 0, "transB": 0, "alpha": 1.0, "beta": 1.0, "epilogue": ""},
           doc="alpha * op(A) @ op(B) + beta * C, then an elementwise epilogue program over extra inputs"),
-    OpDef("FusedElemwise", DOMAIN, min_inputs=1, kind=OpKind.BROADCAST, infer=broadcast_inputs(),
+    OpDef("FusedElemwise", DOMAIN, **_FUSED, min_inputs=1, kind=OpKind.BROADCAST, infer=broadcast_inputs(),
           attrs={"program": ""}, doc="a generated kernel for a group of elementwise/broadcast ops"),
-    OpDef("Attention", DOMAIN, min_inputs=3, max_inputs=4, kind=OpKind.OPAQUE, infer=_attention_infer,
+    OpDef("Attention", DOMAIN, **_FUSED, min_inputs=3, max_inputs=4, kind=OpKind.OPAQUE, infer=_attention_infer,
           attrs={"scale": 1.0}, doc="softmax(Q @ Kt * scale + mask) @ V"),
-    OpDef("LayerNorm", DOMAIN, min_inputs=1, max_inputs=3, kind=OpKind.OPAQUE, infer=same_as_input(),
+    OpDef("LayerNorm", DOMAIN, **_FUSED, min_inputs=1, max_inputs=3, kind=OpKind.OPAQUE, infer=same_as_input(),
           attrs={"epsilon": 1e-5}, doc="layer normalisation over the last axis, then * gamma + beta"),
-    OpDef("Softmax", DOMAIN, min_inputs=1, max_inputs=1, kind=OpKind.OPAQUE, infer=same_as_input(),
+    OpDef("Softmax", DOMAIN, **_FUSED, min_inputs=1, max_inputs=1, kind=OpKind.OPAQUE, infer=same_as_input(),
           attrs={"axis": -1}, doc="softmax along one axis"),
-    OpDef("Gelu", DOMAIN, min_inputs=1, max_inputs=1, kind=OpKind.ELEMWISE, infer=same_as_input(),
+    OpDef("Gelu", DOMAIN, **_FUSED, min_inputs=1, max_inputs=1, kind=OpKind.ELEMWISE, infer=same_as_input(),
           attrs={"approximate": "none"}, doc="x * Phi(x) (erf form, or the tanh approximation)"),
-    OpDef("Silu", DOMAIN, min_inputs=1, max_inputs=1, kind=OpKind.ELEMWISE, infer=same_as_input(),
+    OpDef("Silu", DOMAIN, **_FUSED, min_inputs=1, max_inputs=1, kind=OpKind.ELEMWISE, infer=same_as_input(),
           doc="x * sigmoid(x)"),
 ]

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from ge_sdk import gensrc
 from ge_sdk.jit import numba_if_enabled
 
 #: dtypes the loops are compiled for (input, weights, bias and output share one of them)
@@ -69,8 +70,23 @@ def stats() -> dict[str, float]:
 # code generation
 
 
+#: what a window loop is made of: fixed names, and per-tap names made from the tap's index
+_VOCAB = gensrc.Vocabulary(
+    names=frozenset({"np", "kernel", "x", "wt", "b", "dv", "out", "Wp", "sw", "mult", "rows", "offs", "buf", "tmp",
+                     "usw", "N", "C", "H", "W", "OH", "OW", "L", "T", "uW", "uOW", "uWp", "n", "c", "xp", "nan",
+                     "i", "d", "xr", "q", "e", "k", "m", "bv", "j", "v", "t", "st", "wv", "o", "oh", "so", "do", "ow",
+                     "range"}),
+    patterns=(r"o[0-9]+", r"s[0-9]+", r"w[0-9]+"),
+    attributes=frozenset({"uint64", "shape", "reshape"}),
+    modules=frozenset({"numpy"}))
+
+
 def _source(kind: str, taps: int | None) -> str:
-    """Python source of one loop; ``taps`` None is the generic (tap-by-tap) form."""
+    """Python source of one loop; ``taps`` None is the generic (tap-by-tap) form. Its only
+    inputs are ``kind`` (one of :data:`KINDS`) and the tap count (an int)."""
+    gensrc.ident(kind, KINDS)
+    if taps is not None:
+        gensrc.index(taps)
     lines = [
         "import numpy as np",
         "",
@@ -177,9 +193,10 @@ def loop(kind: str, taps: int, dtype: np.dtype, contiguous: bool):
     fn = _compiled.get(key)
     if fn is not None:
         return fn or None
-    if not available() or kind not in KINDS or dtype not in NP_DTYPES:
+    if not available() or kind not in KINDS or dtype not in NP_DTYPES or type(taps) is not int:
         return None
     src = _source(kind, unrolled)
+    code = gensrc.compile_checked(src, f"<ge_cpu {kind} window loop>", _VOCAB)
     numba = _numba
     nt = numba.types
     i64, scalar = nt.int64, getattr(nt, dtype.name)
@@ -194,7 +211,7 @@ def loop(kind: str, taps: int, dtype: np.dtype, contiguous: bool):
     t0 = time.perf_counter()
     ns: dict[str, Any] = {}
     try:
-        exec(compile(src, f"<ge_cpu {kind} window loop>", "exec"), ns)  # noqa: S102 - our own generated code
+        exec(code, ns)  # noqa: S102 - checked generated code (gensrc)
         # contract: multiply-adds become FMAs (one rounding instead of two); nothing else relaxed
         fn = numba.njit(sig, nogil=True, error_model="numpy", fastmath={"contract"})(ns["kernel"])
     except Exception:  # noqa: BLE001 - a loop numba refuses: the caller runs the NumPy kernel
