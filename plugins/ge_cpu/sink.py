@@ -23,6 +23,7 @@ import numpy as np
 from ge_core.errors import ExecutionError, GEError
 from ge_core.ir.graph import Graph
 from ge_core.memory import MemoryPlan
+from ge_sdk import gensrc
 
 from .arena import _CALL, _NOOP, _OUT, ArenaExecutable, _Ctx, _fmt
 
@@ -36,15 +37,30 @@ _UFUNCS = {
 
 _counter = iter(range(1, 1 << 62))
 
+#: what the generated executor is made of: slot-numbered names the generator makes from ints,
+#: the helpers bound in its namespace, and nothing read from the model (node, value and graph
+#: names stay in the namespace as objects: graph input names as ``n<slot>``)
+_VOCAB = gensrc.Vocabulary(
+    names=frozenset({"_make", "T", "arena", "np", "_may_share", "_copyto", "_relu", "_arity", "feeds", "E", "_wait",
+                     "_set", "_r", "len", "isinstance"}),
+    patterns=(r"t[0-9]+", r"v[0-9]+", r"c[0-9]+", r"k[0-9]+", r"n[0-9]+", r"run[0-9]+"),
+    attributes=frozenset({"dtype", "shape", "copy", "ndarray", *(u.split(".", 1)[1] for u in _UFUNCS.values())}),
+    keywords=frozenset({"out"}))
+
 
 class SinkExecutable(ArenaExecutable):
     """One generated function per model; see the module docstring."""
 
     def __init__(self, graph: Graph, kernels, options, plan: MemoryPlan) -> None:
         super().__init__(graph, kernels, options, plan)
-        self.filename = f"<ge-sink-{next(_counter)}:{graph.name}>"
+        # the graph's name only as a label: reduced to [A-Za-z0-9_.-], never part of the source
+        self.filename = f"<ge-sink-{next(_counter)}:{gensrc.label(graph.name)}>"
         self.source, self.line_step, ns = self._generate(*self._stream_layout())
-        code = compile(self.source, self.filename, "exec")
+        try:
+            code = gensrc.compile_checked(self.source, self.filename, _VOCAB)
+        except gensrc.SourceTokenError as e:
+            raise ExecutionError(f"sink mode could not generate the code of graph '{graph.name}': {e}",
+                                 hint="run the model with another executor and report this bug") from None
         # keep the source findable for tracebacks and debuggers
         linecache.cache[self.filename] = (len(self.source), None, self.source.splitlines(True), self.filename)
         exec(code, ns)
@@ -90,8 +106,8 @@ class SinkExecutable(ArenaExecutable):
             if s < 0:
                 return "None"
             if s in consts:
-                return f"c{s}"
-            return f"v{s}"
+                return gensrc.name("c", s)
+            return gensrc.name("v", s)
 
         lines: list[str] = ["def _make(T, arena):"]
         for s in sorted(planned):
@@ -108,11 +124,13 @@ class SinkExecutable(ArenaExecutable):
             for i in steps:
                 for s in self.steps[i].ins:
                     if s in input_name and s not in loaded:
-                        body.append((f"v{s} = feeds[{input_name[s]!r}]", -1))
+                        # the input's name is model data: bound as n<slot>, never pasted
+                        ns[gensrc.name("n", s)] = input_name[s]
+                        body.append((f"v{s} = feeds[n{s}]", -1))
                         loaded.add(s)
             for i in steps:
                 st = self.steps[i]
-                ns[f"k{i}"] = st.fn
+                ns[gensrc.name("k", i)] = st.fn
                 for src in waits.get(i, ()):
                     body.append((f"_wait({src})", i))
                 for s in st.ins:
