@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ge_core.errors import ModelFileError, SecurityError
+from ge_sdk.paths import contained_file
 
 #: A tensor whose dense form would exceed this many bytes is refused (sparse or hostile dims).
 MAX_TENSOR_BYTES = 1 << 34  # 16 GiB
@@ -83,40 +84,8 @@ def _check_size(tensor, where: str) -> None:
 
 
 def _safe_location(tensor_name: str, location: str, base_dir: str, model_path: str) -> str:
-    """The resolved path of an external data file, or SecurityError."""
-    what = f"tensor '{tensor_name}' of {model_path}"
-    if not location:
-        raise ModelFileError(f"{what} is stored externally but has no location")
-    if "\x00" in location:
-        raise SecurityError(f"{what}: external data location {location!r} contains a NUL byte")
-    norm = location.replace("\\", "/")
-    if os.path.isabs(location) or norm.startswith("/") or (len(norm) > 1 and norm[1] == ":"):
-        raise SecurityError(
-            f"{what}: external data location '{location}' is an absolute path",
-            hint="external data must be a file in the model's folder (or below it)",
-        )
-    base_real = os.path.realpath(base_dir)
-    joined = os.path.normpath(os.path.join(base_real, *[p for p in norm.split("/") if p]))
-    if os.path.commonpath([base_real, joined]) != base_real:
-        raise SecurityError(
-            f"{what}: external data location '{location}' escapes the model's folder {base_dir}",
-            hint="external data must be a file in the model's folder (or below it)",
-        )
-    real = os.path.realpath(joined)
-    if os.path.commonpath([base_real, real]) != base_real:
-        raise SecurityError(
-            f"{what}: external data location '{location}' is a link that resolves outside the model's "
-            f"folder ({real})",
-            hint="copy the data file into the model's folder",
-        )
-    if not os.path.exists(real):
-        raise ModelFileError(
-            f"{what}: external data file '{location}' does not exist in {base_dir}",
-            hint="copy the data file next to the model (the location is relative to the model file)",
-        )
-    if not os.path.isfile(real):
-        raise ModelFileError(f"{what}: external data location '{location}' is not a regular file")
-    return real
+    """The resolved path of an external data file, or SecurityError (the rule of ge_sdk.paths)."""
+    return contained_file(base_dir, location, f"tensor '{tensor_name}' of {model_path}", "external data")
 
 
 def read_external(tensor, base_dir: str | None, model_path: str) -> np.ndarray:
