@@ -67,3 +67,11 @@ class ExecutionError(GEError):
 
 class SecurityError(GEError):
     """An input tried to reach outside where it is allowed (paths, sizes)."""
+
+
+class RunCancelledError(ExecutionError):
+    """A run passed its deadline (``run(..., timeout=)``) and was cancelled at a node."""
+
+    def inside(self, node_name: str, iteration: int) -> RunCancelledError:
+        """The same cancellation seen from the loop node ``node_name`` that was running it."""
+        return RunCancelledError(f"node '{node_name}', iteration {iteration}: {self.detail}", hint=self.hint)

@@ -13,16 +13,26 @@ there and returns those same arrays. ``kernel.inplace_ok = True`` additionally a
 array to be the memory of an input that dies at this node (elementwise ops). Kernels without
 these attributes return fresh arrays (or views of their inputs), which the executor copies into
 its plan where it needs to. Kernels never write into their inputs otherwise.
+
+Run limits. ``model.run(feeds, timeout=s)`` sets a per-run deadline; executors call
+:func:`check_deadline` between nodes and kernels that loop (Loop, Scan) call it every iteration,
+so a runaway model ends with an :class:`ExecutionError` naming the node. Loop kernels also hold
+their iteration count to :func:`max_loop_iterations` (``GE_MAX_LOOP_ITERATIONS``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from .errors import ExecutionError, OptionError, RunCancelledError
 from .ir.types import TensorType
 
 Kernel = Callable[..., Sequence[np.ndarray]]
@@ -83,4 +93,82 @@ class KernelSpec:
             const_inputs=[None if v is None else v.const_value for v in node.inputs],
             opset=imports.get(dom, imports.get(node.domain, 0)),
             options=opts,
+        )
+
+
+# ------------------------------------------------------------------------------------------
+# run limits: a per-run deadline and the largest number of loop iterations
+# ------------------------------------------------------------------------------------------
+#: Environment variable: the most iterations one Loop node may run in one inference (0: no limit).
+MAX_LOOP_ITERATIONS_ENV = "GE_MAX_LOOP_ITERATIONS"
+#: Its default: far more than any real model runs in Python, few enough to end a runaway loop.
+DEFAULT_MAX_LOOP_ITERATIONS = 10_000_000
+
+
+@dataclass(frozen=True)
+class _Deadline:
+    at: float  # time.monotonic() after which the run is cancelled
+    seconds: float
+
+
+_deadline: ContextVar[_Deadline | None] = ContextVar("ge_run_deadline", default=None)
+
+
+@contextlib.contextmanager
+def run_deadline(seconds: float | None) -> Iterator[None]:
+    """Cancel the run inside this block after ``seconds`` (None: no deadline).
+
+    :meth:`ge_core.CompiledModel.run` enters it for ``run(feeds, timeout=...)``. The deadline is a
+    context variable: a worker thread sees it when it runs in a copy of the caller's context
+    (``contextvars.copy_context().run``).
+    """
+    if seconds is None:
+        yield
+        return
+    token = _deadline.set(_Deadline(time.monotonic() + seconds, seconds))
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
+def check_deadline(node_name: str) -> None:
+    """Raise :class:`RunCancelledError` (an ExecutionError) naming ``node_name`` if the current
+    run is past its deadline.
+
+    Cheap enough to call between nodes and in every iteration of a loop kernel; a no-op outside
+    a run with a timeout. A loop kernel that catches it from its body re-raises
+    ``e.inside(loop node name, iteration)``, so the message leads from the loop to the node.
+    """
+    d = _deadline.get()
+    if d is not None and time.monotonic() > d.at:
+        raise RunCancelledError(
+            f"node '{node_name}': the run was cancelled after its timeout of {d.seconds:g} s",
+            hint="give run(..., timeout=) more seconds, or check the model's loop trip counts and inputs",
+        )
+
+
+def max_loop_iterations() -> int | None:
+    """The most iterations one Loop may run (``GE_MAX_LOOP_ITERATIONS``; None: unlimited)."""
+    raw = os.environ.get(MAX_LOOP_ITERATIONS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_LOOP_ITERATIONS
+    try:
+        n = int(raw)
+    except ValueError:
+        raise OptionError(
+            f"{MAX_LOOP_ITERATIONS_ENV}={raw!r} is not an integer",
+            hint="set it to a number of iterations, or 0 for no limit",
+        ) from None
+    return None if n <= 0 else n
+
+
+def check_loop_iterations(node_name: str, done: int, limit: int | None) -> None:
+    """Raise :class:`ExecutionError` naming the loop node once ``done`` iterations reach ``limit``."""
+    if limit is not None and done >= limit:
+        raise ExecutionError(
+            f"node '{node_name}': the loop ran {done} iterations, the limit (environment variable "
+            f"{MAX_LOOP_ITERATIONS_ENV}) is {limit}",
+            hint=f"check the loop's trip count and condition inputs, or raise {MAX_LOOP_ITERATIONS_ENV} "
+                 "(0 disables the limit)",
         )

@@ -73,6 +73,12 @@ class Value:
         return self.graph is not None and self.producer is None and self in self.graph._input_set
 
     @property
+    def default(self) -> np.ndarray | None:
+        """The value a graph input takes when it is not fed (None: the input must be fed)."""
+        g = self.graph
+        return None if g is None else g.input_defaults.get(self)
+
+    @property
     def is_graph_output(self) -> bool:
         return self.graph is not None and self in self.graph._output_set
 
@@ -224,6 +230,9 @@ class Graph:
         self.inputs: list[Value] = []
         self.outputs: list[Value] = []
         self._input_set: set[Value] = set()
+        #: Inputs that may be left unfed, with the value each then takes (ONNX initializers
+        #: listed as graph inputs). Such an input is a real input: passes never fold it.
+        self.input_defaults: dict[Value, np.ndarray] = {}
         self._output_set: dict[Value, None] = {}
         self.constants: dict[str, Value] = {}
         self._head: Node | None = None
@@ -288,10 +297,13 @@ class Graph:
                 return cand
 
     # -- inputs, outputs, constants ----------------------------------------------------------
-    def add_input(self, name: str, type: TensorType | None = None) -> Value:
+    def add_input(self, name: str, type: TensorType | None = None, *, default: np.ndarray | None = None) -> Value:
+        """Add a graph input; one with a ``default`` may be left out of the feeds."""
         v = Value(self._claim_name(name), type, graph=self)
         self.inputs.append(v)
         self._input_set.add(v)
+        if default is not None:
+            self.input_defaults[v] = np.asarray(default)
         return v
 
     def add_constant(self, array: np.ndarray, name: str | None = None) -> Value:
@@ -648,7 +660,7 @@ def _copy_graph(g: Graph, parent: Graph | None, vmap: dict[Value, Value]) -> Gra
         new.opset_imports = dict(g.opset_imports)
     new.metadata = dict(g.metadata)
     for v in g.inputs:
-        nv = new.add_input(v.name, v.type)
+        nv = new.add_input(v.name, v.type, default=g.input_defaults.get(v))
         nv.meta = dict(v.meta)
         vmap[v] = nv
     for name, v in g.constants.items():

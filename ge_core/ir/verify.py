@@ -29,6 +29,14 @@ def _verify(graph: Graph, outer: set[Value], ops) -> None:
         if v.graph is not graph:
             raise GraphError(f"{where}: input '{v.name}' belongs to another graph")
         define(v, "input")
+    for v, d in graph.input_defaults.items():
+        if v not in graph._input_set:
+            raise GraphError(f"{where}: a default is recorded for '{v.name}', which is not an input of the graph")
+        t = v.type
+        fits = (t.dtype is None or d.dtype == t.dtype) and (t.shape is None or (
+            d.ndim == len(t.shape) and all(not isinstance(w, int) or w == n for w, n in zip(t.shape, d.shape))))
+        if not fits:
+            raise GraphError(f"{where}: the default of input '{v.name}' ({d.dtype}{list(d.shape)}) does not fit {v.type}")
     for name, v in graph.constants.items():
         if v.const_value is None:
             raise GraphError(f"{where}: constant '{name}' has no value")

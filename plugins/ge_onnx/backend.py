@@ -24,11 +24,17 @@ _DEVICES = {"CPU"}
 
 
 class GEBackendRep(BackendRep):
-    """A compiled model; ``run`` takes a list (graph-input order), a dict or one array."""
+    """A compiled model; ``run`` takes a list (graph-input order), a dict or one array.
+
+    As in onnxruntime, a list fills the inputs that must be fed first (those without a default,
+    in graph order), then those with one (initializers listed as inputs), which may be left out.
+    """
 
     def __init__(self, compiled) -> None:
         self.model = compiled
-        self.input_names = list(compiled.input_names)
+        defaults = compiled.input_defaults
+        self.defaults = defaults
+        self.input_names = [n for n in compiled.input_names if n not in defaults] + list(defaults)
         self.output_names = list(compiled.output_names)
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
@@ -50,10 +56,13 @@ class GEBackendRep(BackendRep):
         # ONNX sequences (lists) and empty optionals (None): CompiledModel.run's feed check
         # converts every feed with np.asarray, which would turn a sequence into one tensor;
         # check the names here and hand the values to the executable unchanged.
-        missing = [n for n in self.input_names if n not in feeds]
-        unknown = [k for k in feeds if k not in self.input_names]
+        known = set(self.input_names)
+        missing = [n for n in self.input_names if n not in feeds and n not in self.defaults]
+        unknown = [k for k in feeds if k not in known]
         if missing or unknown:
             raise ge_core.InputError(f"inputs {sorted(feeds)} do not match the model's {self.input_names}")
+        for name, default in self.defaults.items():
+            feeds.setdefault(name, default)
         outs = self.model.executable.run(feeds)
         return tuple(outs)
 

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 from collections.abc import Callable
@@ -125,8 +126,7 @@ class _Builder:
         self.base_dir = base_dir
         #: ONNX node name -> IR node of the main graph (for out_nodes "name:index").
         self.onnx_node_names: dict[str, Node] = {}
-        #: tensor names defined in the main graph, and values of subgraphs by name.
-        self.main_defined: set[str] = set()
+        #: values of subgraphs by name (renamed when the main graph defines the name later).
         self.sub_values: dict[str, Value] = {}
         self.sparse_budget = SparseBudget()
 
@@ -175,19 +175,14 @@ class _Builder:
         return None  # TYPE_PROTO(S): not represented
 
     # -- graphs ----------------------------------------------------------------------------------
-    def _name(self, graph: Graph, want: str, main: bool, what: str) -> str:
+    def _name(self, graph: Graph, want: str, main: bool) -> str:
         """``want`` if free; in a subgraph a clash gets a fresh name (bodies are positional).
 
-        In the main graph names are kept (they are the model's interface): a second definition
-        is an error, and a subgraph value that took the name first is renamed.
+        In the main graph names are kept (they are the model's interface): a subgraph value that
+        took the name first is renamed. (Duplicates the model itself defines were refused by
+        :meth:`_Scope.claim` before.)
         """
         if main:
-            if want in self.main_defined:
-                raise ModelFileError(
-                    f"{self.name}: {what} '{want}' is defined twice",
-                    hint="every tensor name of an ONNX graph must be unique (run onnx.checker.check_model)",
-                )
-            self.main_defined.add(want)
             if graph.name_in_use(want):
                 sub = self.sub_values.pop(want, None)
                 if sub is not None and sub.graph is not None:
@@ -204,48 +199,54 @@ class _Builder:
                     input_shape: dict[str, tuple] | None = None) -> Graph:
         main = parent is None
         g = Graph(gp.name or ("graph" if main else label), parent=parent)
-        scope: dict[str, Value] = dict(outer) if outer else {}
-        local: set[str] = set()
+        sc = _Scope(self.name, f"graph '{g.name}'" if main else f"subgraph '{gp.name or label}' (attribute {label})",
+                    outer)
+        scope = sc.values
 
-        def define(onnx_name: str, v: Value) -> None:
-            scope[onnx_name] = v
-            local.add(onnx_name)
-
-        # initializers (constants)
+        # initializers: constants; in IR >= 4 one that is also a graph input is that input's default
+        overridable = int(self.model.ir_version) >= 4
+        input_names = {i.name for i in gp.input}
+        defaults: dict[str, np.ndarray] = {}
         init_names = set()
-        for t in gp.initializer:
-            if t.name in local:
-                raise ModelFileError(f"{self.name}: initializer '{t.name}' is defined twice")
-            arr = tensor_to_array(t, self.base_dir, self.name)
-            v = self._track(g.add_constant(arr, self._name(g, t.name, main, "initializer")), main)
-            define(t.name, v)
-            init_names.add(t.name)
-        for sp in gp.sparse_initializer:
-            nm = sp.values.name
-            arr = sparse_to_array(sp, self.base_dir, self.name, self.sparse_budget)
-            v = self._track(g.add_constant(arr, self._name(g, nm, main, "initializer")), main)
-            define(nm, v)
+        inits = [(t.name, t, False) for t in gp.initializer] + [(sp.values.name, sp, True) for sp in gp.sparse_initializer]
+        for nm, t, sparse in inits:
+            sc.claim(nm, "initializer")
+            arr = (sparse_to_array(t, self.base_dir, self.name, self.sparse_budget) if sparse
+                   else tensor_to_array(t, self.base_dir, self.name))
             init_names.add(nm)
+            if overridable and nm in input_names:
+                defaults[nm] = arr
+                continue
+            v = self._track(g.add_constant(arr, self._name(g, nm, main)), main)
+            sc.define(nm, v)
 
         # real inputs
         if main and input_shape:
-            real = [i.name for i in gp.input if i.name not in init_names]
+            real = [i.name for i in gp.input if i.name not in init_names or i.name in defaults]
             for k in input_shape:
                 if k not in real:
                     raise OptionError(
                         f"input_shape names '{k}', which is not an input of {self.name}{close_matches(k, real)}",
                         hint=f"the model's inputs: {', '.join(real) or 'none'}",
                     )
+        listed: set[str] = set()
         for i in gp.input:
-            if i.name in init_names:
-                continue
-            if i.name in local:
-                raise ModelFileError(f"{self.name}: graph input '{i.name}' is listed twice")
+            if i.name in listed:
+                raise ModelFileError(f"{self.name}: {sc.where} lists graph input '{i.name}' twice",
+                                     hint="the model is malformed (run onnx.checker.check_model)")
+            listed.add(i.name)
+            default = defaults.pop(i.name, None)
+            if default is None and i.name in init_names:
+                continue  # IR < 4: weights listed as inputs are constants
+            if default is None:
+                sc.claim(i.name, "graph input")
             t = type_from_proto(i.type if i.HasField("type") else None)
             if main and input_shape and i.name in input_shape:
                 t = TensorType(t.dtype, tuple(input_shape[i.name]))
-            v = self._track(g.add_input(self._name(g, i.name, main, "input"), t), main)
-            define(i.name, v)
+            if default is not None:
+                t = _default_type(self.name, i.name, t, default)
+            v = self._track(g.add_input(self._name(g, i.name, main), t, default=default), main)
+            sc.define(i.name, v)
 
         # declared types of intermediate values and outputs
         declared: dict[str, TensorType] = {}
@@ -254,7 +255,7 @@ class _Builder:
                 declared[vi.name] = type_from_proto(vi.type)
 
         for np_ in self._ordered_nodes(gp, scope):
-            self.add_node(g, np_, scope, define, declared, main)
+            self.add_node(g, np_, sc, declared, main)
 
         outs = []
         for o in gp.output:
@@ -319,8 +320,8 @@ class _Builder:
             raise ModelFileError(f"{self.name}: the graph has a cycle through node '{stuck.name or stuck.op_type}'")
         return [nodes[i] for i in order]
 
-    def add_node(self, g: Graph, n, scope: dict[str, Value], define, declared: dict[str, TensorType],
-                 main: bool) -> None:
+    def add_node(self, g: Graph, n, sc: _Scope, declared: dict[str, TensorType], main: bool) -> None:
+        scope = sc.values
         label = n.name or n.op_type
         inputs: list[Value | None] = []
         for name in n.input:
@@ -338,6 +339,9 @@ class _Builder:
         out_names = list(n.output)
         while out_names and not out_names[-1]:
             out_names.pop()  # trailing absent optional outputs
+        for o in out_names:
+            if o:
+                sc.claim(o, "tensor", f"node '{label}' ({n.op_type})")
         # keep the node name unique here, so that the IR name equals the ONNX name where possible
         attrs: dict[str, Any] = {}
         node_scope = scope  # subgraphs see every value defined so far
@@ -351,9 +355,9 @@ class _Builder:
         absent = []
         for i, o in enumerate(out_names):
             if o:
-                names.append(self._name(g, o, main, "tensor"))
+                names.append(self._name(g, o, main))
             else:
-                names.append(self._name(g, f"{label}_absent{i}", False, "tensor"))
+                names.append(self._name(g, f"{label}_absent{i}", False))
                 absent.append(i)
         node = g.add_node(
             n.op_type,
@@ -381,7 +385,61 @@ class _Builder:
             t = declared.get(o)
             if t is not None:
                 v.type = t
-            scope[o] = v
+            sc.define(o, v)
+
+
+class _Scope:
+    """The ONNX names visible in one graph being built: its own and its enclosing graphs'.
+
+    Every name a graph defines (initializer, input, node output) goes through :meth:`claim`, in
+    the main graph and in every subgraph alike: ONNX graphs are in SSA form, and a subgraph may
+    not redefine a name visible from an enclosing graph (no shadowing).
+    """
+
+    def __init__(self, source: str, where: str, outer: dict[str, Value] | None) -> None:
+        self.source = source
+        self.where = where
+        self.outer = outer or {}
+        self.values: dict[str, Value] = dict(self.outer)
+        self.local: set[str] = set()
+
+    def claim(self, name: str, what: str, node: str | None = None) -> None:
+        """Reserve ``name`` for this graph; refuse it if this graph defines it already or an
+        enclosing graph does."""
+        by = f", {node}," if node else ""
+        if name in self.local:
+            raise ModelFileError(
+                f"{self.source}: {self.where}{by} defines {what} '{name}', which this graph already defines",
+                hint="every value name of an ONNX graph is defined once (run onnx.checker.check_model)",
+            )
+        if name in self.outer:
+            raise ModelFileError(
+                f"{self.source}: {self.where}{by} defines {what} '{name}', which shadows a value of an enclosing graph",
+                hint="ONNX forbids a subgraph to redefine a name visible from outside it; rename it in the subgraph "
+                     "(run onnx.checker.check_model)",
+            )
+        self.local.add(name)
+
+    def define(self, name: str, v: Value) -> None:
+        self.values[name] = v
+        self.local.add(name)
+
+
+def _default_type(source: str, name: str, declared: TensorType, default: np.ndarray) -> TensorType:
+    """The type of an input whose initializer is its default: the declared type (or the
+    initializer's own), which the initializer must fit."""
+    if declared.dtype is None and declared.shape is None:
+        return TensorType.of(default)
+    t = TensorType(declared.dtype if declared.dtype is not None else default.dtype, declared.shape)
+    fits = t.dtype == default.dtype and (t.shape is None or (
+        default.ndim == len(t.shape) and all(not isinstance(w, int) or w == d for w, d in zip(t.shape, default.shape))))
+    if not fits:
+        raise ModelFileError(
+            f"{source}: graph input '{name}' is declared {declared}, but its initializer (the default) is "
+            f"{default.dtype}{list(default.shape)}",
+            hint="the model is malformed: the input's type and its initializer must agree",
+        )
+    return t
 
 
 def _check_text_fields(msg, source: str, path: str = "model") -> None:
@@ -611,8 +669,89 @@ def select_outputs(graph: Graph, out_nodes: list[str], onnx_nodes: dict[str, Nod
     graph.set_outputs(chosen)
 
 
+#: Most nodes the model-local functions of one model may inline into (over the whole graph,
+#: every subgraph included). A few KB of functions that call each other twice per level expand into
+#: billions of nodes, which would exhaust memory inside onnx.inliner.
+MAX_INLINED_NODES = 1_000_000
+
+
+def inlined_node_count(model, name: str, limit: int = MAX_INLINED_NODES) -> int:
+    """The number of nodes ``model`` has once its local functions are inlined, computed without
+    inlining: per function, bottom-up over the call graph, each function counted once. Raises a
+    ModelFileError naming the function and its count when the model passes ``limit``, and when
+    functions call each other in a cycle (no finite inlining exists)."""
+    funcs = {_function_key(f): f for f in model.functions}
+
+    def tally(nodes) -> tuple[int, collections.Counter]:
+        """(nodes that stay nodes, calls of local functions by key) of a node list and its subgraphs."""
+        own, calls = 0, collections.Counter()
+        stack = [nodes]
+        while stack:
+            for nd in stack.pop():
+                key = (nd.domain, nd.op_type, getattr(nd, "overload", ""))
+                if key in funcs:
+                    calls[key] += 1
+                else:
+                    own += 1
+                for a in nd.attribute:
+                    stack.extend(g.node for g in ([a.g] if a.HasField("g") else []) + list(a.graphs))
+        return own, calls
+
+    parts = {key: tally(f.node) for key, f in funcs.items()}
+    sizes: dict[tuple, int] = {}
+    for root in parts:  # iterative post-order over the call graph, with cycle detection
+        if root in sizes:
+            continue
+        path, on_path = [(root, iter(parts[root][1]))], {root}
+        while path:
+            key, callees = path[-1]
+            nxt = next((c for c in callees if c not in sizes), None)
+            if nxt is None:
+                own, calls = parts[key]
+                sizes[key] = own + sum(k * sizes[c] for c, k in calls.items())
+                path.pop()
+                on_path.discard(key)
+            elif nxt in on_path:
+                cycle = [k for k, _ in path][[k for k, _ in path].index(nxt):] + [nxt]
+                raise ModelFileError(
+                    f"{name}: local function {_function_label(nxt)} calls itself "
+                    f"({' -> '.join(_function_label(k) for k in cycle)})",
+                    hint="recursive functions cannot be inlined into a finite graph; fix the model",
+                )
+            else:
+                path.append((nxt, iter(parts[nxt][1])))
+                on_path.add(nxt)
+    own, calls = tally(model.graph.node)
+    added = sum(k * sizes[c] for c, k in calls.items())
+    total = own + added
+    if added > limit:
+        worst = max(calls, key=lambda c: calls[c] * sizes[c])
+        raise ModelFileError(
+            f"{name}: inlining its local functions would make {total:,} nodes ({added:,} from the functions, "
+            f"the limit is {limit:,}); "
+            f"local function {_function_label(worst)} alone expands into {sizes[worst]:,} nodes"
+            + (f" and is called {calls[worst]} times" if calls[worst] > 1 else ""),
+            hint="the model would not fit in memory: inline or simplify its functions before compiling",
+        )
+    return total
+
+
+def _function_key(f) -> tuple[str, str, str]:
+    return (f.domain, f.name, getattr(f, "overload", ""))
+
+
+def _function_label(key: tuple[str, str, str]) -> str:
+    dom, fname, overload = key
+    return f"'{dom + '::' if dom else ''}{fname}{':' + overload if overload else ''}'"
+
+
 def _inline_functions(model, name: str):
-    """A copy of ``model`` with its model-local functions inlined (the original is untouched)."""
+    """A copy of ``model`` with its model-local functions inlined (the original is untouched).
+
+    The inlined size is bounded first (:func:`inlined_node_count`): ``onnx.inliner`` itself
+    would try to build every node of an exponentially expanding model.
+    """
+    inlined_node_count(model, name)
     try:
         from onnx import inliner
 

@@ -31,6 +31,12 @@ def _model(nodes, inputs, outputs, initializers=(), opset=17, **kw):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], **kw)
 
 
+def _frontend_type(dtype, shape):
+    from ge_core.ir.types import TensorType
+
+    return TensorType(np.dtype(dtype), shape)
+
+
 def _vi(name, shape, elem=TensorProto.FLOAT):
     return helper.make_tensor_value_info(name, elem, shape)
 
@@ -340,12 +346,34 @@ def test_if_subgraphs_with_outer_reads_and_same_names(onnx_host):
     assert tg.outputs[0].name != eg.outputs[0].name  # renamed apart, positional anyway
 
 
-def test_weights_listed_as_inputs_are_constants(onnx_host):
+def test_weights_listed_as_inputs_are_constants_before_ir4(onnx_host):
+    # IR < 4 lists every weight as a graph input; those are constants, not inputs
     w = numpy_helper.from_array(np.ones(3, np.float32), "w")
-    m = _model([helper.make_node("Add", ["x", "w"], ["y"])], [_vi("x", [3]), _vi("w", [3])], [_vi("y", [3])], [w])
+    m = _model([helper.make_node("Add", ["x", "w"], ["y"])], [_vi("x", [3]), _vi("w", [3])], [_vi("y", [3])], [w],
+               opset=8, ir_version=3)
     g = load(m)
     assert [v.name for v in g.inputs] == ["x"]
     assert "w" in g.constants
+
+
+def test_initializer_listed_as_input_is_an_input_with_a_default_from_ir4(onnx_host):
+    w = numpy_helper.from_array(np.ones(3, np.float32), "w")
+    m = _model([helper.make_node("Add", ["x", "w"], ["y"])], [_vi("x", [3]), _vi("w", ["n"])], [_vi("y", [3])], [w])
+    g = load(m)
+    assert [v.name for v in g.inputs] == ["x", "w"] and "w" not in g.constants
+    w_in = g.inputs[1]
+    assert g.inputs[0].default is None
+    np.testing.assert_array_equal(w_in.default, np.ones(3, np.float32))
+    assert str(w_in.type) == str(_frontend_type("float32", ("n",)))  # the declared type, symbolic dim kept
+    g.verify()
+    np.testing.assert_array_equal(g.copy().inputs[1].default, w_in.default)
+
+
+def test_initializer_that_does_not_fit_its_input_declaration_is_refused(onnx_host):
+    w = numpy_helper.from_array(np.ones(3, np.float32), "w")
+    m = _model([helper.make_node("Add", ["x", "w"], ["y"])], [_vi("x", [3]), _vi("w", [4])], [_vi("y", [3])], [w])
+    with pytest.raises(ModelFileError, match="'w' is declared"):
+        load(m)
 
 
 def test_string_and_sparse_initializers(onnx_host):

@@ -4,13 +4,18 @@ Control-flow factories compile their bodies through ``spec.options["subgraph"]``
 the ge_cpu executor, see ``ge_cpu.executor``); the kernel receives the node's own inputs
 followed by ``spec.options["n_captures"]`` captured outer values, which it hands to the body.
 Sequences are Python lists of arrays; an empty optional is ``None``.
+
+Every iteration of Loop, Scan and SequenceMap checks the run's deadline
+(:func:`ge_core.kernel.check_deadline`); a Loop also stops at the iteration limit
+(:func:`ge_core.kernel.max_loop_iterations`), each with an ExecutionError naming the node.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ge_core.kernel import KernelSpec
+from ge_core.errors import RunCancelledError
+from ge_core.kernel import KernelSpec, check_deadline, check_loop_iterations, max_loop_iterations
 
 from ._util import ints, kernel_table, norm_axis, unsupported
 
@@ -62,6 +67,8 @@ def loop_factory(spec: KernelSpec):
         raise unsupported(spec, "a body whose inputs/outputs do not match the loop-carried values")
     scan_dtypes = [t.dtype if t is not None else None for t in spec.outputs[n_carried:]]
 
+    name = spec.name
+
     def kernel(*ins):
         m, cond = ins[0], ins[1]
         vs = list(ins[2:n])
@@ -69,9 +76,15 @@ def loop_factory(spec: KernelSpec):
         trips = None if m is None else int(np.asarray(m).reshape(-1)[0])
         keep = True if cond is None else _truth(cond)
         scans: list[list] = [[] for _ in range(n_scan)]
+        limit = max_loop_iterations()
         i = 0
         while keep and (trips is None or i < trips):
-            outs = body.run([np.array(i, dtype=np.int64), np.array(keep), *vs], caps)
+            check_deadline(name)
+            check_loop_iterations(name, i, limit)
+            try:
+                outs = body.run([np.array(i, dtype=np.int64), np.array(keep), *vs], caps)
+            except RunCancelledError as e:
+                raise e.inside(name, i) from None
             keep = _truth(outs[0])
             vs = outs[1:1 + n_carried]
             for k in range(n_scan):
@@ -82,16 +95,20 @@ def loop_factory(spec: KernelSpec):
     return kernel
 
 
-def _scan_loop(body, states, xs, in_axes, in_dirs, out_axes, out_dirs, n_scan_out, caps, out_dtypes):
+def _scan_loop(name, body, states, xs, in_axes, in_dirs, out_axes, out_dirs, n_scan_out, caps, out_dtypes):
     states = list(states)
     steps = xs[0].shape[in_axes[0]] if xs else 0
     acc: list[list] = [[] for _ in range(n_scan_out)]
     idx = [(slice(None),) * ax for ax in in_axes]
     for t in range(steps):
+        check_deadline(name)
         args = []
         for x, pre, d in zip(xs, idx, in_dirs):
             args.append(x[pre + ((steps - 1 - t) if d else t,)])
-        res = body.run(states + args, caps)
+        try:
+            res = body.run(states + args, caps)
+        except RunCancelledError as e:
+            raise e.inside(name, t) from None
         states = list(res[:len(states)])
         for k in range(n_scan_out):
             acc[k].append(res[len(states) + k])
@@ -125,7 +142,7 @@ def scan_factory(spec: KernelSpec):
     def kernel(*ins):
         xs = ins[n_state:n]
         axes = [norm_axis(a, np.ndim(x)) for a, x in zip(in_axes, xs)]
-        states, outs = _scan_loop(body, ins[:n_state], xs, axes, in_dirs, out_axes, out_dirs,
+        states, outs = _scan_loop(spec.name, body, ins[:n_state], xs, axes, in_dirs, out_axes, out_dirs,
                                   n_scan_out, ins[n:], out_dtypes)
         return tuple(states) + tuple(outs)
 
@@ -148,7 +165,7 @@ def _scan8(spec: KernelSpec, body, n_scan_in: int, n: int):
         sc_out: list[list] = [[] for _ in range(n_scan_out)]
         for b in range(batch):
             ln = xs[0].shape[1] if lens is None else int(np.asarray(lens).reshape(-1)[b])
-            sb, ob = _scan_loop(body, [s[b] for s in states], [x[b, :ln] for x in xs], [0] * n_scan_in, dirs,
+            sb, ob = _scan_loop(spec.name, body, [s[b] for s in states], [x[b, :ln] for x in xs], [0] * n_scan_in, dirs,
                                 [0] * n_scan_out, [0] * n_scan_out, n_scan_out, caps, out_dtypes)
             for k in range(n_state):
                 st_out[k].append(sb[k])
@@ -168,8 +185,13 @@ def sequence_map_factory(spec: KernelSpec):
         seq, extra, caps = ins[0], ins[1:n], ins[n:]
         outs: list[list] = [[] for _ in range(body.n_outputs)]
         for i in range(len(seq)):
+            check_deadline(spec.name)
             args = [seq[i]] + [e[i] if isinstance(e, list) else e for e in extra]
-            for k, r in enumerate(body.run(args, caps)):
+            try:
+                res = body.run(args, caps)
+            except RunCancelledError as e:
+                raise e.inside(spec.name, i) from None
+            for k, r in enumerate(res):
                 outs[k].append(r)
         return tuple(outs)
 
