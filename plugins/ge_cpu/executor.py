@@ -32,7 +32,7 @@ import numpy as np
 from ge_core.backend import Backend, Executable
 from ge_core.errors import ExecutionError, GEError, UnsupportedOpError
 from ge_core.ir.graph import Graph, Node, Value
-from ge_core.kernel import KernelSpec
+from ge_core.kernel import KernelSpec, check_deadline
 from ge_core.ops import OpRegistry
 
 
@@ -186,6 +186,7 @@ class _Program:
 
 def call_step(st: _Step, args: list[Any], out: tuple | None = None) -> Sequence[Any]:
     """Run one step's kernel; a failure or a wrong number of results names the node and plugin."""
+    check_deadline(st.node.name)  # run(timeout=): cancelled between nodes
     try:
         res = st.fn(*args) if out is None else st.fn(*args, out=out)
     except GEError:

@@ -12,6 +12,7 @@ line of the generated code to its node.
 from __future__ import annotations
 
 import linecache
+import contextvars
 import os
 import sys
 import threading
@@ -345,7 +346,9 @@ class StreamSinkExecutable(SinkExecutable):
                 for ev in done.values():
                     ev.set()
 
-        workers = [threading.Thread(target=go, args=(k,), name=f"ge-sink-stream-{k}", daemon=True)
+        # each worker runs in a copy of the caller's context: it sees the run's deadline
+        workers = [threading.Thread(target=contextvars.copy_context().run, args=(go, k), name=f"ge-sink-stream-{k}",
+                                    daemon=True)
                    for k in range(1, len(fns))]
         for w in workers:
             w.start()

@@ -15,6 +15,7 @@ nothing waits forever.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
 from collections.abc import Mapping
@@ -89,7 +90,9 @@ class MultiStreamExecutable(ArenaExecutable):
                 for ev in done.values():
                     ev.set()
 
-        workers = [threading.Thread(target=run_stream, args=(k,), name=f"ge-stream-{k}", daemon=True)
+        # each worker runs in a copy of the caller's context: it sees the run's deadline
+        workers = [threading.Thread(target=contextvars.copy_context().run, args=(run_stream, k), name=f"ge-stream-{k}",
+                                    daemon=True)
                    for k in range(1, self.stream_count)]
         for w in workers:
             w.start()
