@@ -66,7 +66,7 @@ def read_feed_file(name: str, path: str) -> np.ndarray:
             raise InputError(f"{what} is not a readable .npy array ({type(e).__name__}: {e})", hint=_NPY_HINT) from None
 
 
-def _read_exact(f, n: int, what: str) -> bytes:
+def _read_exact(f, n: int, what: str) -> bytearray:
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0

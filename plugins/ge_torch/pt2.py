@@ -209,7 +209,7 @@ def check_program(obj: Any, key: str = "", depth: int = 0) -> Any:
     if depth > MAX_DEPTH:
         raise _Refused(f"the program is nested more than {MAX_DEPTH} levels deep")
     if isinstance(obj, dict):
-        out = {}
+        out: dict[str, Any] = {}
         for k, v in obj.items():
             _check_key(k)
             if k in ("as_custom_obj", "custom_obj") or (k == "custom_obj_values" and v):
@@ -326,7 +326,7 @@ def _as_int(sym: Any, what: str) -> int:
     return v
 
 
-def _tensors(ar: _Archive, config_name: str, folder: str, kind: str) -> dict[str, Any]:
+def _tensors(ar: _Archive, config_name: str, folder: str, kind: str) -> Any:
     """The tensors a payload config describes, built from raw bytes (never unpickled)."""
     import torch
     from torch._export.serde import schema
@@ -359,7 +359,7 @@ def _tensors(ar: _Archive, config_name: str, folder: str, kind: str) -> dict[str
             if tm.get("layout", 7) != schema.Layout.Strided:
                 raise _Refused("it is not a dense (strided) tensor")
             try:
-                dtype = deserialize_scalar_type(schema.ScalarType(tm.get("dtype")))
+                dtype = deserialize_scalar_type(schema.ScalarType(int(tm.get("dtype"))))  # type: ignore[arg-type]
             except (ValueError, KeyError, TypeError):
                 raise _Refused(f"its dtype {tm.get('dtype')!r} is unknown") from None
             sizes = [_as_int(s, "a size") for s in tm.get("sizes") or []]
