@@ -11,8 +11,8 @@ line of the generated code to its node.
 
 from __future__ import annotations
 
-import linecache
 import contextvars
+import linecache
 import os
 import sys
 import threading
