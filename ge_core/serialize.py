@@ -118,7 +118,9 @@ def graph_to_dict(graph: Graph, weights: WeightWriter) -> dict[str, Any]:
 
     d: dict[str, Any] = {
         "name": graph.name,
-        "inputs": [{"name": v.name, **vtype(v.type)} for v in graph.inputs],
+        "inputs": [{"name": v.name, **vtype(v.type)} if v.default is None else  # an unfed input keeps its default
+                   {"name": v.name, **vtype(v.type), "default": weights.add(v.default, f"default of input '{v.name}'")}
+                   for v in graph.inputs],
         "constants": [{"name": v.name, "weight": weights.add(_const(v), f"constant '{v.name}'")}
                       for v in graph.constants.values()],
         "nodes": [],
@@ -362,7 +364,8 @@ class GraphReader:
                     g.metadata.update(meta)
             for i, vd in enumerate(self._list(d.get("inputs", []), "inputs")):
                 vd = self._obj(vd, f"input {i}")
-                v = g.add_input(self._name(vd.get("name"), f"input {i}"), self.vtype(vd, f"input {i}"))
+                default = self.weight(vd["default"], f"default of input {i}") if "default" in vd else None
+                v = g.add_input(self._name(vd.get("name"), f"input {i}"), self.vtype(vd, f"input {i}"), default=default)
                 scope[v.name] = v
             for i, cd in enumerate(self._list(d.get("constants", []), "constants")):
                 cd = self._obj(cd, f"constant {i}")
