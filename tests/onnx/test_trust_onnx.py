@@ -234,3 +234,15 @@ def test_the_backend_adapter_feeds_lists_as_onnxruntime_does():
     np.testing.assert_array_equal(rep.run([x])[0], _ort(m, {"x": x})[0])  # the required input first
     w = np.zeros((2, 3), np.float32)
     np.testing.assert_array_equal(rep.run([x, w])[0], _ort(m, {"x": x, "w": w})[0])
+
+
+def test_an_om_keeps_the_default_of_such_an_input(tmp_path):
+    m = _overridable()
+    path = ge.compile(ge.load(m)).save(tmp_path / "m.om")
+    model = ge.load_om(path)
+    assert list(model.input_defaults) == ["w"]
+    np.testing.assert_array_equal(model.input_defaults["w"], W)
+    x = np.ones((2, 3), np.float32)
+    np.testing.assert_array_equal(model.run({"x": x})["y"], _ort(m, {"x": x})[0])
+    w = np.full((2, 3), 3.0, np.float32)
+    np.testing.assert_array_equal(model.run({"x": x, "w": w})["y"], _ort(m, {"x": x, "w": w})[0])
