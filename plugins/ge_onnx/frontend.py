@@ -2,8 +2,13 @@
 
 * every failure to read the model is a :class:`ModelFileError` naming the file (no protobuf
   error escapes); external data is resolved safely (see :mod:`ge_onnx.external`);
-* initializers are constants; graph inputs that are also initializers (models of IR < 4 list
-  weights as inputs) are constants, not inputs;
+* initializers are constants; a graph input that is also an initializer is a constant in IR < 4
+  (those models list every weight as an input) and, from IR 4 as in onnxruntime, an input that
+  may be fed, with the initializer as its default (``Value.default``), never folded;
+* model-local functions are inlined, after their inlined size is bounded
+  (:data:`MAX_INLINED_NODES`, counted without inlining; recursive functions are refused);
+* every graph, subgraphs included, is in SSA form: a name defined twice, or a subgraph name that
+  shadows a value of an enclosing graph, is a :class:`ModelFileError` naming graph, node and name;
 * ``Constant``/``ConstantOfShape`` nodes stay nodes (passes fold them);
 * attributes become Python values (str, int, float, lists, ndarray, Graph, list[Graph]);
 * ``input_shape`` overrides input shapes, ``out_nodes`` selects outputs (tensor names or ATC's
@@ -684,7 +689,7 @@ def inlined_node_count(model, name: str, limit: int = MAX_INLINED_NODES) -> int:
 
     def tally(nodes) -> tuple[int, collections.Counter]:
         """(nodes that stay nodes, calls of local functions by key) of a node list and its subgraphs."""
-        own, calls = 0, collections.Counter()
+        own, calls = 0, collections.Counter[tuple]()
         stack = [nodes]
         while stack:
             for nd in stack.pop():
