@@ -63,7 +63,7 @@ def compile_graph(graph: Graph, options: CompileOptions, host, progress: Callabl
     say("streams")
     streams = _allocate_streams(g, options, regs)
     say("memory plan")
-    problem = _memory_problem(g, order, streams, options, regs)
+    problem = memory_problem(g, order, streams, options, regs)
     plan = _plan_memory(problem, options, regs)
     weights_bytes = sum(int(v.const_value.nbytes) for v in _all_constants(g))
     report: dict[str, Any] = {
@@ -239,8 +239,11 @@ def _reuse_enabled(options: CompileOptions) -> bool:
     return not (options.disable_reuse_memory or options.memory_optimize_level == "off")
 
 
-def _memory_problem(g: Graph, order, streams: StreamAssignment, options: CompileOptions, regs) -> MemoryProblem:
-    """Lifetimes over the schedule; with reuse on, views, in-place outputs and concat inputs share bytes."""
+def memory_problem(g: Graph, order, streams: StreamAssignment, options: CompileOptions, regs) -> MemoryProblem:
+    """Lifetimes over the schedule; with reuse on, views, in-place outputs and concat inputs share bytes.
+
+    The one way the memory problem of a compiled graph is built: the compiler plans it, and
+    :func:`ge_core.om.load_om` rebuilds it from the loaded graph to verify the stored plan."""
     raw = options.extra.get("memory_alignment", DEFAULT_ALIGNMENT)
     try:
         alignment = check_alignment(raw)

@@ -386,7 +386,10 @@ def no_reuse_bytes(problem: MemoryProblem) -> int:
 def verify_plan(problem: MemoryProblem, plan: MemoryPlan) -> None:
     """Raise GEError if two buffers alive at once overlap, or a buffer leaves the arena.
 
-    Shared values are checked to lie inside their buffer at the offset the problem gives.
+    Shared values are checked to lie inside their buffer at the offset the problem gives; the
+    plan places exactly the problem's buffers and shared values (after :func:`expand_plan`), and
+    its arena is no larger than every buffer side by side. The compiler checks each planner's
+    plan with it, and the .om loader each stored plan, against the problem rebuilt from the graph.
     """
     if plan.arena_bytes >= MAX_ARENA_BYTES:
         raise SecurityError(
@@ -394,7 +397,20 @@ def verify_plan(problem: MemoryProblem, plan: MemoryPlan) -> None:
             f"smaller than {MAX_ARENA_BYTES} bytes (256 TiB)",
             hint="the model's shapes are wrong or hostile (check the input_shape option, if given)",
         )
+    most = no_reuse_bytes(problem)
+    if plan.arena_bytes > most:
+        raise GEError(
+            f"the memory plan by '{plan.planner}' claims an arena of {plan.arena_bytes} bytes, more than the "
+            f"{most} that every buffer side by side needs"
+        )
     bufs = sorted(problem.buffers, key=lambda b: b.start)
+    known = {b.name for b in bufs}
+    for name in plan.offsets:
+        if name not in known and name not in problem.aliases:
+            raise GEError(
+                f"memory plan by '{plan.planner}' places '{str(name)[:200]}', which is no intermediate buffer of the "
+                f"schedule (a graph input, output, constant, dynamic or unknown value must not live in the arena)"
+            )
     for b in bufs:
         if b.name not in plan.offsets:
             raise GEError(f"memory plan by '{plan.planner}' misses buffer '{b.name}'")
@@ -410,7 +426,10 @@ def verify_plan(problem: MemoryProblem, plan: MemoryPlan) -> None:
             raise GEError(f"memory problem: '{member}' shares the bytes of '{root}', which is no buffer")
         if off < 0 or off + size > sizes[root]:
             raise GEError(f"memory problem: '{member}' at {off}+{size} leaves its buffer '{root}' of {sizes[root]} bytes")
-        if member in plan.offsets and plan.offsets[member] != plan.offsets[root] + off:
+        if member not in plan.offsets:
+            raise GEError(f"memory plan by '{plan.planner}' misses '{member}', which shares the bytes of '{root}' "
+                          "(expand_plan gives it its offset)")
+        if plan.offsets[member] != plan.offsets[root] + off:
             raise GEError(f"memory plan by '{plan.planner}' places '{member}' apart from '{root}', whose bytes it shares")
     # sweep over time; compare each buffer with the ones alive when it starts
     alive: list[tuple[int, int, Buffer]] = []

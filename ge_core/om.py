@@ -10,22 +10,24 @@ An .om holds two partitions (see :mod:`ge_core.om_container` for the container):
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
 from . import __version__
 from .errors import GEError, GraphError, OmFormatError, OptionError, UnsupportedOpError
+from .ir.graph import Graph
 from .ir.verify import verify_graph
-from .memory import MAX_ARENA_BYTES, MemoryPlan
+from .memory import MemoryPlan, verify_plan
 from .model import CompiledModel
 from .om_container import read_container, write_container
 from .options import CompileOptions
-from .schedule import StreamAssignment
-from .serialize import FORMAT_VERSION, WeightWriter, graph_to_dict, read_graph
+from .schedule import StreamAssignment, verify_streams
+from .serialize import FORMAT_VERSION, LIMITS, WeightWriter, dump_definition, graph_to_dict, load_definition, read_graph
 
 MODEL_FORMAT = "ge-model"
-MAX_MODEL_JSON = 1 << 30
+MAX_MODEL_JSON = LIMITS.model_json_bytes
+
+_RECREATE = "re-create it with `ge compile`"
 
 
 def model_definition(model: CompiledModel) -> tuple[dict[str, Any], WeightWriter]:
@@ -33,13 +35,17 @@ def model_definition(model: CompiledModel) -> tuple[dict[str, Any], WeightWriter
     graph = graph_to_dict(model.graph, weights)
     opts = model.options.as_dict()
     opts.pop("dump_ir", None)
+    streams = model.streams.as_dict()
+    if any(not 0 <= s < LIMITS.streams for s in streams["streams"]):
+        raise GraphError(f"the schedule uses stream {max(streams['streams'])}; an .om holds stream ids 0.."
+                         f"{LIMITS.streams - 1} (limit streams)", hint="lower the option max_streams")
     d = {
         "format": MODEL_FORMAT,
         "version": FORMAT_VERSION,
         "producer": f"ge-python {__version__}",
         "graph": graph,
         "weights": weights.table,
-        "streams": model.streams.as_dict(),
+        "streams": streams,
         "memory_plan": model.memory_plan.as_dict() if model.memory_plan else None,
         "options": opts,
         "report": model.report,
@@ -55,11 +61,9 @@ def save_om(model: CompiledModel, path: str) -> str:
     except MemoryError:
         raise GraphError(f"cannot save '{path}': the model's constants do not fit in memory",
                       hint="a pass may have folded a huge constant; disable constant folding") from None
-    try:
-        blob = json.dumps(d, separators=(",", ":"), allow_nan=False, default=_json_default).encode("utf-8")
-    except (TypeError, ValueError) as e:
-        raise GraphError(f"cannot serialise the model for '{path}': {e}",
-                         hint="a node attribute or metadata holds a value an .om cannot store") from e
+    except GraphError as e:
+        raise GraphError(f"cannot save '{path}': {e.detail}", hint=e.hint) from None
+    blob = dump_definition(d, f"'{path}'")
     write_container(
         path,
         [("model", blob, 8), ("weights", weights.chunks(), 4096)],
@@ -68,39 +72,91 @@ def save_om(model: CompiledModel, path: str) -> str:
     return path
 
 
-def _json_default(o: Any) -> Any:
-    import numpy as np
-
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, (set, tuple)):
-        return list(o)
-    raise TypeError(f"{type(o).__name__} is not JSON-serialisable")
+#: Sections of a model definition and the JSON types they may have (None: may be absent/null).
+_SECTIONS: dict[str, tuple[type, ...]] = {
+    "graph": (dict,), "weights": (list,), "streams": (dict, type(None)), "memory_plan": (dict, type(None)),
+    "options": (dict,), "report": (dict,), "producer": (str,),
+}
 
 
 def read_model_definition(path: str, container) -> dict[str, Any]:
-    raw = container.partition("model")
-    if len(raw) > MAX_MODEL_JSON:
-        raise OmFormatError(f"'{path}': the model definition is larger than {MAX_MODEL_JSON} bytes")
-    try:
-        d = json.loads(bytes(raw).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise OmFormatError(f"'{path}': the model definition is not valid JSON ({type(e).__name__})",
-                            hint="re-create the file with `ge compile`") from None
+    """The model definition of an open container: JSON within the .om limits, known format and
+    version, each section of its JSON type and the report well typed; else OmFormatError."""
+    d = load_definition(container.partition("model"), f"'{path}'")
     if not isinstance(d, dict) or d.get("format") != MODEL_FORMAT:
-        raise OmFormatError(f"'{path}': the model partition is not a ge model definition",
-                            hint="re-create the file with `ge compile`")
+        raise OmFormatError(f"'{path}': the model partition is not a ge model definition", hint=_RECREATE)
     v = d.get("version")
-    if not isinstance(v, int) or v > FORMAT_VERSION or v < 1:
-        raise OmFormatError(f"'{path}': model definition version {v!r} is not supported by this ge ({FORMAT_VERSION})",
+    if isinstance(v, bool) or not isinstance(v, int) or v > FORMAT_VERSION or v < 1:
+        raise OmFormatError(f"'{path}': model definition version {v!r:.20} is not supported by this ge ({FORMAT_VERSION})",
                             hint="upgrade ge or re-create the file with this version")
+    for key, types in _SECTIONS.items():
+        if key in d and not isinstance(d[key], types):
+            raise OmFormatError(f"'{path}': the model definition's '{key}' is a {type(d[key]).__name__}, "
+                                f"not {' or '.join('null' if t is type(None) else _JSON_NAMES[t] for t in types)}",
+                                hint=_RECREATE)
+    problem = report_problem(d.get("report", {}))
+    if problem:
+        raise OmFormatError(f"'{path}': the stored compile report is invalid: {problem}", hint=_RECREATE)
     return d
 
 
+_JSON_NAMES: dict[type, str] = {dict: "an object", list: "an array", str: "a string"}
+
+#: Compile report keys (see ARCHITECTURE.md) and what each holds; more keys may be added.
+_COUNT, _NUMBER, _TEXT, _OBJECT, _ARRAY = "count", "number", "text", "object", "array"
+_REPORT_KEYS = {"nodes_before": _COUNT, "nodes_after": _COUNT, "kernels": _COUNT, "op_counts": _OBJECT,
+                "passes": _ARRAY, "memory": _OBJECT, "streams": _OBJECT, "backend": _TEXT,
+                "compile_seconds": _NUMBER, "kernel_modes": _OBJECT, "pass_failures": _ARRAY}
+_MEMORY_KEYS = {"arena_bytes": _COUNT, "lower_bound_bytes": _COUNT, "no_reuse_bytes": _COUNT,
+                "weights_bytes": _COUNT, "planner": _TEXT, "alignment": _COUNT, "dynamic_buffers": _COUNT,
+                "shared_values": _OBJECT, "planner_candidates": _OBJECT}
+_STREAM_KEYS = {"count": _COUNT, "events": _COUNT}
+
+
+def _kind_ok(v: Any, kind: str) -> bool:
+    if kind == _COUNT:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    if kind == _NUMBER:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+    if kind == _TEXT:
+        return v is None or isinstance(v, str)
+    if kind == _OBJECT:
+        return isinstance(v, dict)
+    return isinstance(v, list)
+
+
+def report_problem(report: Any) -> str | None:
+    """What is wrong with a stored compile report's known keys (their types), or None."""
+    if not isinstance(report, dict):
+        return "it is not an object"
+    for table, keys, prefix in ((report, _REPORT_KEYS, ""), (report.get("memory"), _MEMORY_KEYS, "memory."),
+                                (report.get("streams"), _STREAM_KEYS, "streams.")):
+        if not isinstance(table, dict):
+            continue
+        for k, kind in keys.items():
+            if k in table and not _kind_ok(table[k], kind):
+                return f"'{prefix}{k}' is {table[k]!r:.40}, not a{'n' if kind[0] in 'ao' else ''} {kind}"
+    ops = report.get("op_counts", {})
+    if not all(_kind_ok(n, _COUNT) for n in ops.values()):
+        return "'op_counts' must map op names to counts"
+    if not all(isinstance(p, dict) for p in report.get("passes", [])):
+        return "'passes' must be an array of objects"
+    return None
+
+
+def _stored(what: str, path: str, e: GEError) -> OmFormatError:
+    return OmFormatError(f"'{path}': the stored {what} is invalid: {e.detail}", hint=_RECREATE)
+
+
 def load_om(path: str | os.PathLike, *, host=None, verify_checksums: bool = True) -> CompiledModel:
-    """Load an .om file; everything is validated before use. Weights stay memory-mapped."""
+    """Load an .om file; everything is validated before use. Weights stay memory-mapped.
+
+    What the file stores is checked as the compiler checks what it computes: the graph
+    (:func:`verify_graph` with the registered ops), the options (as user options), the stream
+    assignment (:func:`verify_streams`) and the memory plan (:func:`verify_plan` against the
+    memory problem rebuilt from the loaded graph, as the compiler builds it).
+    """
+    from .compiler import memory_problem
     from .plugins import get_host
 
     path = os.fspath(path)
@@ -108,91 +164,124 @@ def load_om(path: str | os.PathLike, *, host=None, verify_checksums: bool = True
     try:
         d = read_model_definition(path, container)
         if "weights" not in container:
-            raise OmFormatError(f"'{path}' has no weights partition", hint="re-create it with `ge compile`")
+            raise OmFormatError(f"'{path}' has no weights partition", hint=_RECREATE)
         blob = container.partition("weights")
         graph = read_graph(d.get("graph"), d.get("weights", []), blob, f"'{path}'")
         host = host or get_host()
+        regs = host.registries
         try:  # every node names a registered op with a valid arity, before a backend sees it
-            verify_graph(graph, op_registry=host.registries.ops)
+            verify_graph(graph, op_registry=regs.ops)
         except UnsupportedOpError:
             raise  # the op's plugin is missing here, or a node has the wrong number of inputs
         except GEError as e:
             raise OmFormatError(f"'{path}': the stored graph is invalid: {e}",
                                 hint="re-create it with `ge compile` (with the plugins it needs installed)") from None
-        n = len(graph)
-        streams = _read_streams(d.get("streams"), n, path)
-        plan = _read_plan(d.get("memory_plan"), path)
         try:
-            raw_opts = d.get("options") or {}
-            if not isinstance(raw_opts, dict):
-                raise OmFormatError(f"'{path}': stored options are not an object")
-            known = {k: raw_opts[k] for k in CompileOptions.__dataclass_fields__ if k in raw_opts and k not in ("config", "fusion_switch_file")}
-            options = CompileOptions.from_any(known)
+            options = CompileOptions.from_dict(d.get("options") or {}, regs.options)
+        except OptionError as e:
+            raise OmFormatError(f"'{path}': the stored compile options are invalid: {e.detail}",
+                                hint="re-create it with `ge compile` (with the plugins whose options it uses installed)") from None
+        order = graph.node_list()
+        streams = read_streams(d.get("streams"), len(order), path)
+        try:
+            verify_streams(order, streams)
         except GEError as e:
-            raise OmFormatError(f"'{path}': stored compile options are invalid: {e}") from None
-        report: dict[str, Any] = d["report"] if isinstance(d.get("report"), dict) else {}
-        model = CompiledModel(graph, options, streams=streams, memory_plan=plan, report=report, host=host)
+            raise _stored("stream assignment", path, e) from None
+        plan = read_plan(d.get("memory_plan"), path)
+        if plan is not None:
+            try:
+                problem = memory_problem(graph, order, streams, options, regs)
+                verify_plan(problem, plan)
+            except GEError as e:
+                raise _stored("memory plan", path, e) from None
+        model = CompiledModel(graph, options, streams=streams, memory_plan=plan, report=d.get("report", {}), host=host)
         model.source = path
         model._keepalive = container
-        _ = model.executable  # build now so a broken model fails at load, not at first run
+        try:
+            _ = model.executable  # build now so a broken model fails at load, not at first run
+        except OptionError as e:  # e.g. a stored plugin option the backend refuses
+            raise OmFormatError(f"'{path}': the stored compile options are invalid: {e.detail}",
+                                hint=e.hint or _RECREATE) from None
         return model
     except BaseException:
         container.close()
         raise
 
 
-def _read_streams(d: Any, n: int, path: str) -> StreamAssignment:
+def read_streams(d: Any, n: int, path: str) -> StreamAssignment:
+    """The stored stream assignment of ``n`` nodes, well formed (ids below the limit, events as
+    index pairs); :func:`verify_streams` then checks that it orders every dependency."""
     if d is None:
         return StreamAssignment.single(n)
-    bad = OmFormatError(f"'{path}': the stream assignment is invalid", hint="re-create it with `ge compile`")
+    bad = OmFormatError(f"'{path}': the stream assignment is invalid", hint=_RECREATE)
     if not isinstance(d, dict):
         raise bad
     streams, events = d.get("streams", []), d.get("events", [])
-    if not isinstance(streams, list) or len(streams) != n or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 1024 for s in streams):
-        raise bad
+    if not isinstance(streams, list) or len(streams) != n or not all(
+            isinstance(s, int) and not isinstance(s, bool) and 0 <= s < LIMITS.streams for s in streams):
+        raise OmFormatError(f"'{path}': the stream assignment is invalid: it must give each of the {n} nodes a "
+                            f"stream id 0..{LIMITS.streams - 1}", hint=_RECREATE)
     if not isinstance(events, list):
         raise bad
     ev = []
     for e in events:
-        if not (isinstance(e, list) and len(e) == 2 and all(isinstance(x, int) and 0 <= x < n for x in e) and e[0] < e[1]):
-            raise bad
+        if not (isinstance(e, list) and len(e) == 2 and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < n for x in e)
+                and e[0] < e[1]):
+            raise OmFormatError(f"'{path}': the stream assignment is invalid: event {str(e)[:40]} is not a pair of "
+                                f"node indices (earlier, later) below {n}", hint=_RECREATE)
         ev.append((e[0], e[1]))
     return StreamAssignment(streams, ev)
 
 
-def _read_plan(d: Any, path: str) -> MemoryPlan | None:
+def read_plan(d: Any, path: str) -> MemoryPlan | None:
+    """The stored memory plan, well formed (integer offsets inside the arena); :func:`verify_plan`
+    then checks it against the memory problem of the loaded graph."""
     if d is None:
         return None
-    bad = OmFormatError(f"'{path}': the memory plan is invalid", hint="re-create it with `ge compile`")
+    bad = OmFormatError(f"'{path}': the memory plan is invalid", hint=_RECREATE)
     if not isinstance(d, dict):
         raise bad
-    offsets, arena = d.get("offsets", {}), d.get("arena_bytes", 0)
-    if not isinstance(offsets, dict) or not isinstance(arena, int) or not 0 <= arena < MAX_ARENA_BYTES:
+    offsets, arena, planner = d.get("offsets", {}), d.get("arena_bytes", 0), d.get("planner", "")
+    if (not isinstance(offsets, dict) or isinstance(arena, bool) or not isinstance(arena, int)
+            or not 0 <= arena < LIMITS.arena_bytes or not isinstance(planner, str)):
         raise bad
     for v in offsets.values():
         if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= arena:
             raise bad
-    return MemoryPlan(dict(offsets), arena, str(d.get("planner", "")))
+    return MemoryPlan(dict(offsets), arena, planner[:200])
 
 
 def inspect_om(path: str) -> dict[str, Any]:
-    """A JSON-able description: container header and partitions, model summary and report."""
+    """A JSON-able description: container header and partitions, model summary and report.
+
+    The model definition is validated as :func:`load_om` validates it (no plugin needed): the
+    graph is rebuilt, the stream assignment and memory plan are read, the options are checked."""
     from .om_container import describe
 
     info: dict[str, Any] = {"file": describe(path)}
     with read_container(path) as c:
         d = read_model_definition(path, c)
-    g: dict[str, Any] = d["graph"] if isinstance(d.get("graph"), dict) else {}
-    nodes = g.get("nodes", []) if isinstance(g.get("nodes"), list) else []
+        if "weights" not in c:
+            raise OmFormatError(f"'{path}' has no weights partition", hint=_RECREATE)
+        g: Graph = read_graph(d.get("graph"), d.get("weights", []), c.partition("weights"), f"'{path}'")
+        n = len(g.node_list())
+        g = None  # type: ignore[assignment]  # its weights are views of the mapping about to close
+    read_streams(d.get("streams"), n, path)
+    read_plan(d.get("memory_plan"), path)
+    try:
+        options = CompileOptions.from_dict(d.get("options") or {})
+    except OptionError as e:
+        raise OmFormatError(f"'{path}': the stored compile options are invalid: {e.detail}", hint=_RECREATE) from None
+    gd: dict[str, Any] = d["graph"]
     info["model"] = {
         "producer": d.get("producer"),
-        "inputs": g.get("inputs"),
-        "outputs": g.get("outputs"),
-        "nodes": len(nodes),
-        "constants": len(g["constants"]) if isinstance(g.get("constants"), list) else 0,
-        "opset_imports": g.get("opset_imports"),
-        "soc_version": d["options"].get("soc_version") if isinstance(d.get("options"), dict) else None,
+        "inputs": gd.get("inputs", []),
+        "outputs": gd.get("outputs", []),
+        "nodes": len(gd.get("nodes", [])),
+        "constants": len(gd.get("constants", [])),
+        "opset_imports": gd.get("opset_imports"),
+        "soc_version": options.soc_version,
     }
     info["report"] = d.get("report")
-    info["streams"] = d.get("streams", {})
+    info["streams"] = d.get("streams") or {}
     return info

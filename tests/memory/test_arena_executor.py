@@ -141,8 +141,8 @@ def test_options_alignment_and_levels():
 
 
 def _aliases(model):
-    from ge_core.compiler import _memory_problem
+    from ge_core.compiler import memory_problem
     from ge_core.plugins import get_host
 
     g = model.graph
-    return _memory_problem(g, g.node_list(), model.streams, model.options, get_host().registries).aliases
+    return memory_problem(g, g.node_list(), model.streams, model.options, get_host().registries).aliases

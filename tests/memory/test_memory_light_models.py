@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import ge_core as ge
-from ge_core.compiler import _memory_problem
+from ge_core.compiler import memory_problem
 from ge_core.memory import MemoryPlan, lower_bound, verify_plan
 from ge_core.plugins import get_host
 from tests.conftest import LIGHT_MODELS, light_model_path
@@ -31,7 +31,7 @@ def test_arena_within_5_percent_of_the_lower_bound_and_verified(name, compiled):
     assert mem["arena_bytes"] <= mem["no_reuse_bytes"]
     # the plan verifier on the stored plan, against the problem rebuilt from the compiled graph
     g = model.graph
-    problem = _memory_problem(g, g.node_list(), model.streams, model.options, get_host().registries)
+    problem = memory_problem(g, g.node_list(), model.streams, model.options, get_host().registries)
     assert lower_bound(problem) == mem["lower_bound_bytes"]
     verify_plan(problem, model.memory_plan)
     assert isinstance(model.memory_plan, MemoryPlan) and model.memory_plan.planner.startswith("auto")

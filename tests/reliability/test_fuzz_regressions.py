@@ -109,12 +109,15 @@ def test_om_weight_with_a_zero_dim_and_absurd_others_is_refused(tmp_path):
 
 
 def test_inspect_of_a_hostile_om_is_clean(tmp_path):
+    from ge_core.errors import OmFormatError
     from ge_core.om import inspect_om
 
     def edit(d):
         d["graph"]["constants"] = 7
 
-    assert inspect_om(_om_with(tmp_path, edit))["model"]["constants"] == 0
+    # inspect validates the definition as load_om does (issue 15): a clean OmFormatError
+    with pytest.raises(OmFormatError, match="constants is not a list"):
+        inspect_om(_om_with(tmp_path, edit))
 
 
 def test_huge_constant_of_shape_neither_allocates_at_compile_nor_at_save(tmp_path):
