@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
+import math
 import os
 import stat
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, as the tomli distribution (a dependency there)
+    import tomli as tomllib
 
 from .errors import OptionError
 from .registry import close_matches
@@ -130,6 +136,13 @@ class CompileOptions:
             raise OptionError(f"config file '{path}' is not valid TOML: {e}", hint="fix the syntax") from None
         except RecursionError:
             raise OptionError(f"config file '{path}' is nested too deeply to read", hint="fix the file") from None
+        except ValueError as e:  # e.g. an integer literal of more than 4300 digits
+            raise OptionError(f"config file '{path}' is not valid TOML: {str(e)[:120]}", hint="fix the value") from None
+        problem = _config_value_problem(data)
+        if problem:
+            raise OptionError(f"config file '{path}': {problem}",
+                              hint="option and pass values are strings, booleans, 64-bit integers, finite numbers, "
+                                   "arrays or tables")
         for table in ("options", "pipeline", "passes"):
             if table in data and not isinstance(data[table], dict):
                 raise OptionError(f"config file '{path}': '{table}' must be a table ([{table}])")
@@ -195,22 +208,65 @@ class CompileOptions:
             if k == "config" and value:
                 self.load_config(value)
                 continue
+            if k == "extra":  # what as_dict() gives: plugin options, nested
+                if not isinstance(value, Mapping) or not all(isinstance(x, str) for x in value):
+                    raise OptionError(f"option extra must map plugin option names to values, not {value!r:.60}")
+                self.update(value)
+                continue
             if k in _STRUCTURED and k in names:
                 value = _check_structured(k, value)
-            if k not in names or k == "extra":
+            if k not in names:
                 self.extra[k] = value  # checked against plugin-registered options at compile
                 continue
             setattr(self, k, _coerce(k, value))
         if self.fusion_switch_file and "fusion_switch_file" in {(_ALIASES.get(k, k)) for k in values}:
             self.fusion_switches = parse_fusion_switch_file(self.fusion_switch_file)
 
-    def check_extra(self, registered: Mapping[str, Any]) -> None:
-        """Raise OptionError for an option neither built in nor registered by a plugin."""
+    def check_extra(self, registered: Any) -> None:
+        """Raise OptionError for an option neither built in nor registered by a plugin, or one
+        whose value is not of the type of its registered default (bool, int, float, str)."""
         known = [f.name for f in dataclasses.fields(self) if f.name != "extra"] + list(registered)
-        for k in self.extra:
+        for k, v in self.extra.items():
             if k not in registered:
                 raise OptionError(f"unknown compile option '{k}'{close_matches(k, known)}",
                                   hint="`ge passes --json` and the README list the options")
+            entry = registered.get(k) if hasattr(registered, "get") else registered[k]
+            default = entry[0] if isinstance(entry, tuple) and entry else None
+            want = _option_type(default)
+            if want is not None and v is not None and not _is_type(v, want):
+                plugin = registered.origin(k) if hasattr(registered, "origin") else None
+                by = f" (plugin {plugin})" if plugin else ""
+                raise OptionError(f"option {k}{by} must be {want.__name__}, like its default {default!r}, "
+                                  f"not {v!r:.60}")
+
+    @classmethod
+    def from_dict(cls, d: Any, registered: Any = None) -> CompileOptions:
+        """The options :meth:`as_dict` gave (an .om stores them so), checked like user options:
+        unknown names and ill-typed values raise OptionError; with ``registered`` (the plugin
+        options registry) plugin options are checked too. Paths (``config``,
+        ``fusion_switch_file``) are kept as text and never read."""
+        if not isinstance(d, Mapping):
+            raise OptionError(f"options must be an object, not {type(d).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        opts = cls()
+        for k, v in d.items():
+            if k not in names:
+                raise OptionError(f"unknown compile option '{k}'{close_matches(str(k), names)}")
+            if k == "extra":
+                if not isinstance(v, Mapping) or not all(isinstance(x, str) and x not in names for x in v):
+                    raise OptionError(f"option extra must map plugin option names to values, not {v!r:.60}")
+                opts.extra = dict(v)
+            elif k in ("config", "fusion_switch_file"):
+                if v is not None and not isinstance(v, str):
+                    raise OptionError(f"option {k} must be a path, not {v!r:.60}")
+                setattr(opts, k, v)
+            else:
+                if k in _STRUCTURED:
+                    v = _check_structured(k, v)
+                setattr(opts, k, _coerce(k, v))
+        if registered is not None:
+            opts.check_extra(registered)
+        return opts
 
     def pass_enabled_by_switch(self, name: str, default: bool = True) -> bool:
         if name in self.fusion_switches:
@@ -221,6 +277,46 @@ class CompileOptions:
         d = dataclasses.asdict(self)
         d["input_shape"] = {k: list(v) for k, v in self.input_shape.items()}
         return d
+
+
+def _option_type(default: Any) -> type | None:
+    if isinstance(default, bool):
+        return bool
+    if isinstance(default, int):
+        return int
+    if isinstance(default, float):
+        return float
+    if isinstance(default, str):
+        return str
+    return None
+
+
+def _is_type(v: Any, want: type) -> bool:
+    if want is bool:
+        return isinstance(v, bool)
+    if want is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if want is float:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return isinstance(v, want)
+
+
+def _config_value_problem(data: Any) -> str | None:
+    """What in a parsed config no option holds (dates, nan/inf, integers beyond 64 bits)."""
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        x, where = stack.pop()
+        if isinstance(x, dict):
+            stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in x.items())
+        elif isinstance(x, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(x))
+        elif isinstance(x, (datetime.date, datetime.time)):
+            return f"'{where}' is a date or time, which no option takes"
+        elif isinstance(x, float) and not math.isfinite(x):
+            return f"'{where}' is {x}, not a finite number"
+        elif isinstance(x, int) and not isinstance(x, bool) and not -(2**63) <= x < 2**63:
+            return f"'{where}' is an integer beyond 64 bits"
+    return None
 
 
 _ALIASES = {
