@@ -25,7 +25,32 @@ from .errors import GEError, InputError, ModelFileError, OptionError
 def _console(stderr: bool = False):
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    # no emoji codes (":x:"), no highlighting: text from a model file prints as it is
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, emoji=False)
+
+
+def _plain(x: Any) -> str:
+    """``x`` as text that rich prints literally (a model's ``x[/b]`` or ``[red]`` is no markup)."""
+    from rich.markup import escape
+
+    return escape(str(x))
+
+
+def output_file_names(names: Sequence[str]) -> list[str]:
+    """A distinct ``.npy`` file name per output, in output order and deterministic: characters
+    other than letters, digits and ``._-`` become ``_`` (at most 100 kept); names that would
+    clash (also on a case-insensitive file system) get ``_2``, ``_3``, ... after the first."""
+    taken: set[str] = set()
+    out = []
+    for i, name in enumerate(names):
+        base = "".join(c if c.isalnum() or c in "._-" else "_" for c in str(name))[:100] or f"output{i}"
+        cand, k = base, 1
+        while cand.lower() in taken:
+            k += 1
+            cand = f"{base}_{k}"
+        taken.add(cand.lower())
+        out.append(cand + ".npy")
+    return out
 
 
 def _guard(fn: Callable[[], int]) -> int:
@@ -109,16 +134,23 @@ def _print_report(report: dict[str, Any], console) -> None:
 
     mem = report.get("memory", {})
     st = report.get("streams", {})
+    mem = mem if isinstance(mem, dict) else {}
+    st = st if isinstance(st, dict) else {}
+
+    def n(v: Any) -> str:
+        return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else _plain(v)
+
     t = Table(title="compile report", show_header=False)
-    t.add_row("nodes before / after", f"{report.get('nodes_before')} / {report.get('nodes_after')}")
-    t.add_row("kernels per inference", str(report.get("kernels")))
-    t.add_row("streams / events", f"{st.get('count')} / {st.get('events')}")
-    t.add_row("arena bytes", f"{mem.get('arena_bytes', 0):,} (lower bound {mem.get('lower_bound_bytes', 0):,}, "
-              f"no reuse {mem.get('no_reuse_bytes', 0):,})")
-    t.add_row("weights bytes", f"{mem.get('weights_bytes', 0):,}")
-    t.add_row("compile seconds", str(report.get("compile_seconds")))
+    t.add_row("nodes before / after", f"{n(report.get('nodes_before'))} / {n(report.get('nodes_after'))}")
+    t.add_row("kernels per inference", n(report.get("kernels")))
+    t.add_row("streams / events", f"{n(st.get('count'))} / {n(st.get('events'))}")
+    t.add_row("arena bytes", f"{n(mem.get('arena_bytes', 0))} (lower bound {n(mem.get('lower_bound_bytes', 0))}, "
+              f"no reuse {n(mem.get('no_reuse_bytes', 0))})")
+    t.add_row("weights bytes", n(mem.get("weights_bytes", 0)))
+    t.add_row("compile seconds", _plain(report.get("compile_seconds")))
     ops = report.get("op_counts", {})
-    t.add_row("ops", ", ".join(f"{k}×{v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])))
+    ops = {str(k): v for k, v in ops.items() if isinstance(v, int)} if isinstance(ops, dict) else {}
+    t.add_row("ops", ", ".join(f"{_plain(k)}×{v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])))
     console.print(t)
 
 
@@ -173,7 +205,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if not args.quiet:
         con = _console()
         _print_report(model.report, con)
-        con.print(f"wrote [bold]{out}[/bold]")
+        con.print(f"wrote [bold]{_plain(out)}[/bold]")
     return 0
 
 
@@ -209,22 +241,43 @@ def cmd_run(args: argparse.Namespace) -> int:
     dt = time.perf_counter() - t0
     for _ in range(max(0, args.repeat - 1)):
         model.run(feeds)
+    files: dict[str, str] = {}
     if args.output_dir:
-        os.makedirs(args.output_dir, exist_ok=True)
-        for i, (name, arr) in enumerate(outs.items()):
-            safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name) or f"output{i}"
-            np.save(os.path.join(args.output_dir, f"{safe}.npy"), arr, allow_pickle=False)
+        files = _save_outputs(outs, args.output_dir)
     if args.json:
-        print(json.dumps({"seconds": dt, "outputs": {k: {"dtype": str(v.dtype), "shape": list(v.shape)} for k, v in outs.items()}}))
+        info = {k: {"dtype": str(v.dtype), "shape": list(v.shape)} for k, v in outs.items()}
+        for k, f in files.items():
+            info[k]["file"] = f
+        print(json.dumps({"seconds": dt, "outputs": info}))
         return 0
     con = _console()
     for name, arr in outs.items():
         stats = ""
         if arr.dtype.kind in "fiu" and arr.size:
             stats = f" min {arr.min():.6g} max {arr.max():.6g} mean {arr.mean():.6g}"
-        con.print(f"{name}: {arr.dtype}{list(arr.shape)}{stats}")
+        saved = f" -> {_plain(files[name])}" if name in files else ""
+        con.print(f"{_plain(name)}: {arr.dtype}{list(arr.shape)}{stats}{saved}")
     con.print(f"ran in {dt * 1000:.2f} ms")
     return 0
+
+
+def _save_outputs(outs: dict[str, np.ndarray], folder: str) -> dict[str, str]:
+    """Save each output as its own .npy in ``folder`` (names from :func:`output_file_names`);
+    returns output name -> path written."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise ModelFileError(f"cannot create output folder '{folder}': {e.strerror or e}") from None
+    files = {}
+    for (name, arr), fname in zip(outs.items(), output_file_names(list(outs))):
+        path = os.path.join(folder, fname)
+        try:
+            np.save(path, arr, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise ModelFileError(f"cannot write output '{name}' to '{path}': {getattr(e, 'strerror', None) or e}",
+                                 hint="check the folder; outputs that are not arrays cannot be saved as .npy") from None
+        files[name] = path
+    return files
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -253,20 +306,22 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     con = _console()
     f = info["file"]
     m = info["model"]
-    con.print(f"[bold]{args.model}[/bold]  format {f.get('format_version')}  producer {m.get('producer')}")
-    con.print(f"inputs:  {', '.join(str(i.get('name')) + ' ' + str(i.get('dtype')) + str(i.get('shape')) for i in (m.get('inputs') or []))}")
-    con.print(f"outputs: {', '.join(str(o) for o in (m.get('outputs') or []))}")
-    con.print(f"nodes: {m.get('nodes')}  constants: {m.get('constants')}  soc_version: {m.get('soc_version')}")
+    con.print(f"[bold]{_plain(args.model)}[/bold]  format {_plain(f.get('format_version'))}  "
+              f"producer {_plain(m.get('producer'))}")
+    ins = ", ".join(f"{i.get('name')} {i.get('dtype')}{i.get('shape')}" for i in (m.get("inputs") or []))
+    con.print(f"inputs:  {_plain(ins)}")
+    con.print(f"outputs: {_plain(', '.join(str(o) for o in (m.get('outputs') or [])))}")
+    con.print(f"nodes: {m.get('nodes')}  constants: {m.get('constants')}  soc_version: {_plain(m.get('soc_version'))}")
     t = Table(title="partitions")
     for c in ("kind", "offset", "size", "alignment", "crc32"):
         t.add_column(c)
     for p in f.get("partitions", []):
-        t.add_row(str(p.get("kind")), str(p.get("offset")), f"{p.get('size'):,}", str(p.get("alignment")), str(p.get('crc32')))
+        t.add_row(_plain(p.get("kind")), str(p.get("offset")), f"{p.get('size'):,}", str(p.get("alignment")), str(p.get('crc32')))
     con.print(t)
     if info.get("report"):
         _print_report(info["report"], con)
     if info.get("memory_plot"):
-        con.print(f"memory plot: {info['memory_plot']}")
+        con.print(f"memory plot: {_plain(info['memory_plot'])}")
     return 0
 
 
@@ -297,10 +352,10 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     for c in ("name", "distribution", "version", "hooks", "provides", "status"):
         t.add_column(c)
     for r in rows:
-        status = "disabled" if r["disabled"] else ("[red]" + "; ".join(r["errors"]) + "[/red]" if r["errors"] else "ok")
-        t.add_row(r["name"], str(r["distribution"] or "-"), str(r["version"] or "-"),
-                  ", ".join(h.replace("ge_register_", "") for h in r["hooks"]),
-                  ", ".join(f"{k} {v}" for k, v in r["provides"].items()), status)
+        status = "disabled" if r["disabled"] else ("[red]" + _plain("; ".join(r["errors"])) + "[/red]" if r["errors"] else "ok")
+        t.add_row(_plain(r["name"]), _plain(r["distribution"] or "-"), _plain(r["version"] or "-"),
+                  _plain(", ".join(h.replace("ge_register_", "") for h in r["hooks"])),
+                  _plain(", ".join(f"{k} {v}" for k, v in r["provides"].items())), status)
     _console().print(t)
     return 0
 
@@ -350,15 +405,15 @@ def cmd_passes(args: argparse.Namespace) -> int:
         t.add_column(c)
     for s in data["stages"]:
         if not s["passes"]:
-            t.add_row(s["stage"], "-", "", "")
+            t.add_row(_plain(s["stage"]), "-", "", "")
         for p in s["passes"]:
-            t.add_row(s["stage"] + (" (fixed point)" if s["fixed_point"] else ""), p["name"], str(p["plugin"]),
-                      ", ".join(f"{k}={v}" for k, v in p["params"].items()))
+            t.add_row(_plain(s["stage"] + (" (fixed point)" if s["fixed_point"] else "")), _plain(p["name"]), _plain(p["plugin"]),
+                      _plain(", ".join(f"{k}={v}" for k, v in p["params"].items())))
     con = _console()
     con.print(t)
     if data["inactive"]:
-        con.print("not in this pipeline: " + ", ".join(f"{p['name']} (O{p['opt_level']})" for p in data["inactive"]))
-    con.print(f"stream allocators: {', '.join(data['stream_allocators'])}; memory planners: {', '.join(data['memory_planners'])}")
+        con.print(_plain("not in this pipeline: " + ", ".join(f"{p['name']} (O{p['opt_level']})" for p in data["inactive"])))
+    con.print(_plain(f"stream allocators: {', '.join(data['stream_allocators'])}; memory planners: {', '.join(data['memory_planners'])}"))
     return 0
 
 
