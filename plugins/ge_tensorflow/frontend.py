@@ -86,7 +86,10 @@ def _strip(tensor_name: str) -> str:
 
 
 def _load_saved_model(path: str, options) -> _Source:
+    from .safety import check_saved_model
+
     tf = _import_tf()
+    check_saved_model(path)  # contained in its folder, no op that touches files or runs Python
     try:
         loaded = tf.saved_model.load(path)
     except Exception as e:
@@ -194,11 +197,14 @@ def _keras_function(model, options, name: str) -> _Source:
 
 
 def _load_keras_file(path: str, options) -> _Source:
+    from .safety import check_keras_file
+
     _import_tf()
     import keras
 
+    check_keras_file(path)  # no Lambda / custom objects (code), no HDF5 data in other files
     try:
-        model = keras.models.load_model(path, compile=False)
+        model = keras.models.load_model(path, compile=False, safe_mode=True)
     except Exception as e:
         raise ModelFileError(
             f"cannot load the Keras model '{path}': {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
@@ -347,6 +353,7 @@ def _resolve_tensor(g, spec: str, src: _Source):
 
 def convert_source(src: _Source, options) -> Graph:
     from .convert import Converter, as_graph_output, tf_type
+    from .safety import check_graph_ops
     from .validate import check_functions, check_graph_def, check_static_sizes, check_unsupported_attrs
 
     tf = _import_tf()
@@ -355,6 +362,7 @@ def convert_source(src: _Source, options) -> Graph:
     shapes = dict(getattr(options, "input_shape", None) or {})
     if shapes:
         _apply_input_shapes(gd, src, shapes)
+    check_graph_ops(gd, src.name)  # nothing that touches files or runs Python reaches grappler
     check_graph_def(gd, src.name)  # what would crash TensorFlow's importer or grappler
     check_unsupported_attrs(gd, src.name)
     out_nodes = [s.strip() for s in (getattr(options, "out_nodes", None) or []) if s.strip()]
@@ -468,6 +476,9 @@ class TensorFlowFrontend(Frontend):
                         hint="give a SavedModel directory, a frozen .pb or a Keras .keras/.h5 file",
                     )
                 return _load_saved_model(path, options)
+            if not os.path.isfile(path):  # a FIFO would block the reader, /dev/zero never ends
+                raise ModelFileError(f"model file '{path}' is not a regular file",
+                                     hint="give a frozen .pb, a SavedModel directory or a Keras .keras/.h5 file")
             base = os.path.basename(path)
             if base in _SAVED_MODEL_FILES and os.path.isdir(os.path.join(os.path.dirname(path) or ".", "variables")):
                 return _load_saved_model(os.path.dirname(path) or ".", options)
