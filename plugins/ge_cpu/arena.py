@@ -22,7 +22,6 @@ arrays of their own, never views of an arena a later run reuses.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from collections.abc import Mapping
@@ -35,7 +34,7 @@ from ge_core.ir.graph import Graph
 from ge_core.kernel import accepts_out
 from ge_core.memory import VIEW_OPS, MemoryPlan, value_size
 
-from .executor import SequentialExecutable, call_step
+from .executor import BLAS, SequentialExecutable, call_step
 
 #: Arena base alignment (covers every buffer alignment a plan may use up to a page).
 ARENA_BASE_ALIGNMENT = 4096
@@ -157,9 +156,7 @@ class ArenaExecutable(SequentialExecutable):
     def run(self, feeds: Mapping[str, Any]) -> list[Any]:
         ctx = self._acquire()
         try:
-            threads = getattr(self, "threads", None)
-            limit = _blas_limit(threads) if threads else contextlib.nullcontext()
-            with limit:
+            with BLAS.run(self.threads):
                 return self._execute(ctx, feeds)
         finally:
             self._release(ctx)
@@ -217,10 +214,3 @@ def _fmt(v: Any) -> str:
     if isinstance(v, list):
         return f"seq[{len(v)}]"
     return f"{getattr(v, 'dtype', '?')}{list(getattr(v, 'shape', ()))}"
-
-
-def _blas_limit(n: int):
-    from . import executor
-
-    limit = getattr(executor, "_blas_limit", None)
-    return limit(n) if limit is not None else contextlib.nullcontext()

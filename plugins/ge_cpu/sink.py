@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextvars
 import linecache
-import os
 import sys
 import threading
 from collections.abc import Mapping
@@ -291,8 +290,6 @@ class StreamSinkExecutable(SinkExecutable):
     def __init__(self, graph: Graph, kernels, options, plan: MemoryPlan, streams) -> None:
         self.assignment = streams
         super().__init__(graph, kernels, options, plan)
-        if not self.threads and self.stream_count > 1:
-            self.threads = max(1, (os.cpu_count() or 1) // self.stream_count)
 
     def _stream_layout(self):
         sa = self.assignment

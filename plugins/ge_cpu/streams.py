@@ -16,7 +16,6 @@ nothing waits forever.
 from __future__ import annotations
 
 import contextvars
-import os
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -56,9 +55,9 @@ class MultiStreamExecutable(ArenaExecutable):
             self.waits.setdefault(step_of[order[dst]], []).append(step_of[order[src]])
             self.records.add(step_of[order[src]])
         self.stream_count = streams.count
-        if not self.threads and self.stream_count > 1:
-            # one BLAS thread per stream by default, so streams do not fight over the cores
-            self.threads = max(1, (os.cpu_count() or 1) // self.stream_count)
+        # BLAS threads: the same count as every other executor (the ``threads`` option, else the
+        # process's baseline), so a schedule's streams never change a result's bits; the worker
+        # threads run in the caller's context and never set the count themselves (BlasThreads)
 
     def _execute(self, ctx, feeds: Mapping[str, Any]) -> list[Any]:
         env = self._start(ctx, feeds)

@@ -1,5 +1,5 @@
 """ge_cpu executor features: control flow with captures, one error for every unsupported node,
-the out= protocol of the hot kernels, BLAS thread limits per run, and ``ge ops``."""
+the out= protocol of the hot kernels, BLAS thread counts per run, and ``ge ops``."""
 
 from __future__ import annotations
 
@@ -206,15 +206,17 @@ def test_threads_option_limits_blas_only_during_runs():
     before = _blas_threads()
     if not before:
         pytest.skip("no BLAS found by threadpoolctl")
-    seen: list[list[int]] = []
-    from ge_cpu import executor
+    from ge_cpu.executor import BLAS, blas_threads
 
-    with executor._blas_limit(1):
+    seen: list[list[int]] = []
+    with blas_threads(1) as counts:
         seen.append(_blas_threads())
-        with executor._blas_limit(3):  # nested runs keep the outer limit
+        with blas_threads(3) as inner:  # a nested run keeps its run's count
             seen.append(_blas_threads())
+    assert counts == inner == (1,) * len(before)
     assert seen[0] == [1] * len(before) and seen[1] == [1] * len(before)
     assert _blas_threads() == before  # restored: no leakage into other models or the process
+    assert BLAS.current() is None and BLAS.baseline() == tuple(before)
 
     g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "mm",
                           [_vi("a", [64, 64]), _vi("b", [64, 64])], [_vi("c", [64, 64])])
