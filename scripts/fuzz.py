@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "fuzz"))
 
 import fuzz_engine  # noqa: E402
 
-TARGETS = ("onnx", "om", "config", "switch", "tensorflow")
+TARGETS = ("onnx", "om", "config", "switch", "tensorflow", "codegen")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -162,6 +162,9 @@ def _np_relu(x, out=None):
 
 def _np_leaky(x, out=None, alpha=0.01):
     t = np.multiply(x, x.dtype.type(alpha))
+    if math.isnan(alpha):  # neither max nor min: x where x >= 0, NaN elsewhere
+        r = np.where(x >= 0, x, t)
+        return r if out is None else np.copyto(out, r) or out
     return np.maximum(x, t, out=out) if alpha <= 1 else np.minimum(x, t, out=out)
 
 

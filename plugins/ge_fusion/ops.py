@@ -119,7 +119,7 @@ def _check_program(node, attr: str, n_inputs: int, anchor: bool, required: bool)
     try:
         codegen.loads(text, n_inputs=n_inputs, anchor=anchor)
     except ValueError as e:
-        raise _bad(node, f"bad {attr} program: {e}") from None
+        raise _bad(node, f"bad {attr}: {e}") from None
 
 
 def check_node(node) -> None:

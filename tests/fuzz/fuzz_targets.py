@@ -1,5 +1,6 @@
 """The fuzz targets: ONNX frontend, .om loader, pipeline config (TOML), fusion switch JSON,
-TensorFlow frontend (frozen GraphDef .pb).
+TensorFlow frontend (frozen GraphDef .pb), and generated source (fused programs and names in
+compiled and source models: nothing a model holds may run as code).
 
 Each target keeps a handful of small valid seeds and mixes two kinds of mutation:
 
@@ -1511,8 +1512,406 @@ class TfTarget(Target):
         return "compiled+saved"
 
 
+# ================================================================================================
+# generated source: fused programs and every other string that could reach generated code
+# ================================================================================================
+def codegen_seed_models():
+    """Small ONNX models whose compilation makes every kind of compiler-internal node: FusedConv
+    with a residual+activation epilogue, FusedElemwise, FusedMatMul with an epilogue, Softmax,
+    LayerNorm, and a FusedElemwise with attributes (Clip, HardSigmoid, Elu, LeakyRelu)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    f32 = TensorProto.FLOAT
+    vi = helper.make_tensor_value_info
+
+    def arr(name, *shape):
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    def model(nodes, inputs, outputs, inits):
+        g = helper.make_graph(nodes, "g", inputs, outputs, inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        return m
+
+    mk = helper.make_node
+    conv = model([mk("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                  mk("Add", ["c", "res"], ["c2"]),
+                  mk("Relu", ["c2"], ["r"]),
+                  mk("Sigmoid", ["r"], ["s"]),
+                  mk("Mul", ["s", "r"], ["m"]),
+                  mk("LeakyRelu", ["m"], ["y"], alpha=0.3),
+                  mk("MatMul", ["q", "wm"], ["mm"]),
+                  mk("Add", ["mm", "bm"], ["mb"]),
+                  mk("Tanh", ["mb"], ["th"]),
+                  mk("LayerNormalization", ["th", "gamma", "beta"], ["ln"], axis=-1),
+                  mk("Softmax", ["ln"], ["z"], axis=-1)],
+                 [vi("x", f32, [1, 3, 4, 4]), vi("q", f32, [2, 8])], [vi("y", f32, None), vi("z", f32, None)],
+                 [arr("w", 4, 3, 3, 3), arr("b", 4), arr("res", 1, 4, 4, 4), arr("wm", 8, 8), arr("bm", 8),
+                  arr("gamma", 8), arr("beta", 8)])
+    lo = numpy_helper.from_array(np.array(-0.5, np.float32), "lo")
+    hi = numpy_helper.from_array(np.array(0.7, np.float32), "hi")
+    attrs = model([mk("Add", ["u", "k"], ["a"]),
+                   mk("Clip", ["a", "lo", "hi"], ["cl"]),
+                   mk("HardSigmoid", ["cl"], ["hs"], alpha=0.3, beta=0.4),
+                   mk("Elu", ["hs"], ["el"], alpha=0.7),
+                   mk("Mul", ["el", "u"], ["v"])],
+                  [vi("u", f32, [3, 5])], [vi("v", f32, None)], [arr("k", 5), lo, hi])
+    return {"conv": conv, "attrs": attrs}
+
+
+def with_node(m, node, nested: bool) -> bytes:
+    """ONNX model ``m`` (changed in place) serialized with ``node`` (output ``fz``, reading the
+    first graph input) added as a graph output, or inside the then-branch of an If (``nested``)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = m.graph
+    x = g.input[0].name
+    if nested:
+        branch = helper.make_graph([node], "then", [], [helper.make_tensor_value_info("fz", TensorProto.FLOAT, None)])
+        other = helper.make_graph([helper.make_node("Identity", [x], ["fz2"])], "else", [],
+                                  [helper.make_tensor_value_info("fz2", TensorProto.FLOAT, None)])
+        g.initializer.append(numpy_helper.from_array(np.array(True), "cond"))
+        g.node.append(helper.make_node("If", ["cond"], ["fzo"], then_branch=branch, else_branch=other))
+        g.output.append(helper.make_tensor_value_info("fzo", TensorProto.FLOAT, None))
+    else:
+        g.node.append(node)
+        g.output.append(helper.make_tensor_value_info("fz", TensorProto.FLOAT, None))
+    m.opset_import.append(helper.make_opsetid(node.domain, 1))
+    return m.SerializeToString()
+
+
+def read_om(path: str) -> tuple[dict, bytes]:
+    """The JSON model definition and the weights blob of an .om."""
+    from ge_core.om import read_model_definition
+    from ge_core.om_container import read_container
+
+    with read_container(path) as c:
+        return read_model_definition(path, c), bytes(c.partition("weights"))
+
+
+def write_om(path: str, definition: dict, blob: bytes) -> bytes:
+    """Write ``definition`` (possibly hostile) and ``blob`` as a valid .om container; its bytes."""
+    from ge_core.om_container import write_container
+
+    try:
+        text = json.dumps(definition, allow_nan=True).encode("utf-8")
+    except (ValueError, RecursionError):
+        text = b"{}"
+    write_container(path, [("model", text, 8), ("weights", blob, 4096)], producer="fuzz")
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def internal_nodes(definition: dict) -> list[dict]:
+    """The compiler-internal (ge.fused) nodes of an .om's model definition."""
+    nodes = (definition.get("graph") or {}).get("nodes") or []
+    return [n for n in nodes if isinstance(n, dict) and n.get("domain") == "ge.fused"]
+
+
+class Canary:
+    """A file and an environment variable that a payload running as code would create; checked
+    after every case."""
+
+    def __init__(self, workdir: str) -> None:
+        self.path = os.path.join(workdir, "canary", "PWNED")
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self.env = "GE_CODEGEN_CANARY"
+        os.environ.pop(self.env, None)
+        acts = [f"__import__('pathlib').Path({self.path!r}).touch()",
+                f"open({self.path!r},'w').write('x')",
+                f"__import__('os').environ.__setitem__({self.env!r},'1')",
+                f"__import__('os').system('touch {self.path}')",
+                f"[c for c in ().__class__.__base__.__subclasses__() if c.__name__=='Popen'][0](['touch',{self.path!r}])"]
+        wraps = ["{p}", "0.1, x={p}", "a0) or {p} or (a0", "a0, out=out) if {p} else (a0", "\n{p}\n", "'; {p}; '",
+                 '"); {p}; ("', "# x\n{p}", "alpha=({p}), beta", "t0\n    {p}\n    #", "y)]; {p}; [(y", "1)\n{p}\n(1"]
+        self.payloads = [w.replace("{p}", a) for a in acts for w in wraps]
+
+    def triggered(self) -> str | None:
+        if os.path.exists(self.path):
+            return f"the canary file {self.path} was created"
+        if os.environ.get(self.env):
+            return f"the canary variable {self.env} was set"
+        return None
+
+
+#: strings and values a hostile program tries (plus the canary payloads)
+_CG_NAMES = ["__class__", "__globals__", "__builtins__", "__import__", "a0.__class__", "nan", "inf", "1e999", "exec",
+             "eval", "lambda: 0", "out", "np", "_dt", "kernel", "alpha", "approximate", "min", "max", "beta", "x", "",
+             " ", "a0", "\u00e9", "a\u0661", "K0", "v0", "math"]
+_CG_VALUES: list[Any] = [float("nan"), float("inf"), float("-inf"), 10**400, -(10**30), 2**63, 1e308, -0.0, True,
+                         None, [1, [2, [3]]], {"a": 1}, "tanh", "none", "0.3", 0.3, 7, "", []]
+_CG_REFS: list[Any] = ["a0", "a1", "a2", "a7", "a99999999999", "t0", "t1", "t9", "t-1", "y", "a01", "a\u0661", "a-1",
+                       "", "a", "t", "Y", 5, None, ["a0"], "a0 ", "a0\n"]
+
+
+class CodegenTarget(Target):
+    """Generated-source inputs: random attribute keys and values (quotes, newlines,
+    ``__import__``, dunders, huge numbers, NaN, nested lists), refs and op names in the programs
+    of every compiler-internal op, and hostile node / value / graph names. Each case is either a
+    compiled .om whose internal nodes were mutated (loaded, run, and its sink source inspected
+    through ``ge run`` / ``ge inspect --source``) or a source .onnx carrying an internal node (which
+    must be refused). A canary file and environment variable, that every payload tries to make,
+    must never appear; every case ends in a result or a GEError."""
+
+    name = "codegen"
+    #: cases that turn the compiled loops on (numba compiles each new program: slow)
+    loop_share = 0.03
+    onnx_share = 0.3
+
+    def warm_up(self) -> None:
+        import ge_core as ge
+
+        models = codegen_seed_models()
+        for m in models.values():
+            ge.compile(m.SerializeToString())
+        import ge_core.cli  # noqa: F401
+
+    def setup(self, workdir: str) -> None:
+        super().setup(workdir)
+        import ge_core as ge
+        from ge_core.plugins import registries
+
+        self.canary = Canary(workdir)
+        self.path = os.path.join(workdir, "case.om")
+        self.onnx_models = codegen_seed_models()
+        self.seeds: list[tuple[str, dict, bytes]] = []
+        for n, m in self.onnx_models.items():
+            p = os.path.join(workdir, f"seed_{n}.om")
+            ge.compile(m.SerializeToString()).save(p)
+            d, blob = read_om(p)
+            assert internal_nodes(d), f"seed {n} has no internal node"
+            self.seeds.append((n, d, blob))
+        ops = registries().ops
+        self.internal = sorted((d.domain, d.op_type) for d in ops.values() if d.internal)
+        assert self.internal and ops.internal_domains() == {"ge.fused"}, ops.internal_domains()
+        from ge_fusion import codegen
+
+        self.step_ops = sorted(codegen.OPS)
+        self.schema_keys = sorted({k for f in codegen.OPS.values() for k in f.attrs})
+        self.programs = [n["attrs"][a]["s"] for _, d, _ in self.seeds for n in internal_nodes(d)
+                         for a in ("program", "epilogue") if a in n.get("attrs", {})]
+
+    # -- mutations ---------------------------------------------------------------------------------
+    def _word(self, rng: random.Random) -> Any:
+        r = rng.random()
+        if r < 0.4:
+            return rng.choice(self.canary.payloads)
+        if r < 0.7:
+            return rng.choice(_CG_NAMES + self.schema_keys)
+        return _weird_str(rng)
+
+    def _value(self, rng: random.Random) -> Any:
+        r = rng.random()
+        if r < 0.3:
+            return self._word(rng)
+        if r < 0.5:
+            return _weird_float(rng)
+        if r < 0.6:
+            return _weird_int(rng)
+        return copy.deepcopy(rng.choice(_CG_VALUES))
+
+    def _program(self, rng: random.Random) -> tuple[Any, str]:
+        """A mutated program: a list of steps (mostly), or something else entirely."""
+        steps = json.loads(rng.choice(self.programs))
+        kinds: list[str] = []
+        for _ in range(rng.choice((1, 1, 2, 3))):
+            try:
+                self._mutate_steps(steps, rng, kinds)
+            except (TypeError, IndexError, KeyError, AttributeError):
+                kinds.append("skip")  # an earlier edit broke the step's shape
+            if kinds and kinds[-1] in ("raw", "long"):
+                break
+        if kinds and kinds[-1] == "raw":
+            return self._value(rng), "raw"
+        if kinds and kinds[-1] == "long":
+            steps = [["Relu", ["a0" if i == 0 else f"t{i - 1}"], {}] for i in range(rng.choice((100, 4097)))]
+        return steps, "+".join(kinds)
+
+    def _mutate_steps(self, steps: list, rng: random.Random, kinds: list[str]) -> None:
+        """One edit of ``steps`` in place, named in ``kinds`` ("raw" / "long": replace them)."""
+        r = rng.random()
+        st = rng.choice(steps) if steps else None
+        if r < 0.25 and st is not None:
+            st[2][self._word(rng) if rng.random() < 0.7 else rng.choice(self.schema_keys)] = self._value(rng)
+            kinds.append("attr")
+        elif r < 0.4 and st is not None and st[2]:
+            st[2][rng.choice(list(st[2]))] = self._value(rng)
+            kinds.append("attr-value")
+        elif r < 0.55 and st is not None:
+            refs = st[1]
+            new = rng.choice(_CG_REFS) if rng.random() < 0.6 else self._word(rng)
+            if refs and rng.random() < 0.7:
+                refs[rng.randrange(len(refs))] = new
+            else:
+                refs.append(new)
+            kinds.append("ref")
+        elif r < 0.7 and st is not None:
+            st[0] = rng.choice(self.step_ops) if rng.random() < 0.5 else self._word(rng)
+            kinds.append("op")
+        elif r < 0.8:
+            op = rng.choice(self.step_ops)
+            steps.append([op, [rng.choice(_CG_REFS) for _ in range(rng.randint(0, 3))],
+                          {rng.choice(self.schema_keys): self._value(rng)} if rng.random() < 0.5 else {}])
+            kinds.append("step")
+        elif r < 0.85:
+            kinds.append("long")
+        elif r < 0.9 and st is not None:
+            st[rng.randrange(3)] = self._value(rng)
+            kinds.append("shape")
+        else:
+            kinds.append("raw")
+
+    def _rename(self, d: dict, rng: random.Random) -> str:
+        """Give a value (everywhere it is named), a node or the graph a hostile name."""
+        g = d.get("graph") or {}
+        new = self._word(rng) if rng.random() < 0.8 else "x" + "\n" * rng.randint(1, 3) + self._word(rng)
+        r = rng.random()
+        if r < 0.3:
+            g["name"] = new
+            return "graph-name"
+        nodes = [n for n in g.get("nodes") or [] if isinstance(n, dict)]
+        if r < 0.5 and nodes:
+            rng.choice(nodes)["name"] = new
+            return "node-name"
+        names = [v["name"] for v in (g.get("inputs") or []) + (g.get("constants") or []) if isinstance(v, dict)]
+        names += [o["name"] for n in nodes for o in n.get("outputs") or [] if isinstance(o, dict)]
+        if not names:
+            return "none"
+        old = rng.choice(names)
+
+        def sub(x: Any) -> Any:
+            if isinstance(x, dict):
+                return {(new if k == old else k): sub(v) for k, v in x.items()}
+            if isinstance(x, list):
+                return [sub(v) for v in x]
+            return new if x == old else x
+
+        d["graph"] = sub(g)
+        if isinstance(d.get("memory_plan"), dict):
+            d["memory_plan"] = sub(d["memory_plan"])
+        return "value-name"
+
+    def _mutate_om(self, d: dict, rng: random.Random) -> str:
+        kinds = []
+        for _ in range(rng.choice((1, 1, 2))):
+            nodes = internal_nodes(d)
+            r = rng.random()
+            n = rng.choice(nodes) if nodes else None
+            if n is None:
+                break
+            attrs = n.setdefault("attrs", {})
+            if r < 0.55:
+                prog, what = self._program(rng)
+                key = rng.choice(["program", "epilogue"]) if rng.random() < 0.2 else \
+                    ("program" if n.get("op") == "FusedElemwise" else "epilogue")
+                try:
+                    text = json.dumps(prog, allow_nan=True) if not isinstance(prog, str) or rng.random() < 0.5 else prog
+                except (ValueError, RecursionError):
+                    text = "[]"
+                attrs[key] = {"s": text}
+                kinds.append(f"program:{what}")
+            elif r < 0.7:
+                domain, op = rng.choice(self.internal)
+                n["op"] = op if rng.random() < 0.8 else self._word(rng)
+                kinds.append("node-op")
+            elif r < 0.85:
+                key = rng.choice(["approximate", "axis", "scale", "epsilon", "transA", "alpha", "group", "pads",
+                                  "auto_pad"]) if rng.random() < 0.6 else self._word(rng)
+                v = self._value(rng)
+                kind = "s" if isinstance(v, str) else "f" if isinstance(v, float) else "i" if type(v) is int else \
+                    rng.choice(["s", "i", "f", "list"])
+                attrs[key] = {kind: v}
+                kinds.append("node-attr")
+            else:
+                kinds.append(self._rename(d, rng))
+        return "+".join(kinds)
+
+    # -- cases -------------------------------------------------------------------------------------
+    def case(self, rng: random.Random, index: int, ctx: dict[str, Any]) -> str:
+        os.environ["GE_FUSION_JIT"] = "1" if rng.random() < self.loop_share else "0"
+        try:
+            if rng.random() < self.onnx_share:
+                return self._onnx_case(rng, ctx)
+            return self._om_case(rng, ctx)
+        finally:
+            os.environ.pop("GE_DEBUG", None)
+            hit = self.canary.triggered()
+            if hit:
+                raise OracleViolation(f"a payload ran: {hit} ({ctx['mutation']})")
+
+    def _om_case(self, rng: random.Random, ctx: dict[str, Any]) -> str:
+        import contextlib
+        import io
+
+        import ge_core as ge
+        from ge_core.cli import main as ge_main
+
+        name, d, blob = rng.choice(self.seeds)
+        dd = copy.deepcopy(d)
+        what = self._mutate_om(dd, rng)
+        ctx["mutation"] = f"om:{what} (seed {name})"
+        ctx["input"] = write_om(self.path, dd, blob)
+        r = rng.random()
+        if r < 0.15:
+            # the commands: GE_DEBUG makes them raise instead of printing an exit status
+            os.environ["GE_DEBUG"] = "1"
+            out = io.StringIO()
+            inspect = r < 0.08
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+                ge_main(["inspect", self.path, "--source"] if inspect else ["run", self.path, "--json"])
+            if inspect:
+                self._check_source(out.getvalue(), ctx)
+            return "inspected" if inspect else "command-ran"
+        model = ge.load_om(self.path)
+        self._check_source(getattr(model.executable, "source", "") or "", ctx)
+        if rng.random() < 0.6:
+            from ge_core.cli import random_feeds
+
+            model.run(random_feeds(model, 0))
+            return "ran"
+        return "loaded"
+
+    def _check_source(self, src: str, ctx: dict[str, Any]) -> None:
+        """Generated executor source holds no string and nothing of a payload."""
+        for bad in ("'", '"', "__", "import", "#", "canary"):
+            if bad in src:
+                raise OracleViolation(f"generated source contains {bad!r} ({ctx['mutation']})")
+
+    def _onnx_case(self, rng: random.Random, ctx: dict[str, Any]) -> str:
+        from onnx import helper
+
+        import ge_core as ge
+
+        name = rng.choice(list(self.onnx_models))
+        m = copy.deepcopy(self.onnx_models[name])
+        domain, op = rng.choice(self.internal)
+        prog, what = self._program(rng)
+        try:
+            text = json.dumps(prog, allow_nan=True) if not isinstance(prog, str) else prog
+        except (ValueError, RecursionError):
+            text = "[]"
+        attrs = {rng.choice(["program", "epilogue"]): text}
+        if rng.random() < 0.3:
+            attrs[str(self._word(rng))] = str(self._value(rng))
+        x = m.graph.input[0].name
+        node = helper.make_node(op, [x] * (3 if op in ("FusedConv", "FusedMatMul", "Attention") else 1), ["fz"],
+                                domain=domain, name=str(self._word(rng)), **attrs)
+        nested = rng.random() < 0.3
+        data = with_node(m, node, nested)
+        ctx["mutation"] = f"onnx:{op}{'-nested' if nested else ''}:{what} (seed {name})"
+        ctx["input"] = data
+        if rng.random() < 0.5:
+            ge.load(data)
+        else:
+            ge.compile(data)
+        raise OracleViolation(f"a source model with a {domain}::{op} node was accepted ({ctx['mutation']})")
+
+
 TARGETS: dict[str, type[Target]] = {"onnx": OnnxTarget, "om": OmTarget, "config": ConfigTarget, "switch": SwitchTarget,
-                                     "tensorflow": TfTarget}
+                                     "tensorflow": TfTarget, "codegen": CodegenTarget}
 
 
 class SelfTestTarget(Target):
