@@ -25,11 +25,12 @@ from __future__ import annotations
 import json
 import os
 import zipfile
-from collections.abc import Iterator
 from typing import Any
 
 from ge_core.errors import ModelFileError
 from ge_sdk.paths import check_folder_contained, contained_file
+
+from .validate import graph_nodes
 
 #: Ops refused in any graph read from outside.
 DENIED_OPS = frozenset({
@@ -50,21 +51,13 @@ _HINT = ("a model file must be data: GE refuses ops that read or write files or 
          "freeze the inference graph without them (load the data as model inputs instead)")
 
 
-def _nodes(gd) -> Iterator[tuple[str, Any]]:
-    for n in gd.node:
-        yield "", n
-    for f in gd.library.function:
-        for n in f.node_def:
-            yield f"function '{f.signature.name}': ", n
-
-
 def check_graph_ops(gd, source: str, *, allow_assets: bool = False) -> None:
     """Refuse a GraphDef with an op of :data:`DENIED_OPS`, a ``Debug*`` op or ``PrintV2`` to a file.
 
     ``allow_assets`` lets a SavedModel initialize lookup tables from text files (its assets, whose
     paths :func:`check_saved_model` has checked).
     """
-    for where, n in _nodes(gd):
+    for where, n in graph_nodes(gd):
         op = n.op
         if allow_assets and op in ("InitializeTableFromTextFile", "InitializeTableFromTextFileV2"):
             continue

@@ -75,7 +75,9 @@ def _fail(source: str, where: str, node, message: str, hint: str) -> None:
 _CORRUPT = "the GraphDef is corrupt; re-export the frozen graph from the original model"
 
 
-def _nodes(gd) -> Iterator[tuple[str, Any]]:
+def graph_nodes(gd) -> Iterator[tuple[str, Any]]:
+    """``(where, node)`` for every node of ``gd``'s main graph (``where`` is ``""``) and of its
+    function library (``where`` is ``"function 'f': "``, to prefix messages)."""
     for n in gd.node:
         yield "", n
     for f in gd.library.function:
@@ -97,7 +99,7 @@ def _dtype(enum: int):
 
 def check_graph_def(gd, source: str) -> None:
     """Refuse (ModelFileError) what makes TensorFlow's importer or grappler crash or blow up."""
-    for where, n in _nodes(gd):
+    for where, n in graph_nodes(gd):
         for ref in n.input:
             _check_reference(source, where, n, ref)
         for key in sorted(n.attr):
@@ -249,7 +251,7 @@ def check_unsupported_attrs(gd, source: str) -> None:
     (a negative rank reaches a CHECK). The mapper supports ``batch_dims`` = 0 only."""
     from ge_core.errors import UnsupportedOpError
 
-    for where, n in _nodes(gd):
+    for where, n in graph_nodes(gd):
         if n.op in ("GatherV2", "ResourceGather") and "batch_dims" in n.attr:
             bd = n.attr["batch_dims"]
             if bd.WhichOneof("value") == "i" and bd.i != 0:
