@@ -253,6 +253,7 @@ class CompileOptions:
             if k not in names:
                 raise OptionError(f"unknown compile option '{k}'{close_matches(str(k), names)}")
             if k == "extra":
+                v = _flatten_legacy_extra(v)
                 if not isinstance(v, Mapping) or not all(isinstance(x, str) and x not in names for x in v):
                     raise OptionError(f"option extra must map plugin option names to values, not {v!r:.60}")
                 opts.extra = dict(v)
@@ -277,6 +278,15 @@ class CompileOptions:
         d = dataclasses.asdict(self)
         d["input_shape"] = {k: list(v) for k, v in self.input_shape.items()}
         return d
+
+
+def _flatten_legacy_extra(v: Any) -> Any:
+    """Plugin options as ge 0.1.0 re-saved a loaded model: nested as ``extra.extra`` (its loader
+    nested them, its writer kept that); the inner ones are the model's, the outer set later."""
+    while isinstance(v, Mapping) and isinstance(v.get("extra"), Mapping):
+        outer = {a: b for a, b in v.items() if a != "extra"}
+        v = {**v["extra"], **outer}
+    return v
 
 
 def _option_type(default: Any) -> type | None:

@@ -329,6 +329,15 @@ def test_every_option_roundtrips(tmp_path):
     assert loaded.memory_plan.planner == model.memory_plan.planner == "none"  # disable_reuse_memory
 
 
+def test_options_nested_by_the_old_loader_are_read(tmp_path, diamond_model):
+    """ge 0.1.0 nested plugin options as extra.extra on load, and kept that on re-save."""
+    d, blob = definition(diamond_model)
+    d["options"]["extra"] = {"extra": {"extra": {"executor": "arena"}, "memory_alignment": 64}}
+    loaded = ge.load_om(write(tmp_path, d, blob))
+    assert loaded.options.extra == {"executor": "arena", "memory_alignment": 64}
+    assert type(loaded.executable).__name__.startswith("Arena")
+
+
 def test_update_takes_as_dict_output():
     opts = ge.CompileOptions.from_any({"executor": "sink", "max_streams": 2})
     again = ge.CompileOptions.from_any(opts.as_dict())
