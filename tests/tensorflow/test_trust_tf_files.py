@@ -147,7 +147,9 @@ def _dense_model(with_lambda: bool, canary=None):
     i = keras.Input((4,), name="x")
     y = keras.layers.Dense(3, name="dense")(i)
     if with_lambda:
-        def f(t, canary=os.fspath(canary)):
+        canary_path = os.fspath(canary)
+
+        def f(t, canary=canary_path):
             open(canary, "w").close()  # runs whenever the layer is called: at build, or when loaded
             return t * 2.0
         y = keras.layers.Lambda(f, name="evil_lambda")(y)
