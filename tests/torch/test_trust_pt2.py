@@ -255,3 +255,52 @@ def test_corrupt_archives_are_model_file_errors(saved, tmp_path, case):
     with pytest.raises(ModelFileError) as err:
         ge.load(path)
     assert "bad.pt2" in str(err.value)
+
+
+def _json_paths(x, pre=()):
+    out = [pre]
+    if isinstance(x, dict):
+        for k, v in x.items():
+            out += _json_paths(v, pre + (k,))
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            out += _json_paths(v, pre + (i,))
+    return out
+
+
+_FUZZ_VALUES = [None, 0, -1, 1 << 70, 2**63 - 1, 1.5, float("nan"), "", "x", "__class__", "torch.os.system",
+                "a" * 5000, [], {}, [1, 2], {"as_int": 3}, {"as_expr": {"expr_str": "s0*2"}}, True,
+                "Symbol('s0')", "-Infinity", "x=1", "s0\n__import__('os')"]
+
+
+def test_mutated_programs_and_configs_never_raise_raw_exceptions(saved, tmp_path):
+    """A small seeded campaign: random values put into, and keys removed from, the program JSON
+    and the weights config. Each case loads or is a GEError (never a raw exception)."""
+    import random
+
+    from ge_core.errors import GEError
+
+    root, entries = _entries(saved[0])
+    rng = random.Random(15)
+    raw = []
+    for i in range(120):
+        e = dict(entries)
+        name = "models/model.json" if rng.random() < 0.8 else "data/weights/model_weights_config.json"
+        d = json.loads(e[name])
+        for _ in range(rng.randint(1, 3)):
+            path = rng.choice([p for p in _json_paths(d) if p])
+            cur = d
+            for k in path[:-1]:
+                cur = cur[k]
+            if isinstance(cur, dict) and rng.random() < 0.3:
+                del cur[path[-1]]
+            else:
+                cur[path[-1]] = rng.choice(_FUZZ_VALUES)
+        e[name] = json.dumps(d).encode()
+        try:
+            ge.load(_write(os.fspath(tmp_path / "f.pt2"), root, e))
+        except GEError:
+            pass
+        except Exception as ex:  # noqa: BLE001 - what the test looks for
+            raw.append(f"case {i}: {type(ex).__name__}: {str(ex)[:200]}")
+    assert not raw, "\n".join(raw)
