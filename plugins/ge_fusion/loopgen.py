@@ -449,6 +449,13 @@ def rowsum(r):
     return s
 '''
 
+#: the row kernels' source is fixed text; it is checked like generated code all the same
+_ROW_VOCAB = gensrc.Vocabulary(
+    names=frozenset({"layernorm", "softmax", "rowsum", "x", "gamma", "beta", "eps", "out", "n", "d", "inv", "ONE",
+                     "ZERO", "EXP", "ROWSUM", "math", "range", "i", "k", "r", "o", "s", "m", "v", "t", "rs", "xf", "of",
+                     "b", "mi"}),
+    attributes=frozenset({"shape", "reshape", "sqrt"}))
+
 _rows: dict[tuple[str, str], Any] = {}
 
 
@@ -477,7 +484,7 @@ def row_kernel(kind: str, dtype: Any) -> Any:
     if dt == np.float64:
         ns["EXP"] = numba.njit(inline="always")(lambda v: math.exp(v))
     t0 = time.perf_counter()
-    exec(compile(_ROW_SRC, "<ge_fusion rows>", "exec"), ns)  # noqa: S102 - our own code
+    exec(gensrc.compile_checked(_ROW_SRC, "<ge_fusion rows>", _ROW_VOCAB), ns)  # noqa: S102 - our own code, checked
     flags = {"reassoc", "nsz"}
     if kind == "layernorm":
         fn = numba.njit(nt.void(ro2, ro1, ro1, scalar, rw2), nogil=True, error_model="numpy",
