@@ -307,7 +307,7 @@ def graph_to_dict(graph: Graph, weights: WeightWriter, depth: int = 0) -> dict[s
                 raise GraphError(f"{where} imports opset {dom!r} version {ver!r}; an .om holds versions 0.."
                                  f"{LIMITS.opset_version} (limit opset_version)")
         d["opset_imports"] = {str(k): int(v) for k, v in graph.opset_imports.items()}
-        d["metadata"] = {k: v for k, v in graph.metadata.items() if _jsonable(v)}
+        d["metadata"] = {k: v for k, v in graph.metadata.items() if isinstance(k, str) and _jsonable(v)}
     for n in graph.nodes:
         what = f"node '{n.name[:80]}' of {where}"
         nd: dict[str, Any] = {
@@ -320,7 +320,7 @@ def graph_to_dict(graph: Graph, weights: WeightWriter, depth: int = 0) -> dict[s
             nd["domain"] = n.domain
         if n.attrs:
             nd["attrs"] = {k: _enc_attr(a, weights, n, k, depth) for k, a in n.attrs.items()}
-        meta = {k: v for k, v in n.meta.items() if _jsonable(v)}
+        meta = {k: v for k, v in n.meta.items() if isinstance(k, str) and _jsonable(v)}
         if meta:
             nd["meta"] = meta
         d["nodes"].append(nd)
