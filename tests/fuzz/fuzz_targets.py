@@ -649,6 +649,10 @@ class OmTarget(Target):
                 if rng.random() < 0.3:
                     e["shape"] = [rng.choice([2**20, 2**31, 2**40, 0, 1]) for _ in range(rng.randint(1, 3))]
                 what = f"weights:{key}"
+            elif rng.random() < 0.4:  # memory plan, streams, options, report (om_mutations.py)
+                from om_mutations import mutate_stored
+
+                what = "stored:" + mutate_stored(dd, rng)
             else:
                 what = "json:" + _json_mutate(dd, rng)
             b = blob
@@ -676,6 +680,9 @@ class OmTarget(Target):
             label = "inspected"
         model = ge.load_om(self.path, verify_checksums=verify)
         model.input_names, model.output_names, model.report  # noqa: B018
+        from om_mutations import check_loaded
+
+        check_loaded(model, ctx)  # a stored plan/assignment/option that loads never gives wrong values
         return label
 
 
