@@ -520,8 +520,9 @@ def test_run_output_dir_keeps_every_output(tmp_path):
 def test_tomli_is_used_where_tomllib_is_missing(tmp_path):
     """On Python 3.10 there is no tomllib: options reads TOML with tomli (the same parser)."""
     code = (
-        "import sys, tomllib\n"
-        "sys.modules['tomli'] = tomllib\n"  # stands in for the tomli distribution
+        "import sys\n"
+        "try:\n    import tomllib as real\nexcept ImportError:\n    import tomli as real\n"
+        "sys.modules['tomli'] = real\n"  # stands in for the tomli distribution (on 3.11+)
         "sys.modules['tomllib'] = None\n"   # import tomllib now fails, as on 3.10
         "sys.version_info = (3, 10, 14, 'final', 0)\n"
         "import ge_core.options as o\n"
