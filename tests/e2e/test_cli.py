@@ -132,6 +132,19 @@ def test_bad_input_to_run(squeezenet_om, tmp_path):
     assert_clean_error(ge("run", squeezenet_om, "--input", f"data_0={tmp_path / 'o.npy'}"), "o.npy")
 
 
+def test_run_output_dir_says_where_each_output_went(squeezenet_om, tmp_path):
+    out = tmp_path / "out"
+    r = ge("run", squeezenet_om, "--output-dir", out, check=True)
+    info = json.loads(ge("run", squeezenet_om, "--output-dir", out, "--json", check=True).stdout)["outputs"]
+    assert sorted(os.path.basename(v["file"]) for v in info.values()) == sorted(os.listdir(out))
+    for name, v in info.items():
+        assert f"{name}: " in r.stdout and f"-> {v['file']}" in r.stdout
+        assert list(np.load(v["file"]).shape) == v["shape"]
+    unwritable = tmp_path / "file"
+    unwritable.write_text("")
+    assert_clean_error(ge("run", squeezenet_om, "--output-dir", unwritable / "sub"), "output folder")
+
+
 def test_passes_and_bad_config(tmp_path):
     data = json.loads(ge("passes", "--json", check=True).stdout)
     assert data["stages"][0]["passes"][0]["name"] == "infer_shapes"
