@@ -208,6 +208,7 @@ def test_an_initializer_listed_as_input_can_be_fed_or_left_out_like_onnxruntime(
     x = np.ones((2, 3), np.float32)
     w = np.full((2, 3), -5.0, np.float32)
     np.testing.assert_array_equal(model.run({"x": x})["y"], _ort(m, {"x": x})[0])  # not fed: the initializer
+    np.testing.assert_array_equal(model.run(x)["y"], _ort(m, {"x": x})[0])  # x is the one input without a default
     got = model.run({"x": x, "w": w})["y"]
     np.testing.assert_array_equal(got, _ort(m, {"x": x, "w": w})[0])  # fed: the value given
     np.testing.assert_array_equal(got, x + 2 * w)
