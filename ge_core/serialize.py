@@ -121,11 +121,12 @@ def json_problem(obj: Any, limits: OmLimits = LIMITS) -> str | None:
             continue
         if isinstance(x, (int, np.integer)):
             if not limits.int_min <= int(x) <= limits.int_max:
-                return f"{_json_path(where)}: an integer of {int(x).bit_length()} bits is outside int64"
+                return (f"{_json_path(where)}: an integer of {int(x).bit_length()} bits is outside int64 "
+                        "(limits int_min, int_max)")
             continue
         if isinstance(x, (float, np.floating)):
             if not math.isfinite(x):
-                return f"{_json_path(where)}: {x} is not a finite number"
+                return f"{_json_path(where)}: {x} is not a finite number (JSON has no NaN or infinity)"
             continue
         if isinstance(x, (dict, list, tuple, set)):
             if depth > limits.json_depth:
