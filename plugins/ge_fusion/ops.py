@@ -127,6 +127,10 @@ def check_node(node) -> None:
     for name, (ok, what) in _TYPES.get(node.op_type, {}).items():
         if name in node.attrs and not ok(node.attrs[name]):
             raise _bad(node, f"attribute {name} must be {what}")
+    if node.op_type == "Softmax" and "axis" in node.attrs and node.inputs and node.inputs[0] is not None:
+        rank = node.inputs[0].type.rank
+        if rank is not None and not -max(rank, 1) <= int(node.attrs["axis"]) < max(rank, 1):
+            raise _bad(node, f"axis {node.attrs['axis']} is out of range for rank {rank}")
     if node.op_type == "FusedElemwise":
         _check_program(node, "program", len(node.inputs), anchor=False, required=True)
     elif node.op_type in ("FusedConv", "FusedMatMul"):
