@@ -40,6 +40,7 @@ import numpy as np
 from ge_core.backend import Backend, Executable
 from ge_core.errors import ExecutionError, GEError, UnsupportedOpError
 from ge_core.ir.graph import Graph, Node, Value
+from ge_core.ir.types import TensorType
 from ge_core.kernel import KernelSpec, check_deadline
 from ge_core.ops import OpRegistry
 
@@ -129,13 +130,19 @@ class _Program:
                 caps = list(seen)
                 extra = {"subgraph": _SubBuilder(kernels, options, caps), "n_captures": len(caps)}
             spec = KernelSpec.from_node(node, options, **extra)
+            origin = kernels.origin((OpRegistry.norm_domain(node.domain), node.op_type)) if hasattr(kernels, "origin") else None
             try:
                 fn = f(spec)
             except GEError as e:
                 problems.append(getattr(e, "detail", str(e)))
                 continue
             except Exception as e:  # noqa: BLE001 - a factory bug names the node
-                problems.append(f"building the kernel of {node.describe()} failed: {type(e).__name__}: {e}")
+                problems.append(f"building the kernel of {_Step(None, (), (), (), node, origin).who()} failed: "
+                                f"{type(e).__name__}: {e}")
+                continue
+            if not callable(fn):
+                problems.append(f"the kernel factory of {_Step(None, (), (), (), node, origin).who()} returned "
+                                f"{type(fn).__name__}, not a callable")
                 continue
             ins = tuple(-1 if v is None else slot_of(v) for v in node.inputs) + tuple(slot_of(v) for v in caps)
             outs = tuple(slot_of(v) for v in node.outputs)
@@ -143,8 +150,9 @@ class _Program:
             for s in ins:
                 if s >= 0:
                     last_use[s] = i
-            origin = kernels.origin((OpRegistry.norm_domain(node.domain), node.op_type)) if hasattr(kernels, "origin") else None
-            steps.append(_Step(fn, ins, outs, (), node, origin))
+            st = _Step(fn, ins, outs, (), node, origin)
+            st.fn = checked_kernel(fn, node, st.who)  # results are checked against the node's types
+            steps.append(st)
         if missing:
             by: dict[tuple[str, str], list[str]] = {}
             for n in missing:
@@ -193,10 +201,11 @@ class _Program:
 
 
 def call_step(st: _Step, args: list[Any], out: tuple | None = None) -> Sequence[Any]:
-    """Run one step's kernel; a failure or a wrong number of results names the node and plugin."""
+    """Run one step's kernel; a failure, or results that are not what the node declares (see
+    :func:`checked_kernel`), names the node and plugin."""
     check_deadline(st.node.name)  # run(timeout=): cancelled between nodes
     try:
-        res = st.fn(*args) if out is None else st.fn(*args, out=out)
+        return st.fn(*args) if out is None else st.fn(*args, out=out)
     except GEError:
         raise
     except Exception as e:
@@ -205,15 +214,101 @@ def call_step(st: _Step, args: list[Any], out: tuple | None = None) -> Sequence[
             f"{st.who()} failed on inputs ({shapes}): {type(e).__name__}: {e}",
             hint="check the input shapes against the model, or report the kernel bug",
         ) from e
-    try:
-        n = len(res)
-    except TypeError:
-        n = -1
-    if n != len(st.outs):
-        got = "no sequence of" if n < 0 else str(n)
-        raise ExecutionError(f"{st.who()}: the kernel returned {got} outputs, expected {len(st.outs)}",
-                             hint="a kernel returns a sequence with one array per output of its node")
-    return res
+
+
+# ------------------------------------------------------------------------------------------
+# kernel results are checked against the node's declared types
+# ------------------------------------------------------------------------------------------
+#: Attributes of a kernel that executors read (the out= protocol, the report's kernel modes).
+_KERNEL_ATTRS = ("accepts_out", "inplace_ok", "mode", "kernel_kind")
+
+
+def checked_kernel(fn: Any, node: Node, who: Any) -> Any:
+    """``fn`` wrapped so that its results are what ``node`` declares, on every executor.
+
+    A kernel returns a sequence with one value per output of its node; an output whose declared
+    type has a dtype or a shape must be an ``np.ndarray`` of that dtype, rank and static dims (a
+    NumPy scalar of the right dtype is taken as a 0-d array). Anything else (another dtype or
+    shape, a list, None, a bare array instead of a sequence) is an :class:`ExecutionError` that
+    names the node, its op, the kernel's plugin (``who()``), and what was expected and returned:
+    the bug is the kernel's, not the next op's. Outputs of unknown type (sequences, optionals)
+    are not checked. The cost is O(1) per output: a type, shape and dtype comparison when the
+    declared type is static.
+    """
+    if not callable(fn):
+        return fn  # the executor reports it when the run calls it
+    outs = node.outputs
+    n = len(outs)
+    # per output: None (anything), (dtype, shape) for a static type (fast check), False (partial)
+    fast: list[Any] = []
+    for v in outs:
+        t = v.type
+        if t is None or (t.dtype is None and t.shape is None):
+            fast.append(None)
+        elif t.dtype is not None and t.dtype != np.dtype(object) and t.is_static:
+            fast.append((t.dtype, tuple(t.shape)))
+        else:
+            fast.append(False)
+    nd = np.ndarray
+
+    def kernel(*args, **kw):
+        res = fn(*args, **kw)
+        if (type(res) is tuple or type(res) is list) and len(res) == n:
+            for r, f in zip(res, fast):
+                if f is None:
+                    continue
+                if f is False or type(r) is not nd or r.shape != f[1] or r.dtype != f[0]:
+                    break
+            else:
+                return res
+        return _conform(res, node, who)
+
+    for a in _KERNEL_ATTRS:
+        if hasattr(fn, a):
+            setattr(kernel, a, getattr(fn, a))
+    kernel.__wrapped__ = fn  # type: ignore[attr-defined]
+    return kernel
+
+
+def _conform(res: Any, node: Node, who: Any) -> list[Any]:
+    """The slow path of :func:`checked_kernel`: results converted where harmless, else the error."""
+    n = len(node.outputs)
+    hint = ("a kernel returns a sequence (tuple or list) with one value per output of its node, each an "
+            "ndarray of the type and shape the node declares (ge_core.kernel); report the bug to the kernel's author")
+    if isinstance(res, np.ndarray) or not isinstance(res, (tuple, list)):
+        got = f"one {_fmt(res)} array" if isinstance(res, np.ndarray) else ("None" if res is None else f"a {type(res).__name__}")
+        raise ExecutionError(f"{who()}: the kernel returned {got} instead of a sequence of {n} output(s)", hint=hint)
+    if len(res) != n:
+        raise ExecutionError(f"{who()}: the kernel returned {len(res)} outputs, expected {n}", hint=hint)
+    fixed = list(res)
+    for j, (r, v) in enumerate(zip(res, node.outputs)):
+        t = v.type
+        if t is None or (t.dtype is None and t.shape is None):
+            continue
+        if isinstance(r, np.generic):
+            r = fixed[j] = np.asarray(r)
+        problem = _mismatch(r, t)
+        if problem:
+            raise ExecutionError(f"{who()}: output {j} ('{v.name}') of the kernel is {problem}, the node declares {t}",
+                                 hint=hint)
+    return fixed
+
+
+def _mismatch(r: Any, t: Any) -> str:
+    """What is wrong with ``r`` as a value of declared type ``t`` ('' when nothing is)."""
+    if not isinstance(r, np.ndarray):
+        if r is None:
+            return "None"
+        if isinstance(r, (list, tuple)):
+            return f"a {type(r).__name__} of {len(r)} item(s)"
+        return f"a {type(r).__name__}"
+    got = str(TensorType.of(r))
+    if t.dtype is not None and r.dtype != t.dtype and not (t.dtype == np.dtype(object) and r.dtype.kind in "OUS"):
+        return got
+    if t.shape is not None and (r.ndim != len(t.shape)
+                                or any(isinstance(d, int) and d != s for d, s in zip(t.shape, r.shape))):
+        return got
+    return ""
 
 
 class SubProgram:
@@ -308,6 +403,9 @@ class BlasThreads:
       called on; the baseline comes back when the last active run ends;
     * nothing changes the count inside a run: a stream executor's worker threads, subgraph
       bodies and nested runs (a kernel that runs another model) execute at their run's count.
+      A kernel that runs a model on a thread of its own runs it in a copy of its context
+      (``contextvars.copy_context().run``), as the stream executors do; otherwise that run is a
+      new one, and waits for the outer run to end if it needs another count.
 
     threadpoolctl (3.8+) lets only the first thread that set OpenBLAS's count change it again
     and silently ignores the others, which made a per-run limit from a worker thread a no-op;

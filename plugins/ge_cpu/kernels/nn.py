@@ -866,7 +866,9 @@ def layernorm_factory(spec: KernelSpec):
         if bias is not None:
             y = y + bias
         outs = [cast_like(y, x.dtype)]
-        sdt = mean.dtype
+        # Mean and InvStdDev have the node's declared type (stash_type), whatever precision computed them
+        declared = spec.outputs[1].dtype if n_out > 1 and spec.outputs[1] is not None else None
+        sdt = declared if declared is not None else mean.dtype
         if n_out > 1:
             outs.append(mean.astype(sdt))
         if n_out > 2:
