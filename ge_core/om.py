@@ -53,9 +53,44 @@ def model_definition(model: CompiledModel) -> tuple[dict[str, Any], WeightWriter
     return d, weights
 
 
+def type_conflict(graph: Graph, ops) -> str | None:
+    """The first node output whose type contradicts what its op infers from the node's inputs
+    (a known dtype, rank or dim that differs), or None. The memory plan is checked against these
+    types, so a stored type must be what inference gives, not just any type. Inference runs on a
+    copy; a node whose inference fails or is absent is not compared."""
+
+    def walk(orig: Graph, cp: Graph) -> str | None:
+        for n0, n1 in zip(orig.nodes, cp.nodes):
+            for s0, s1 in zip(n0.subgraphs(), n1.subgraphs()):
+                found = walk(s0, s1)
+                if found:
+                    return found
+            try:
+                ops.infer_node(n1, graph.opset_imports)
+            except GEError:
+                continue
+            for v0, v1 in zip(n0.outputs, n1.outputs):
+                a, b = v0.type, v1.type
+                bad = a.dtype is not None and b.dtype is not None and a.dtype != b.dtype
+                if a.shape is not None and b.shape is not None:
+                    bad = bad or len(a.shape) != len(b.shape) or any(
+                        isinstance(x, int) and isinstance(y, int) and x != y for x, y in zip(a.shape, b.shape))
+                if bad:
+                    return f"output '{v0.name}' of {n0.describe()} is {a}, but its op infers {b} from its inputs"
+        return None
+
+    return walk(graph, graph.copy())
+
+
 def save_om(model: CompiledModel, path: str) -> str:
     if not path:
         raise OptionError("no output path given for the .om file", hint="pass a file name (--output / save(path))")
+    from .plugins import get_host
+
+    conflict = type_conflict(model.graph, get_host().registries.ops)
+    if conflict:  # the loader would refuse it: say so now, naming the node
+        raise GraphError(f"cannot save '{path}': {conflict}",
+                         hint="a pass or plugin set a wrong output type; run with verify_each_pass to find which")
     try:
         d, weights = model_definition(model)
     except MemoryError:
@@ -176,6 +211,9 @@ def load_om(path: str | os.PathLike, *, host=None, verify_checksums: bool = True
         except GEError as e:
             raise OmFormatError(f"'{path}': the stored graph is invalid: {e}",
                                 hint="re-create it with `ge compile` (with the plugins it needs installed)") from None
+        conflict = type_conflict(graph, regs.ops)
+        if conflict:
+            raise OmFormatError(f"'{path}': the stored graph is invalid: {conflict}", hint=_RECREATE)
         try:
             options = CompileOptions.from_dict(d.get("options") or {}, regs.options)
         except OptionError as e:

@@ -575,3 +575,23 @@ def test_geerror_is_the_only_error(tmp_path, diamond_model):
         p = write(tmp_path, d, blob, text[:cut])
         with pytest.raises(GEError):
             ge.load_om(p)
+
+
+def test_stored_types_agree_with_inference(tmp_path, diamond_model):
+    """The plan is checked against the stored types: a type that lies (a smaller buffer than the op
+    writes) is refused at load, before a kernel could write past its buffer."""
+    d, blob = definition(diamond_model)
+    for n in d["graph"]["nodes"]:
+        for o in n["outputs"]:
+            if o["name"] == "a":
+                o["shape"] = [1, 1]
+    with pytest.raises(OmFormatError, match=r"output 'a' of node 'a' \(Relu\) is float32\[1,1\].*infers float32\[4,8\]"):
+        ge.load_om(write(tmp_path, d, blob))
+    e = json.loads(json.dumps(definition(diamond_model)[0]))
+    e["graph"]["nodes"][1]["outputs"][0]["dtype"] = "float64"
+    with pytest.raises(OmFormatError, match="infers"):
+        ge.load_om(write(tmp_path, e, blob))
+    model = ge.compile(diamond(), {"opt_level": 0})
+    model.graph.find_node("b").output.type = TensorType("float32", (4, 9))  # what a buggy pass could leave
+    with pytest.raises(GraphError, match="cannot save .*infers"):
+        model.save(tmp_path / "lie.om")
