@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .errors import GEError, ModelFileError, OptionError
+from .errors import GEError, ModelFileError, OptionError, reraise_interrupt
 from .ir.graph import Graph
 from .model import CompiledModel
 from .options import CompileOptions
@@ -35,7 +35,8 @@ def _frontend_for(source: Any, framework: str | None, regs):
             try:
                 if f.sniff("", head):
                     return f
-            except Exception:  # noqa: BLE001 - a frontend's sniff failing means: not its format
+            except BaseException as e:  # noqa: BLE001 - a frontend's sniff failing means: not its format
+                reraise_interrupt(e)
                 continue
         if head[:4] == b"GEOM":
             raise ModelFileError("these bytes are a compiled .om model, not a source model",
@@ -98,7 +99,8 @@ def load(source: Any, framework: str | int | None = None, **options: Any) -> Gra
         raise ModelFileError(f"model '{_label(source)}' is nested too deeply to read") from None
     except MemoryError:
         raise ModelFileError(f"model '{_label(source)}' needs more memory than is available to read") from None
-    except Exception as e:
+    except BaseException as e:  # noqa: BLE001 - SystemExit in a frontend must not end the host
+        reraise_interrupt(e)
         raise GEError(
             f"frontend '{front.name}' (plugin {regs.frontends.origin(front.name)}) failed on '{_label(source)}': "
             f"{type(e).__name__}: {e}",

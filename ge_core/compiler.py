@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .errors import GEError, OptionError
+from .errors import GEError, OptionError, reraise_interrupt
 from .ir.graph import Graph, Value
 from .memory import (
     DEFAULT_ALIGNMENT,
@@ -223,7 +223,8 @@ def _allocate_streams(g: Graph, options: CompileOptions, regs) -> StreamAssignme
         sa = alloc(g, options)
     except GEError:
         raise
-    except Exception as e:
+    except BaseException as e:  # noqa: BLE001 - plugin code: SystemExit must not end the host
+        reraise_interrupt(e)
         raise GEError(f"stream allocator '{name}' (plugin {regs.stream_allocators.origin(name)}) raised {type(e).__name__}: {e}") from e
     if not isinstance(sa, StreamAssignment) or len(sa.streams) != n:
         raise GEError(f"stream allocator '{name}' (plugin {regs.stream_allocators.origin(name)}) returned an invalid assignment",
@@ -271,7 +272,8 @@ def _plan_memory(problem, options: CompileOptions, regs) -> MemoryPlan | None:
         plan = planner(problem, options)
     except GEError:
         raise
-    except Exception as e:
+    except BaseException as e:  # noqa: BLE001 - plugin code: SystemExit must not end the host
+        reraise_interrupt(e)
         raise GEError(f"memory planner '{name}' (plugin {regs.memory_planners.origin(name)}) raised {type(e).__name__}: {e}") from e
     if not isinstance(plan, MemoryPlan):
         raise GEError(f"memory planner '{name}' (plugin {regs.memory_planners.origin(name)}) did not return a MemoryPlan")

@@ -75,3 +75,12 @@ class RunCancelledError(ExecutionError):
     def inside(self, node_name: str, iteration: int) -> RunCancelledError:
         """The same cancellation seen from the loop node ``node_name`` that was running it."""
         return RunCancelledError(f"node '{node_name}', iteration {iteration}: {self.detail}", hint=self.hint)
+
+
+def reraise_interrupt(e: BaseException) -> None:
+    """Re-raise a real Ctrl-C (an exact ``KeyboardInterrupt``). Anything else plugin code raised
+    (``SystemExit``, a custom ``BaseException``, a ``KeyboardInterrupt`` subclass) is that
+    plugin's failure, to be reported like any exception: callers catch ``BaseException`` at
+    every place plugin code runs and call this first."""
+    if type(e) is KeyboardInterrupt:
+        raise e

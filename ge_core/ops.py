@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import GEError, GraphError, ShapeInferenceError, UnsupportedOpError
+from .errors import GEError, GraphError, ShapeInferenceError, UnsupportedOpError, reraise_interrupt
 from .ir.graph import Graph, Node
 from .ir.types import TensorType
 from .registry import Registry, close_matches
@@ -91,7 +91,8 @@ class OpRegistry(Registry[OpDef]):
                 d.check(node)
             except GEError:
                 raise
-            except Exception as e:  # a plugin's check: name the node
+            except BaseException as e:  # noqa: BLE001 - a plugin's check: name the node
+                reraise_interrupt(e)
                 raise GraphError(f"{node.describe()}: invalid attributes: {type(e).__name__}: {e}") from None
         return d
 
@@ -109,7 +110,8 @@ class OpRegistry(Registry[OpDef]):
             types = d.infer(node, opset)
         except GEError:
             raise
-        except Exception as e:  # inference code of a plugin: name the node
+        except BaseException as e:  # noqa: BLE001 - inference code of a plugin: name the node
+            reraise_interrupt(e)
             raise ShapeInferenceError(f"type/shape inference failed at {node.describe()}: {e}") from e
         if not types:
             return False

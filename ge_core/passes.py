@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .errors import GEError, OptionError, PassError, ShapeInferenceError
+from .errors import GEError, OptionError, PassError, ShapeInferenceError, reraise_interrupt
 from .ir.graph import Graph
 from .registry import close_matches
 
@@ -302,7 +302,8 @@ class PassManager:
                 ) from e
             except GEError as e:
                 raise PassError(f"{who} (stage {stage}) failed: {e}{self._history()}") from e
-            except Exception as e:
+            except BaseException as e:  # noqa: BLE001 - SystemExit in a pass must not end the host
+                reraise_interrupt(e)
                 raise PassError(
                     f"{who} (stage {stage}) raised {type(e).__name__}: {e}{self._history()}",
                     hint="this is a bug in the pass; disable it with disabled_passes to go on",

@@ -23,7 +23,7 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
-from .errors import DuplicateRegistrationError, GEError, PluginError
+from .errors import DuplicateRegistrationError, GEError, PluginError, reraise_interrupt
 from .ops import OpDef, OpRegistry
 from .registry import Registry
 
@@ -60,13 +60,6 @@ class PluginInfo:
 
 def _strict() -> bool:
     return os.environ.get("GE_STRICT_PLUGINS", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _reraise_interrupt(e: BaseException) -> None:
-    """Re-raise a real Ctrl-C; anything else a plugin raised (``SystemExit``, a custom
-    ``BaseException``, a ``KeyboardInterrupt`` subclass) is that plugin's failure to report."""
-    if type(e) is KeyboardInterrupt:
-        raise e
 
 
 def _failure_text(e: BaseException) -> str:
@@ -166,7 +159,7 @@ class PluginHost:
             try:
                 obj = ep.load()
             except BaseException as e:  # noqa: BLE001 - SystemExit at import must not end the host
-                _reraise_interrupt(e)
+                reraise_interrupt(e)
                 self._fail(info, f"failed to import '{ep.value}': {_failure_text(e)}", e)
                 continue
             self._register_obj(obj, info)
@@ -176,7 +169,7 @@ class PluginHost:
             try:
                 obj = obj()
             except BaseException as e:  # noqa: BLE001
-                _reraise_interrupt(e)
+                reraise_interrupt(e)
                 self._fail(info, f"cannot instantiate plugin class: {_failure_text(e)}", e)
                 return
         try:
@@ -185,7 +178,7 @@ class PluginHost:
             self._fail(info, f"invalid plugin: {e}", e)
             return
         except BaseException as e:  # noqa: BLE001 - an attribute of the plugin raised while pluggy looked
-            _reraise_interrupt(e)
+            reraise_interrupt(e)
             self._fail(info, f"invalid plugin: {_failure_text(e)}", e)
             return
         info.loaded = True
@@ -197,7 +190,7 @@ class PluginHost:
                 n for n in dir(obj) if n.startswith("ge_") and callable(getattr(obj, n, None)) and not hasattr(self.pm.hook, n)
             ]
         except BaseException as e:  # noqa: BLE001 - a property of the plugin raised
-            _reraise_interrupt(e)
+            reraise_interrupt(e)
             unknown = []
         if unknown:
             self._fail(info, f"implements unknown hook(s) {', '.join(unknown)} (typo or newer ge?)")
@@ -326,7 +319,7 @@ class PluginHost:
                 except GEError as e:
                     self._fail(info, f"{hook_name}: {e}", e)
                 except BaseException as e:  # noqa: BLE001 - SystemExit in a hook must not end the host
-                    _reraise_interrupt(e)
+                    reraise_interrupt(e)
                     self._fail(info, f"{hook_name} raised {_failure_text(e)}", e)
         return r
 
@@ -338,7 +331,7 @@ class PluginHost:
             try:
                 impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
             except BaseException as e:  # noqa: BLE001
-                _reraise_interrupt(e)
+                reraise_interrupt(e)
                 info = self.info.setdefault(impl.plugin_name, PluginInfo(name=impl.plugin_name))
                 self._fail(info, f"{hook_name} raised {type(e).__name__}: {e}", e)
 

@@ -413,3 +413,72 @@ def test_a_real_keyboard_interrupt_still_stops_everything():
     with pytest.raises(KeyboardInterrupt):
         with temporary_plugin(CtrlC(), "ctrl_c_plugin"):
             get_host().registries  # noqa: B018
+
+
+def _raise(exc):
+    raise exc
+
+
+@pytest.mark.parametrize("exc", [SystemExit(5), PluginExit("custom base exception"), FakeInterrupt("not ctrl-c")],
+                         ids=["system_exit", "base_exception", "keyboard_interrupt_subclass"])
+def test_base_exception_in_a_pass_is_rolled_back_like_any_failure(exc, caplog):
+    with temporary_plugin(_pass_plugin(lambda g: _raise(exc)), "base_exc_pass"):
+        with caplog.at_level(logging.WARNING, logger="ge"):
+            model = ge.compile(_graph())
+        np.testing.assert_array_equal(model.run({"x": X})[model.output_names[0]], -np.maximum(X, 0))
+        assert any("bad_pass" in r.getMessage() and type(exc).__name__ in r.getMessage() for r in caplog.records)
+        with pytest.raises(PassError, match="bad_pass"):
+            ge.compile(_graph(), strict_passes=True)
+
+
+@pytest.mark.parametrize("where", ["memory_planner", "stream_allocator", "frontend", "inference"])
+def test_base_exception_in_other_plugin_code_is_a_geerror_naming_it(where, tmp_path):
+    from ge_core.frontend import Frontend
+
+    class P:
+        @hookimpl
+        def ge_register_memory_planners(self, register):
+            register("exit_planner", lambda problem, options: _raise(SystemExit(6)))
+
+        @hookimpl
+        def ge_register_stream_allocators(self, register):
+            register("exit_alloc", lambda graph, options: _raise(SystemExit(6)))
+
+        @hookimpl
+        def ge_register_frontends(self, register):
+            class ExitFrontend(Frontend):
+                name = "exitfmt"
+                suffixes = (".exit",)
+
+                def sniff(self, path, head):
+                    return path.endswith(".exit")
+
+                def load(self, source, options=None):
+                    raise SystemExit(6)
+
+            register(ExitFrontend())
+
+        @hookimpl
+        def ge_register_ops(self, register):
+            register(OpDef("ExitOp", domain="exit.test", min_inputs=1, max_inputs=1, kind=OpKind.ELEMWISE,
+                           infer=lambda node, opset: _raise(SystemExit(6))))
+
+    with temporary_plugin(P(), "base_exc_everywhere"):
+        with pytest.raises(GEError) as ei:
+            if where == "memory_planner":
+                ge.compile(_graph(), memory_planner="exit_planner")
+            elif where == "stream_allocator":
+                ge.compile(_graph(), stream_allocator="exit_alloc")
+            elif where == "frontend":
+                p = tmp_path / "m.exit"
+                p.write_bytes(b"x")
+                ge.load(str(p))
+            else:
+                b = GraphBuilder("g")
+                x = b.input("x", "float32", (1, 4))
+                b.output(b.op("ExitOp", x, domain="exit.test"))
+                ge.compile(b.graph)
+    msg = str(ei.value)
+    assert "SystemExit" in msg or "6" in msg, msg
+    assert {"memory_planner": "exit_planner", "stream_allocator": "exit_alloc", "frontend": "exitfmt",
+            "inference": "ExitOp"}[where] in msg, msg
