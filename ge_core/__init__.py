@@ -22,6 +22,7 @@ from .errors import (  # noqa: E402
     OptionError,
     PassError,
     PluginError,
+    RunCancelledError,
     SecurityError,
     ShapeInferenceError,
     UnsupportedOpError,
@@ -41,5 +42,5 @@ __all__ = [
     "graph_pass", "hookimpl", "hookspec", "get_host",
     "GEError", "ModelFileError", "UnsupportedOpError", "GraphError", "ShapeInferenceError", "PluginError",
     "DuplicateRegistrationError", "PassError", "OptionError", "OmFormatError", "InputError",
-    "ExecutionError", "SecurityError",
+    "ExecutionError", "RunCancelledError", "SecurityError",
 ]

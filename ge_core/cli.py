@@ -74,7 +74,9 @@ def _guard(fn: Callable[[], int]) -> int:
         return 3
 
 
-def _parse_kv(items: Sequence[str] | None, what: str) -> dict[str, Any]:
+def parse_kv(items: Sequence[str] | None, what: str) -> dict[str, Any]:
+    """``name=value`` items (values as JSON where they parse, else strings) as a dict; ``what``
+    names the flag in errors."""
     out: dict[str, Any] = {}
     for item in items or []:
         k, sep, v = item.partition("=")
@@ -125,7 +127,7 @@ def _compile_options(args: argparse.Namespace) -> dict[str, Any]:
             opts[flag] = True
     if getattr(args, "no_constant_folding", False):
         opts["constant_folding"] = False
-    opts.update(_parse_kv(getattr(args, "option", None), "--option"))
+    opts.update(parse_kv(getattr(args, "option", None), "--option"))
     return opts
 
 
@@ -219,10 +221,12 @@ def _load_feed(spec: str) -> tuple[str, np.ndarray]:
 
 
 def random_feeds(model, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random inputs matching the model's input types (symbolic/unknown dims become 1)."""
+    """Random inputs matching the model's input types (symbolic/unknown dims become 1); an input
+    with a default (an ONNX initializer listed as an input) keeps its default."""
     from .inputs import random_inputs
 
-    return random_inputs(model.graph, seed)
+    feeds = random_inputs(model.graph, seed)
+    return {v.name: feeds[v.name] for v in model.graph.inputs if v.default is None}
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -36,7 +36,7 @@ def _configure_viz(p: argparse.ArgumentParser) -> None:
 
 def _run_viz(args: argparse.Namespace) -> int:
     import ge_core as ge
-    from ge_core.cli import _parse_kv
+    from ge_core.cli import parse_kv
 
     from .viz import render
 
@@ -47,7 +47,7 @@ def _run_viz(args: argparse.Namespace) -> int:
         model = ge.load_om(path)
         graph, streams, report = model.graph, model.streams.streams, model.report
     elif args.compiled or args.config:
-        opts = _parse_kv(args.option, "--option")
+        opts = parse_kv(args.option, "--option")
         if args.config:
             opts["config"] = args.config
         if args.framework:

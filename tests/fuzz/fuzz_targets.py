@@ -815,7 +815,10 @@ class ConfigTarget(Target):
 
     def setup(self, workdir: str) -> None:
         super().setup(workdir)
-        import tomllib
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10: the same parser as the tomli distribution
+            import tomli as tomllib
 
         self.tomllib = tomllib
         self.path = os.path.join(workdir, "config.toml")

@@ -247,3 +247,23 @@ def test_an_om_keeps_the_default_of_such_an_input(tmp_path):
     np.testing.assert_array_equal(model.run({"x": x})["y"], _ort(m, {"x": x})[0])
     w = np.full((2, 3), 3.0, np.float32)
     np.testing.assert_array_equal(model.run({"x": x, "w": w})["y"], _ort(m, {"x": x, "w": w})[0])
+
+
+def test_ge_run_keeps_the_default_of_an_input_it_makes_random_feeds_for(tmp_path):
+    """``ge run`` without --input makes random feeds for the inputs that have no default only."""
+    import subprocess
+    import sys
+
+    m = _overridable()
+    om = str(tmp_path / "m.om")
+    ge.compile(ge.load(m)).save(om)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "ge_core.cli", "run", om, "--output-dir", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    from ge_core.cli import random_feeds
+
+    feeds = random_feeds(ge.load_om(om))
+    assert list(feeds) == ["x"]
+    y = np.load(out / "y.npy")
+    np.testing.assert_array_equal(y, _ort(m, {"x": feeds["x"]})[0])
