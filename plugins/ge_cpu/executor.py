@@ -245,7 +245,7 @@ def checked_kernel(fn: Any, node: Node, who: Any) -> Any:
         t = v.type
         if t is None or (t.dtype is None and t.shape is None):
             fast.append(None)
-        elif t.dtype is not None and t.dtype != np.dtype(object) and t.is_static:
+        elif t.dtype is not None and t.dtype != np.dtype(object) and t.shape is not None and t.is_static:
             fast.append((t.dtype, tuple(t.shape)))
         else:
             fast.append(False)
