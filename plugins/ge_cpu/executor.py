@@ -379,6 +379,9 @@ def count_kernels(p: _Program) -> int:
 # ------------------------------------------------------------------------------------------
 # BLAS threads: one count per process, the same for every run that overlaps
 # ------------------------------------------------------------------------------------------
+#: A run waiting for runs at another BLAS count checks its deadline this often (seconds).
+WAIT_SLICE_S = 0.05
+
 #: The count a run executes at: one entry per BLAS library (None outside a run). A context
 #: variable, so the worker threads of the stream executors (which run in a copy of the caller's
 #: context) and nested runs see their run's count and never change it.
@@ -492,7 +495,8 @@ class BlasThreads:
                     if not queued and (want or self._baseline) != self._counts:
                         queued = True
                         self._queued += 1
-                    cond.wait()
+                    cond.wait(WAIT_SLICE_S)
+                    check_deadline("(waiting for runs at another BLAS thread count)")  # run(timeout=) holds here too
             finally:
                 if queued:
                     self._queued -= 1

@@ -234,3 +234,48 @@ def test_a_nested_run_at_another_count_neither_deadlocks_nor_changes_the_count(p
         (name,) = outer.output_names
         assert float(done["out"][name][0]) == 1.0  # the outer run's count held throughout
     assert _counts() == baseline
+
+
+class Hold:
+    """``t::Hold(x) -> x``: a kernel that waits until ``Hold.release`` is set."""
+
+    release = threading.Event()
+    entered = threading.Event()
+
+    @hookimpl
+    def ge_register_ops(self, register):
+        register(ge.OpDef("Hold", domain="t", min_inputs=1, max_inputs=1, infer=lambda n, o: [n.inputs[0].type]))
+
+    @hookimpl
+    def ge_register_kernels(self, register):
+        def factory(spec):
+            def hold(x):
+                Hold.entered.set()
+                Hold.release.wait(30)
+                return (x,)
+            return hold
+        register("Hold", factory, domain="t")
+
+
+def test_a_run_waiting_for_another_count_keeps_its_timeout(baseline):
+    with temporary_plugin(Hold(), "hold_plugin"):
+        b = GraphBuilder("hold")
+        b.graph.opset_imports["t"] = 1
+        x = b.input("x", "float32", (4, 4))
+        b.output(b.op("Hold", b.op("Tanh", x), domain="t"))
+        holder = ge.compile(b.graph, {"executor": "sequential", "threads": 1, "opt_level": 0})
+        other = ge.compile(_gemm_model(), {"executor": "arena", "threads": 2, "opt_level": 0})
+        Hold.release.clear()
+        Hold.entered.clear()
+        t = threading.Thread(target=holder.run, args=({"x": np.ones((4, 4), np.float32)},))
+        t.start()
+        try:
+            assert Hold.entered.wait(30)
+            xv = np.ones((48, 192), np.float32)
+            with pytest.raises(ge.ExecutionError, match="timeout"):
+                other.run({"x": xv}, timeout=0.3)  # would wait for the threads=1 run to end
+        finally:
+            Hold.release.set()
+            t.join(30)
+        assert np.isfinite(other.run({"x": xv})["sum"]).all()  # and runs once the other count is gone
+    assert _counts() == baseline
