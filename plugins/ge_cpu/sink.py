@@ -248,8 +248,7 @@ class SinkExecutable(ArenaExecutable):
             raise
         except Exception as e:
             raise self._explain(e, feeds) from e
-        arena = ctx.arena
-        return [o.copy() if isinstance(o, np.ndarray) and np.may_share_memory(o, arena) else o for o in outs]
+        return _detach(outs, ctx.arena)
 
     def _explain(self, e: Exception, feeds) -> ExecutionError:
         return self._explain_tb(e, sys.exc_info()[2])
@@ -360,7 +359,15 @@ class StreamSinkExecutable(SinkExecutable):
         consts = dict(self.const_slots)
         arena = ctx.arena
         outs = [consts[s] if s in consts else E[s] for s in self.output_slots]
-        return [o.copy() if isinstance(o, np.ndarray) and np.may_share_memory(o, arena) else o for o in outs]
+        return _detach(outs, arena)
+
+
+def _detach(outs: list[Any], arena: Any) -> list[Any]:
+    """The run's outputs as the caller keeps them: copies of those that live in the arena (the
+    next run overwrites it), and 0-d arrays for the NumPy scalars a ufunc returns on 0-d input
+    (every executor returns arrays)."""
+    return [o.copy() if isinstance(o, np.ndarray) and np.may_share_memory(o, arena)
+            else np.asarray(o) if isinstance(o, np.generic) else o for o in outs]
 
 
 class _Abort(Exception):

@@ -185,3 +185,18 @@ def test_ge_profile_table_and_trace(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ge_core.cli", "profile", str(path), "--runs", "1", "--trace", str(trace)],
                        capture_output=True, text=True)
     assert r.returncode == 0 and "share" in r.stdout and "stream" in r.stdout
+
+
+@pytest.mark.parametrize("executor", ["sink", "streams", "arena", "sequential"])
+def test_zero_d_outputs_are_arrays_on_every_executor(executor):
+    """A ufunc on a 0-d input returns a NumPy scalar; the run still returns 0-d arrays, like
+    onnxruntime, whichever executor runs it (two streams: both sink variants)."""
+    b = GraphBuilder("g")
+    x = b.input("x", "float32", ())
+    b.output(b.op("Neg", x), b.op("Abs", x))
+    model = ge.compile(b.graph, {"executor": executor, "stream_allocator": "dependency"})
+    outs = list(model.run({"x": np.array(-2.0, np.float32)}).values())
+    assert len(outs) == 2
+    for got in outs:
+        assert type(got) is np.ndarray and got.shape == () and got.dtype == np.float32
+        assert float(got) == 2.0
