@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -42,6 +42,3 @@ class Backend:
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "aliases": list(self.aliases)}
 
-
-def required_kernels(nodes: Sequence) -> set[tuple[str, str]]:
-    return {(n.domain, n.op_type) for n in nodes}

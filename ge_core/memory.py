@@ -69,9 +69,6 @@ class Buffer:
     start: int
     end: int
 
-    def overlaps_in_time(self, other: Buffer) -> bool:
-        return not (self.end < other.start or other.end < self.start)
-
 
 @dataclass
 class MemoryProblem:

@@ -335,9 +335,6 @@ class PluginHost:
                 info = self.info.setdefault(impl.plugin_name, PluginInfo(name=impl.plugin_name))
                 self._fail(info, f"{hook_name} raised {type(e).__name__}: {e}", e)
 
-    def has_observers(self, hook_name: str) -> bool:
-        return bool(getattr(self.pm.hook, hook_name).get_hookimpls())
-
     def describe(self) -> list[dict[str, Any]]:
         return [self.info[k].as_dict() for k in sorted(self.info)]
 

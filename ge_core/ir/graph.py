@@ -429,18 +429,6 @@ class Graph:
         self._link(node, before=before, after=after)
         return node
 
-    def insert_node(self, node: Node, *, before: Node | None = None, after: Node | None = None) -> Node:
-        """Insert a node built elsewhere (its outputs must not belong to another graph)."""
-        if node.graph is not None:
-            raise GraphError(f"{node.describe()} already belongs to graph '{node.graph.name}'")
-        node.name = self._unique_node_name(node.name or node.op_type.lower())
-        for v in node.outputs:
-            if v.graph is not self:
-                v.name = self._claim_name(v.name) if v.name else self.unique_name("v")
-                v.graph = self
-        self._link(node, before=before, after=after)
-        return node
-
     def _link(self, node: Node, *, before: Node | None, after: Node | None) -> None:
         if before is None and after is None:
             mode, anchor = self._insert_point
