@@ -699,7 +699,7 @@ def _chunked(body, in_shapes: Sequence[tuple | None], out_shape: tuple, out_dtyp
         if len(runs) == 1:
             run_blocks(runs[0], args, out)
             return out
-        pool = _pool()
+        pool = thread_pool()
         futures = [pool.submit(run_blocks, r, args, out) for r in runs[1:]]
         run_blocks(runs[0], args, out)
         for f in futures:
@@ -727,7 +727,8 @@ def _parallelism() -> int:
     return 1
 
 
-def _pool():
+def thread_pool():
+    """The process's thread pool for the parts of fused kernels split over threads (see :func:`_parallelism`)."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:

@@ -386,9 +386,9 @@ def _wrap(compiled, dims: list[int], strides: list[list[int]], out_shape: tuple,
                 args += [x, s0, s1]
             compiled(d0, d1, d2, o, os0, os1, *args)
         else:
-            from .codegen import _pool
+            from .codegen import thread_pool
 
-            futures = [_pool().submit(run_part, p, o, ins) for p in parts[1:]]
+            futures = [thread_pool().submit(run_part, p, o, ins) for p in parts[1:]]
             run_part(parts[0], o, ins)
             for f in futures:
                 f.result()
