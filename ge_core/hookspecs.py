@@ -113,7 +113,10 @@ def ge_register_options(register):
     """Register plugin-specific compile options.
 
     Call ``register(name, default, help)``; such an option may then appear in option dicts,
-    config files and ``--option name=value`` on the command line. Returns nothing.
+    config files and ``--option name=value`` on the command line. ``read=fn`` (also for a
+    built-in option a plugin reads, such as ``fusion_switch_file``): ``fn(value)`` validates
+    the value when it is set and returns the options it derives (``{option: value}``), raising
+    OptionError for a bad value. Returns nothing.
     """
 
 

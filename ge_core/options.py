@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import math
 import os
 import stat
@@ -18,7 +17,7 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: the same parser, as the tomli distribution (a dependency there)
     import tomli as tomllib
 
-from .errors import OptionError
+from .errors import GEError, OptionError, reraise_interrupt
 from .registry import close_matches
 
 #: ATC's ``--framework`` numbers.
@@ -26,11 +25,10 @@ FRAMEWORKS = {0: "caffe", 1: "mindspore", 3: "tensorflow", 5: "onnx"}
 
 MEMORY_LEVELS = ("off", "normal", "high")
 
-#: Largest config / fusion switch file read, and deepest chain of configs naming configs.
+#: Largest config file read, and deepest chain of configs naming configs.
 MAX_CONFIG_BYTES = 1 << 20
 #: tomllib parses a dotted key in time quadratic in its parts: lines with more dots are refused.
 MAX_DOTS_PER_LINE = 512
-MAX_SWITCH_BYTES = 1 << 20
 MAX_CONFIG_NESTING = 8
 
 
@@ -45,7 +43,8 @@ class CompileOptions:
     out_nodes: list[str] = field(default_factory=list)
     soc_version: str = "cpu"
     fusion_switch_file: str | None = None
-    #: Parsed fusion switches: name -> bool (from ``fusion_switch_file``); "ALL" is the default.
+    #: Fusion switches: name -> bool, as the plugin reading ``fusion_switch_file`` (ge_fusion)
+    #: gives them; "ALL" is the default.
     fusion_switches: dict[str, bool] = field(default_factory=dict)
     memory_optimize_level: str = "normal"
     constant_folding: bool = True
@@ -125,7 +124,7 @@ class CompileOptions:
                               hint="remove the cycle of config files")
         if len(stack) >= MAX_CONFIG_NESTING:
             raise OptionError(f"config file '{path}': configs name each other more than {MAX_CONFIG_NESTING} deep")
-        raw = _read_regular_file(path, "config file", MAX_CONFIG_BYTES)
+        raw = read_regular_file(path, "config file", MAX_CONFIG_BYTES)
         for lineno, line in enumerate(raw.split(b"\n"), 1):
             if line.count(b".") > MAX_DOTS_PER_LINE:
                 raise OptionError(f"config file '{path}' line {lineno} has more than {MAX_DOTS_PER_LINE} dots",
@@ -203,6 +202,7 @@ class CompileOptions:
     def update(self, values: Mapping[str, Any]) -> None:
         """Set options from a mapping, accepting ATC spellings; unknown names raise OptionError."""
         names = {f.name for f in dataclasses.fields(self)}
+        given = []
         for key, value in values.items():
             k = _ALIASES.get(key, key).replace("-", "_")
             if k == "config" and value:
@@ -215,12 +215,18 @@ class CompileOptions:
                 continue
             if k in _STRUCTURED and k in names:
                 value = _check_structured(k, value)
+            given.append(k)
             if k not in names:
                 self.extra[k] = value  # checked against plugin-registered options at compile
                 continue
             setattr(self, k, _coerce(k, value))
-        if self.fusion_switch_file and "fusion_switch_file" in {(_ALIASES.get(k, k)) for k in values}:
-            self.fusion_switches = parse_fusion_switch_file(self.fusion_switch_file)
+        for k in given:  # options a plugin reads (fusion_switch_file: ge_fusion's switches)
+            if k in names and k not in READ_BY_PLUGIN:
+                continue
+            v = getattr(self, k) if k in names else self.extra.get(k)
+            if v is not None and v != "":
+                self.update(read_option(k, v))
+
 
     def check_extra(self, registered: Any) -> None:
         """Raise OptionError for an option neither built in nor registered by a plugin, or one
@@ -418,33 +424,42 @@ def _raise(e: Exception):
     raise e
 
 
-def parse_fusion_switch_file(path: str) -> dict[str, bool]:
-    """Read GE's fusion switch JSON: ``{"Switch": {"GraphFusion": {"NAME": "off", "ALL": "on"},
-    "UBFusion": {...}}}`` -> ``{"NAME": False, "ALL": True}``."""
-    raw = _read_regular_file(path, "fusion switch file", MAX_SWITCH_BYTES)
+#: Built-in options whose value only a plugin reads (``ge_register_options(register)``'s ``read=``).
+READ_BY_PLUGIN = ("fusion_switch_file",)
+
+
+def read_option(name: str, value: Any) -> dict[str, Any]:
+    """The options that the plugin reading option ``name`` derives from ``value`` (a plugin
+    registers ``register(name, read=fn)``, ``fn(value) -> {option: value}``); {} when no plugin
+    reads it. A built-in option only a plugin reads (``READ_BY_PLUGIN``) with no reader, or a
+    reader that fails, is an OptionError naming the option and the plugin."""
+    from .plugins import get_host
+
+    regs = get_host().registries
+    read = regs.option_readers.get(name)
+    if read is None:
+        if name in READ_BY_PLUGIN:
+            raise OptionError(f"option {name}: no plugin reads it",
+                              hint="the ge_fusion plugin reads it: is it disabled (GE_DISABLE_PLUGINS)?")
+        return {}
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise OptionError(f"fusion switch file '{path}' is not valid JSON: {e}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("Switch"), dict):
-        raise OptionError(
-            f"fusion switch file '{path}' has no \"Switch\" object",
-            hint='expected {"Switch": {"GraphFusion": {"NAME": "off"}, "UBFusion": {...}}}',
-        )
-    out: dict[str, bool] = {}
-    for section, table in data["Switch"].items():
-        if section not in ("GraphFusion", "UBFusion"):
-            raise OptionError(
-                f"fusion switch file '{path}': unknown section '{section}'{close_matches(section, ['GraphFusion', 'UBFusion'])}"
-            )
-        if not isinstance(table, dict):
-            raise OptionError(f"fusion switch file '{path}': \"{section}\" must be an object of NAME: on/off")
-        for name, state in table.items():
-            s = str(state).strip().lower()
-            if s not in ("on", "off"):
-                raise OptionError(f"fusion switch file '{path}': {section}.{name} must be \"on\" or \"off\", not {state!r}")
-            out[name] = s == "on"
-    return out
+        derived = read(value)
+    except GEError:
+        raise
+    except BaseException as e:  # noqa: BLE001 - plugin code: name the plugin
+        reraise_interrupt(e)
+        raise OptionError(f"option {name}: plugin '{regs.option_readers.origin(name)}' failed to read "
+                          f"{value!r:.80}: {type(e).__name__}: {e}") from None
+    if not isinstance(derived, dict) or name in derived or not all(isinstance(k, str) for k in derived):
+        raise OptionError(f"option {name}: plugin '{regs.option_readers.origin(name)}' read it as "
+                          f"{derived!r:.60}, not a dict of other options")
+    return derived
+
+
+def parse_fusion_switch_file(path: str) -> dict[str, bool]:
+    """The switches of a fusion switch file, read by the plugin that reads option
+    ``fusion_switch_file`` (ge_fusion: :mod:`ge_fusion.switches`)."""
+    return read_option("fusion_switch_file", path).get("fusion_switches", {})
 
 
 def _coerce(k: str, v: Any) -> Any:
@@ -524,7 +539,7 @@ def _is_int(s: str) -> bool:
     return bool(body) and body.isascii() and body.isdigit()
 
 
-def _read_regular_file(path: str, what: str, limit: int) -> bytes:
+def read_regular_file(path: str, what: str, limit: int) -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes; anything else is an OptionError
     (a FIFO or device would block or never end)."""
     try:

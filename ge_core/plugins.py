@@ -10,6 +10,7 @@ the others keep working. Environment:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata as md
 import inspect
 import logging
@@ -93,6 +94,8 @@ class Registries:
         self.memory_planners: Registry = Registry("memory planner")
         self.backends: Registry = Registry("backend")
         self.options: Registry = Registry("option")
+        #: Option name -> ``read(value) -> {option: value}`` (``register(name, read=...)``).
+        self.option_readers: Registry = Registry("option reader")
         self.cli_commands: Registry = Registry("command")
 
     def kernels_for(self, backend: str) -> Registry:
@@ -269,8 +272,15 @@ class PluginHost:
             return add
 
         def option_adder(plugin):
-            def add(name: str, default=None, help: str = ""):
-                return ("options", name, (default, help))
+            def add(name: str, default=None, help: str = "", read: Callable | None = None):
+                from .options import CompileOptions
+
+                if read is not None and not callable(read):
+                    raise PluginError(f"reader of option '{name}' is not callable")
+                reader = [("option_readers", name, read)] if read is not None else []
+                if read is not None and name in {f.name for f in dataclasses.fields(CompileOptions)}:
+                    return reader  # a built-in option this plugin reads
+                return [("options", name, (default, help)), *reader]
 
             return add
 
@@ -304,7 +314,8 @@ class PluginHost:
                 adder = make_adder(plugin)
 
                 def register(*args, _adder=adder, _pending=pending, **kw):
-                    _pending.append(_adder(*args, **kw))
+                    entry = _adder(*args, **kw)
+                    _pending.extend(entry if isinstance(entry, list) else [entry])
 
                 try:
                     impl.function(register=register) if "register" in impl.argnames else impl.function()

@@ -40,3 +40,11 @@ def ge_register_kernels(register):
 
     for op_type, factory in KERNELS.items():
         register(op_type, factory, domain=DOMAIN, backend="cpu")
+
+
+@hookimpl
+def ge_register_options(register):
+    """The reader of ATC's ``fusion_switch_file`` option (GE's JSON switch format)."""
+    from .switches import read_switch_option
+
+    register("fusion_switch_file", read=read_switch_option)
