@@ -89,7 +89,8 @@ def parse_kv(items: Sequence[str] | None, what: str) -> dict[str, Any]:
     return out
 
 
-def _write_json_atomic(path: str, data: Any) -> None:
+def write_json_atomic(path: str, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file (never half a file); ModelFileError on failure."""
     d = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(d):
         raise ModelFileError(f"cannot write '{path}': folder '{d}' does not exist")
@@ -203,7 +204,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     model = _compile_with_progress(ge, args.model, opts, quiet=args.quiet)
     model.save(out)
     if args.report:
-        _write_json_atomic(args.report, model.report)
+        write_json_atomic(args.report, model.report)
     if not args.quiet:
         con = _console()
         _print_report(model.report, con)
@@ -550,7 +551,7 @@ def atc_main(argv: Sequence[str] | None = None) -> int:
             info = inspect_om(args.om)
             text = json.dumps(info, indent=2, default=str)
             if args.json:
-                _write_json_atomic(args.json, info)
+                write_json_atomic(args.json, info)
             else:
                 print(text)
             return 0
@@ -577,7 +578,7 @@ def atc_main(argv: Sequence[str] | None = None) -> int:
         out = args.output if args.output.endswith(".om") else args.output + ".om"
         model.save(out)
         if args.report:
-            _write_json_atomic(args.report, model.report)
+            write_json_atomic(args.report, model.report)
         print(f"ATC run success: wrote {out}")
         return 0
 

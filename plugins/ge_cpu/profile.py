@@ -101,17 +101,28 @@ def configure(p) -> None:
     p.add_argument("--json", action="store_true")
 
 
+def _feed(spec: str) -> tuple[str, np.ndarray]:
+    """``NAME=FILE.npy`` of ``--input``: the name and the array, read as ``ge run`` reads it."""
+    from ge_core.errors import InputError
+    from ge_core.inputs import read_feed_file
+
+    name, sep, path = spec.partition("=")
+    if not sep or not name:
+        raise InputError(f"--input '{spec}' must look like name=file.npy")
+    return name, read_feed_file(name, path)
+
+
 def run(args) -> int:
     import ge_core as ge
-    from ge_core.cli import _load_feed, _write_json_atomic, random_feeds
+    from ge_core.cli import random_feeds, write_json_atomic
 
     model = ge.load_om(args.model)
-    feeds = dict(_load_feed(s) for s in args.input or [])
+    feeds = dict(_feed(s) for s in args.input or [])
     for k, v in random_feeds(model).items():
         feeds.setdefault(k, v)
     result = profile(model, model._check_feeds(feeds), runs=max(1, args.runs))
     trace_path = args.trace or os.path.splitext(os.path.basename(args.model))[0] + ".trace.json"
-    _write_json_atomic(trace_path, result.pop("trace"))
+    write_json_atomic(trace_path, result.pop("trace"))
     if args.json:
         print(json.dumps({**result, "trace": trace_path}, indent=1))
         return 0
