@@ -299,10 +299,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(src, end="")
         return 0
     info = inspect_om(args.model)
-    if getattr(args, "memory_plot", None):
-        from .memory_plot import plot_om
+    if getattr(args, "memory_plot", None):  # drawn by the plugin command memory-plot (ge_memory)
+        from .plugins import get_host
 
-        info["memory_plot"] = plot_om(args.model, args.memory_plot)
+        draw = get_host().registries.cli_commands.get("memory-plot")
+        if draw is None:
+            raise OptionError("--memory-plot: no plugin provides the memory-plot command",
+                              hint="the ge_memory plugin does: is it disabled (GE_DISABLE_PLUGINS)?")
+        draw.run(argparse.Namespace(model=args.model, out=args.memory_plot, quiet=True))
+        info["memory_plot"] = os.fspath(args.memory_plot)
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return 0

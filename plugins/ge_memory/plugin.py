@@ -25,3 +25,11 @@ def ge_register_passes(register):
     from .schedule import SinkConstantComputations
 
     register(SinkConstantComputations())
+
+
+@hookimpl
+def ge_register_cli_commands(register):
+    from . import plot
+
+    register("memory-plot", "draw the memory plan of an .om: tensor lifetime by arena offset (needs matplotlib)",
+             plot.configure, plot.run)

@@ -71,7 +71,7 @@ def test_inspect_draws_the_memory_plot(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
-    from ge_core.memory_plot import plan_rectangles
+    from ge_memory.plot import plan_rectangles
 
     m = ge.load_om(om)
     rects = plan_rectangles(m.graph, m.memory_plan)

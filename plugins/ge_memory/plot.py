@@ -1,7 +1,8 @@
 """A picture of a memory plan: each tensor a rectangle of lifetime (x) by arena offset (y).
 
-``ge inspect MODEL.om --memory-plot FILE.png`` draws the plan stored in an .om; from Python,
-:func:`plot_plan` draws any graph's plan. Needs matplotlib (``pip install matplotlib``).
+``ge memory-plot MODEL.om FILE.png`` (this plugin's command, which ``ge inspect MODEL.om
+--memory-plot FILE.png`` runs) draws the plan stored in an .om; from Python, :func:`plot_plan`
+draws any graph's plan. Needs matplotlib (``pip install matplotlib``).
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .errors import GEError
-from .ir.graph import Graph
-from .memory import MemoryPlan, build_problem
+from ge_core.errors import GEError
+from ge_core.ir.graph import Graph
+from ge_core.memory import MemoryPlan, build_problem
 
 
 def _pyplot() -> Any:
@@ -70,10 +71,22 @@ def plot_plan(graph: Graph, plan: MemoryPlan, path: str | os.PathLike, *, title:
 
 def plot_om(om_path: str | os.PathLike, out: str | os.PathLike) -> str:
     """Draw the memory plan stored in an .om file."""
-    from .om import load_om
+    from ge_core.om import load_om
 
     model = load_om(om_path)
     if model.memory_plan is None:
         raise GEError(f"'{os.fspath(om_path)}' has no memory plan to draw", hint="compile it with a memory planner plugin")
     return plot_plan(model.graph, model.memory_plan, out, title=f"{os.path.basename(os.fspath(om_path))}: "
                      f"{model.memory_plan.arena_bytes:,} bytes ({model.memory_plan.planner})")
+
+
+def configure(parser: Any) -> None:
+    parser.add_argument("model", help="an .om file")
+    parser.add_argument("out", metavar="FILE.png", help="the image to write")
+
+
+def run(args: Any) -> int:
+    path = plot_om(args.model, args.out)
+    if not getattr(args, "quiet", False):
+        print(f"memory plot: {path}")
+    return 0
