@@ -66,7 +66,7 @@ class HappensBefore:
     starts (-1 for none). Built in schedule order from stream order plus events.
     """
 
-    def __init__(self, assignment: StreamAssignment, skip: tuple[int, int] | None = None) -> None:
+    def __init__(self, assignment: StreamAssignment) -> None:
         streams = assignment.streams
         k = assignment.count
         self.stream_pos: list[int] = []
@@ -76,8 +76,7 @@ class HappensBefore:
             counters[s] += 1
         incoming: dict[int, list[int]] = {}
         for src, dst in assignment.events:
-            if (src, dst) != skip:
-                incoming.setdefault(dst, []).append(src)
+            incoming.setdefault(dst, []).append(src)
         last_on: list[int | None] = [None] * k
         self.clock: list[list[int]] = []
         for i, s in enumerate(streams):
@@ -123,12 +122,3 @@ def verify_streams(order: Sequence, assignment: StreamAssignment, who: str = "")
                 hint="the allocator must add an event for every cross-stream dependency",
             )
 
-
-def redundant_events(assignment: StreamAssignment) -> list[tuple[int, int]]:
-    """Events implied by the others and stream order (a minimal assignment has none)."""
-    out = []
-    for e in assignment.events:
-        hb = HappensBefore(assignment, skip=e)
-        if hb.ordered(e[0], e[1], assignment.streams):
-            out.append(e)
-    return out

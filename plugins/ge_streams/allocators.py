@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ge_core.ir.graph import Graph, Node
-from ge_core.schedule import StreamAssignment, data_edges
+from ge_core.schedule import HappensBefore, StreamAssignment, data_edges
 
 DEFAULT_MAX_STREAMS = 8
 EVENT_COST = 2_000.0  # in the same unit as node costs (roughly multiply-adds)
@@ -193,3 +193,13 @@ def allocate_critical_path(graph: Graph, options=None) -> StreamAssignment:
         finish[i] = best_start + cost[i]
         avail[best_s] = finish[i]
     return _finish(graph, order, streams, preds, options)
+
+
+def redundant_events(assignment: StreamAssignment) -> list[tuple[int, int]]:
+    """Events implied by the others and stream order (a minimal assignment has none)."""
+    out = []
+    for e in assignment.events:
+        others = StreamAssignment(list(assignment.streams), [x for x in assignment.events if x != e])
+        if HappensBefore(others).ordered(e[0], e[1], assignment.streams):
+            out.append(e)
+    return out
