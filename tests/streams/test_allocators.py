@@ -6,8 +6,8 @@ import pytest
 import ge_core as ge
 from ge_core import GEError, hookimpl
 from ge_core.schedule import HappensBefore, StreamAssignment, data_edges, verify_streams
-from ge_streams.allocators import redundant_events
 from ge_sdk import GraphBuilder
+from ge_streams.allocators import redundant_events
 from tests.conftest import LIGHT_MODELS, light_model_path
 
 
