@@ -251,11 +251,11 @@ def memory_problem(g: Graph, order, streams: StreamAssignment, options: CompileO
     except GEError as e:
         raise OptionError(f"option memory_alignment: {e}", hint="64 is the default; GE uses 512") from None
 
-    def kind(node):
+    def alias(node):
         d = regs.ops.lookup(node.domain, node.op_type)
-        return d.kind if d is not None else None
+        return d.aliasing if d is not None else ""
 
-    return build_problem(g, order, alignment, streams=streams, op_kind=kind, share=_reuse_enabled(options))
+    return build_problem(g, order, alignment, streams=streams, alias=alias, share=_reuse_enabled(options))
 
 
 def _plan_memory(problem, options: CompileOptions, regs) -> MemoryPlan | None:

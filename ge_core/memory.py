@@ -6,11 +6,13 @@ choose the offsets.
 
 Sharing (``build_problem(..., share=True)``) groups values that occupy the same bytes:
 
-* *views*: the output of Reshape/Flatten/Squeeze/Unsqueeze/Identity is the bytes of its input;
-* *in place*: an elementwise op (``OpKind.ELEMWISE``/``BROADCAST``) writes its output over an
-  input of the same type whose bytes nobody reads afterwards;
-* *concat*: the inputs of a Concat whose outer dimensions are all 1 lie back to back inside the
+* *views*: the output of a view op (Reshape, Squeeze...) is the bytes of its input;
+* *in place*: an elementwise op writes its output over an input of the same type whose bytes
+  nobody reads afterwards;
+* *concat*: the inputs of a concat whose outer dimensions are all 1 lie back to back inside the
   output, so producers write straight into the concat's output and the concat costs nothing.
+
+Which op is which is the op set's fact, ``OpDef.alias`` (see :data:`ge_core.ops.ALIAS_KINDS`).
 
 A group is planned as one :class:`Buffer` (named after its root value, alive from its first
 member's start to its last member's end); the other members are ``problem.aliases``: ``member ->
@@ -32,7 +34,6 @@ from typing import Any
 
 from .errors import GEError, SecurityError
 from .ir.graph import Graph, Node, Value
-from .ops import OpKind
 
 DEFAULT_ALIGNMENT = 64
 
@@ -40,7 +41,8 @@ DEFAULT_ALIGNMENT = 64
 #: can claim far more (a ConstantOfShape of [2**31, 2**16, 2**16] floats is 2**65 bytes).
 MAX_ARENA_BYTES = 1 << 48
 
-#: Ops whose output holds exactly the bytes of their first input (C order).
+#: Kept only for plugins/ge_cpu/arena.py, which re-derives views (issue 16: the arena is to consume
+#: ``problem.aliases``); the memory problem reads ``OpDef.alias`` instead. Goes with that change.
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 
 
@@ -117,7 +119,7 @@ def build_problem(
     alignment: int = DEFAULT_ALIGNMENT,
     *,
     streams: Any = None,
-    op_kind: Callable[[Node], OpKind | None] | None = None,
+    alias: Callable[[Node], str] | None = None,
     share: bool = False,
 ) -> MemoryProblem:
     """Lifetimes of every node output (not graph inputs, constants or graph outputs).
@@ -126,7 +128,7 @@ def build_problem(
     reads lives only at its producer. Graph outputs are returned to the caller, so they are not
     placed in the reused arena. ``streams`` (a :class:`ge_core.schedule.StreamAssignment`)
     extends lifetimes across streams (see the module docstring); ``share`` groups views,
-    in-place outputs (``op_kind`` tells which nodes are elementwise) and concat inputs.
+    in-place outputs and concat inputs, as ``alias(node)`` (the node's ``OpDef.aliasing``) says.
     """
     pos = {n: i for i, n in enumerate(order)}
     owner: dict[Graph, int] = {}  # subgraph -> position of the node holding it
@@ -173,7 +175,7 @@ def build_problem(
         end = _extend_across_streams(order, stream_of, list(streams.events), start, end, readers)
     groups = _Groups(sizes)
     if share:
-        _share(order, pos, groups, sizes, end, outputs, op_kind, stream_of, inplace=not multi)
+        _share(order, pos, groups, sizes, end, alias or _no_alias, stream_of, inplace=not multi)
     # one buffer per group root
     bstart: dict[str, int] = {}
     bend: dict[str, int] = {}
@@ -231,7 +233,11 @@ class _Groups:
         return self.group_end.get(root, end.get(root, -1))
 
 
-def _share(order, pos, groups: _Groups, sizes, end, outputs, op_kind, stream_of, *, inplace: bool) -> None:
+def _no_alias(node: Node) -> str:
+    return ""
+
+
+def _share(order, pos, groups: _Groups, sizes, end, alias: Callable[[Node], str], stream_of, *, inplace: bool) -> None:
     def same_stream(node, v) -> bool:
         if stream_of is None or v.producer is None or v.producer not in pos:
             return True
@@ -239,23 +245,22 @@ def _share(order, pos, groups: _Groups, sizes, end, outputs, op_kind, stream_of,
 
     for node in order:
         i = pos[node]
-        op = node.op_type
-        plain = node.domain in ("", "ai.onnx")
         if not node.outputs:
             continue
         out = node.outputs[0]
         if out.name not in sizes:
             continue
-        if plain and op in VIEW_OPS and node.inputs and node.inputs[0] is not None:
+        kind = alias(node)
+        if kind == "view" and node.inputs and node.inputs[0] is not None:
             x = node.inputs[0]
             if x.name in sizes and sizes[x.name] == sizes[out.name] and same_stream(node, x):
                 r, off = groups.find(x.name)
                 groups.join(out.name, r, off, "view", end)
             continue
-        if plain and op == "Concat":
+        if kind == "concat":
             _share_concat(node, groups, sizes, end, same_stream)
             continue
-        if inplace and op_kind is not None and op_kind(node) in (OpKind.ELEMWISE, OpKind.BROADCAST):
+        if inplace and kind == "inplace":
             for x in node.inputs:
                 if x is None or x.name not in sizes or x.type.dtype != out.type.dtype or x.type.shape != out.type.shape:
                     continue

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import GEError, GraphError, ShapeInferenceError, UnsupportedOpError, reraise_interrupt
+from .errors import GEError, GraphError, PluginError, ShapeInferenceError, UnsupportedOpError, reraise_interrupt
 from .ir.graph import Graph, Node
 from .ir.types import TensorType
 from .registry import Registry, close_matches
@@ -23,6 +23,14 @@ class OpKind(enum.IntEnum):
     OUT_ELEMWISE_FUSABLE = 4  #: complex op whose output can take fused elementwise ops (conv)
     TUPLE = 7
     OPAQUE = 8  #: not fusible
+
+
+#: How an op's output 0 may share the bytes of its inputs (``OpDef.alias``), which the memory
+#: problem (:func:`ge_core.memory.build_problem`) reads:
+#: ``"view"``: it is the bytes of input 0 in C order (Reshape); ``"inplace"``: elementwise, it may
+#: be written over an input of its type whose bytes nobody reads later; ``"concat"``: its inputs
+#: lie back to back in it when its dims before ``axis`` are all 1 (producers write in place).
+ALIAS_KINDS = ("view", "inplace", "concat")
 
 
 #: ``infer(node, opset) -> list[TensorType]``: output types from the node's input types (and
@@ -57,6 +65,20 @@ class OpDef:
     #: True for ops only the compiler makes (fused kernels): their domain is refused in a source
     #: model (:meth:`OpRegistry.internal_domains`); an .om may hold them, checked by ``check``.
     internal: bool = False
+    #: Aliasing fact (one of :data:`ALIAS_KINDS`); ``None``: "inplace" for the ELEMWISE and
+    #: BROADCAST kinds, else none; ``""``: the output never shares an input's bytes.
+    alias: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.alias not in (None, "", *ALIAS_KINDS):
+            raise PluginError(f"op {self.op_type}: alias must be one of {', '.join(ALIAS_KINDS)}, not {self.alias!r}")
+
+    @property
+    def aliasing(self) -> str:
+        """The aliasing fact the memory problem uses ("" for none)."""
+        if self.alias is not None:
+            return self.alias
+        return "inplace" if self.kind in (OpKind.ELEMWISE, OpKind.BROADCAST) else ""
 
     @property
     def key(self) -> tuple[str, str]:

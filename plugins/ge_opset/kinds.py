@@ -57,6 +57,24 @@ RANDOM_OPS = frozenset(
 )
 
 
+#: Output 0 is the bytes of input 0 (C order): the memory problem plans it as a view.
+VIEW_OPS = frozenset("Reshape Flatten Squeeze Unsqueeze Identity".split())
+#: Inputs may lie back to back in the output (zero-copy concat).
+CONCAT_OPS = frozenset({"Concat"})
+
+
+def op_alias(op_type: str) -> str:
+    """The aliasing fact (``OpDef.alias``) of a standard op type: view, concat, inplace for the
+    elementwise kinds, "" for none."""
+    if op_type in VIEW_OPS:
+        return "view"
+    if op_type in CONCAT_OPS:
+        return "concat"
+    if op_type in ELEMWISE_OPS or op_type in BROADCAST_OPS:
+        return "inplace"
+    return ""
+
+
 def op_kind(op_type: str) -> OpKind:
     """The fusion kind of a standard op type (OPAQUE when not listed)."""
     if op_type in ELEMWISE_OPS:

@@ -11,7 +11,7 @@ import numpy as np
 from ge_core.ops import OpDef
 
 from .infer import onnx_infer
-from .kinds import RANDOM_OPS, op_kind
+from .kinds import RANDOM_OPS, op_alias, op_kind
 
 #: The ONNX domains whose ops this op set defines ("" is the default domain).
 ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview")
@@ -98,6 +98,7 @@ def _build_opdefs(domains: tuple[str, ...]) -> tuple[OpDef, ...]:
                 min_outputs=min(s.min_output for s in schemas),
                 max_outputs=min(VARIADIC, max(s.max_output for s in schemas)),
                 kind=op_kind(name),
+                alias=op_alias(name) if dom == "" else None,
                 infer=onnx_infer,
                 since_version=schemas[0].since_version,
                 deprecated_after=deprecated_after,

@@ -14,14 +14,14 @@ from ge_sdk import GraphBuilder
 NO_FUSION = {"pipeline": {"fuse": {"passes": []}}}
 
 
-def kind(node):
+def alias(node):
     d = get_host().registries.ops.lookup(node.domain, node.op_type)
-    return d.kind if d is not None else None
+    return d.aliasing if d is not None else ""
 
 
 def problem(g, **kw):
     kw.setdefault("share", True)
-    return build_problem(g, g.node_list(), op_kind=kind, **kw)
+    return build_problem(g, g.node_list(), alias=alias, **kw)
 
 
 def conv_relu_chain():
@@ -133,7 +133,7 @@ def test_reuse_across_streams_waits_for_an_event():
     single = build_problem(g, g.node_list(), streams=StreamAssignment.single(len(g)))
     assert {bf.name: bf.end for bf in single.buffers}[a.name] == 1
     # in place is only planned on one stream
-    assert not build_problem(g, g.node_list(), streams=sa, op_kind=kind, share=True).alias_kinds.get(t.name) == "inplace"
+    assert not build_problem(g, g.node_list(), streams=sa, alias=alias, share=True).alias_kinds.get(t.name) == "inplace"
 
 
 def test_sink_pass_moves_constant_computations_to_their_reader():
@@ -154,5 +154,10 @@ def test_sink_pass_moves_constant_computations_to_their_reader():
     np.testing.assert_allclose(list(model.run({"x": xv}).values())[0], list(off.run({"x": xv}).values())[0])
 
 
-def test_opkind_is_what_in_place_relies_on():
-    assert kind(conv_relu_chain().node_list()[1]) == OpKind.ELEMWISE
+def test_the_op_sets_alias_fact_is_what_sharing_relies_on():
+    relu = conv_relu_chain().node_list()[1]
+    d = get_host().registries.ops.lookup(relu.domain, relu.op_type)
+    assert d.kind == OpKind.ELEMWISE and d.alias == "inplace" and alias(relu) == "inplace"
+    ops = get_host().registries.ops
+    assert ops.lookup("", "Reshape").alias == "view" and ops.lookup("", "Concat").alias == "concat"
+    assert ops.lookup("", "Conv").aliasing == ""
