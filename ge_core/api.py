@@ -88,6 +88,8 @@ def load(source: Any, framework: str | int | None = None, **options: Any) -> Gra
     regs = host.registries
     if isinstance(source, (str, os.PathLike)):
         p = os.fspath(source)
+        if "\0" in os.fsdecode(p):
+            raise ModelFileError(f"model path {p!r} holds a NUL character", hint="check the path")
         if not os.path.exists(p):
             raise ModelFileError(f"model file '{p}' does not exist", hint="check the path")
     front = _frontend_for(source, opts.framework, regs)

@@ -315,6 +315,8 @@ def write_container(
     previous file at ``path`` (if any) is left untouched and no temporary file remains.
     """
     path = os.fsdecode(os.fspath(path))
+    if "\0" in path:
+        raise ModelFileError(f"cannot write {path!r}: the path holds a NUL character", hint="pass a file name")
     checked = _check_partitions(partitions)
     producer_raw = _encode_producer(producer)
     table_offset = HEADER_SIZE
@@ -543,8 +545,8 @@ def _open_mapping(path: str) -> mmap.mmap | None:
         st = os.stat(path)
     except FileNotFoundError:
         raise ModelFileError(f"{path}: no such file", hint=hint) from None
-    except OSError as e:
-        raise ModelFileError(f"{path}: cannot read: {e.strerror or e}", hint=hint) from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+        raise ModelFileError(f"{path!r}: cannot read: {getattr(e, 'strerror', None) or e}", hint=hint) from None
     if stat.S_ISDIR(st.st_mode):
         raise ModelFileError(f"{path}: is a directory, not an .om file", hint="pass the .om file")
     if not stat.S_ISREG(st.st_mode):

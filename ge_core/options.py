@@ -116,6 +116,8 @@ class CompileOptions:
         path = os.fspath(path)
         if isinstance(path, bytes):
             path = os.fsdecode(path)
+        if "\0" in path:
+            raise OptionError(f"config path {path!r} holds a NUL character", hint="name a TOML file")
         # A config may name another one ([options] config = "..."): refuse cycles and long chains.
         stack: list[str] = getattr(self, "_config_stack", [])
         real = os.path.realpath(path)
@@ -524,7 +526,10 @@ def _coerce(k: str, v: Any) -> Any:
         return list(v)
     if k in ("dump_ir", "stream_allocator", "memory_planner"):
         if v is None or (isinstance(v, str) and v) or (k == "dump_ir" and isinstance(v, os.PathLike)):
-            return v if not isinstance(v, os.PathLike) else os.fspath(v)
+            v = v if not isinstance(v, os.PathLike) else os.fspath(v)
+            if isinstance(v, str) and "\0" in v:
+                raise OptionError(f"{k} {v!r:.60} holds a NUL character")
+            return v
         raise OptionError(f"{k} must be a {'folder path' if k == 'dump_ir' else 'name'}, not {v!r:.60}")
     if k == "soc_version":
         if not isinstance(v, str) or not v.strip():
@@ -542,6 +547,8 @@ def _is_int(s: str) -> bool:
 def read_regular_file(path: str, what: str, limit: int) -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes; anything else is an OptionError
     (a FIFO or device would block or never end)."""
+    if "\0" in path:
+        raise OptionError(f"{what} {path!r} holds a NUL character", hint="check the path")
     try:
         st = os.stat(path)
     except FileNotFoundError:
