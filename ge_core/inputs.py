@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import stat
 import struct
+import tokenize
 from collections.abc import Mapping
 
 import numpy as np
@@ -62,7 +63,9 @@ def read_feed_file(name: str, path: str) -> np.ndarray:
             return _read_npy(f, st.st_size, what)
         except InputError:
             raise
-        except (ValueError, EOFError, OSError, SyntaxError, TypeError, MemoryError, OverflowError) as e:
+        # tokenize.TokenError: NumPy's header parser tokenizes the dict text (an unclosed bracket)
+        except (ValueError, EOFError, OSError, SyntaxError, TypeError, MemoryError, OverflowError,
+                tokenize.TokenError) as e:
             raise InputError(f"{what} is not a readable .npy array ({type(e).__name__}: {e})", hint=_NPY_HINT) from None
 
 

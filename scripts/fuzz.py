@@ -2,7 +2,8 @@
 """Longer fuzzing campaigns of the readers (the test suite runs short ones: tests/fuzz).
 
     python scripts/fuzz.py                          # every target, 20,000 cases each
-                                                    # (tensorflow where it is installed)
+                                                    # (tensorflow, pt2 where TensorFlow, PyTorch
+                                                    # are installed)
     python scripts/fuzz.py --target onnx --seconds 600 --seed 7
     python scripts/fuzz.py --target om --cases 100000 --crash-dir crashes/
     python scripts/fuzz.py --target onnx --replay 1234 --seed 7   # re-run one case, in process
@@ -29,7 +30,12 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "fuzz"))
 
 import fuzz_engine  # noqa: E402
 
-TARGETS = ("onnx", "om", "config", "switch", "tensorflow", "codegen")
+TARGETS = ("onnx", "om", "config", "switch", "tensorflow", "codegen", "pt2", "feeds")
+#: seconds a case may take on average before a --cases campaign counts as hung (default 0.05):
+#: a .pt2 that loads goes through torch's decompositions (0.15 s)
+SECONDS_PER_CASE = {"pt2": 0.15}
+#: the framework a target needs: without it, a run of every target leaves the target out
+NEEDS = {"tensorflow": "tensorflow", "pt2": "torch"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,13 +53,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="after a child dies, start a new one at the next case (figures are merged)")
     ap.add_argument("--replay", type=int, metavar="INDEX", help="run one case in this process, with its traceback")
     a = ap.parse_args(argv)
-    targets = a.target or [t for t in TARGETS if t != "tensorflow" or _have("tensorflow")]
+    targets = a.target or [t for t in TARGETS if t not in NEEDS or _have(NEEDS[t])]
     if a.replay is not None:
         return _replay(targets[0], a.seed, a.replay)
     cases = a.cases if a.cases is not None or a.seconds is not None else 20000
     results = []
     for t in targets:
-        limit = (a.seconds or 0) + 600 if a.seconds else max(600.0, (cases or 0) * 0.05)
+        limit = (a.seconds or 0) + 600 if a.seconds else max(600.0, (cases or 0) * SECONDS_PER_CASE.get(t, 0.05))
         kw = dict(seed=a.seed, mem_limit=(a.mem_limit_mb << 20) or None, timeout=limit,
                   crash_dir=os.path.abspath(a.crash_dir) if a.crash_dir else None)
         s = fuzz_engine.run_in_subprocess(t, cases=cases, seconds=a.seconds, start=a.start, **kw)

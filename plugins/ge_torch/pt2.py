@@ -270,10 +270,12 @@ class _Archive:
             raise ModelFileError(f"cannot read model file '{path}': {e.strerror or e}") from None
         if not stat.S_ISREG(st.st_mode):
             raise ModelFileError(f"model file '{path}' is not a regular file", hint="give a .pt2 file")
+        self.size = st.st_size
         try:
             self.zf = zipfile.ZipFile(path)
             infos = self.zf.infolist()
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        # NotImplementedError: a record of an unknown zip version
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as e:
             raise ModelFileError(f"'{path}' is not a .pt2 archive (not a zip file: {e})", hint=_HINT) from None
         names = [i.filename for i in infos]
         if not names:
@@ -298,10 +300,16 @@ class _Archive:
         if info.file_size > limit:
             raise ModelFileError(f"'{self.path}': entry '{name}' has {info.file_size} bytes, more than {limit}",
                                  hint="the file is corrupt or hostile")
+        # zipfile reads as many stored bytes as the entry declares in one call: a declared size
+        # beyond the archive would allocate it before finding the end of the file
+        if info.compress_size > self.size:
+            raise ModelFileError(f"'{self.path}': entry '{name}' declares {info.compress_size} stored bytes, more "
+                                 f"than the archive's {self.size}", hint="the file is corrupt or hostile")
         try:
             with self.zf.open(info) as f:
-                data = f.read(limit + 1)
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as e:
+                data = f.read(info.file_size + 1)  # one more than declared: a longer entry is refused
+        # RuntimeError: an entry flagged as encrypted
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError) as e:
             raise ModelFileError(f"'{self.path}': entry '{name}' cannot be read ({e})", hint="the file is corrupt") from None
         if len(data) != info.file_size:
             raise ModelFileError(f"'{self.path}': entry '{name}' is not the size its header says",
@@ -362,6 +370,8 @@ def _tensors(ar: _Archive, config_name: str, folder: str, kind: str) -> Any:
                 dtype = deserialize_scalar_type(schema.ScalarType(int(tm.get("dtype"))))  # type: ignore[arg-type]
             except (ValueError, KeyError, TypeError):
                 raise _Refused(f"its dtype {tm.get('dtype')!r} is unknown") from None
+            if not isinstance(tm.get("sizes") or [], list) or not isinstance(tm.get("strides") or [], list):
+                raise _Refused("its sizes or strides are not lists")
             sizes = [_as_int(s, "a size") for s in tm.get("sizes") or []]
             strides = [_as_int(s, "a stride") for s in tm.get("strides") or []]
             offset = _as_int(tm.get("storage_offset", {"as_int": 0}), "the storage offset")

@@ -1,16 +1,19 @@
 """Bounded fuzzing of every reader: mutated ONNX models, .om files, pipeline configs, fusion
-switch files, frozen TensorFlow GraphDefs and generated-source inputs (fused programs and names
-in compiled and source models, with a canary that a payload running as code would create). Each
+switch files, frozen TensorFlow GraphDefs, generated-source inputs (fused programs and names
+in compiled and source models, with a canary that a payload running as code would create),
+.pt2 archives (with a canary that an unpickled payload would create) and .npy feed files. Each
 target runs 2,000 cases (the TensorFlow one 1,000: a case goes through TensorFlow's importer and
-grappler; the codegen one 1,500) in a child process whose address
-space is capped (so a hostile size that makes a reader allocate gigabytes fails the case), with
+grappler; the codegen one 1,500; the pt2 one 300: a .pt2 that loads goes through torch's
+decompositions) in a child process whose address space is capped (so a hostile size that
+makes a reader allocate gigabytes fails the case), with
 a per-case time limit. Every case must end in a result or a GEError. ``GE_FUZZ_SEED`` picks
 another seed, ``GE_FUZZ_CASES`` another number of cases (for every target); ``scripts/fuzz.py``
 runs longer campaigns.
 
 For the ONNX target every case is loaded (``ge.load``: bytes, or a file for the external-data
 seed and 10% of the others); 40% of the cases that load are compiled and saved as .om. The
-TensorFlow target does the same with .pb files; it is skipped where TensorFlow is not installed.
+TensorFlow target does the same with .pb files; it is skipped where TensorFlow is not installed,
+the pt2 target (30% of the archives that load are compiled and run) where PyTorch is not.
 """
 
 import json
@@ -25,7 +28,11 @@ SEED = int(os.environ.get("GE_FUZZ_SEED", "0"))
 #: cores busy with other work
 #: the codegen target (hostile fused programs and names in .om and .onnx files, with a canary) runs
 #: 1,500: 2,000 took 29 s on 2 cores busy with other work
-DEFAULT_CASES = {"onnx": 2000, "om": 2000, "config": 2000, "switch": 2000, "tensorflow": 1000, "codegen": 1500}
+#: the pt2 target runs 300: 400 took 38 s on 2 busy cores, 7 s of them to import torch and export
+#: the seeds (a case that loads spends 0.15 s in torch's decompositions); the feeds one 2,000
+#: (0.6 s on idle cores, 15 s with both cores busy)
+DEFAULT_CASES = {"onnx": 2000, "om": 2000, "config": 2000, "switch": 2000, "tensorflow": 1000, "codegen": 1500,
+                 "pt2": 300, "feeds": 2000}
 
 
 def _cases(target: str) -> int:
@@ -36,6 +43,8 @@ def _cases(target: str) -> int:
 def test_fuzz_target(target, record_property, tmp_path):
     if target == "tensorflow":
         pytest.importorskip("tensorflow", reason="the TensorFlow fuzz target needs the [tensorflow] extra")
+    if target == "pt2":
+        pytest.importorskip("torch", reason="the pt2 fuzz target needs the [torch] extra")
     cases = _cases(target)
     stats = run_in_subprocess(target, cases=cases, seed=SEED, timeout=400, crash_dir=str(tmp_path / "crashes"))
     record_property("fuzz_figures", json.dumps({k: v for k, v in stats.items() if k != "mutations"}))

@@ -143,3 +143,12 @@ def test_ge_run_refuses_fifo_and_dev_zero_without_hanging(tmp_path):
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2, r.stderr
         assert "Traceback" not in r.stderr and "'x'" in r.stderr and needle in r.stderr, r.stderr
+
+
+def test_header_with_an_unclosed_bracket_is_an_input_error(tmp_path):
+    """NumPy's header parser tokenizes the dict text: an unclosed bracket raised a raw
+    tokenize.TokenError (found by the ``feeds`` fuzz target)."""
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3, }".ljust(117) + "\n"
+    p = tmp_path / "unclosed.npy"
+    p.write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + b"\0" * 24)
+    _expect("x", p, "not a readable .npy")

@@ -224,7 +224,7 @@ def test_expressions_torch_writes_are_accepted():
 
 
 @pytest.mark.parametrize("case", ["not_zip", "truncated", "empty", "strides_past_end", "huge_size",
-                                  "bad_dtype", "bad_json", "no_program", "directory"])
+                                  "sizes_not_a_list", "bad_dtype", "bad_json", "no_program", "directory"])
 def test_corrupt_archives_are_model_file_errors(saved, tmp_path, case):
     path = os.fspath(tmp_path / "bad.pt2")
     raw = open(saved[0], "rb").read()
@@ -244,6 +244,8 @@ def test_corrupt_archives_are_model_file_errors(saved, tmp_path, case):
             meta["strides"] = [{"as_int": 400}, {"as_int": 1}]
         elif case == "huge_size":
             meta["sizes"] = [{"as_int": 1 << 40}, {"as_int": 1 << 20}]
+        elif case == "sizes_not_a_list":  # was a TypeError "bug in the frontend plugin" (pt2 fuzz target)
+            meta["sizes"] = 5
         elif case == "bad_dtype":
             meta["dtype"] = 999
         elif case == "bad_json":
@@ -304,3 +306,43 @@ def test_mutated_programs_and_configs_never_raise_raw_exceptions(saved, tmp_path
         except Exception as ex:  # noqa: BLE001 - what the test looks for
             raw.append(f"case {i}: {type(ex).__name__}: {str(ex)[:200]}")
     assert not raw, "\n".join(raw)
+
+
+
+def _patch_central_record(path: str, entry: str, out, fields: dict[int, tuple[str, int]]) -> str:
+    """Write ``path`` to ``out`` with fields of the central-directory record of the entry whose
+    name ends in ``entry`` overwritten: ``{offset in the record: (struct format, value)}``."""
+    import struct
+
+    raw = bytearray(open(path, "rb").read())
+    at = raw.find(b"PK\x01\x02")
+    while at >= 0:  # the entry's name follows the 46-byte fixed part of its record
+        n = struct.unpack_from("<H", raw, at + 28)[0]
+        if raw[at + 46: at + 46 + n].decode().endswith(entry):
+            for off, (fmt, value) in fields.items():
+                struct.pack_into(fmt, raw, at + off, value)
+            out.write_bytes(bytes(raw))
+            return os.fspath(out)
+        at = raw.find(b"PK\x01\x02", at + 4)
+    raise AssertionError(f"no entry {entry}")
+
+
+def test_declared_entry_size_beyond_the_archive_allocates_nothing(saved, tmp_path):
+    """A weight entry whose central-directory record declares 4 GiB of stored bytes: zipfile reads
+    as many bytes as declared in one call, so the reader refuses the size before reading (the
+    pt2 fuzz target's ``zip:sizes`` crash: a MemoryError under a capped address space)."""
+    path = _patch_central_record(saved[0], "data/weights/weight_0", tmp_path / "lying.pt2",
+                                 {20: ("<I", 2**32 - 1), 24: ("<I", 2**32 - 1)})  # compressed, uncompressed
+    with pytest.raises(ModelFileError, match="more than the archive"):
+        ge.load(path)
+
+
+@pytest.mark.parametrize("entry,fields", [
+    ("models/model.json", {6: ("<H", 115)}),  # "version needed to extract" 11.5: NotImplementedError
+    ("data/weights/weight_0", {8: ("<H", 1)}),  # flagged as encrypted: RuntimeError
+])
+def test_zip_records_zipfile_cannot_read_are_model_file_errors(saved, tmp_path, entry, fields):
+    """Found by the pt2 fuzz target: zipfile's NotImplementedError and RuntimeError came out as
+    "a bug in the frontend plugin"."""
+    with pytest.raises(ModelFileError, match="bad.pt2"):
+        ge.load(_patch_central_record(saved[0], entry, tmp_path / "bad.pt2", fields))
