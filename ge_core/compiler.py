@@ -46,7 +46,7 @@ def compile_graph(graph: Graph, options: CompileOptions, host, progress: Callabl
     apply_input_shapes(g, options.input_shape)
     apply_out_nodes(g, options.out_nodes)
     nodes_before = len(g)
-    unknown = [n for n in _walk(g) if regs.ops.lookup(n.domain, n.op_type) is None]
+    unknown = [n for n in g.walk() if regs.ops.lookup(n.domain, n.op_type) is None]
     if unknown:
         raise unknown_ops_error(unknown, regs.ops, source=g.metadata.get("source", ""))
 
@@ -118,13 +118,6 @@ def _pass_guard(mode: str, regs, host):
 
 
 _DISTRIBUTION = "ge-python"
-
-
-def _walk(g: Graph):
-    for n in g.nodes:
-        yield n
-        for sub in n.subgraphs():
-            yield from _walk(sub)
 
 
 def _all_constants(g: Graph):

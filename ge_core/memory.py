@@ -134,7 +134,8 @@ def build_problem(
     owner: dict[Graph, int] = {}  # subgraph -> position of the node holding it
     for n, i in pos.items():
         for sub in n.subgraphs():
-            _own(sub, i, owner)
+            owner[sub] = i
+            owner.update((s, i) for m in sub.walk() for s in m.subgraphs())
     outputs = set(graph.outputs)
     sizes: dict[str, int] = {}
     start: dict[str, int] = {}
@@ -345,13 +346,6 @@ def _extend_across_streams(order, stream_of, events, start, end, readers) -> dic
             latest = max(latest, pt[first] - 1 if first < len(pt) else pt[-1])
         new_end[name] = latest
     return new_end
-
-
-def _own(sub: Graph, pos: int, owner: dict[Graph, int]) -> None:
-    owner[sub] = pos
-    for n in sub.nodes:
-        for s in n.subgraphs():
-            _own(s, pos, owner)
 
 
 def expand_plan(problem: MemoryProblem, plan: MemoryPlan) -> MemoryPlan:

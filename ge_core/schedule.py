@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import GEError
+from .ir.graph import node_reads
 
 
 @dataclass
@@ -43,20 +44,11 @@ def data_edges(order: Sequence) -> list[tuple[int, int]]:
     pos = {n: i for i, n in enumerate(order)}
     edges: set[tuple[int, int]] = set()
     for j, n in enumerate(order):
-        for v in _reads(n):
+        for v in node_reads(n):
             p = v.producer
             if p is not None and p in pos and pos[p] != j:
                 edges.add((pos[p], j))
     return sorted(edges)
-
-
-def _reads(node):
-    for v in node.inputs:
-        if v is not None:
-            yield v
-    for g in node.subgraphs():
-        for n in g.nodes:
-            yield from _reads(n)
 
 
 class HappensBefore:

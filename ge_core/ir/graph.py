@@ -374,6 +374,14 @@ class Graph:
     def node_list(self) -> list[Node]:
         return list(self._iter())
 
+    def walk(self) -> Iterator[Node]:
+        """Every node of this graph and of the subgraphs nested in its nodes (to any depth),
+        each node followed by the nodes of its subgraphs."""
+        for n in self._iter():
+            yield n
+            for sub in n.subgraphs():
+                yield from sub.walk()
+
     @contextlib.contextmanager
     def inserting_before(self, node: Node):
         """New nodes added inside the block go just before ``node`` (in order)."""
@@ -561,7 +569,7 @@ class Graph:
         consumers: dict[Node, list[Node]] = {n: [] for n in nodes}
         for n in nodes:
             preds = set()
-            for v in _all_inputs(n):
+            for v in node_reads(n):
                 p = v.producer
                 if p is not None and p in index and p is not n:
                     preds.add(p)
@@ -625,8 +633,8 @@ class Graph:
         return f"<Graph {self.name}: {len(self)} nodes>"
 
 
-def _all_inputs(node: Node) -> Iterator[Value]:
-    """Inputs of a node plus outer values read by its subgraphs (implicit captures)."""
+def node_reads(node: Node) -> Iterator[Value]:
+    """Inputs of a node plus the outer values its subgraphs read (implicit captures)."""
     for v in node._inputs:
         if v is not None:
             yield v
@@ -636,7 +644,7 @@ def _all_inputs(node: Node) -> Iterator[Value]:
 
 def _captures(g: Graph) -> Iterator[Value]:
     for n in g._iter():
-        for v in _all_inputs(n):
+        for v in node_reads(n):
             owner = v.graph
             if owner is not g:
                 yield v
