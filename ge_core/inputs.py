@@ -42,14 +42,16 @@ def read_feed_file(name: str, path: str) -> np.ndarray:
     pickle) is refused; the data must be exactly the bytes the header's shape and dtype need, and
     at most :data:`MAX_FEED_BYTES`: nothing is allocated for a truncated or lying file.
     """
+    if "\0" in path:
+        raise InputError(f"input '{name}': file {path!r} holds a NUL character", hint="check the path given to --input")
     what = f"input '{name}': file '{path}'"
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
         raise InputError(f"{what} does not exist", hint="check the path given to --input") from None
-    except OSError as e:
-        raise InputError(f"{what} cannot be opened: {e.strerror or e}") from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+        raise InputError(f"{what} cannot be opened: {getattr(e, 'strerror', None) or e}") from None
     try:
         st = os.fstat(fd)
     except OSError as e:
