@@ -1,31 +1,37 @@
-"""The arena executor: every planned tensor lives at its offset in one preallocated arena.
+"""The arena: a program's planned values at their offsets in one preallocated buffer.
 
 The compile's memory plan (:class:`ge_core.memory.MemoryPlan`) gives each intermediate value an
-offset. An execution context owns one arena (one ``np.empty``, page-aligned) and a view of it
-per planned value; contexts are pooled, so concurrent runs from several threads each hold their
-own arena and a sequence of runs allocates nothing for its intermediates.
+offset. A :class:`Layout` is what a program makes of a plan (data, computed once at build time):
+which slots have a planned view, and how each step runs there. A :class:`Context` owns one arena
+(one ``np.empty``, page-aligned) and a view of it per planned value; a :class:`ContextPool` pools
+them, so concurrent runs from several threads each hold their own arena and a sequence of runs
+allocates nothing for its intermediates.
 
-Each step runs one of three ways, chosen at build time:
+Each step runs one of three ways (its *mode*), chosen at build time:
 
-* *no-op*: a view op (Reshape, Flatten, Squeeze, Unsqueeze, Identity) whose output shares its
-  input's bytes, or a Concat whose inputs the plan laid out back to back inside its output:
+* :data:`NOOP`: a view op (Reshape, Flatten, Squeeze, Unsqueeze, Identity) whose output shares
+  its input's bytes, or a Concat whose inputs the plan laid out back to back inside its output:
   the planned view already holds the result;
-* *into the plan*: the kernel declares ``accepts_out`` and gets ``out=`` views of the arena
-  (an output over a dying input also needs ``inplace_ok``);
-* *copy*: the kernel returns arrays, which are copied into their planned views (``np.copyto``)
-  unless they already are those views.
+* :data:`OUT` (into the plan): the kernel declares ``accepts_out`` and gets ``out=`` views of the
+  arena (an output over a dying input also needs ``inplace_ok``);
+* :data:`CALL` (copy): the kernel returns arrays, which are copied into their planned views
+  (``np.copyto``) unless they already are those views.
 
 Values without a planned offset (graph outputs, values of dynamic shape or object dtype) keep the
 kernel's array; one that is a view of the arena is copied at once, so graph outputs are always
 arrays of their own, never views of an arena a later run reuses.
+
+Two strategies run a program inside a layout: :class:`ArenaInterpreter` here (steps interpreted,
+on one stream or, with a :class:`ge_cpu.streams.StreamRunner`, on several) and the code
+generator of :mod:`ge_cpu.sink`. :class:`ArenaExecutable` is the interpreter on one stream.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -34,52 +40,30 @@ from ge_core.ir.graph import Graph
 from ge_core.kernel import accepts_out
 from ge_core.memory import VIEW_OPS, MemoryPlan, value_size
 
-from .executor import BLAS, SequentialExecutable, call_step
+from .executable import CpuExecutable
+from .program import Program, Step, call_step
+from .values import as_output
 
 #: Arena base alignment (covers every buffer alignment a plan may use up to a page).
 ARENA_BASE_ALIGNMENT = 4096
 
-_NOOP, _OUT, _CALL = 0, 1, 2
+#: Step modes (see the module docstring).
+NOOP, OUT, CALL = 0, 1, 2
 
 
-class _Ctx:
-    """One execution context: an arena and the per-slot template of a run's values."""
+class Layout:
+    """Where a program's values live in one arena (planned views), and each step's mode."""
 
-    __slots__ = ("arena", "template")
-
-    def __init__(self, nbytes: int, n_slots: int, consts, planned) -> None:
-        try:
-            raw = np.empty(nbytes + ARENA_BASE_ALIGNMENT, dtype=np.uint8)
-        except (MemoryError, ValueError) as e:
-            raise ExecutionError(
-                f"the model's memory arena needs {nbytes} bytes, which cannot be allocated here ({type(e).__name__})",
-                hint="run on a machine with more memory, or compile with a smaller input_shape",
-            ) from None
-        pad = (-raw.ctypes.data) % ARENA_BASE_ALIGNMENT
-        self.arena = raw[pad:pad + nbytes]
-        t: list[Any] = [None] * n_slots
-        for s, a in consts:
-            t[s] = a
-        for s, off, n, dtype, shape in planned:
-            t[s] = self.arena[off:off + n].view(dtype).reshape(shape)
-        self.template = t
-
-
-class ArenaExecutable(SequentialExecutable):
-    """Runs the schedule with every planned value in its place in a per-context arena."""
-
-    def __init__(self, graph: Graph, kernels, options, plan: MemoryPlan) -> None:
-        super().__init__(graph, kernels, options)
-        self.plan = plan
+    def __init__(self, program: Program, plan: MemoryPlan) -> None:
         self.arena_bytes = int(plan.arena_bytes)
         slot: dict[Any, int] = {}
-        for st in self.steps:
+        for st in program.steps:
             for v, s in zip(st.node.inputs, st.ins):
                 if v is not None and s >= 0:
                     slot[v] = s
             for v, s in zip(st.node.outputs, st.outs):
                 slot[v] = s
-        outputs = set(graph.outputs)
+        outputs = set(program.graph.outputs)
         where: dict[int, tuple[int, int]] = {}  # slot -> (offset, nbytes)
         planned = []
         for v, s in slot.items():
@@ -91,98 +75,170 @@ class ArenaExecutable(SequentialExecutable):
                 continue  # not placeable (or a hostile plan): the value keeps its own array
             where[s] = (off, n)
             planned.append((s, off, n, v.type.dtype, tuple(v.type.shape)))
-        self._planned = planned
-        self._where = where
-        self._modes: list[int] = []
+        #: (slot, offset, nbytes, dtype, shape) of every planned value
+        self.planned = planned
+        #: slot -> (offset, nbytes) of every planned value
+        self.where = where
+        #: per step, its mode (NOOP, OUT or CALL)
+        self.modes: list[int] = []
         #: per step, the slots whose planned views must hold the inputs for a no-op to be valid
-        self._noop_reads: list[tuple[int, ...]] = []
-        launches = 0
-        for st in self.steps:
-            mode = self._mode(st, where)
-            self._modes.append(mode)
+        self.noop_reads: list[tuple[int, ...]] = []
+        for st in program.steps:
+            self.modes.append(step_mode(st, where))
             reads = st.ins[:1] if st.node.op_type in VIEW_OPS else st.ins
-            self._noop_reads.append(tuple(i for i in reads if i >= 0))
-            launches += mode != _NOOP
-        self.kernel_count = launches
-        self.noop_steps = len(self.steps) - launches
-        self._out_types = [[(v.type.dtype, tuple(v.type.shape)) if value_size(v) is not None else None for v in st.node.outputs]
-                           for st in self.steps]
-        self._pool: list[_Ctx] = []
-        self._pool_lock = threading.Lock()
-        self._pool_max = max(2, os.cpu_count() or 2)
+            self.noop_reads.append(tuple(i for i in reads if i >= 0))
+        #: kernel launches one run makes (steps that are not no-ops), and the no-ops
+        self.kernel_count = sum(m != NOOP for m in self.modes)
+        self.noop_steps = len(program.steps) - self.kernel_count
+        #: per step, per output: (dtype, shape) when the value has a static size, else None
+        self.out_types = [[(v.type.dtype, tuple(v.type.shape)) if value_size(v) is not None else None
+                           for v in st.node.outputs] for st in program.steps]
 
-    # -- build ---------------------------------------------------------------------------------
-    def _mode(self, st, where) -> int:
-        node = st.node
-        outs = [where.get(s) for s in st.outs]
-        plain = node.domain in ("", "ai.onnx")
-        if plain and node.op_type in VIEW_OPS and outs and outs[0] is not None and len(st.outs) == 1:
-            src = where.get(st.ins[0]) if st.ins else None
-            if src is not None and src == outs[0]:
-                return _NOOP
-        if plain and node.op_type == "Concat" and len(st.outs) == 1 and outs[0] is not None:
-            off, _ = outs[0]
-            ok = True
-            for s in st.ins:
-                w = where.get(s)
-                if w is None or w[0] != off:
-                    ok = False
-                    break
-                off += w[1]
-            if ok and off == outs[0][0] + outs[0][1]:
-                return _NOOP
-        if accepts_out(st.fn) and all(o is not None for o in outs):
-            overlap = any(
-                w is not None and o[0] < w[0] + w[1] and w[0] < o[0] + o[1]
-                for o in outs if o is not None for w in (where.get(s) for s in st.ins if s >= 0)
-            )
-            if not overlap or getattr(st.fn, "inplace_ok", False):
-                return _OUT
-        return _CALL
 
-    # -- contexts ------------------------------------------------------------------------------
-    def _acquire(self) -> _Ctx:
-        with self._pool_lock:
-            if self._pool:
-                return self._pool.pop()
-        return _Ctx(self.arena_bytes, self.n_slots, self.const_slots, self._planned)
+def step_mode(st: Step, where: Mapping[int, tuple[int, int]]) -> int:
+    """How step ``st`` runs with the planned values ``where`` (slot -> (offset, nbytes))."""
+    node = st.node
+    outs = [where.get(s) for s in st.outs]
+    plain = node.domain in ("", "ai.onnx")
+    if plain and node.op_type in VIEW_OPS and outs and outs[0] is not None and len(st.outs) == 1:
+        src = where.get(st.ins[0]) if st.ins else None
+        if src is not None and src == outs[0]:
+            return NOOP
+    if plain and node.op_type == "Concat" and len(st.outs) == 1 and outs[0] is not None:
+        off, _ = outs[0]
+        ok = True
+        for s in st.ins:
+            w = where.get(s)
+            if w is None or w[0] != off:
+                ok = False
+                break
+            off += w[1]
+        if ok and off == outs[0][0] + outs[0][1]:
+            return NOOP
+    if accepts_out(st.fn) and all(o is not None for o in outs):
+        overlap = any(
+            w is not None and o[0] < w[0] + w[1] and w[0] < o[0] + o[1]
+            for o in outs if o is not None for w in (where.get(s) for s in st.ins if s >= 0)
+        )
+        if not overlap or getattr(st.fn, "inplace_ok", False):
+            return OUT
+    return CALL
 
-    def _release(self, ctx: _Ctx) -> None:
-        with self._pool_lock:
-            if len(self._pool) < self._pool_max:
-                self._pool.append(ctx)
 
-    # -- run -----------------------------------------------------------------------------------
-    def run(self, feeds: Mapping[str, Any]) -> list[Any]:
-        ctx = self._acquire()
+class Context:
+    """One execution context: an arena, the per-slot template of a run's values (constants and
+    planned views), and what a strategy bound to this arena (the sink's generated functions)."""
+
+    __slots__ = ("arena", "template", "bound")
+
+    def __init__(self, program: Program, layout: Layout) -> None:
+        nbytes = layout.arena_bytes
         try:
-            with BLAS.run(self.threads):
-                return self._execute(ctx, feeds)
-        finally:
-            self._release(ctx)
+            raw = np.empty(nbytes + ARENA_BASE_ALIGNMENT, dtype=np.uint8)
+        except (MemoryError, ValueError) as e:
+            raise ExecutionError(
+                f"the model's memory arena needs {nbytes} bytes, which cannot be allocated here ({type(e).__name__})",
+                hint="run on a machine with more memory, or compile with a smaller input_shape",
+            ) from None
+        pad = (-raw.ctypes.data) % ARENA_BASE_ALIGNMENT
+        self.arena = raw[pad:pad + nbytes]
+        t: list[Any] = [None] * program.n_slots
+        for s, a in program.const_slots:
+            t[s] = a
+        for s, off, n, dtype, shape in layout.planned:
+            t[s] = self.arena[off:off + n].view(dtype).reshape(shape)
+        self.template = t
+        self.bound: Any = None
 
-    def _execute(self, ctx: _Ctx, feeds: Mapping[str, Any]) -> list[Any]:
-        env = self._start(ctx, feeds)
-        for i in range(len(self.steps)):
-            self._step(i, env, ctx, free=True)
-        return [_as_output(env[s], ctx.arena) for s in self.output_slots]
-
-    def _start(self, ctx: _Ctx, feeds: Mapping[str, Any]) -> list[Any]:
-        env = list(ctx.template)
-        for name, s in self.input_slots:
+    def start(self, program: Program, feeds: Mapping[str, Any]) -> list[Any]:
+        """A run's values before its first step: the template with the feeds in their slots."""
+        env = list(self.template)
+        for name, s in program.input_slots:
             env[s] = feeds[name]
         return env
 
-    def _step(self, i: int, env: list[Any], ctx: _Ctx, free: bool) -> None:
+
+class ContextPool:
+    """Contexts kept between runs: a run takes one (or makes one) and gives it back."""
+
+    def __init__(self, program: Program, layout: Layout) -> None:
+        self.program, self.layout = program, layout
+        self._free: list[Context] = []
+        self._lock = threading.Lock()
+        self._max = max(2, os.cpu_count() or 2)
+
+    def acquire(self) -> Context:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return Context(self.program, self.layout)
+
+    def release(self, ctx: Context) -> None:
+        with self._lock:
+            if len(self._free) < self._max:
+                self._free.append(ctx)
+
+    def __iter__(self) -> Iterator[Context]:
+        """The contexts waiting for a run now."""
+        with self._lock:
+            return iter(list(self._free))
+
+    def __len__(self) -> int:
+        return len(self._free)
+
+
+class Streams(Protocol):
+    """What the interpreter needs of a stream runner (:class:`ge_cpu.streams.StreamRunner`): its
+    layout (``steps`` per stream, ``waits`` per step, the steps that record an event) and
+    ``run(body)``, which calls ``body(k, wait, signal)`` once per stream ``k``, each on its thread."""
+
+    @property
+    def layout(self) -> Any: ...
+
+    def run(self, body: Any, explain: Any = None) -> None: ...
+
+
+class ArenaInterpreter:
+    """Interprets a program's steps inside a layout's arena: on the calling thread, or with
+    ``streams`` each stream of the schedule on its own thread.
+
+    On several streams values are never freed early (a value's last reader in schedule order may
+    run before an earlier reader on another stream); the arena holds planned values anyway."""
+
+    def __init__(self, program: Program, layout: Layout, streams: Streams | None = None) -> None:
+        self.program, self.layout, self.streams = program, layout, streams
+
+    def execute(self, ctx: Context, feeds: Mapping[str, Any]) -> list[Any]:
+        p = self.program
+        env = ctx.start(p, feeds)
+        streams = self.streams
+        if streams is None:
+            for i in range(len(p.steps)):
+                self.step(i, env, ctx, free=True)
+        else:
+            groups, waits, records = streams.layout.steps, streams.layout.waits, streams.layout.records
+
+            def run_stream(k: int, wait, signal) -> None:
+                for i in groups[k]:
+                    for src in waits.get(i, ()):
+                        wait(src)
+                    self.step(i, env, ctx, free=False)
+                    if i in records:
+                        signal(i)
+
+            streams.run(run_stream)
+        return [as_output(env[s], ctx.arena) for s in p.output_slots]
+
+    def step(self, i: int, env: list[Any], ctx: Context, free: bool) -> None:
         """Run step ``i`` on ``env`` (the run's values) inside the context's arena."""
-        st = self.steps[i]
-        mode = self._modes[i]
+        st = self.program.steps[i]
+        mode = self.layout.modes[i]
         template = ctx.template
-        if mode == _NOOP and all(env[j] is template[j] for j in self._noop_reads[i]):
+        if mode == NOOP and all(env[j] is template[j] for j in self.layout.noop_reads[i]):
             return
         args = [env[j] if j >= 0 else None for j in st.ins]
-        res = call_step(st, args, tuple(env[s] for s in st.outs) if mode == _OUT else None)
-        for s, r, t in zip(st.outs, res, self._out_types[i]):
+        res = call_step(st, args, tuple(env[s] for s in st.outs) if mode == OUT else None)
+        for s, r, t in zip(st.outs, res, self.layout.out_types[i]):
             view = template[s]
             if view is not None and t is not None:
                 if r is view:
@@ -201,16 +257,12 @@ class ArenaExecutable(SequentialExecutable):
                 env[s] = None
 
 
-def _as_output(v: Any, arena: np.ndarray) -> Any:
-    if v is None or isinstance(v, list):
-        return v
-    a = np.asarray(v)
-    return a.copy() if np.may_share_memory(a, arena) else a
+class ArenaExecutable(CpuExecutable):
+    """The schedule interpreted on the calling thread, every planned value in its place in a
+    per-context arena (option ``executor=arena``)."""
 
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "None"
-    if isinstance(v, list):
-        return f"seq[{len(v)}]"
-    return f"{getattr(v, 'dtype', '?')}{list(getattr(v, 'shape', ()))}"
+    def __init__(self, graph: Graph, kernels, options, plan: MemoryPlan) -> None:
+        program = Program(graph, kernels, options)
+        layout = Layout(program, plan)
+        super().__init__(program, ArenaInterpreter(program, layout), options, layout=layout,
+                         contexts=ContextPool(program, layout), plan=plan)

@@ -21,6 +21,7 @@ def profile(model, feeds: dict[str, np.ndarray], runs: int = 5) -> dict[str, Any
     from ge_core.memory import MemoryPlan
 
     from .arena import ArenaExecutable
+    from .executable import CpuExecutable
     from .streams import MultiStreamExecutable
 
     regs = model._host.registries if model._host is not None else None
@@ -31,7 +32,7 @@ def profile(model, feeds: dict[str, np.ndarray], runs: int = 5) -> dict[str, Any
     kernels = regs.kernels_for("cpu")
     plan = model.memory_plan or MemoryPlan({}, 0, "none")
     if model.streams.count > 1:
-        exe: ArenaExecutable = MultiStreamExecutable(model.graph, kernels, model.options, plan, model.streams)
+        exe: CpuExecutable = MultiStreamExecutable(model.graph, kernels, model.options, plan, model.streams)
     else:
         exe = ArenaExecutable(model.graph, kernels, model.options, plan)
     order = {n: i for i, n in enumerate(model.graph.node_list())}

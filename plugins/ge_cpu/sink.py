@@ -7,14 +7,17 @@ closure variables, constants are globals of the generated module, and a value no
 more is deleted. A run is then a single call of that function. The source stays inspectable
 (``executable.source``, ``ge inspect --source``); a kernel error is mapped back from the failing
 line of the generated code to its node.
+
+The generator is one strategy of :class:`ge_cpu.executable.CpuExecutable`: :class:`SinkCode`
+takes a program and its arena layout (and, for several streams, a stream runner) and runs the
+generated functions inside the layout's contexts. :class:`SinkExecutable` and
+:class:`StreamSinkExecutable` are its two combinations.
 """
 
 from __future__ import annotations
 
-import contextvars
 import linecache
 import sys
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,7 +28,11 @@ from ge_core.ir.graph import Graph
 from ge_core.memory import MemoryPlan
 from ge_sdk import gensrc
 
-from .arena import _CALL, _NOOP, _OUT, ArenaExecutable, _Ctx, _fmt
+from .arena import CALL, NOOP, OUT, Context, ContextPool, Layout
+from .executable import CpuExecutable
+from .program import Program
+from .streams import StreamLayout, StreamRunner
+from .values import as_output, describe_value
 
 #: ONNX ops emitted as a direct NumPy ufunc call when all types agree (float dtypes only).
 _UFUNCS = {
@@ -48,14 +55,23 @@ _VOCAB = gensrc.Vocabulary(
     keywords=frozenset({"out"}))
 
 
-class SinkExecutable(ArenaExecutable):
-    """One generated function per model; see the module docstring."""
+class SinkCode:
+    """The code generator: the strategy that runs a program as generated source inside its layout.
 
-    def __init__(self, graph: Graph, kernels, options, plan: MemoryPlan) -> None:
-        super().__init__(graph, kernels, options, plan)
+    With ``streams`` (a :class:`StreamRunner`) it writes one function per stream and runs each on
+    its own thread; events are ``threading.Event`` objects, values read across streams pass
+    through one shared list. An error in any stream stops them all and surfaces once."""
+
+    def __init__(self, program: Program, layout: Layout, streams: StreamRunner | None = None) -> None:
+        self.program, self.layout, self.streams = program, layout, streams
+        graph = program.graph
         # the graph's name only as a label: reduced to [A-Za-z0-9_.-], never part of the source
         self.filename = f"<ge-sink-{next(_counter)}:{gensrc.label(graph.name)}>"
-        self.source, self.line_step, ns = self._generate(*self._stream_layout())
+        sl = streams.layout if streams is not None else None
+        if sl is None:
+            self.source, self.line_step, ns = self._generate()
+        else:
+            self.source, self.line_step, ns = self._generate(sl.steps, sl.waits, sl.records)
         try:
             code = gensrc.compile_checked(self.source, self.filename, _VOCAB)
         except gensrc.SourceTokenError as e:
@@ -65,11 +81,7 @@ class SinkExecutable(ArenaExecutable):
         linecache.cache[self.filename] = (len(self.source), None, self.source.splitlines(True), self.filename)
         exec(code, ns)
         self._make = ns["_make"]
-        self._fns: dict[int, Any] = {}
-
-    def _stream_layout(self) -> tuple[list[list[int]] | None, dict[int, list[int]] | None, set[int] | None]:
-        """(steps per stream, waits per step, steps that record an event); None for one stream."""
-        return None, None, None
+        self._consts = dict(program.const_slots)
 
     # -- code generation ---------------------------------------------------------------------------
     def _generate(self, groups: list[list[int]] | None = None, waits: dict[int, list[int]] | None = None,
@@ -82,21 +94,21 @@ class SinkExecutable(ArenaExecutable):
                               "_arity": self._arity}
         multi = groups is not None
         if groups is None:
-            groups = [list(range(len(self.steps)))]
+            groups = [list(range(len(self.program.steps)))]
         waits = waits or {}
         records = records or set()
-        planned = {s for s, *_ in self._planned}
-        consts = {s for s, _ in self.const_slots}
-        for s, a in self.const_slots:
+        planned = {s for s, *_ in self.layout.planned}
+        consts = {s for s, _ in self.program.const_slots}
+        for s, a in self.program.const_slots:
             ns[f"c{s}"] = a
-        outputs = set(self.output_slots)
-        input_name = {s: name for name, s in self.input_slots}
+        outputs = set(self.program.output_slots)
+        input_name = {s: name for name, s in self.program.input_slots}
         group_of = {i: g for g, steps in enumerate(groups) for i in steps}
-        producer_group = {s: group_of[i] for i, st in enumerate(self.steps) for s in st.outs}
+        producer_group = {s: group_of[i] for i, st in enumerate(self.program.steps) for s in st.outs}
         # values crossing streams (and every graph output, in multi mode) go through E
         shared: set[int] = set()
         if multi:
-            for i, st in enumerate(self.steps):
+            for i, st in enumerate(self.program.steps):
                 for s in st.ins:
                     if s >= 0 and s in producer_group and producer_group[s] != group_of[i]:
                         shared.add(s)
@@ -116,20 +128,20 @@ class SinkExecutable(ArenaExecutable):
         for g, steps in enumerate(groups):
             last_use: dict[int, int] = {}
             for i in steps:
-                for s in self.steps[i].ins:
+                for s in self.program.steps[i].ins:
                     if s >= 0:
                         last_use[s] = i
             body: list[tuple[str, int]] = []
             loaded = set()
             for i in steps:
-                for s in self.steps[i].ins:
+                for s in self.program.steps[i].ins:
                     if s in input_name and s not in loaded:
                         # the input's name is model data: bound as n<slot>, never pasted
                         ns[gensrc.name("n", s)] = input_name[s]
                         body.append((f"v{s} = feeds[n{s}]", -1))
                         loaded.add(s)
             for i in steps:
-                st = self.steps[i]
+                st = self.program.steps[i]
                 ns[gensrc.name("k", i)] = st.fn
                 for src in waits.get(i, ()):
                     body.append((f"_wait({src})", i))
@@ -153,7 +165,7 @@ class SinkExecutable(ArenaExecutable):
                 body.append(("return None", -1))
             else:
                 lines.append(f"    def run{g}(feeds):")
-                body.append((f"return [{', '.join(ref(s) if s in consts else f'v{s}' for s in self.output_slots)}]", -1))
+                body.append((f"return [{', '.join(ref(s) if s in consts else f'v{s}' for s in self.program.output_slots)}]", -1))
             first = len(lines) + 1
             for k, (text, step) in enumerate(body):
                 lines.append("        " + text)
@@ -163,20 +175,20 @@ class SinkExecutable(ArenaExecutable):
         return "\n".join(lines) + "\n", line_step, ns
 
     def _emit_step(self, body, i: int, ref, planned) -> None:
-        st = self.steps[i]
-        mode = self._modes[i]
+        st = self.program.steps[i]
+        mode = self.layout.modes[i]
         args = ", ".join(ref(s) for s in st.ins)
         outs = st.outs
-        types = self._out_types[i]
+        types = self.layout.out_types[i]
         direct = self._ufunc(st.node, st)
-        if mode == _NOOP:
-            reads = self._noop_reads[i]
+        if mode == NOOP:
+            reads = self.layout.noop_reads[i]
             cond = " and ".join(f"{ref(j)} is t{j}" for j in reads if j in planned) or "True"
             body.append((f"if {cond}:", i))
             for s in outs:
                 body.append((f"    v{s} = t{s}", i))
             body.append(("else:", i))
-            self._emit_call(body, i, "    ", args, outs, types, planned, mode=_CALL)
+            self._emit_call(body, i, "    ", args, outs, types, planned, mode=CALL)
         elif direct is not None and len(outs) == 1:
             s = outs[0]
             if s in planned:
@@ -188,7 +200,7 @@ class SinkExecutable(ArenaExecutable):
 
     @staticmethod
     def _emit_call(body, i, ind, args, outs, types, planned, mode) -> None:
-        if mode == _OUT:
+        if mode == OUT:
             outs_t = ", ".join(f"t{s}" for s in outs) + ("," if len(outs) == 1 else "")
             body.append((f"{ind}_r = k{i}({args}, out=({outs_t}))", i))
         else:
@@ -203,11 +215,11 @@ class SinkExecutable(ArenaExecutable):
                 body.append((f"{ind}        _copyto(t{s}, v{s}); v{s} = t{s}", i))
                 body.append((f"{ind}    elif _may_share(v{s}, arena):", i))
                 body.append((f"{ind}        v{s} = v{s}.copy()", i))
-            elif mode == _CALL:
+            elif mode == CALL:
                 body.append((f"{ind}if isinstance(v{s}, np.ndarray) and _may_share(v{s}, arena): v{s} = v{s}.copy()", i))
 
     def _arity(self, i: int, res: Any) -> None:
-        st = self.steps[i]
+        st = self.program.steps[i]
         n = len(res) if hasattr(res, "__len__") else "no"
         raise ExecutionError(f"{st.who()}: the kernel returned {n} outputs, expected {len(st.outs)}")
 
@@ -232,28 +244,26 @@ class SinkExecutable(ArenaExecutable):
         return _UFUNCS[node.op_type]
 
     # -- run ---------------------------------------------------------------------------------------
-    def _fn_for(self, ctx: _Ctx):
-        key = id(ctx)
-        fn = self._fns.get(key)
-        if fn is None or fn[0] is not ctx:
-            fn = (ctx, self._make(ctx.template, ctx.arena)[0])
-            self._fns[key] = fn
-        return fn[1]
+    def execute(self, ctx: Context, feeds: Mapping[str, Any]) -> list[Any]:
+        fns = ctx.bound
+        if fns is None:  # the run functions of this context: its planned views bound once
+            fns = ctx.bound = self._make(ctx.template, ctx.arena)
+        arena = ctx.arena
+        if self.streams is None:
+            try:
+                outs = fns[0](feeds)
+            except GEError:
+                raise
+            except Exception as e:
+                raise self.explain(e, sys.exc_info()[2]) from e
+            return [as_output(o, arena) for o in outs]
+        E: list[Any] = [None] * self.program.n_slots
+        self.streams.run(lambda k, wait, signal: fns[k](feeds, E, wait, signal), self.explain)
+        consts = self._consts
+        return [as_output(consts[s] if s in consts else E[s], arena) for s in self.program.output_slots]
 
-    def _execute(self, ctx: _Ctx, feeds: Mapping[str, Any]) -> list[Any]:
-        fn = self._fn_for(ctx)
-        try:
-            outs = fn(feeds)
-        except GEError:
-            raise
-        except Exception as e:
-            raise self._explain(e, feeds) from e
-        return _detach(outs, ctx.arena)
-
-    def _explain(self, e: Exception, feeds) -> ExecutionError:
-        return self._explain_tb(e, sys.exc_info()[2])
-
-    def _explain_tb(self, e: BaseException, tb) -> ExecutionError:
+    def explain(self, e: BaseException, tb) -> ExecutionError:
+        """The error of a run whose generated code raised ``e``: the failing line's node and inputs."""
         step, frame = None, None
         while tb is not None:
             if tb.tb_frame.f_code.co_filename == self.filename and tb.tb_lineno in self.line_step:
@@ -261,7 +271,7 @@ class SinkExecutable(ArenaExecutable):
             tb = tb.tb_next
         if step is None or frame is None:
             return ExecutionError(f"the generated model code failed: {type(e).__name__}: {e}")
-        st = self.steps[step]
+        st = self.program.steps[step]
         local, glob = frame.f_locals, frame.f_globals
         shown = []
         for j in st.ins:
@@ -269,7 +279,7 @@ class SinkExecutable(ArenaExecutable):
                 shown.append("None")
                 continue
             v = local.get(f"v{j}", glob.get(f"c{j}"))
-            shown.append(_fmt(v) if v is not None else "?")
+            shown.append(describe_value(v) if v is not None else "?")
         return ExecutionError(
             f"{st.who()} failed on inputs ({', '.join(shown)}): {type(e).__name__}: {e}",
             hint="check the input shapes against the model, or report the kernel bug",
@@ -280,95 +290,27 @@ def _relu(x, out=None):
     return np.maximum(x, x.dtype.type(0), out=out)
 
 
+class SinkExecutable(CpuExecutable):
+    """One generated function per model (option ``executor=sink``, and ``auto`` on one stream)."""
 
-class StreamSinkExecutable(SinkExecutable):
+    def __init__(self, graph: Graph, kernels, options, plan: MemoryPlan) -> None:
+        program = Program(graph, kernels, options)
+        layout = Layout(program, plan)
+        code = SinkCode(program, layout)
+        super().__init__(program, code, options, layout=layout, contexts=ContextPool(program, layout), plan=plan)
+        self.source, self.filename, self.line_step = code.source, code.filename, code.line_step
+
+
+class StreamSinkExecutable(CpuExecutable):
     """Model sinking for a multi-stream schedule: one generated function per stream, each run on
-    its own thread; events are ``threading.Event`` objects, values read across streams pass
-    through one shared list. An error in any stream stops them all and surfaces once."""
+    its own thread (option ``executor=sink`` or ``auto`` with several streams)."""
 
     def __init__(self, graph: Graph, kernels, options, plan: MemoryPlan, streams) -> None:
+        program = Program(graph, kernels, options)
+        layout = Layout(program, plan)
+        sl = StreamLayout(program, streams)
+        code = SinkCode(program, layout, StreamRunner(sl, "ge-sink-stream"))
+        super().__init__(program, code, options, layout=layout, contexts=ContextPool(program, layout), streams=sl,
+                         plan=plan)
+        self.source, self.filename, self.line_step = code.source, code.filename, code.line_step
         self.assignment = streams
-        super().__init__(graph, kernels, options, plan)
-
-    def _stream_layout(self):
-        sa = self.assignment
-        order = self.graph.node_list()
-        if len(sa.streams) != len(order) or len(self.steps) != len(order):
-            raise GEError("the stream assignment does not match the compiled schedule", hint="recompile the model")
-        step_of = {st.node: i for i, st in enumerate(self.steps)}
-        groups: list[list[int]] = [[] for _ in range(sa.count)]
-        for idx, node in enumerate(order):
-            groups[sa.streams[idx]].append(step_of[node])
-        waits: dict[int, list[int]] = {}
-        records: set[int] = set()
-        for src, dst in sa.events:
-            waits.setdefault(step_of[order[dst]], []).append(step_of[order[src]])
-            records.add(step_of[order[src]])
-        self.stream_count = sa.count
-        self._records = records
-        return groups, waits, records
-
-    def _fns_for(self, ctx: _Ctx):
-        key = id(ctx)
-        fn = self._fns.get(key)
-        if fn is None or fn[0] is not ctx:
-            fn = (ctx, self._make(ctx.template, ctx.arena))
-            self._fns[key] = fn
-        return fn[1]
-
-    def _execute(self, ctx: _Ctx, feeds: Mapping[str, Any]) -> list[Any]:
-        fns = self._fns_for(ctx)
-        E: list[Any] = [None] * self.n_slots
-        done = {i: threading.Event() for i in self._records}
-        failed = threading.Event()
-        errors: list[tuple[BaseException, Any]] = []
-
-        def wait(src: int) -> None:
-            ev = done[src]
-            while not ev.wait(0.05):
-                if failed.is_set():
-                    raise _Abort
-            if failed.is_set():
-                raise _Abort
-
-        def go(k: int) -> None:
-            try:
-                fns[k](feeds, E, wait, lambda i: done[i].set())
-            except _Abort:
-                pass
-            except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
-                errors.append((e, sys.exc_info()[2]))
-                failed.set()
-                for ev in done.values():
-                    ev.set()
-
-        # each worker runs in a copy of the caller's context: it sees the run's deadline
-        workers = [threading.Thread(target=contextvars.copy_context().run, args=(go, k), name=f"ge-sink-stream-{k}",
-                                    daemon=True)
-                   for k in range(1, len(fns))]
-        for w in workers:
-            w.start()
-        go(0)
-        for w in workers:
-            w.join()
-        if errors:
-            e, tb = errors[0]
-            if isinstance(e, GEError):
-                raise e
-            raise self._explain_tb(e, tb) from e
-        consts = dict(self.const_slots)
-        arena = ctx.arena
-        outs = [consts[s] if s in consts else E[s] for s in self.output_slots]
-        return _detach(outs, arena)
-
-
-def _detach(outs: list[Any], arena: Any) -> list[Any]:
-    """The run's outputs as the caller keeps them: copies of those that live in the arena (the
-    next run overwrites it), and 0-d arrays for the NumPy scalars a ufunc returns on 0-d input
-    (every executor returns arrays)."""
-    return [o.copy() if isinstance(o, np.ndarray) and np.may_share_memory(o, arena)
-            else np.asarray(o) if isinstance(o, np.generic) else o for o in outs]
-
-
-class _Abort(Exception):
-    """Raised inside a stream when another stream failed."""

@@ -1,0 +1,78 @@
+"""The cpu backend's :class:`CpuExecutable`: a program and a strategy that runs it, combined.
+
+Every cpu executor is one combination of the same parts (no executor inherits another's
+behaviour):
+
+================================  ==========================================================
+``executor=``                     program + layout + strategy (+ streams)
+================================  ==========================================================
+``sequential``                    :class:`~ge_cpu.program.Program` + :class:`~ge_cpu.program.PlainInterpreter`
+``arena``                         + :class:`~ge_cpu.arena.Layout` + :class:`~ge_cpu.arena.ArenaInterpreter`
+``streams``                       + Layout + ArenaInterpreter + :class:`~ge_cpu.streams.StreamRunner`
+``sink`` (one stream)             + Layout + :class:`~ge_cpu.sink.SinkCode` (generated code)
+``sink`` / ``auto`` (several)     + Layout + SinkCode + StreamRunner
+================================  ==========================================================
+
+A run takes an arena context from the pool (when the executor has a layout), and runs the
+strategy at the run's BLAS thread count (:class:`ge_cpu.blas.BlasThreads`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from ge_core.backend import Executable
+
+from .blas import BLAS
+from .program import Program
+
+
+class Strategy(Protocol):
+    """Runs a program: ``execute(context, feeds)`` returns the outputs (context None without a layout)."""
+
+    def execute(self, ctx: Any, feeds: Mapping[str, Any]) -> list[Any]: ...
+
+
+class Contexts(Protocol):
+    """Where a run gets its arena context (:class:`ge_cpu.arena.ContextPool`)."""
+
+    def acquire(self) -> Any: ...
+
+    def release(self, ctx: Any) -> None: ...
+
+
+class CpuExecutable(Executable):
+    """A program run by a strategy, inside the contexts of a layout when it has one."""
+
+    def __init__(self, program: Program, strategy: Strategy, options, *, layout: Any = None,
+                 contexts: Contexts | None = None, streams: Any = None, plan: Any = None) -> None:
+        self.program = program
+        self.graph = program.graph
+        self.steps = program.steps
+        self.strategy = strategy
+        #: BLAS threads of every run (None: the process's baseline); see :class:`ge_cpu.blas.BlasThreads`
+        self.threads = getattr(options, "threads", None) or None
+        BLAS.refresh()
+        self.layout = layout
+        self.plan = plan
+        self.arena_bytes = layout.arena_bytes if layout is not None else 0
+        self.noop_steps = layout.noop_steps if layout is not None else 0
+        self.kernel_count = layout.kernel_count if layout is not None else len(program.steps)
+        self.kernel_modes = program.kernel_modes
+        #: the stream layout (:class:`ge_cpu.streams.StreamLayout`), None on one stream
+        self.streams = streams
+        self.stream_count = streams.count if streams is not None else 1
+        self._pool = contexts
+
+    def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        pool = self._pool
+        if pool is None:
+            with BLAS.run(self.threads):
+                return self.strategy.execute(None, feeds)
+        ctx = pool.acquire()
+        try:
+            with BLAS.run(self.threads):
+                return self.strategy.execute(ctx, feeds)
+        finally:
+            pool.release(ctx)
