@@ -1,13 +1,16 @@
-"""The fusion passes (stage ``fuse``): the named patterns, then automatic fusion."""
+"""The fusion passes (stage ``fuse``): the named patterns, then automatic fusion.
+
+The patterns are applied by the SDK's rewrite driver, so they reach every If branch and
+Loop/Scan body (at any depth) exactly as they apply at the top level."""
 
 from __future__ import annotations
 
 from ge_core.ir.graph import Graph
 from ge_core.passes import Pass, PassContext
-from ge_sdk.patterns import Rule, apply_rules
+from ge_sdk.rewrite import OpRule, Rule, RuleSet, rewrite
 
 from .autofuse import auto_fuse
-from .rules import PHASES, RULES
+from .rules import RULE_SETS, RULES
 
 #: The switch-file name of automatic fusion (GE's UBFusion section turns it off like a pattern).
 AUTO_FUSION = "auto_fusion"
@@ -26,14 +29,14 @@ class PatternFusion(Pass):
         ops = ctx.registries.ops if ctx.registries is not None else None
         stats = ctx.stats.setdefault("rewrites", {})
         changed = False
-        for _, rules in PHASES:
-            changed |= apply_rules(graph, rules, ops=ops, enabled=enabled, stats=stats)
-        others: list[Rule] = []
+        for rules in RULE_SETS:
+            changed |= rewrite(graph, rules, ctx=ctx, ops=ops, enabled=enabled, stats=stats).changed
         registry = getattr(ctx.registries, "fusion_patterns", None)
         if registry is not None:
-            others = [r for name, r in registry.items() if name not in RULES and isinstance(r, Rule)]
-        if others:
-            changed |= apply_rules(graph, others, ops=ops, enabled=enabled, stats=stats)
+            others = RuleSet([r for name, r in registry.items() if name not in RULES and isinstance(r, (Rule, OpRule))],
+                             name="registered")
+            if len(others):
+                changed |= rewrite(graph, others, ctx=ctx, ops=ops, enabled=enabled, stats=stats).changed
         return changed
 
 

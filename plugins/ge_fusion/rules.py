@@ -1,4 +1,4 @@
-"""The built-in fusion patterns, written in the SDK's pattern language (:mod:`ge_sdk.patterns`).
+"""The built-in fusion patterns, declarative rules of the SDK's rewrite engine (:mod:`ge_sdk.rewrite`).
 
 Each rule has a name the fusion switch file can turn off. They run in phases (see
 :data:`PHASES`): weight folds first (so the epilogue fusions see bare convolutions), then the
@@ -9,48 +9,16 @@ recognition of decomposed activations and normalisations, attention, and last th
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from ge_core.ir.graph import Node, Value
-from ge_sdk.patterns import Alt, Const, Match, Op, Optional, Rewriter, Rule, Var
+from ge_sdk.rewrite import Alt, AnyOf, Const, Match, Op, Optional, Rewriter, Rule, RuleSet, Var
 
 from . import codegen
 from .ops import CONV_ATTRS, DOMAIN
-
-
-class AnyOf(Rule):
-    """One named rule made of several alternative rules (different root shapes); the first
-    alternative that matches at a node wins. Root types are tried in the alternatives' order."""
-
-    def __init__(self, name: str, alternatives: Sequence[Rule], description: str = "") -> None:
-        super().__init__(name, alternatives[0].roots, alternatives[0].replace, description=description)
-        self.alternatives = list(alternatives)
-
-    @property
-    def root_types(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(t for r in self.alternatives for t in r.root_types))
-
-    def _matches(self, node: Node, st) -> Iterator[Match]:
-        for r in self.alternatives:
-            if node.op_type in r.root_types:
-                for m in r._matches(node, st):
-                    m.bindings["__alt__"] = r
-                    yield m
-
-    def match(self, node: Node, ops=None) -> Match | None:
-        for r in self.alternatives:
-            m = r.match(node, ops)
-            if m is not None:
-                m.bindings["__alt__"] = r
-                return m
-        return None
-
-    def replace(self, rw: Rewriter, m: Match):  # type: ignore[override]
-        alt = m.bindings.get("__alt__", self.alternatives[0])
-        return alt.replace(rw, m) if alt.replace is not None else None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -740,6 +708,10 @@ def _build() -> list[tuple[str, list[Rule]]]:
 
 #: (phase, rules) in the order they run.
 PHASES: list[tuple[str, list[Rule]]] = _build()
+
+#: The phases as rule sets (rule priority within a phase), applied one after the other by the
+#: driver to the graph and every If/Loop/Scan body in it.
+RULE_SETS: list[RuleSet] = [RuleSet(rules, name=phase) for phase, rules in PHASES]
 
 #: Every built-in rule by name.
 RULES: dict[str, Rule] = {r.name: r for _, rules in PHASES for r in rules}

@@ -10,6 +10,8 @@ import numpy as np
 
 from ge_core.ir.graph import Graph, Node, Value
 from ge_core.ir.types import TensorType
+from ge_sdk.rewrite import can_replace as can_replace  # the rewrite engine's, for the pass families
+from ge_sdk.rewrite import walk_graphs as walk_graphs
 
 
 def default_domain(node: Node) -> bool:
@@ -116,16 +118,6 @@ def shapes_match(a: TensorType, b: TensorType) -> bool:
     return all(x is not None and x == y for x, y in zip(a.shape, b.shape))
 
 
-def can_replace(old: Value, new: Value) -> bool:
-    """True when ``old`` may be replaced by ``new`` without the IR adding an Identity to keep a
-    graph output's name (which would make rewrites loop)."""
-    if old is new:
-        return False
-    if not old.is_graph_output:
-        return True
-    return not (new.is_graph_input or new.is_constant or new.is_graph_output or new.graph is not old.graph)
-
-
 def static_shape(t: TensorType) -> tuple[int, ...] | None:
     """The shape of ``t`` as ints when fully static, else None."""
     return tuple(t.shape) if t.is_static and t.shape is not None else None  # type: ignore[arg-type]
@@ -158,16 +150,6 @@ def axes_of(node: Node, input_index: int = 1) -> list[int] | None:
     if len(node.inputs) > input_index and node.inputs[input_index] is not None:
         return int_list(const(node.inputs[input_index]))
     return []
-
-
-def walk_graphs(graph: Graph):
-    """``graph`` and every subgraph nested in its nodes, outer first."""
-    stack = [graph]
-    while stack:
-        g = stack.pop()
-        yield g
-        for n in g.nodes:
-            stack.extend(n.subgraphs())
 
 
 def shape_elements(v: Value | None, depth: int = 8) -> list[Any] | None:

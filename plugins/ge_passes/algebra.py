@@ -15,9 +15,9 @@ from collections.abc import Callable
 import numpy as np
 
 from ge_core.ir.graph import Node, Value
+from ge_sdk.rewrite import Rewriter, RulePass
 
 from ._util import all_equal_to, const, default_domain, first_element, is_splat, shapes_match, splat
-from .rewrite import Rewriter, RulePass
 
 
 def _fits_into(c: np.ndarray, x: Value, out: Value) -> bool:

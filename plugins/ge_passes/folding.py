@@ -26,9 +26,9 @@ from ge_core.ir.types import TensorType
 from ge_core.kernel import KernelSpec
 from ge_core.ops import OpRegistry
 from ge_core.serialize import MAX_WEIGHT_ELEMENTS, weight_span
+from ge_sdk.rewrite import Rewriter, RulePass
 
 from ._util import const, first_element, int_list, is_splat, splat, static_shape, stored_nbytes
-from .rewrite import Rewriter, RulePass
 
 log = logging.getLogger("ge.passes")
 
@@ -70,9 +70,9 @@ class FoldConstants(RulePass):
     def enabled(self, ctx) -> bool:
         return bool(getattr(ctx.options, "constant_folding", True))
 
-    def run_graph(self, graph, ctx) -> bool:
+    def run(self, graph, ctx) -> bool:
         self._kernels = ctx.registries.kernels_for(ctx.params.get("backend", "cpu")) if ctx.registries else None
-        return super().run_graph(graph, ctx)
+        return super().run(graph, ctx)
 
     def generic_rules(self):
         return (self.fold,)
@@ -84,7 +84,7 @@ class FoldConstants(RulePass):
             return False
         if not any(o.has_uses() or o.is_graph_output for o in node.outputs):
             return False
-        opdef = rw.ctx.ops.lookup(node.domain, node.op_type) if rw.ctx.registries else None
+        opdef = rw.ops.lookup(node.domain, node.op_type) if rw.ops is not None else None
         if opdef is None or not opdef.deterministic:
             return False
         try:
@@ -121,7 +121,7 @@ class FoldConstants(RulePass):
             return None
         ins = [const(v) for v in node.inputs]
         limit = max(int(rw.params.get("size_limit", 1 << 20)), 1 << 16)
-        spec = KernelSpec.from_node(node, rw.ctx.options)
+        spec = KernelSpec.from_node(node, rw.ctx.options if rw.ctx is not None else None)
         if node.op_type in ELEMENTWISE and all(a is None or is_splat(a) for a in ins) and any(
                 a is not None and a.size > 1 for a in ins):
             return self._elementwise_splat(node, ins, spec, factory)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from ge_core.ir.graph import Node, Value
+from ge_sdk.rewrite import Rewriter, RulePass
 
 from ._util import axes_of, default_domain, opset_of, shapes_match, static_shape
-from .rewrite import Rewriter, RulePass
 
 RESHAPES = frozenset(("Reshape", "Squeeze", "Unsqueeze", "Flatten"))
 

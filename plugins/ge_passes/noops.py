@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from ge_core.ir.graph import Node, Value
+from ge_sdk.rewrite import Rewriter, RulePass
 
 from ._util import const, int_list, opset_of, shape_elements, shapes_match, splat, static_shape
-from .rewrite import Rewriter, RulePass
 
 
 def _forward(node: Node, rw: Rewriter, src: Value | None = None) -> bool:

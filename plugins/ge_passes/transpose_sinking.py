@@ -45,9 +45,9 @@ import numpy as np
 from ge_core.ir.graph import Graph, Node, Value
 from ge_core.ir.types import TensorType
 from ge_core.passes import Pass, PassContext
+from ge_sdk.rewrite import Rewriter
 
 from ._util import axes_of, default_domain, first_element, int_list, is_splat, opset_of, splat, walk_graphs
-from .rewrite import Rewriter
 
 log = logging.getLogger("ge.passes")
 

@@ -34,7 +34,7 @@ from ge_core.ops import InferFn, OpDef, OpKind
 from ge_core.passes import FunctionPass, Pass
 
 from .bases import MemoryPlanner, OpMapper, StreamAllocator
-from .patterns import Op, Rewriter, Rule
+from .rewrite import Op, Rewriter, Rule, RuleLike, RuleSet
 
 OBSERVER_HOOKS = ("ge_graph_loaded", "ge_before_pass", "ge_after_pass", "ge_model_built")
 
@@ -155,9 +155,11 @@ class Plugin:
 
         return wrap
 
-    def rewrite_pass(self, name: str, rules: Sequence[Rule], *, stage: str = "fuse", **attrs: Any):
-        """Register a pass applying ``rules`` (see :class:`ge_sdk.patterns.RewritePass`)."""
-        from .patterns import RewritePass
+    def rewrite_pass(self, name: str, rules: RuleSet | Sequence[RuleLike], *, stage: str = "fuse", **attrs: Any):
+        """Register a pass applying ``rules`` (a :class:`~ge_sdk.rewrite.RuleSet` or a list of
+        declarative and imperative rules) to the graph and every subgraph in it (see
+        :class:`ge_sdk.rewrite.RewritePass`)."""
+        from .rewrite import RewritePass
 
         p = RewritePass(name, rules, stage=stage, **attrs)
         self._add("ge_register_passes", p)
@@ -167,7 +169,7 @@ class Plugin:
     def fusion_pattern(self, rule: Rule) -> Rule:
         """Register a :class:`Rule` as a named fusion pattern (the switch file turns it off by name)."""
         if not isinstance(rule, Rule):
-            raise PluginError(f"fusion_pattern takes a ge_sdk.patterns.Rule, not {type(rule).__name__}")
+            raise PluginError(f"fusion_pattern takes a ge_sdk.rewrite.Rule, not {type(rule).__name__}")
         self._add("ge_register_fusion_patterns", rule.name, rule)
         return rule
 
