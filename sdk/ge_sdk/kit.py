@@ -34,7 +34,7 @@ from ge_core.ops import InferFn, OpDef, OpKind
 from ge_core.passes import FunctionPass, Pass
 
 from .bases import MemoryPlanner, OpMapper, StreamAllocator
-from .rewrite import Op, Rewriter, Rule, RuleLike, RuleSet
+from .rewrite import Op, OpRule, Rewriter, Rule, RuleLike, RuleSet
 
 OBSERVER_HOOKS = ("ge_graph_loaded", "ge_before_pass", "ge_after_pass", "ge_model_built")
 
@@ -166,10 +166,11 @@ class Plugin:
         return p
 
     # -- fusion patterns ------------------------------------------------------------------------
-    def fusion_pattern(self, rule: Rule) -> Rule:
-        """Register a :class:`Rule` as a named fusion pattern (the switch file turns it off by name)."""
-        if not isinstance(rule, Rule):
-            raise PluginError(f"fusion_pattern takes a ge_sdk.rewrite.Rule, not {type(rule).__name__}")
+    def fusion_pattern(self, rule: RuleLike) -> RuleLike:
+        """Register a :class:`~ge_sdk.rewrite.Rule` or :class:`~ge_sdk.rewrite.OpRule` as a
+        named fusion pattern (the fusion plugin applies it; the switch file turns it off by name)."""
+        if not isinstance(rule, (Rule, OpRule)):
+            raise PluginError(f"fusion_pattern takes a ge_sdk.rewrite.Rule or OpRule, not {type(rule).__name__}")
         self._add("ge_register_fusion_patterns", rule.name, rule)
         return rule
 
@@ -180,6 +181,20 @@ class Plugin:
 
         def wrap(fn: Callable) -> Rule:
             rule = Rule(name, pattern, fn, condition=condition)
+            if register:
+                self.fusion_pattern(rule)
+            return rule
+
+        return wrap
+
+    def op_rewrite(self, name: str, op_type: str | Sequence[str] | None, *, domain: str | None = "",
+                   register: bool = True) -> Callable[[Callable[[Any, Rewriter], bool]], OpRule]:
+        """Decorator: ``fn(node, rw) -> bool`` becomes an imperative :class:`~ge_sdk.rewrite.OpRule`
+        tried at nodes of ``op_type``, which is returned (and registered as a fusion pattern
+        unless ``register=False``)."""
+
+        def wrap(fn: Callable) -> OpRule:
+            rule = OpRule(op_type, fn, name=name, domain=domain)
             if register:
                 self.fusion_pattern(rule)
             return rule

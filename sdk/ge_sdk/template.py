@@ -42,17 +42,19 @@ __version__ = "0.1.0"
 '''
 
 PLUGIN = '''\
-"""The hooks of $dist: a sample op with its CPU kernel and a sample pass.
+"""The hooks of $dist: a sample op with its CPU kernel and a sample rewrite pass.
 
 Grow it with the decorators of ``ge_sdk.Plugin``: ``op``, ``kernel``, ``graph_pass``,
-``register_pass``, ``rewrite`` / ``rewrite_pass`` (pattern language), ``op_mapper``,
-``stream_allocator``, ``memory_planner``, ``option``, ``command`` and ``on`` (observers).
+``register_pass``, ``rewrite`` / ``op_rewrite`` / ``rewrite_pass`` (the rewrite engine,
+``ge_sdk.rewrite``), ``op_mapper``, ``stream_allocator``, ``memory_planner``, ``option``,
+``command`` and ``on`` (observers).
 """
 
 from __future__ import annotations
 
 from ge_core import OpKind
 from ge_sdk import Plugin, same_as_input
+from ge_sdk.rewrite import Op, OpRule, Rule, RuleSet, Var
 
 DOMAIN = "$pkg"
 
@@ -65,21 +67,30 @@ def square(x):
     return x * x
 
 
-@plugin.graph_pass("${pkg}_mul_self_to_square", stage="optimize")
-def mul_self_to_square(graph, ctx) -> bool:
-    """Rewrite Mul(x, x) into $pkg::Square(x)."""
-    changed = False
-    for node in graph.nodes:
-        if node.op_type == "Mul" and node.domain in ("", "ai.onnx") and len(node.inputs) == 2 \\
-                and node.inputs[0] is node.inputs[1]:
-            sq = graph.add_node("Square", [node.inputs[0]], domain=DOMAIN, before=node,
-                                output_types=[node.output.type])
-            node.output.replace_all_uses_with(sq.output)
-            graph.remove_node(node)
-            changed = True
-    if changed:
-        graph.opset_imports.setdefault(DOMAIN, 1)
-    return changed
+# A declarative rule: a pattern (the same name twice is the same value) and a replacement.
+def to_square(rw, m):
+    """Mul(x, x) -> $pkg::Square(x)."""
+    return rw.op("Square", m["x"], domain=DOMAIN)
+
+
+MUL_SELF = Rule("${pkg}_mul_self", Op("Mul", Var("x"), Var("x")), to_square)
+
+
+# An imperative rule: an op type and a function that rewrites through the Rewriter ``rw``.
+def square_of_neg(node, rw) -> bool:
+    """$pkg::Square(Neg(x)) -> $pkg::Square(x)."""
+    src = node.inputs[0].producer
+    if src is None or src.op_type != "Neg" or src.domain not in ("", "ai.onnx") or src.graph is not node.graph:
+        return False
+    rw.set_input(node, 0, src.inputs[0])
+    return True
+
+
+RULES = RuleSet([MUL_SELF]) + RuleSet([OpRule("Square", square_of_neg, domain=DOMAIN)])
+
+# One pass applies the rule set to the graph and to every If/Loop/Scan body in it.
+plugin.rewrite_pass("${pkg}_mul_self_to_square", RULES, stage="optimize",
+                    description="rewrite Mul(x, x) into $pkg::Square(x)")
 '''
 
 TEST = '''\

@@ -4,13 +4,14 @@ linear in graph size and reaches subgraphs."""
 import numpy as np
 import pytest
 
-from ge_core import GEError
+import ge_core as ge
+from ge_core import GEError, PluginError
 from ge_core.ir.graph import Graph
 from ge_core.ir.types import TensorType
 from ge_core.options import CompileOptions
 from ge_core.passes import PassContext
 from ge_core.plugins import get_host
-from ge_sdk import GraphBuilder, patterns
+from ge_sdk import GraphBuilder, Plugin, patterns
 from ge_sdk.rewrite import (
     Op,
     OpRule,
@@ -181,3 +182,23 @@ def test_explain_and_imperative_rule_errors():
         OpRule("Neg", "not callable")
     with pytest.raises(GEError, match="op type names"):
         OpRule("", drop_double_neg)
+
+
+def test_plugin_registers_an_imperative_rule_that_pattern_fusion_applies(fresh_host):
+    plugin = Plugin("op_rule_test")
+
+    @plugin.op_rewrite("t_sigmoid_to_tanh", "Sigmoid")
+    def sigmoid_to_tanh(node, rw) -> bool:
+        """Sigmoid -> Tanh (not the same function: the test sees which ran)."""
+        new = rw.add_node("Tanh", [node.inputs[0]], before=node, like=node.output, output_type=node.output.type)
+        return rw.replace_node(node, [new.output])
+
+    assert isinstance(sigmoid_to_tanh, OpRule) and sigmoid_to_tanh.name == "t_sigmoid_to_tanh"
+    fresh_host.register_plugin(plugin, "op_rule_test")
+    assert fresh_host.registries.fusion_patterns.get("t_sigmoid_to_tanh") is sigmoid_to_tanh
+    b = GraphBuilder(); x = b.input("x", "float32", (3,))
+    b.output(b.Relu(b.Sigmoid(x)))
+    model = ge.compile(b.build(), {"disabled_passes": ["auto_fusion"]})
+    assert model.report["op_counts"] == {"Tanh": 1, "Relu": 1}
+    with pytest.raises(PluginError, match="Rule or OpRule"):
+        plugin.fusion_pattern(sigmoid_to_tanh.fn)

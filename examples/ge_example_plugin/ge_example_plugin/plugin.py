@@ -1,8 +1,9 @@
 """The example plugin: one op with its CPU kernel, one pass, one fusion pattern.
 
 * op ``ge.example::ScaleShift`` — ``y = x * scale + shift`` (float attributes), with a NumPy kernel;
-* pass ``example_fold_double_neg`` (stage optimize) — ``Neg(Neg(x))`` becomes ``x``;
-* fusion pattern ``example_scale_shift`` — ``Add(Mul(x, c1), c2)`` with scalar constants becomes
+* pass ``example_fold_double_neg`` (stage optimize) — ``Neg(Neg(x))`` becomes ``x`` (an imperative
+  rule of the SDK's rewrite engine, run by its driver);
+* fusion pattern ``example_scale_shift`` (a declarative rule) — ``Add(Mul(x, c1), c2)`` with scalar constants becomes
   ``ScaleShift(x, scale=c1, shift=c2)``, applied by the pass ``example_fusion`` (stage fuse) and
   turned off by name in a fusion switch file.
 
@@ -14,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from ge_core import OpKind, Pass
-from ge_sdk import Const, Op, Plugin, Var, same_as_input
+from ge_sdk import Plugin, same_as_input
+from ge_sdk.rewrite import Const, Op, OpRule, Rewriter, RuleSet, Var, rewrite
 
 DOMAIN = "ge.example"
 
@@ -30,33 +32,30 @@ def scale_shift(x, scale=1.0, shift=0.0):
     return y
 
 
-# -- a pass, written as a Pass subclass --------------------------------------------------------
+# -- a pass, written as a Pass subclass around an imperative rule ----------------------------------
+def fold_double_neg(node, rw: Rewriter) -> bool:
+    """Neg(Neg(x)) -> x: an imperative rule (an op type and a function)."""
+    inner = node.inputs[0].producer
+    if inner is None or inner.op_type != "Neg" or inner.domain not in ("", "ai.onnx") or inner.graph is not node.graph:
+        return False
+    return rw.replace_node(node, [inner.inputs[0]])
+
+
 @plugin.register_pass
 class FoldDoubleNeg(Pass):
-    """Neg(Neg(x)) -> x."""
+    """Neg(Neg(x)) -> x, in the graph and in every If/Loop/Scan body."""
 
     name = "example_fold_double_neg"
     stage = "optimize"
     opt_level = 1
     description = "remove pairs of negations"
+    rules = RuleSet([OpRule("Neg", fold_double_neg)], order="nodes")
 
     def run(self, graph, ctx) -> bool:
-        changed = False
-        for node in graph.nodes:
-            if node.op_type != "Neg" or node.domain not in ("", "ai.onnx"):
-                continue
-            inner = node.inputs[0].producer
-            if inner is None or inner.op_type != "Neg" or inner.domain not in ("", "ai.onnx"):
-                continue
-            node.output.replace_all_uses_with(inner.inputs[0])
-            graph.remove_node(node)
-            if not inner.output.has_uses() and not inner.output.is_graph_output:
-                graph.remove_node(inner)
-            changed = True
-        return changed
+        return rewrite(graph, self.rules, ctx=ctx).changed
 
 
-# -- a fusion pattern in the pattern language, and the pass that applies it ----------------------
+# -- a fusion pattern: a declarative rule (pattern and replacement), and the pass that applies it ---
 x = Var("x", dtype=["float32", "float64"])
 scale = Const("scale", scalar=True)
 shift = Const("shift", scalar=True)

@@ -79,8 +79,8 @@ def _pure(node: Node) -> bool:
 class Rewriter:
     """The operations rules use to change one graph; it records what to revisit.
 
-    Imperative rules use :meth:`replace_value`, :meth:`replace_node`, :meth:`erase`,
-    :meth:`add_node` and :meth:`constant`; a declarative rule's replacement builds nodes with
+    Imperative rules use :meth:`replace_value`, :meth:`replace_node`, :meth:`set_input`,
+    :meth:`erase`, :meth:`add_node` and :meth:`constant`; a declarative rule's replacement builds nodes with
     :meth:`op` and :meth:`const` (inserted before the match's last root, its *anchor*).
     """
 
@@ -180,6 +180,17 @@ class Rewriter:
                     stack.append(p)
                 elif v.is_constant and not v.has_uses() and v.graph is not None and not v.is_graph_output:
                     v.graph.remove_constant(v)
+
+    def set_input(self, node: Node, index: int, value: Value | None) -> None:
+        """Make input ``index`` of ``node`` read ``value``; the old producer goes when nothing
+        reads it any more, and ``node`` is looked at again."""
+        old = node.inputs[index]
+        node.set_input(index, value)
+        self.changed = True
+        self.push(node)
+        if old is not None and old.producer is not None and not old.has_uses() and not old.is_graph_output \
+                and _pure(old.producer):
+            self.erase(old.producer)
 
     def constant(self, array: np.ndarray, like: Value | None = None) -> Value:
         """A new constant of the graph holding ``array`` (named after ``like`` where given)."""
