@@ -17,7 +17,7 @@ SDK_DOOR = {
     "ge_register_op_mappers": "`@plugin.op_mapper(framework, op_type)` or `plugin.op_mapper(MyMapper())`",
     "ge_register_passes": "`@plugin.register_pass` (a Pass class), `@plugin.graph_pass(name, stage)`, "
                           "`plugin.rewrite_pass(name, rules)`",
-    "ge_register_fusion_patterns": "`@plugin.rewrite(name, pattern)` or `plugin.fusion_pattern(rule)`",
+    "ge_register_fusion_patterns": "`@plugin.rewrite(name, pattern)`, `@plugin.op_rewrite(name, op_type)` or `plugin.fusion_pattern(rule)`",
     "ge_register_stream_allocators": "`@plugin.stream_allocator(name)` or a `StreamAllocator`",
     "ge_register_memory_planners": "`@plugin.memory_planner(name)` or a `MemoryPlanner`",
     "ge_register_backends": "`plugin.backend(MyBackend)`",
