@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ge_core.ir.graph import Value
+from ge_sdk.onnx_types import ELEM_TYPES
 
 MAPPERS: dict[str, Callable] = {}
 INT64_MAX = np.iinfo(np.int64).max
@@ -73,17 +74,12 @@ def is_channels_last(fmt: Any) -> bool:
     return not str(fmt or "NHWC").startswith("NC")
 
 
-#: NumPy dtype name -> ONNX TensorProto element type (the ``to`` attribute of Cast).
-_ONNX_TYPES = {"float32": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7, "object": 8,
-               "bool": 9, "float16": 10, "float64": 11, "uint32": 12, "uint64": 13, "complex64": 14,
-               "complex128": 15, "bfloat16": 16}
-
-
 def onnx_type(ctx, dtype) -> int:
+    """ONNX TensorProto element type of a NumPy dtype (the ``to`` attribute of Cast)."""
     name = np.dtype(dtype).name
-    if name not in _ONNX_TYPES:
+    if name not in ELEM_TYPES:
         ctx.fail(f"uses dtype {name}, which has no ONNX equivalent")
-    return _ONNX_TYPES[name]
+    return ELEM_TYPES[name]
 
 
 def cast_to(ctx, v: Value, dtype) -> Value:

@@ -14,21 +14,16 @@ from typing import Any
 import numpy as np
 
 from ge_core.errors import UnsupportedOpError
+from ge_sdk.onnx_types import ELEM_TYPES
 
 from .convert import INT64_MAX, INT64_MIN, MapContext
 
 Mapper = Callable[[MapContext, Any], Any]
 MAPPERS: dict[str, Mapper] = {}
 
-#: ONNX TensorProto codes of NumPy dtypes (Cast's ``to``).
-_ONNX_CODES = {
-    "float32": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7, "bool": 9,
-    "float16": 10, "float64": 11, "uint32": 12, "uint64": 13, "complex64": 14, "complex128": 15, "bfloat16": 16,
-}
-
-
 def onnx_code(dtype: Any) -> int:
-    return _ONNX_CODES[np.dtype(dtype).name]
+    """ONNX TensorProto code of a NumPy dtype (Cast's ``to``)."""
+    return ELEM_TYPES[np.dtype(dtype).name]
 
 
 def reg(*keys: str) -> Callable[[Mapper], Mapper]:

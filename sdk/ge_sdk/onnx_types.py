@@ -13,6 +13,17 @@ import numpy as np
 
 from ge_core.ir.types import TensorType
 
+#: ONNX ``TensorProto`` element types -> NumPy dtype names, as ONNX names them (8 is "string";
+#: the float8/int4/float4 ones need ml_dtypes). The one table: no onnx import needed.
+ELEM_TYPE_NAMES: dict[int, str] = {
+    1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 8: "string",
+    9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 14: "complex64", 15: "complex128",
+    16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2", 20: "float8_e5m2fnuz",
+    21: "uint4", 22: "int4", 23: "float4_e2m1",
+}
+#: NumPy dtype name -> ONNX element type (an object array is STRING, 8): Cast's ``to``.
+ELEM_TYPES: dict[str, int] = {**{n: c for c, n in ELEM_TYPE_NAMES.items() if c != 8}, "object": 8}
+
 
 def elem_to_dtype(elem_type: int) -> np.dtype | None:
     """NumPy dtype of an ONNX element type (None for UNDEFINED or a type NumPy lacks)."""
