@@ -100,9 +100,6 @@ class NodeContext:
             self.invalid(f"has an unreadable attribute '{name}': {type(e).__name__}: {e}")
             raise AssertionError from None  # unreachable
 
-    def has_attr(self, name: str) -> bool:
-        return name in self.tf_op.node_def.attr
-
     # -- inputs ----------------------------------------------------------------------------------
     def raw_input(self, i: int) -> Any:
         t = self.tf_op.inputs[i]
