@@ -179,20 +179,10 @@ class CompileOptions:
                 raise OptionError(
                     f"config file '{path}': unknown key '{k}' in [pipeline.{stage}]{close_matches(k, keys)}"
                 )
-            for key in ("insert_after", "insert_before"):
-                table = spec.get(key, {})
-                if not (isinstance(table, dict) and all(isinstance(v, str) for v in table.values())):
-                    raise OptionError(f"config file '{path}': [pipeline.{stage}].{key} must be a table "
-                                      f"of pass = \"anchor pass\"", hint=f'e.g. {key} = {{my_pass = "cse"}}')
-            for key in ("passes", "disable"):
-                if key in spec and not (isinstance(spec[key], list) and all(isinstance(x, str) for x in spec[key])):
-                    raise OptionError(f"config file '{path}': [pipeline.{stage}].{key} must be a list of pass names")
-            if "fixed_point" in spec and not isinstance(spec["fixed_point"], bool):
-                raise OptionError(f"config file '{path}': [pipeline.{stage}].fixed_point must be true or false")
-            mi = spec.get("max_iterations", 10)
-            if isinstance(mi, bool) or not isinstance(mi, int) or not 1 <= mi <= 10_000:
-                raise OptionError(f"config file '{path}': [pipeline.{stage}].max_iterations must be an integer "
-                                  f"from 1 to 10000, not {mi!r}")
+            try:
+                _check_stage_spec(stage, spec)
+            except OptionError as e:
+                raise OptionError(f"config file '{path}': {e.detail}", hint=e.hint) from None
             self.pipeline[stage] = dict(spec)
         passes = data.get("passes", {})
         if not isinstance(passes, dict) or not all(isinstance(v, dict) for v in passes.values()):
@@ -597,7 +587,8 @@ def _check_stage_spec(stage: str, spec: Mapping[str, Any]) -> None:
     for key in ("insert_after", "insert_before"):
         t = spec.get(key, {})
         if not (isinstance(t, Mapping) and all(isinstance(a, str) and isinstance(b, str) for a, b in t.items())):
-            raise OptionError(f"pipeline.{stage}.{key} must map pass names to anchor pass names")
+            raise OptionError(f"pipeline.{stage}.{key} must map pass names to anchor pass names",
+                              hint=f'e.g. {key} = {{my_pass = "cse"}}')
     if "fixed_point" in spec and not isinstance(spec["fixed_point"], bool):
         raise OptionError(f"pipeline.{stage}.fixed_point must be true or false")
     mi = spec.get("max_iterations", 10)
