@@ -587,7 +587,7 @@ def _check_stage_spec(stage: str, spec: Mapping[str, Any]) -> None:
     for key in ("insert_after", "insert_before"):
         t = spec.get(key, {})
         if not (isinstance(t, Mapping) and all(isinstance(a, str) and isinstance(b, str) for a, b in t.items())):
-            raise OptionError(f"pipeline.{stage}.{key} must map pass names to anchor pass names",
+            raise OptionError(f"pipeline.{stage}.{key} must be a table of pass = \"anchor pass\"",
                               hint=f'e.g. {key} = {{my_pass = "cse"}}')
     if "fixed_point" in spec and not isinstance(spec["fixed_point"], bool):
         raise OptionError(f"pipeline.{stage}.fixed_point must be true or false")
