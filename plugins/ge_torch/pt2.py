@@ -401,7 +401,10 @@ def _tensors(ar: _Archive, config_name: str, folder: str, kind: str) -> Any:
                                    f"{base.numel()} elements of its file")
                 t = torch.as_strided(base, sizes, strides, offset)
             if meta.get("is_param"):
-                t = torch.nn.Parameter(t, requires_grad=bool(tm.get("requires_grad")))
+                grad = bool(tm.get("requires_grad"))
+                if grad and not (dtype.is_floating_point or dtype.is_complex):
+                    raise _Refused(f"it is a parameter of {dtype} that requires gradients, which torch cannot make")
+                t = torch.nn.Parameter(t, requires_grad=grad)
             out[fqn] = t
         except _Refused as e:
             raise ModelFileError(f"{what}: {e}; GE never unpickles a model file", hint=_HINT) from None

@@ -224,7 +224,8 @@ def test_expressions_torch_writes_are_accepted():
 
 
 @pytest.mark.parametrize("case", ["not_zip", "truncated", "empty", "strides_past_end", "huge_size",
-                                  "sizes_not_a_list", "bad_dtype", "bad_json", "no_program", "directory"])
+                                  "sizes_not_a_list", "int_param_with_grad", "bad_dtype", "bad_json",
+                                  "no_program", "directory"])
 def test_corrupt_archives_are_model_file_errors(saved, tmp_path, case):
     path = os.fspath(tmp_path / "bad.pt2")
     raw = open(saved[0], "rb").read()
@@ -246,6 +247,8 @@ def test_corrupt_archives_are_model_file_errors(saved, tmp_path, case):
             meta["sizes"] = [{"as_int": 1 << 40}, {"as_int": 1 << 20}]
         elif case == "sizes_not_a_list":  # was a TypeError "bug in the frontend plugin" (pt2 fuzz target)
             meta["sizes"] = 5
+        elif case == "int_param_with_grad":  # was torch's RuntimeError, "a bug in the frontend plugin"
+            meta["dtype"] = 4  # ScalarType.INT: the 12 floats read as 12 int32, requires_grad kept
         elif case == "bad_dtype":
             meta["dtype"] = 999
         elif case == "bad_json":
