@@ -34,6 +34,7 @@ from typing import Any
 
 from .errors import GEError, SecurityError
 from .ir.graph import Graph, Node, Value
+from .schedule import HappensBefore, StreamAssignment
 
 DEFAULT_ALIGNMENT = 64
 
@@ -309,31 +310,25 @@ def _share_concat(node: Node, groups: _Groups, sizes, end, same_stream) -> None:
 def _extend_across_streams(order, stream_of, events, start, end, readers) -> dict[str, int]:
     """Per buffer, the last position at which a node may still run unordered with its reads.
 
-    A vector clock per node gives, for each stream, the latest position on it that is ordered
-    before the node (same stream: earlier; other streams: through events, transitively).
+    The happens-before clocks of the streams (:class:`ge_core.schedule.HappensBefore`) give, for
+    each node and stream, the latest node of that stream ordered before it (through events,
+    transitively); on its own stream a node is its own latest.
     """
     n = len(order)
-    ids = sorted(set(stream_of))
-    sidx = [ids.index(s) for s in stream_of] if len(ids) < 64 else [{s: k for k, s in enumerate(ids)}[s] for s in stream_of]
-    waits: dict[int, list[int]] = {}
-    for a, b in events:
-        waits.setdefault(b, []).append(a)
-    vc: list[list[int]] = []
-    last_on: dict[int, int] = {}
-    positions: list[list[int]] = [[] for _ in ids]
-    for i in range(n):
-        s = sidx[i]
-        prev = last_on.get(s)
-        clock = list(vc[prev]) if prev is not None else [-1] * len(ids)
-        for a in waits.get(i, ()):
-            if 0 <= a < i:
-                clock = [max(x, y) for x, y in zip(clock, vc[a])]
-        clock[s] = i
-        vc.append(clock)
-        last_on[s] = i
+    hb = HappensBefore(StreamAssignment(list(stream_of), [(a, b) for a, b in events if 0 <= a < b < n]))
+    k = max(stream_of) + 1
+    positions: list[list[int]] = [[] for _ in range(k)]
+    for i, s in enumerate(stream_of):
         positions[s].append(i)
+
+    def latest_before(p: int, s: int) -> int:
+        if s == stream_of[p]:
+            return p
+        c = hb.clock[p][s]
+        return positions[s][c] if c >= 0 else -1
+
     # col[t][s][j]: latest position of stream s ordered before the j-th node of stream t
-    col = [[[vc[p][s] for p in positions[t]] for s in range(len(ids))] for t in range(len(ids))]
+    col = [[[latest_before(p, s) for p in positions[t]] for s in range(k)] for t in range(k)]
     new_end = dict(end)
     for name, rs in readers.items():
         uses = set(rs)
@@ -342,7 +337,7 @@ def _extend_across_streams(order, stream_of, events, start, end, readers) -> dic
         for t, pt in enumerate(positions):
             if not pt:
                 continue
-            first = max(bisect.bisect_left(col[t][sidx[u]], u) for u in uses)
+            first = max(bisect.bisect_left(col[t][stream_of[u]], u) for u in uses)
             latest = max(latest, pt[first] - 1 if first < len(pt) else pt[-1])
         new_end[name] = latest
     return new_end
