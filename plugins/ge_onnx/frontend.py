@@ -489,13 +489,6 @@ def _decode(b: bytes | str) -> str | bytes:
         return b
 
 
-def _walk_nodes(g: Graph):
-    for n in g.nodes:
-        yield n
-        for sg in n.subgraphs():
-            yield from _walk_nodes(sg)
-
-
 def check_ops(graph: Graph, registry, source: str) -> None:
     """Raise one UnsupportedOpError for every op no plugin provides (or too new for the opset)."""
     from ge_core.ops import unknown_ops_error
@@ -503,7 +496,7 @@ def check_ops(graph: Graph, registry, source: str) -> None:
     unknown = []
     too_new: list[tuple[Node, int, int]] = []
     opset = graph.opset_imports.get("")
-    for n in _walk_nodes(graph):
+    for n in graph.walk():
         d = registry.lookup(n.domain, n.op_type)
         if d is None:
             unknown.append(n)
@@ -595,7 +588,7 @@ def check_node_specs(graph: Graph, registry, source: str) -> None:
     imports = graph.opset_imports
     bad: list[str] = []
     removed: list[str] = []
-    for n in _walk_nodes(graph):
+    for n in graph.walk():
         dom = _norm_domain(n.domain)
         opset = imports.get(dom) or 0
         if not 0 <= opset < 2**31:
