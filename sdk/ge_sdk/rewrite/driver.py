@@ -62,7 +62,8 @@ def walk_graphs(graph: Graph):
         g = stack.pop()
         yield g
         for n in g.nodes:
-            stack.extend(n.subgraphs())
+            if n.attrs:  # only attributes hold subgraphs
+                stack.extend(n.subgraphs())
 
 
 def _root(g: Graph) -> Graph:
