@@ -49,6 +49,10 @@ def neg_chain(n, op="Neg"):
 def test_the_old_module_is_the_new_engine():
     assert patterns.Rule is Rule and patterns.Op is Op and patterns.RewritePass is RewritePass
     assert patterns.Rewriter is Rewriter
+    g = neg_chain(2)
+    m = patterns.match(DOUBLE_NEG, g.node_list()[1])
+    assert m is not None and patterns.apply_match(DOUBLE_NEG, m, g)
+    assert [n.op_type for n in g.nodes] == ["Relu"]
 
 
 @pytest.mark.parametrize("style", ["declarative", "imperative"])
@@ -178,6 +182,8 @@ def test_explain_and_imperative_rule_errors():
     g = neg_chain(1)
     why = explain(DOUBLE_NEG, g.node_list()[0])
     assert not why and "not produced by a node" in why.reason
+    with pytest.raises(GEError, match="not a pattern or a declarative rule"):
+        explain(OpRule("Neg", drop_double_neg), g.node_list()[0])
     with pytest.raises(GEError, match="needs a function"):
         OpRule("Neg", "not callable")
     with pytest.raises(GEError, match="op type names"):

@@ -163,7 +163,12 @@ def interior_uses(m: Match) -> str:
 
 def as_matcher(pattern: Matcher | Op | Sequence[Op]) -> Matcher:
     """``pattern`` itself when it is a rule or matcher, else a matcher of the root pattern(s)."""
-    return pattern if isinstance(pattern, Matcher) else Matcher("pattern", pattern)
+    if isinstance(pattern, Matcher):
+        return pattern
+    if not isinstance(pattern, (Pattern, list, tuple)):
+        raise GEError(f"{pattern!r} is not a pattern or a declarative rule (an imperative rule is a function: "
+                      "it cannot be matched or explained without running it)")
+    return Matcher("pattern", pattern)
 
 
 def match(pattern: Matcher | Op | Sequence[Op], node: Node, ops=None) -> Match | None:
