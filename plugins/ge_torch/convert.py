@@ -95,6 +95,7 @@ def tensor_to_numpy(t: Any, *, copy: bool = True) -> np.ndarray:
     if t.dtype == torch.bfloat16:
         arr = t.view(torch.int16).numpy().view(np_dtype(torch.bfloat16))
     else:
+        np_dtype(t.dtype)  # a dtype GE has no equivalent for (float8, quantized...) is named here
         arr = t.resolve_conj().resolve_neg().numpy()
     if not copy:
         return arr

@@ -349,3 +349,25 @@ def test_zip_records_zipfile_cannot_read_are_model_file_errors(saved, tmp_path, 
     "a bug in the frontend plugin"."""
     with pytest.raises(ModelFileError, match="bad.pt2"):
         ge.load(_patch_central_record(saved[0], entry, tmp_path / "bad.pt2", fields))
+
+
+def test_a_constant_of_a_dtype_ge_lacks_is_named_not_a_frontend_bug(tmp_path):
+    """A float8 buffer (found by the pt2 fuzz campaign, case 9725) is an UnsupportedOpError
+    naming the dtype, from a module and from a saved .pt2 alike."""
+    from ge_core.errors import UnsupportedOpError
+
+    class F8(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("scale", torch.full((4,), 0.5).to(torch.float8_e4m3fn))
+
+        def forward(self, x):
+            return x * self.scale.float()
+
+    x = torch.ones(2, 4)
+    with pytest.raises(UnsupportedOpError, match="float8_e4m3fn"):
+        ge.load(F8(), example_inputs=(x,))
+    path = str(tmp_path / "f8.pt2")
+    torch.export.save(torch.export.export(F8(), (x,)), path)
+    with pytest.raises(UnsupportedOpError, match="float8_e4m3fn"):
+        ge.load(path)
