@@ -42,11 +42,6 @@ DEFAULT_ALIGNMENT = 64
 #: can claim far more (a ConstantOfShape of [2**31, 2**16, 2**16] floats is 2**65 bytes).
 MAX_ARENA_BYTES = 1 << 48
 
-#: Kept only for plugins/ge_cpu/arena.py, which re-derives views (issue 16: the arena is to consume
-#: ``problem.aliases``); the memory problem reads ``OpDef.alias`` instead. Goes with that change.
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
-
-
 def align_up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 

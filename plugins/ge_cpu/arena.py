@@ -36,9 +36,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from ge_core.errors import ExecutionError
-from ge_core.ir.graph import Graph
+from ge_core.ir.graph import Graph, Node
 from ge_core.kernel import accepts_out
-from ge_core.memory import VIEW_OPS, MemoryPlan, value_size
+from ge_core.memory import MemoryPlan, value_size
 
 from .executable import CpuExecutable
 from .program import Program, Step, call_step
@@ -84,8 +84,9 @@ class Layout:
         #: per step, the slots whose planned views must hold the inputs for a no-op to be valid
         self.noop_reads: list[tuple[int, ...]] = []
         for st in program.steps:
-            self.modes.append(step_mode(st, where))
-            reads = st.ins[:1] if st.node.op_type in VIEW_OPS else st.ins
+            kind = op_alias(st.node)
+            self.modes.append(step_mode(st, where, kind))
+            reads = st.ins[:1] if kind == "view" else st.ins
             self.noop_reads.append(tuple(i for i in reads if i >= 0))
         #: kernel launches one run makes (steps that are not no-ops), and the no-ops
         self.kernel_count = sum(m != NOOP for m in self.modes)
@@ -95,16 +96,24 @@ class Layout:
                            for v in st.node.outputs] for st in program.steps]
 
 
-def step_mode(st: Step, where: Mapping[int, tuple[int, int]]) -> int:
-    """How step ``st`` runs with the planned values ``where`` (slot -> (offset, nbytes))."""
-    node = st.node
+def op_alias(node: Node) -> str:
+    """The op set's aliasing fact of ``node`` (``OpDef.aliasing``: "view", "inplace", "concat" or
+    ""), the same fact the memory problem shared the node's bytes by."""
+    from ge_core.plugins import get_host
+
+    d = get_host().registries.ops.lookup(node.domain, node.op_type)
+    return d.aliasing if d is not None else ""
+
+
+def step_mode(st: Step, where: Mapping[int, tuple[int, int]], alias: str = "") -> int:
+    """How step ``st`` runs with the planned values ``where`` (slot -> (offset, nbytes)); ``alias``
+    is its node's aliasing fact (:func:`op_alias`)."""
     outs = [where.get(s) for s in st.outs]
-    plain = node.domain in ("", "ai.onnx")
-    if plain and node.op_type in VIEW_OPS and outs and outs[0] is not None and len(st.outs) == 1:
+    if alias == "view" and outs and outs[0] is not None and len(st.outs) == 1:
         src = where.get(st.ins[0]) if st.ins else None
         if src is not None and src == outs[0]:
             return NOOP
-    if plain and node.op_type == "Concat" and len(st.outs) == 1 and outs[0] is not None:
+    if alias == "concat" and len(st.outs) == 1 and outs[0] is not None:
         off, _ = outs[0]
         ok = True
         for s in st.ins:
