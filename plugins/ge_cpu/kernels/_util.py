@@ -9,38 +9,12 @@ import numpy as np
 
 from ge_core.errors import UnsupportedOpError
 from ge_core.kernel import KernelSpec
-
-#: ONNX TensorProto.DataType -> NumPy dtype name (exotic ones resolved lazily via ml_dtypes).
-ONNX_DTYPES: dict[int, str] = {
-    1: "float32",
-    2: "uint8",
-    3: "int8",
-    4: "uint16",
-    5: "int16",
-    6: "int32",
-    7: "int64",
-    8: "string",
-    9: "bool",
-    10: "float16",
-    11: "float64",
-    12: "uint32",
-    13: "uint64",
-    14: "complex64",
-    15: "complex128",
-    16: "bfloat16",
-    17: "float8_e4m3fn",
-    18: "float8_e4m3fnuz",
-    19: "float8_e5m2",
-    20: "float8_e5m2fnuz",
-    21: "uint4",
-    22: "int4",
-    23: "float4_e2m1",
-}
+from ge_sdk.onnx_types import ELEM_TYPE_NAMES
 
 
 def onnx_dtype(spec: KernelSpec, code: int) -> np.dtype:
     """NumPy dtype of an ONNX TensorProto data type code."""
-    name = ONNX_DTYPES.get(int(code))
+    name = ELEM_TYPE_NAMES.get(int(code))
     if name is None:
         raise unsupported(spec, f"ONNX data type {code}")
     if name == "string":

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ge_core.kernel import KernelSpec
+from ge_sdk.onnx_types import dtype_to_elem
 
 from ._util import unsupported
 
@@ -41,13 +42,10 @@ def _make_attribute(helper, onnx, name: str, value: Any):
     return helper.make_attribute(name, value)
 
 
-def _elem_type(helper, dtype) -> int:
-    if dtype is None:
-        return 0
-    if dtype == np.dtype(object):
-        return 8  # STRING
+def _elem_type(dtype) -> int:
+    """ONNX element type of ``dtype`` (UNDEFINED, 0, for None or a type ONNX lacks)."""
     try:
-        return int(helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
+        return dtype_to_elem(dtype)
     except (KeyError, TypeError, ValueError):
         return 0
 
@@ -70,9 +68,9 @@ def reference_factory(spec: KernelSpec):
             continue
         name = f"i{i}"
         in_names.append(name)
-        graph_inputs.append(helper.make_tensor_value_info(name, _elem_type(helper, t.dtype), None))
+        graph_inputs.append(helper.make_tensor_value_info(name, _elem_type(t.dtype), None))
     out_names = [f"o{j}" for j in range(len(spec.outputs))]
-    graph_outputs = [helper.make_tensor_value_info(n, _elem_type(helper, t.dtype if t else None), None)
+    graph_outputs = [helper.make_tensor_value_info(n, _elem_type(t.dtype if t else None), None)
                      for n, t in zip(out_names, spec.outputs)]
     node = helper.make_node(spec.op_type, in_names, out_names, name=spec.name or spec.op_type,
                             domain=spec.domain)
