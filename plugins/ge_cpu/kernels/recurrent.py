@@ -28,7 +28,6 @@ own type. Packed weights are prepared once when ``W``/``R``/``B``/``P`` are cons
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -220,7 +219,6 @@ def _pre_vector(acts: list[list[_Act]], gate_acts: Sequence[int], hidden: int, d
 
 _jit_lock = threading.Lock()
 _jit: dict[str, Any] = {}
-_jit_stats = {"compiled": 0, "compile_s": 0.0}
 _numba: Any = None
 
 
@@ -231,9 +229,23 @@ def jit_available() -> bool:
     return _numba is not None
 
 
-def jit_stats() -> dict[str, float]:
-    """Step loops compiled in this process and seconds spent compiling them."""
-    return dict(_jit_stats)
+def _compiled(key: str, dt: np.dtype, build: Callable[[Any, Any], Any]):
+    """The compiled loop(s) ``build(numba.types, scalar type of dt)`` returns for ``dt``
+    (float32/float64), compiled once per process under ``key``; None when numba is missing,
+    turned off (``GE_CPU_JIT=0``) or refusing (the NumPy path runs instead)."""
+    fn = _jit.get(key)
+    if fn is not None:
+        return fn or None
+    if dt.name not in ("float32", "float64") or not jit_available():
+        return None
+    nt = _numba.types
+    try:
+        fn = build(nt, getattr(nt, dt.name))
+    except Exception:  # noqa: BLE001 - numba refusing: the NumPy path runs instead
+        fn = False
+    with _jit_lock:
+        _jit[key] = fn
+    return fn or None
 
 
 def _step_gemm_py(h, rr, xw, s, xoff, add, out):  # pragma: no cover - runs compiled
@@ -357,31 +369,17 @@ def _step_gemm_py(h, rr, xw, s, xoff, add, out):  # pragma: no cover - runs comp
 
 def _step_gemm(dt: np.dtype):
     """The compiled step GEMM for ``dt`` (float32/float64), or None (numba missing/refusing)."""
-    key = dt.name
-    fn = _jit.get(key)
-    if fn is not None:
-        return fn or None
-    if dt.name not in ("float32", "float64") or not jit_available():
-        return None
-    nt = _numba.types
-    sc = getattr(nt, dt.name)
-    ro3 = nt.Array(sc, 3, "C", readonly=True)
-    sig = nt.void(ro3, ro3, nt.Array(sc, 4, "C", readonly=True), nt.int64, nt.int64, nt.boolean,
-                  nt.Array(sc, 3, "C"))
-    t0 = time.perf_counter()
-    try:
+
+    def build(nt, sc):
+        ro3 = nt.Array(sc, 3, "C", readonly=True)
+        sig = nt.void(ro3, ro3, nt.Array(sc, 4, "C", readonly=True), nt.int64, nt.int64, nt.boolean,
+                      nt.Array(sc, 3, "C"))
         # reassoc: the dot products are reductions, which vectorise only when the sum may be
         # reordered (as a BLAS GEMM reorders it); contract: multiply-adds become FMAs. NaN and
         # infinity keep their IEEE meaning (no nnan/ninf).
-        fn = _numba.njit(sig, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})(_step_gemm_py)
-    except Exception:  # noqa: BLE001 - numba refusing: the NumPy path runs instead
-        fn = False
-    with _jit_lock:
-        _jit[key] = fn
-        if fn:
-            _jit_stats["compiled"] += 1
-            _jit_stats["compile_s"] += time.perf_counter() - t0
-    return fn or None
+        return _numba.njit(sig, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})(_step_gemm_py)
+
+    return _compiled(dt.name, dt, build)
 
 
 def _lstm_cell_py(g, c, input_forget):  # pragma: no cover - runs compiled
@@ -416,29 +414,15 @@ def _lstm_hidden_py(g, t, h):  # pragma: no cover - runs compiled
 
 def _lstm_gates(dt: np.dtype):
     """Compiled (cell, hidden) loops of the default-activation LSTM step, or None."""
-    key = "lstm-gates-" + dt.name
-    fns = _jit.get(key)
-    if fns is not None:
-        return fns or None
-    if dt.name not in ("float32", "float64") or not jit_available():
-        return None
-    nt = _numba.types
-    sc = getattr(nt, dt.name)
-    ro3 = nt.Array(sc, 3, "C", readonly=True)
-    rw3 = nt.Array(sc, 3, "C")
-    t0 = time.perf_counter()
-    try:
+
+    def build(nt, sc):
+        ro3 = nt.Array(sc, 3, "C", readonly=True)
+        rw3 = nt.Array(sc, 3, "C")
         opts = {"nogil": True, "error_model": "numpy", "fastmath": {"contract"}}
-        fns = (_numba.njit(nt.void(ro3, rw3, nt.boolean), **opts)(_lstm_cell_py),
-               _numba.njit(nt.void(ro3, ro3, rw3), **opts)(_lstm_hidden_py))
-    except Exception:  # noqa: BLE001 - numba refusing: the NumPy path runs instead
-        fns = False
-    with _jit_lock:
-        _jit[key] = fns
-        if fns:
-            _jit_stats["compiled"] += 2
-            _jit_stats["compile_s"] += time.perf_counter() - t0
-    return fns or None
+        return (_numba.njit(nt.void(ro3, rw3, nt.boolean), **opts)(_lstm_cell_py),
+                _numba.njit(nt.void(ro3, ro3, rw3), **opts)(_lstm_hidden_py))
+
+    return _compiled("lstm-gates-" + dt.name, dt, build)
 
 
 def _gru_reset_py(zr, h, rh):  # pragma: no cover - runs compiled
@@ -485,31 +469,17 @@ def _gru_combine_py(zr, hh, h, hn):  # pragma: no cover - runs compiled
 
 def _gru_gates(dt: np.dtype):
     """Compiled (reset, candidate, combine) loops of the default-activation GRU step, or None."""
-    key = "gru-gates-" + dt.name
-    fns = _jit.get(key)
-    if fns is not None:
-        return fns or None
-    if dt.name not in ("float32", "float64") or not jit_available():
-        return None
-    nt = _numba.types
-    sc = getattr(nt, dt.name)
-    ro3 = nt.Array(sc, 3, "C", readonly=True)
-    rw3 = nt.Array(sc, 3, "C")
-    ro4 = nt.Array(sc, 4, "C", readonly=True)
-    t0 = time.perf_counter()
-    try:
+
+    def build(nt, sc):
+        ro3 = nt.Array(sc, 3, "C", readonly=True)
+        rw3 = nt.Array(sc, 3, "C")
+        ro4 = nt.Array(sc, 4, "C", readonly=True)
         opts = {"nogil": True, "error_model": "numpy", "fastmath": {"contract"}}
-        fns = (_numba.njit(nt.void(ro3, ro3, rw3), **opts)(_gru_reset_py),
-               _numba.njit(nt.void(ro3, rw3, ro3, ro4, nt.int64), **opts)(_gru_candidate_py),
-               _numba.njit(nt.void(ro3, ro3, ro3, rw3), **opts)(_gru_combine_py))
-    except Exception:  # noqa: BLE001 - numba refusing: the NumPy path runs instead
-        fns = False
-    with _jit_lock:
-        _jit[key] = fns
-        if fns:
-            _jit_stats["compiled"] += 3
-            _jit_stats["compile_s"] += time.perf_counter() - t0
-    return fns or None
+        return (_numba.njit(nt.void(ro3, ro3, rw3), **opts)(_gru_reset_py),
+                _numba.njit(nt.void(ro3, rw3, ro3, ro4, nt.int64), **opts)(_gru_candidate_py),
+                _numba.njit(nt.void(ro3, ro3, ro3, rw3), **opts)(_gru_combine_py))
+
+    return _compiled("gru-gates-" + dt.name, dt, build)
 
 
 class _Rec:
