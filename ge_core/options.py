@@ -448,12 +448,6 @@ def read_option(name: str, value: Any) -> dict[str, Any]:
     return derived
 
 
-def parse_fusion_switch_file(path: str) -> dict[str, bool]:
-    """The switches of a fusion switch file, read by the plugin that reads option
-    ``fusion_switch_file`` (ge_fusion: :mod:`ge_fusion.switches`)."""
-    return read_option("fusion_switch_file", path).get("fusion_switches", {})
-
-
 def _coerce(k: str, v: Any) -> Any:
     if k == "framework":
         return parse_framework(v)

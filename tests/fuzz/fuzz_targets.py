@@ -924,7 +924,8 @@ class SwitchTarget(Target):
         self.seeds = [json.dumps(s, indent=rng_indent).encode() for s, rng_indent in zip(SWITCH_SEEDS, (None, 2, 0))]
 
     def case(self, rng: random.Random, index: int, ctx: dict[str, Any]) -> str:
-        from ge_core.options import CompileOptions, parse_fusion_switch_file
+        from ge_core.options import CompileOptions
+        from ge_fusion.switches import parse_fusion_switch_file
 
         si = rng.randrange(len(SWITCH_SEEDS))
         r = rng.random()

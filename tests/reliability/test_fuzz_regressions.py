@@ -13,7 +13,8 @@ from onnx import TensorProto, helper
 
 import ge_core as ge
 from ge_core.errors import GEError, ModelFileError, OptionError, UnsupportedOpError
-from ge_core.options import CompileOptions, parse_fusion_switch_file
+from ge_core.options import CompileOptions
+from ge_fusion.switches import parse_fusion_switch_file
 
 LIGHT_DIR = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 
