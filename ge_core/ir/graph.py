@@ -325,6 +325,10 @@ class Graph:
         if v in self._output_set:
             # The same value twice as output: route the second through an Identity.
             v = self.add_node("Identity", [v], name=self.unique_name("output_copy")).output
+        elif v.graph is not self:
+            # A body returning an outer value directly: an Identity in the body reads it as a
+            # capture, so liveness, dead-code removal and memory plans see the read.
+            v = self.add_node("Identity", [v], name=self.unique_name("output_capture")).output
         self.outputs.append(v)
         self._output_set[v] = None
 
