@@ -643,15 +643,22 @@ def node_reads(node: Node) -> Iterator[Value]:
         if v is not None:
             yield v
     for g in node.subgraphs():
-        yield from _captures(g)
+        yield from graph_captures(g)
 
 
-def _captures(g: Graph) -> Iterator[Value]:
+def graph_captures(g: Graph) -> list[Value]:
+    """Values of enclosing graphs that ``g`` (or a graph nested in it) reads, each once, in
+    first-use order; an output of ``g`` that is an outer value counts as a read (``add_output``
+    routes one through an Identity, but a pass may leave one)."""
+    seen: dict[Value, None] = {}
     for n in g._iter():
         for v in node_reads(n):
-            owner = v.graph
-            if owner is not g:
-                yield v
+            if v.graph is not g:
+                seen.setdefault(v)
+    for v in g.outputs:
+        if v.graph is not g:
+            seen.setdefault(v)
+    return list(seen)
 
 
 def _copy_graph(g: Graph, parent: Graph | None, vmap: dict[Value, Value]) -> Graph:

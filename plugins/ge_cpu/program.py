@@ -25,11 +25,11 @@ empty optional, or an absent optional input).
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ge_core.errors import ExecutionError, GEError, UnsupportedOpError
-from ge_core.ir.graph import Graph, Node, Value
+from ge_core.ir.graph import Graph, Node, Value, graph_captures
 from ge_core.kernel import KernelSpec, check_deadline
 from ge_core.ops import OpRegistry
 
@@ -49,28 +49,6 @@ class Step:
     def who(self) -> str:
         """The node, and the plugin whose kernel runs it (for error messages)."""
         return self.node.describe() + (f" [kernel of plugin '{self.origin}']" if self.origin else "")
-
-
-def _node_reads(node: Node) -> Iterator[Value]:
-    """Inputs of ``node`` and the outer values its subgraphs read."""
-    for v in node.inputs:
-        if v is not None:
-            yield v
-    for g in node.subgraphs():
-        yield from graph_captures(g)
-
-
-def graph_captures(g: Graph) -> list[Value]:
-    """Values of enclosing graphs that ``g`` (or a graph nested in it) reads, first-use order."""
-    seen: dict[Value, None] = {}
-    for n in g.node_list():
-        for v in _node_reads(n):
-            if v.graph is not g and v not in seen:
-                seen[v] = None
-    for v in g.outputs:  # a body may return an outer value directly
-        if v.graph is not g and v not in seen:
-            seen[v] = None
-    return list(seen)
 
 
 class Program:
