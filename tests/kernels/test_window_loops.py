@@ -11,17 +11,15 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
+from onnx import helper, numpy_helper
 
-onnx = pytest.importorskip("onnx")
-from onnx import helper, numpy_helper  # noqa: E402
-
-import ge_core as ge  # noqa: E402
-from ge_core.ir.types import TensorType  # noqa: E402
-from ge_core.kernel import KernelSpec  # noqa: E402
-from ge_cpu.kernels import KERNELS, _window  # noqa: E402
-
-ort = pytest.importorskip("onnxruntime")
+import ge_core as ge
+from ge_core.ir.types import TensorType
+from ge_core.kernel import KernelSpec
+from ge_cpu.kernels import KERNELS, _window
 
 RNG = np.random.default_rng(7)
 TOL = {np.float32: dict(rtol=1e-4, atol=1e-5), np.float64: dict(rtol=1e-10, atol=1e-12)}

@@ -14,13 +14,12 @@ import time
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ge_core as ge
 from ge_core.errors import InputError, ModelFileError
-
-ort = pytest.importorskip("onnxruntime")
 
 OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
 

@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 import onnx
+import onnxruntime as ORT
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -21,8 +22,6 @@ import ge_core as ge
 from ge_core.errors import ExecutionError, InputError
 from ge_core.kernel import MAX_LOOP_ITERATIONS_ENV, check_deadline, run_deadline
 from ge_sdk import GraphBuilder
-
-ORT = pytest.importorskip("onnxruntime")
 
 EXECUTORS = {
     "sink": {"executor": "sink", "enable_single_stream": True},

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ge_core as ge
 from tests.streams.test_executors import CONFIGS  # every executor and stream allocator
-
-ort = pytest.importorskip("onnxruntime")
 
 
 def _init(rng, name, shape, fan_in):
