@@ -34,7 +34,7 @@ DTYPES = ("float32", "float64")
 
 _lock = threading.Lock()
 _compiled: dict[tuple, Any] = {}
-_stats = {"compiled": 0, "reused": 0, "compile_s": 0.0}
+_stats = {"compiled": 0, "reused": 0, "compile_s": 0.0, "inplace_variants": 0}
 _numba: Any = None
 
 
@@ -46,7 +46,8 @@ def available() -> bool:
 
 
 def stats() -> dict[str, float]:
-    """Loops compiled in this process, reuses of a compiled loop, and seconds spent compiling."""
+    """Loops compiled in this process, reuses of a compiled loop, seconds spent compiling, and
+    how many of the compiled loops are in-place variants (an operand read through the output)."""
     return dict(_stats)
 
 
@@ -259,11 +260,26 @@ def loop_kernel(steps: list[tuple[str, list[str], dict[str, Any]]], names: list[
     compiled = _compile(steps, names, dt, inner)
     if compiled is None:
         return None
-    return _wrap(compiled, dims, strides, tuple(out_shape), dt, workers, source=compiled.ge_source)
+    # An operand laid out exactly like the output may be the output buffer itself (an in-place
+    # epilogue, a fused op the memory plan runs in place). Two array arguments that may alias
+    # make LLVM guard its vector loop with a run-time overlap check, which an exact alias fails:
+    # that loop then runs scalar, 10-25x slower. Its variant reads that operand through the
+    # output (one array, same index), which vectorises; the wrapper picks it when they alias.
+    # The variant compiles on the first call that aliases (once per program in the process).
+    alias_ok = [i for i, s in enumerate(strides[1:]) if s == strides[0]]
+
+    def variant(i: int):
+        v = _compile(steps, names, dt, inner, alias=i)
+        return compiled if v is None else v
+
+    return _wrap(compiled, dims, strides, tuple(out_shape), dt, workers, source=compiled.ge_source,
+                 alias_ok=alias_ok, variant=variant)
 
 
-def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...]):
-    key = (repr(steps), tuple(names), dt.name, inner)
+def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alias: int = -1):
+    """The compiled loop of ``steps``; ``alias`` >= 0: the variant for operand ``alias`` being
+    the output buffer (read through ``out``; the operand argument is passed but not read)."""
+    key = (repr(steps), tuple(names), dt.name, inner, alias)
     with _lock:
         if key in _compiled:
             fn = _compiled[key]
@@ -297,7 +313,9 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...]):
              "            o = out[ob:ob + d2]"]
     for i in range(len(names)):
         lines.append(f"            b{i} = i * xs{i}_0 + j * xs{i}_1")
-        if inner[i] == 0:
+        if i == alias:
+            lines.append(f"            r{i} = o")
+        elif inner[i] == 0:
             lines.append(f"            v{i} = x{i}[b{i}]")
         else:
             lines.append(f"            r{i} = x{i}[b{i}:b{i} + d2]")
@@ -330,13 +348,15 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...]):
     fn.ge_source = src
     with _lock:
         _stats["compiled"] += 1
+        _stats["inplace_variants"] += alias >= 0
         _stats["compile_s"] += time.perf_counter() - t0
         _compiled[key] = fn
     return fn
 
 
 def _wrap(compiled, dims: list[int], strides: list[list[int]], out_shape: tuple, dt: np.dtype, workers: int,
-          source: str) -> Callable[..., np.ndarray]:
+          source: str, alias_ok: Sequence[int] = (),
+          variant: Callable[[int], Any] | None = None) -> Callable[..., np.ndarray]:
     d0, d1, d2 = dims
     os0, os1 = strides[0][0], strides[0][1]
     xs = [(s[0], s[1]) for s in strides[1:]]
@@ -366,12 +386,14 @@ def _wrap(compiled, dims: list[int], strides: list[list[int]], out_shape: tuple,
         a = a if isinstance(a, np.ndarray) and a.dtype == casts else np.asarray(a, dtype=casts)
         return a.reshape(-1) if a.flags.c_contiguous and a.flags.aligned else np.ascontiguousarray(a).reshape(-1)
 
-    def run_part(p, o, ins):
+    variants: dict[int, Any] = {}
+
+    def run_part(fn, p, o, ins):
         p0, p1, p2, so, offs = p
         args: list[Any] = []
         for (s0, s1), x, off in zip(xs, ins, offs):
             args += [x[off:] if off else x, s0, s1]
-        compiled(p0, p1, p2, o[so:] if so else o, os0, os1, *args)
+        fn(p0, p1, p2, o[so:] if so else o, os0, os1, *args)
 
     def kernel(*operands, out=None):
         if len(operands) != n_in:
@@ -380,16 +402,25 @@ def _wrap(compiled, dims: list[int], strides: list[list[int]], out_shape: tuple,
         target = out if (out is not None and out.flags.c_contiguous and out.flags.aligned and out.flags.writeable
                          and out.dtype == dt and out.shape == out_shape) else np.empty(out_shape, dt)
         o = target.reshape(-1)
+        fn = compiled
+        if alias_ok and variant is not None:
+            base = o.ctypes.data
+            for i in alias_ok:
+                if ins[i].ctypes.data == base:  # laid out like the output: the same elements
+                    fn = variants.get(i)
+                    if fn is None:
+                        fn = variants[i] = variant(i)
+                    break
         if not parts:
             args: list[Any] = []
             for (s0, s1), x in zip(xs, ins):
                 args += [x, s0, s1]
-            compiled(d0, d1, d2, o, os0, os1, *args)
+            fn(d0, d1, d2, o, os0, os1, *args)
         else:
             from .codegen import thread_pool
 
-            futures = [thread_pool().submit(run_part, p, o, ins) for p in parts[1:]]
-            run_part(parts[0], o, ins)
+            futures = [thread_pool().submit(run_part, fn, p, o, ins) for p in parts[1:]]
+            run_part(fn, parts[0], o, ins)
             for f in futures:
                 f.result()
         if out is not None and target is not out:
@@ -442,6 +473,40 @@ def softmax(x, m, out):
             o[k] *= inv
 
 
+# in place (out is x): one array, so LLVM needs no run-time overlap check, which an exact alias
+# fails (the loop then runs scalar)
+def layernorm_ip(x, gamma, beta, eps):
+    n, d = x.shape
+    inv = ONE / d
+    for i in range(n):
+        r = x[i]
+        s = ZERO
+        for k in range(d):
+            s += r[k]
+        m = s * inv
+        v = ZERO
+        for k in range(d):
+            t = r[k] - m
+            v += t * t
+        rs = ONE / math.sqrt(v * inv + eps)
+        for k in range(d):
+            r[k] = (r[k] - m) * rs * gamma[k] + beta[k]
+
+
+def softmax_ip(x, m):
+    n, d = x.shape
+    xf = x.reshape(n * d)
+    for i in range(n):
+        b = i * d
+        o = xf[b:b + d]
+        mi = m[i]
+        for k in range(d):
+            o[k] = EXP(o[k] - mi)
+        inv = ONE / ROWSUM(o)
+        for k in range(d):
+            o[k] *= inv
+
+
 def rowsum(r):
     s = ZERO
     for k in range(r.shape[0]):
@@ -451,7 +516,7 @@ def rowsum(r):
 
 #: the row kernels' source is fixed text; it is checked like generated code all the same
 _ROW_VOCAB = gensrc.Vocabulary(
-    names=frozenset({"layernorm", "softmax", "rowsum", "x", "gamma", "beta", "eps", "out", "n", "d", "inv", "ONE",
+    names=frozenset({"layernorm", "softmax", "rowsum", "layernorm_ip", "softmax_ip", "x", "gamma", "beta", "eps", "out", "n", "d", "inv", "ONE",
                      "ZERO", "EXP", "ROWSUM", "math", "range", "i", "k", "r", "o", "s", "m", "v", "t", "rs", "xf", "of",
                      "b", "mi"}),
     attributes=frozenset({"shape", "reshape", "sqrt"}))
@@ -487,16 +552,29 @@ def row_kernel(kind: str, dtype: Any) -> Any:
     exec(gensrc.compile_checked(_ROW_SRC, "<ge_fusion rows>", _ROW_VOCAB), ns)  # noqa: S102 - our own code, checked
     flags = {"reassoc", "nsz"}
     if kind == "layernorm":
-        fn = numba.njit(nt.void(ro2, ro1, ro1, scalar, rw2), nogil=True, error_model="numpy",
-                        fastmath=flags)(ns["layernorm"])
+        apart = numba.njit(nt.void(ro2, ro1, ro1, scalar, rw2), nogil=True, error_model="numpy",
+                           fastmath=flags)(ns["layernorm"])
+        inplace = numba.njit(nt.void(rw2, ro1, ro1, scalar), nogil=True, error_model="numpy",
+                             fastmath=flags)(ns["layernorm_ip"])
+
+        def fn(x, gamma, beta, eps, out, _a=apart, _i=inplace):
+            if out.ctypes.data == x.ctypes.data:
+                _i(out, gamma, beta, eps)
+            else:
+                _a(x, gamma, beta, eps, out)
     elif kind == "softmax":
         ro1w = nt.Array(scalar, 1, "C")
         ns["ROWSUM"] = numba.njit(scalar(ro1w), fastmath=flags)(ns["rowsum"])
-        compiled = numba.njit(nt.void(ro2, ro1, rw2), nogil=True, error_model="numpy")(ns["softmax"])
+        apart = numba.njit(nt.void(ro2, ro1, rw2), nogil=True, error_model="numpy")(ns["softmax"])
+        inplace = numba.njit(nt.void(rw2, ro1), nogil=True, error_model="numpy")(ns["softmax_ip"])
 
-        def fn(x, out, _c=compiled):
+        def fn(x, out, _a=apart, _i=inplace):
             # NumPy's SIMD row max (numba's max reduction does not vectorise); a NaN makes the row NaN
-            _c(x, np.max(x, axis=1), out)
+            m = np.max(x, axis=1)
+            if out.ctypes.data == x.ctypes.data:
+                _i(out, m)
+            else:
+                _a(x, m, out)
     else:
         raise ValueError(f"no row kernel {kind!r}")
     with _lock:
