@@ -103,6 +103,7 @@ _TYPES = {
     "FusedMatMul": {"transA": _FLAG, "transB": _FLAG, "alpha": _NUM, "beta": _NUM},
     "Attention": {"scale": _NUM},
     "LayerNorm": {"epsilon": _NUM},
+    "RMSNorm": {"epsilon": _NUM},
     "Softmax": {"axis": _INT},
     "Gelu": {"approximate": _APPROX},
 }
@@ -153,6 +154,8 @@ OPDEFS = [
           attrs={"scale": 1.0}, doc="softmax(Q @ Kt * scale + mask) @ V"),
     OpDef("LayerNorm", DOMAIN, **_FUSED, min_inputs=1, max_inputs=3, kind=OpKind.OPAQUE, infer=same_as_input(),
           attrs={"epsilon": 1e-5}, doc="layer normalisation over the last axis, then * gamma + beta"),
+    OpDef("RMSNorm", DOMAIN, **_FUSED, min_inputs=1, max_inputs=2, kind=OpKind.OPAQUE, infer=same_as_input(),
+          attrs={"epsilon": 1e-6}, doc="x / sqrt(mean(x^2 over the last axis) + epsilon), then * gamma (T5, LLaMA)"),
     OpDef("Softmax", DOMAIN, **_FUSED, min_inputs=1, max_inputs=1, kind=OpKind.OPAQUE, infer=same_as_input(),
           attrs={"axis": -1}, doc="softmax along one axis"),
     OpDef("Gelu", DOMAIN, **_FUSED, min_inputs=1, max_inputs=1, kind=OpKind.ELEMWISE, infer=same_as_input(),

@@ -22,7 +22,7 @@ class PatternFusion(Pass):
     name = "pattern_fusion"
     stage = "fuse"
     opt_level = 1
-    description = "BN/Mul/Add/Pad/Transpose folds, GELU/SiLU/LayerNorm/Softmax/attention, Conv/MatMul epilogues"
+    description = "BN/Mul/Add/Pad/Transpose folds, GELU/SiLU/LayerNorm/RMSNorm/Softmax/attention, Conv/MatMul epilogues"
 
     def run(self, graph: Graph, ctx: PassContext) -> bool:
         enabled = getattr(ctx.options, "pass_enabled_by_switch", None)

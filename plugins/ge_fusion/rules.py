@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ge_core.ir.graph import Node, Value
+from ge_core.ir.types import TensorType
 from ge_sdk.rewrite import Alt, AnyOf, Const, Match, Op, Optional, Rewriter, Rule, RuleSet, Var
 
 from . import codegen
@@ -488,6 +489,44 @@ def _layernorm_rule() -> AnyOf:
     return AnyOf("layernorm_fusion", alts, "decomposed layer normalisation → LayerNorm")
 
 
+def _same_float_cast(node: Node) -> bool:
+    """A Cast that keeps its input's float dtype (the exporter's no-op ``.to(input_dtype)``)."""
+    x, y = node.inputs[0], node.outputs[0]
+    return x is not None and _is_float(x) and y.type.dtype == x.type.dtype
+
+
+def _rmsnorm_rule() -> AnyOf:
+    x = Var("x", pred=_is_float)
+    sq = Alt(Op("Pow", x, Const(pred=_near(2.0))), Op("Mul", x, x))
+    ms = Op("ReduceMean", sq, ..., pred=_last_axis_only)
+    den = Op("Sqrt", Op("Add", ms, Const("eps", scalar=True), commutative=True))
+    inv = Alt(Op("Div", Const(pred=_near(1.0)), den), Op("Reciprocal", den))
+    by_inv, by_div = Op("Mul", x, inv, commutative=True), Op("Div", x, den)
+    norm = Alt(by_inv, by_div)
+    cast = Op("Cast", norm, pred=_same_float_cast)
+    gamma = Op("Mul", Alt(cast, norm), Const("gamma"), commutative=True)
+
+    def replace(rw: Rewriter, m: Match):
+        """x·(1/sqrt(mean(x²)+eps))·gamma → RMSNorm"""
+        xv = m.value("x")
+        n = xv.type.shape[-1] if xv.type.shape else None
+        args: list[Value] = [xv]
+        if "gamma" in m:
+            c = m.const("gamma")
+            if not isinstance(n, int) or c.size not in (1, n) or (c.ndim > 1 and c.shape[-1] != c.size) \
+                    or c.ndim > (xv.type.rank or 0):
+                return None
+            args.append(rw.const(np.broadcast_to(c.reshape(-1), (n,)).astype(xv.type.dtype), "gamma"))
+        eps = float(m.const("eps").reshape(-1)[0])
+        if not eps >= 0.0:
+            return None
+        return rw.op("RMSNorm", *args, domain=DOMAIN, name="rmsnorm", epsilon=eps, output_types=[m.root.type])
+
+    alts = [Rule("rmsnorm_scale", gamma, replace), Rule("rmsnorm_cast", cast, replace),
+            Rule("rmsnorm_plain", by_inv, replace), Rule("rmsnorm_plain_div", by_div, replace)]
+    return AnyOf("rmsnorm_fusion", alts, "root-mean-square normalisation (T5, LLaMA) → RMSNorm")
+
+
 def _softmax_rule() -> Rule:
     x = Var("x", pred=_is_float)
     shifted = Alt(Op("Sub", x, Op("ReduceMax", x, ..., pred=_last_axis_only)), x)
@@ -501,20 +540,79 @@ def _softmax_rule() -> Rule:
     return Rule("softmax_fusion", pattern, replace)
 
 
+def _static_dims(shape: Sequence | None) -> bool:
+    return shape is not None and all(isinstance(d, int) for d in shape)
+
+
+def _expands_groups(node: Node) -> bool:
+    """Expand of (b, kv_heads, 1, n, d) along axis 2 only: (b, kv_heads, groups, n, d)."""
+    x, y = node.inputs[0], node.outputs[0]
+    si, so = (x.type.shape if x is not None else None), y.type.shape
+    if si is None or so is None or len(si) != 5 or len(so) != 5 or si[2] != 1 or not isinstance(so[2], int):
+        return False
+    return all(si[i] == so[i] and si[i] is not None for i in (0, 1, 3, 4))
+
+
+def _merges_groups(node: Node) -> bool:
+    """Reshape of (b, kv_heads, groups, n, d) to (b, kv_heads·groups, n, d): repeat_kv's last step."""
+    x, y = node.inputs[0], node.outputs[0]
+    si, so = (x.type.shape if x is not None else None), y.type.shape
+    if si is None or so is None or len(si) != 5 or len(so) != 4 or not isinstance(si[1], int) or \
+            not isinstance(si[2], int):
+        return False
+    return so[1] == si[1] * si[2] and all(so[i] == si[j] and so[i] is not None for i, j in ((0, 0), (2, 3), (3, 4)))
+
+
+def _repeat_kv(name: str) -> Op:
+    """transformers' repeat_kv of grouped-query attention, exported as Unsqueeze(2) → Expand →
+    Reshape: every key/value head repeated for the query heads of its group. ``<name>_kv`` binds
+    the (b, kv_heads, 1, n, d) that Expand repeats (an Unsqueeze's, or a Reshape's where the
+    optimiser merged one key/value head's Transpose and Unsqueeze into it); it stays."""
+    expand = Op("Expand", Var(name + "_kv", pred=_is_float), Const(), name=name + "_expand", pred=_expands_groups)
+    return Op("Reshape", expand, Const(), pred=_merges_groups, name=name + "_repeat")
+
+
+def _swaps_last_two(node: Node) -> bool:
+    return _swap_last_two(node.attrs.get("perm"), node.inputs[0].type.rank if node.inputs[0] is not None else None)
+
+
+def _plain_trans_b(node: Node) -> bool:
+    """A FusedMatMul that is only A·Bᵀ (the transpose fold's, no alpha, bias or epilogue)."""
+    a = node.attrs
+    return (int(a.get("transB", 0)) == 1 and int(a.get("transA", 0)) == 0 and float(a.get("alpha", 1.0)) == 1.0
+            and not a.get("epilogue") and (len(node.inputs) == 2 or all(v is None for v in node.inputs[2:])))
+
+
 def _attention_rule() -> Rule:
-    scores = Op("MatMul", Var("q", pred=_is_float), Var("kt"), name="qk")
+    q = Var("q", pred=_is_float)
+    scores = Alt(
+        Op("MatMul", q, Op("Transpose", _repeat_kv("k"), pred=_swaps_last_two), name="qk"),
+        Op("MatMul", q, Var("kt"), name="qk"),
+        # the transpose fold (phase "fold") made Q·Kᵀ a FusedMatMul(transB=1)
+        Op("FusedMatMul", q, Alt(_repeat_kv("k"), Var("k")), domain=DOMAIN, pred=_plain_trans_b, name="qk"))
     scaled = Alt(Op("Div", scores, Const("s", scalar=True)), Op("Mul", scores, Const("s", scalar=True), commutative=True),
                  scores, name="scale_kind")
     masked = Optional(Op("Add", scaled, Var("mask"), commutative=True), scaled)
     probs = Op("Softmax", masked, domain=None, pred=lambda n: n.domain in ("", "ai.onnx", DOMAIN) and _softmax_last(n))
-    pattern = Op("MatMul", probs, Var("v"), name="pv")
+    pattern = Op("MatMul", probs, Alt(_repeat_kv("v"), Var("v")), name="pv")
 
     def replace(rw: Rewriter, m: Match):
-        """softmax(Q·Kᵀ·scale + mask)·V → Attention"""
+        """softmax(Q·Kᵀ·scale + mask)·V → Attention (grouped-query: over (b, kv_heads, groups, m, d))"""
         kind = m["scale_kind"]
         s = 1.0 if kind == 2 else float(m.const("s").reshape(-1)[0])
         scale = 1.0 / s if kind == 0 else s
-        q, kt, v = m.value("q"), m.value("kt"), m.value("v")
+        q = m.value("q")
+        if "k_kv" in m or "v_kv" in m:
+            return _grouped_attention(rw, m, q, scale)
+        if "kt" in m:
+            kt = m.value("kt")
+        else:
+            k = m.value("k")
+            if k.type.rank is None or k.type.rank < 2:
+                return None
+            perm = list(range(k.type.rank - 2)) + [k.type.rank - 1, k.type.rank - 2]
+            kt = rw.op("Transpose", k, name="attention_kt", perm=perm)
+        v = m.value("v")
         if q.type.rank is None or q.type.rank < 2 or kt.type.rank != q.type.rank or v.type.rank != q.type.rank:
             return None
         ins = [q, kt, v] + ([m.value("mask")] if "mask" in m else [])
@@ -522,6 +620,60 @@ def _attention_rule() -> Rule:
                      output_types=[m.root.type])
 
     return Rule("attention_fusion", pattern, replace)
+
+
+def _grouped_attention(rw: Rewriter, m: Match, q: Value, scale: float) -> Value | None:
+    """Grouped-query attention without repeat_kv's copies: Q as (b, kv_heads, groups, m, d)
+    against K and V as (b, kv_heads, 1, n, d), which the Attention kernel broadcasts."""
+    groups = {(int(m[f"{t}_expand"].outputs[0].type.shape[1]), int(m[f"{t}_expand"].outputs[0].type.shape[2]))
+              for t in ("k", "v") if f"{t}_kv" in m}
+    if len(groups) != 1:
+        return None
+    (kvh, g), = groups
+    h = kvh * g
+    qs, out = q.type.shape, m.root.type
+    if qs is None or len(qs) != 4 or qs[1] != h or not isinstance(qs[3], int) or out.shape is None \
+            or len(out.shape) != 4 or not isinstance(out.shape[3], int):
+        return None
+    d, dv = qs[3], out.shape[3]
+
+    def reshape(x: Value, shape: list[int], name: str) -> Value:
+        return rw.op("Reshape", x, rw.const(np.array(shape, np.int64), name + "_shape"), name=name)
+
+    q5 = reshape(q, [0, kvh, g, -1, d], "attention_q")
+    if "k_kv" in m:
+        kt5 = rw.op("Transpose", m.value("k_kv"), name="attention_kt", perm=[0, 1, 2, 4, 3])
+    elif "kt" in m:
+        kt5 = reshape(m.value("kt"), [0, kvh, g, d, -1], "attention_kt")
+    else:
+        k5 = reshape(m.value("k"), [0, kvh, g, -1, d], "attention_k")
+        kt5 = rw.op("Transpose", k5, name="attention_kt", perm=[0, 1, 2, 4, 3])
+    if "v_kv" in m:
+        v5 = m.value("v_kv")
+    else:
+        v5 = reshape(m.value("v"), [0, kvh, g, -1, dv], "attention_v")
+    ins = [q5, kt5, v5]
+    if "mask" in m:
+        mask = m.value("mask")
+        ms = mask.type.shape
+        if ms is None or len(ms) > 4:
+            return None
+        if len(ms) >= 3 and not all(e == 1 for e in ms[:-2]):  # the heads axis splits into (kv_heads, groups)
+            if not _static_dims(ms) or ms[-3] not in (1, h):
+                return None
+            shape = list(ms[:-3]) + ([kvh, g] if ms[-3] == h else [1, 1]) + list(ms[-2:])
+            c = mask.const_value
+            mask = rw.const(c.reshape(shape), "attention_mask") if c is not None else \
+                reshape(mask, shape, "attention_mask")
+        ins.append(mask)
+    for x in (kt5, v5):
+        if x.type.rank != 5:
+            return None
+    qt = q5.type
+    att = rw.op("Attention", *ins, domain=DOMAIN, name="attention", scale=scale,
+                output_types=[TensorType(qt.dtype, None if qt.shape is None else tuple(qt.shape[:-1]) + (dv,))])
+    return rw.op("Reshape", att, rw.const(np.array([0, h, -1, dv], np.int64), "attention_out_shape"),
+                 name="attention_heads", output_types=[out])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -698,7 +850,7 @@ def _build() -> list[tuple[str, list[Rule]]]:
         ], "Gemm(Transpose(A), Transpose(B)) → Gemm with transA/transB flipped"),
     ]
     gelu, gelu_tanh = _gelu_rules()
-    recognise = [gelu, gelu_tanh, _silu_rule(), _layernorm_rule(), _softmax_rule()]
+    recognise = [gelu, gelu_tanh, _silu_rule(), _layernorm_rule(), _rmsnorm_rule(), _softmax_rule()]
     conv_act, conv_res = _conv_epilogue_rules()
     matmul, gemm_act = _matmul_rules()
     return [("fold", folds), ("recognise", recognise), ("attention", [_attention_rule()]),

@@ -1,0 +1,235 @@
+"""RMSNorm (T5LayerNorm, LlamaRMSNorm) and grouped-query attention (LLaMA's repeat_kv) fuse on
+what the TorchScript exporter makes of tiny ``transformers`` models (random weights, no
+downloads), match onnxruntime, and the fusion switch file turns each fusion off."""
+
+import io
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+import ge_core as ge
+from ge_core.ir.types import TensorType
+from ge_fusion import rmsnorm
+from ge_fusion.rules import RULES
+from ge_sdk.rewrite import explain
+from ge_sdk.testing import GraphBuilder, run_onnxruntime
+
+torch = pytest.importorskip("torch")
+tf = pytest.importorskip("transformers")
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+SEQ = 16
+
+
+def _export(model, with_mask: bool) -> bytes:
+    class LastHidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            if with_mask:  # an all-ones mask keeps the packed-sequence check (aten::diff) out of the trace
+                return self.model(input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state
+            return self.model(input_ids=x).last_hidden_state
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:  # norm weights start at ones, which the optimiser drops: make them real
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(LastHidden().eval(), (torch.zeros(1, SEQ, dtype=torch.int64),), buf,
+                          input_names=["input_ids"], output_names=["last_hidden_state"], opset_version=17,
+                          dynamo=False)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def llama() -> bytes:
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=100, use_cache=False, attn_implementation="eager")
+    return _export(tf.LlamaModel(cfg).eval(), with_mask=True)
+
+
+@pytest.fixture(scope="module")
+def t5() -> bytes:
+    torch.manual_seed(0)
+    cfg = tf.T5Config(d_model=64, d_ff=128, num_layers=1, num_heads=4, d_kv=16, vocab_size=100, use_cache=False,
+                      attn_implementation="eager")
+    return _export(tf.T5EncoderModel(cfg).eval(), with_mask=False)
+
+
+def _feeds():
+    return {"input_ids": np.random.default_rng(0).integers(0, 100, (1, SEQ)).astype(np.int64)}
+
+
+def _compile(blob: bytes, tmp_path=None, off=(), threads=1):
+    opts = {"threads": threads}
+    if off:
+        p = tmp_path / "switch.json"
+        p.write_text(json.dumps({"Switch": {"GraphFusion": {name: "off" for name in off}}}))
+        opts["fusion_switch_file"] = str(p)
+    return ge.compile(ge.load(onnx.load_from_string(blob)), opts)
+
+
+def _check_matches_ort(model, blob: bytes):
+    feeds = _feeds()
+    got = model.run(feeds)["last_hidden_state"]
+    want = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_llama_fuses_rmsnorm_and_grouped_query_attention(llama, threads):
+    model = _compile(llama, threads=threads)
+    ops = model.report["op_counts"]
+    assert ops.get("ge.fused::RMSNorm") == 3, ops      # input, post-attention and final norm
+    assert ops.get("ge.fused::Attention") == 1, ops
+    for gone in ("Expand", "Softmax", "ge.fused::Softmax", "Pow", "ReduceMean", "Sqrt"):
+        assert gone not in ops, ops
+    _check_matches_ort(model, llama)
+
+
+def test_t5_encoder_fuses_rmsnorm_and_attention(t5):
+    model = _compile(t5)
+    ops = model.report["op_counts"]
+    assert ops.get("ge.fused::RMSNorm") == 3, ops
+    assert ops.get("ge.fused::Attention") == 1, ops
+    for gone in ("Pow", "ReduceMean", "Sqrt", "Softmax"):
+        assert gone not in ops, ops
+    _check_matches_ort(model, t5)
+
+
+@pytest.mark.parametrize("which", ["llama", "t5"])
+def test_switch_file_turns_rmsnorm_off(which, llama, t5, tmp_path):
+    blob = llama if which == "llama" else t5
+    model = _compile(blob, tmp_path, off=["rmsnorm_fusion"])
+    ops = model.report["op_counts"]
+    assert "ge.fused::RMSNorm" not in ops and "ge.fused::Attention" in ops, ops
+    _check_matches_ort(model, blob)
+
+
+def test_switch_file_turns_grouped_attention_off(llama, tmp_path):
+    model = _compile(llama, tmp_path, off=["attention_fusion"])
+    ops = model.report["op_counts"]
+    assert "ge.fused::Attention" not in ops and "ge.fused::RMSNorm" in ops, ops
+    assert "Expand" in ops, ops
+    _check_matches_ort(model, llama)
+
+
+def test_explain_the_new_patterns(llama, tmp_path):
+    model = _compile(llama, tmp_path, off=["ALL"])
+    g = model.graph
+    out = g.outputs[0].producer  # the final norm's Mul by its weight
+    assert explain(RULES["rmsnorm_fusion"], out)
+    pv = [n for n in g.nodes if n.op_type == "MatMul" and n.inputs[0].producer is not None
+          and n.inputs[0].producer.op_type == "Softmax"]
+    assert len(pv) == 1 and explain(RULES["attention_fusion"], pv[0])
+    # a Mul that is no normalisation says why
+    silu = next(n for n in g.nodes if n.op_type == "Mul" and any(
+        v.producer is not None and v.producer.op_type == "Sigmoid" for v in n.inputs))
+    why = explain(RULES["rmsnorm_fusion"], silu)
+    assert not why and str(why)
+
+
+# ------------------------------------------------------------------------------------------------
+# grouped-query attention from primitive ops: batch 2, a per-batch mask, a per-head mask
+# ------------------------------------------------------------------------------------------------
+def _gqa_graph(mask_shape, b=2, kvh=2, g=2, m=8, d=16, grouped=True):
+    gb = GraphBuilder("gqa", opset=17)
+    q = gb.input("q", "float32", (b, kvh * g, m, d))
+    k = gb.input("k", "float32", (b, kvh if grouped else kvh * g, m, d))
+    v = gb.input("v", "float32", (b, kvh if grouped else kvh * g, m, d))
+    mask = gb.input("mask", "float32", mask_shape)
+
+    def repeat(x):
+        if not grouped:
+            return x
+        e = gb.Expand(gb.Unsqueeze(x, np.array([2], np.int64)), np.array([b, kvh, g, m, d], np.int64))
+        return gb.Reshape(e, np.array([b, kvh * g, m, d], np.int64))
+
+    s = gb.Mul(gb.MatMul(q, gb.Transpose(repeat(k), perm=[0, 1, 3, 2])), np.float32(d ** -0.5))
+    gb.output(gb.MatMul(gb.Softmax(gb.Add(s, mask), axis=-1), repeat(v)))
+    return gb.build()
+
+
+@pytest.mark.parametrize("mask_shape", [(2, 1, 8, 8), (1, 4, 8, 8), (8, 8)])
+@pytest.mark.parametrize("fold", [True, False], ids=["kt_folded", "kt_transpose"])
+@pytest.mark.parametrize("grouped", [True, False], ids=["gqa", "mha"])
+def test_grouped_query_attention_graph(mask_shape, fold, grouped, tmp_path):
+    g = _gqa_graph(mask_shape, grouped=grouped)
+    rng = np.random.default_rng(1)
+    feeds = {v.name: rng.standard_normal(v.type.shape).astype(np.float32) for v in g.inputs}
+    want = run_onnxruntime(g, feeds)
+    opts = {"threads": 1}
+    if not fold:  # Q·Kᵀ stays a MatMul of a Transpose instead of FusedMatMul(transB=1)
+        p = tmp_path / "switch.json"
+        p.write_text(json.dumps({"Switch": {"GraphFusion": {"transpose_matmul_fusion": "off"}}}))
+        opts["fusion_switch_file"] = str(p)
+    model = ge.compile(g, opts)
+    ops = model.report["op_counts"]
+    assert "ge.fused::Attention" in ops and "Expand" not in ops and "Softmax" not in ops, ops
+    for name, w in want.items():
+        np.testing.assert_allclose(model.run(feeds)[name], w, rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# the RMSNorm kernel
+# ------------------------------------------------------------------------------------------------
+def _ref(x, gamma, eps):
+    x64 = x.astype(np.float64)
+    y = x64 / np.sqrt((x64 * x64).mean(axis=-1, keepdims=True) + eps)
+    return (y if gamma is None else y * gamma).astype(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("with_gamma", [True, False])
+def test_rmsnorm_kernel_in_place_and_out_of_place(dtype, with_gamma):
+    from ge_core.kernel import KernelSpec
+
+    shape, eps = (3, 37, 96), 1e-6
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal(shape) * 3 + 0.5).astype(dtype)
+    gamma = rng.standard_normal(shape[-1]).astype(dtype) if with_gamma else None
+    want = _ref(x, gamma, eps)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == "float32" else dict(rtol=1e-12, atol=1e-12)
+    t = TensorType(np.dtype(dtype), shape)
+    spec = KernelSpec(name="rms", op_type="RMSNorm", domain="ge.fused", attrs={"epsilon": eps},
+                      inputs=[t] + ([TensorType(np.dtype(dtype), shape[-1:])] if with_gamma else []), outputs=[t])
+    kernel = rmsnorm.rmsnorm_factory(spec)
+    assert kernel.accepts_out and kernel.inplace_ok
+    args = (x,) if gamma is None else (x, gamma)
+    np.testing.assert_allclose(kernel(*args)[0], want, **tol)                    # a new array
+    out = np.empty_like(x)
+    assert kernel(*args, out=[out])[0] is out
+    np.testing.assert_allclose(out, want, **tol)                                 # into a given one
+    xi = x.copy()
+    args = (xi,) if gamma is None else (xi, gamma)
+    assert kernel(*args, out=[xi])[0] is xi
+    np.testing.assert_allclose(xi, want, **tol)                                  # in place
+    # the NumPy fallback, out of place and in place
+    np.testing.assert_allclose(rmsnorm.rmsnorm_numpy(x, gamma, eps), want, **tol)
+    xi = x.copy()
+    assert rmsnorm.rmsnorm_numpy(xi, gamma, eps, out=xi) is xi
+    np.testing.assert_allclose(xi, want, **tol)
+
+
+def test_rmsnorm_row_kernel_reads_one_array_in_place():
+    fn = rmsnorm.row_kernel("float32")
+    if fn is None:
+        pytest.skip("numba is off")
+    x = np.random.default_rng(3).standard_normal((64, 256)).astype(np.float32)
+    g = np.linspace(0.5, 1.5, 256, dtype=np.float32)
+    want = _ref(x, g, 1e-5)
+    y = np.empty_like(x)
+    fn(x, g, np.float32(1e-5), y)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+    fn(x, g, np.float32(1e-5), x)
+    np.testing.assert_allclose(x, want, rtol=1e-5, atol=1e-6)
+    assert rmsnorm.row_kernel("float32") is fn and rmsnorm.row_kernel("int32") is None
