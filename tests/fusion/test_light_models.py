@@ -6,7 +6,7 @@ import onnxruntime as ort
 import pytest
 
 import ge_core as ge
-from tests.conftest import LIGHT_MODELS, light_model_path
+from tests.conftest import LIGHT_MODELS, assert_light_outputs_match, light_model_path
 
 #: Nodes in onnxruntime's own optimised graph (the smaller of ORT_ENABLE_EXTENDED / ALL).
 ORT_NODES = {"bvlc_alexnet": 15, "densenet121": 432, "inception_v1": 83, "inception_v2": 110, "resnet50": 59,
@@ -32,5 +32,4 @@ def test_kernels_at_most_onnxruntime_nodes_and_outputs_match(name):
     assert rep["kernels"] <= ORT_NODES[name], rep["op_counts"]
     assert any(k.startswith("ge.fused::") for k in rep["op_counts"])
     got = model.run(feeds)
-    for (k, g), w in zip(got.items(), want):
-        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4, err_msg=f"{name}:{k}")
+    assert_light_outputs_match(name, path, feeds, got, want, rtol=1e-3, atol=1e-4)

@@ -6,7 +6,7 @@ import onnxruntime as ort
 import pytest
 
 import ge_core as ge
-from tests.conftest import LIGHT_MODELS, light_model_path
+from tests.conftest import LIGHT_MODELS, assert_light_outputs_match, light_model_path
 from tests.passes.harness import ATOL, RTOL, assert_same_outputs, op_counts, optimize
 
 ARITHMETIC = {"Add", "Sub", "Mul", "Div", "Pow", "Neg", "Sqrt", "Reciprocal", "Sum", "Max", "Min", "Mean",
@@ -41,8 +41,7 @@ def test_default_pipeline_cleans_light_model_and_matches_onnxruntime(name):
     want = _ort(path, feeds)
     got = model.run(feeds)
     assert list(got) == list(want)
-    for k in want:
-        np.testing.assert_allclose(got[k], want[k], rtol=RTOL, atol=ATOL, err_msg=f"{name}:{k}")
+    assert_light_outputs_match(name, path, feeds, got, list(want.values()), rtol=RTOL, atol=ATOL)
 
 
 # Each pass alone (after folding, which the light models need before anything else applies) on the
