@@ -29,6 +29,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "torch"))
+sys.path.insert(0, HERE)
 
 
 def _LastHidden(model):
@@ -83,38 +84,16 @@ def to_onnx(model, feeds: dict) -> bytes:
 
 
 def engines(onnx_bytes: bytes, threads: int):
-    """``{name: run(feeds)}`` for every installed engine, all at ``threads`` threads."""
-    out = {}
-    import onnx
+    """``{name: run(feeds)}`` for every installed engine, all at ``threads`` threads (the
+    engine set-ups of ``bench/transformer_models.py``)."""
+    from transformer_models import ge_engine, ort_engine, ov_engine
 
-    import ge_core as ge
-
-    m = ge.compile(ge.load(onnx.load_from_string(onnx_bytes)), {"threads": threads})
-    out["ge"] = m.run
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    sess = ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
-    out["onnxruntime"] = lambda f: sess.run(None, f)
+    out = {"ge": ge_engine(onnx_bytes, threads), "onnxruntime": ort_engine(onnx_bytes, threads)}
     try:
-        import openvino as ov
+        import openvino  # noqa: F401
     except ImportError:
         return out
-    import tempfile
-
-    core = ov.Core()
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "model.onnx")
-        with open(path, "wb") as f:
-            f.write(onnx_bytes)
-        compiled = core.compile_model(core.read_model(path), "CPU",
-                                      {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
-                                       "INFERENCE_PRECISION_HINT": "f32"})  # f32: no bf16 on AVX512_BF16 CPUs
-    req = compiled.create_infer_request()
-    out["openvino"] = lambda f: req.infer(f)
+    out["openvino"] = ov_engine(onnx_bytes, threads)
     return out
 
 

@@ -1,4 +1,4 @@
-"""bench/transformers.py on its "tiny" configs: build, export with the TorchScript exporter, compile with
+"""bench/transformer_models.py on its "tiny" configs: build, export with the TorchScript exporter, compile with
 this engine and run; the output matches onnxruntime's on the same export. This checks numerics on
 real exporter output (rotary embeddings and grouped-query attention, shifted windows, a conv feature
 extractor with GroupNorm and a grouped positional conv) and keeps the bench's builders working."""
@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("torch")
 
-BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "transformers.py")
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "transformer_models.py")
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ speedup from the first to the second thread count. ``--busy`` repeats the whole 
 competing process spinning on one core. A model that fails to export, or an engine that fails to
 compile or run it, is reported on its line and the bench goes on.
 
-    python bench/transformers.py [--threads 1,2] [--rounds 7] [--models bert,vit]
+    python bench/transformer_models.py [--threads 1,2] [--rounds 7] [--models bert,vit]
                                  [--families nlp,vision,audio] [--gap 0.3] [--busy] [--save-onnx DIR]
 
 Time it with ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` unset in that command; the BLAS kernel
@@ -42,10 +42,7 @@ import warnings
 
 import numpy as np
 
-# This file is named like the ``transformers`` package: run as a script, its folder heads sys.path and
-# ``import transformers`` would import this file again. Drop that entry.
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
 
 FAMILIES = {
     "nlp": ["bert", "distilbert", "gpt2", "llama", "t5enc"],
@@ -185,13 +182,17 @@ def to_onnx(model, feeds: dict) -> bytes:
     return buf.getvalue()
 
 
-def ge_engine(onnx_bytes: bytes, threads: int):
+def ge_engine(onnx_bytes: bytes, threads: int, parallel: str = "engine"):
     import onnx
 
     import ge_core as ge
 
-    m = ge.compile(ge.load(onnx.load_from_string(onnx_bytes)), {"threads": threads})
+    m = ge.compile(ge.load(onnx.load_from_string(onnx_bytes)), {"threads": threads, "parallel": parallel})
     return m.run
+
+
+#: extra ge configurations (``--ge-blas``): BLAS's own threads instead of GE's pool
+GE_VARIANTS: list[str] = []
 
 
 def ort_engine(onnx_bytes: bytes, threads: int):
@@ -225,7 +226,9 @@ def ov_engine(onnx_bytes: bytes, threads: int):
 def engines(onnx_bytes: bytes, threads: int):
     """``({name: run(feeds)}, {name: error})`` for every installed engine, all at ``threads`` threads."""
     out, errors = {}, {}
-    makers = [("ge", ge_engine), ("onnxruntime", ort_engine)]
+    makers = [("ge", ge_engine)]
+    makers += [(f"ge-{v}", lambda b, t, _v=v: ge_engine(b, t, _v)) for v in GE_VARIANTS]
+    makers.append(("onnxruntime", ort_engine))
     try:
         import openvino  # noqa: F401
 
@@ -349,8 +352,12 @@ def main(argv=None) -> int:
     ap.add_argument("--gap", type=float, default=0.3, help="idle seconds before each timed block")
     ap.add_argument("--busy", action="store_true",
                     help="also run the whole table beside a process spinning on one core")
+    ap.add_argument("--ge-blas", action="store_true",
+                    help="also run ge with parallel=blas (BLAS's own threads) as engine 'ge-blas'")
     ap.add_argument("--save-onnx", default="", metavar="DIR", help="also write each export to DIR/NAME.onnx")
     a = ap.parse_args(argv)
+    if a.ge_blas:
+        GE_VARIANTS[:] = ["blas"]
     from threadpoolctl import threadpool_info
 
     print("BLAS:", [(i["internal_api"], i.get("architecture"), i["num_threads"]) for i in threadpool_info()
