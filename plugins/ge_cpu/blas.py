@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,11 @@ from ge_core.kernel import check_deadline
 
 #: A run waiting for runs at another BLAS count checks its deadline this often (seconds).
 WAIT_SLICE_S = 0.05
+
+#: The baseline count comes back this long after the last run ended (seconds), unless another
+#: run starts first. Setting OpenBLAS back to several threads after every run woke its workers,
+#: whose spinning then slowed GE's own pool in the next run by 15% (GPT-2, two cores).
+LINGER_S = 0.2
 
 #: The count a run executes at: one entry per BLAS library (None outside a run). A context
 #: variable, so the worker threads of the stream executors (which run in a copy of the caller's
@@ -40,7 +46,8 @@ class BlasThreads:
     * runs that need the same count overlap freely; a run that needs another count waits until
       the active runs have ended (runs queued behind it wait too, so it is not starved), then
       sets the count once, process-wide, under this object's lock, from whichever thread it was
-      called on; the baseline comes back when the last active run ends;
+      called on; the baseline comes back :data:`LINGER_S` after the last active run ended
+      (at once with :meth:`BlasThreads.settle`), so back-to-back runs do not flip it each time;
     * nothing changes the count inside a run: a stream executor's worker threads, subgraph
       bodies and nested runs (a kernel that runs another model) execute at their run's count.
       A kernel that runs a model on a thread of its own runs it in a copy of its context
@@ -60,6 +67,9 @@ class BlasThreads:
         self._counts: tuple[int, ...] = ()  # the count they execute at
         self._baseline: tuple[int, ...] = ()  # the count outside runs, read when the first one starts
         self._queued = 0  # runs waiting for another count
+        self._applied: tuple[int, ...] | None = None  # counts set by this object and not yet restored
+        self._restore_at: float | None = None  # when the baseline comes back (no run active)
+        self._restorer: threading.Thread | None = None
 
     # -- the libraries --------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -113,7 +123,7 @@ class BlasThreads:
     def baseline(self) -> tuple[int, ...]:
         """The libraries' counts as a run without ``threads`` would see them now."""
         with self._cond:
-            return self._baseline if self._active else self._read(self._controllers())
+            return self._baseline if (self._active or self._applied is not None) else self._read(self._controllers())
 
     @contextlib.contextmanager
     def run(self, threads: int | None = None) -> Iterator[tuple[int, ...]]:
@@ -138,10 +148,15 @@ class BlasThreads:
                 if queued:
                     self._queued -= 1
             if self._active == 0:
-                self._baseline = self._read(libs)
+                if self._applied is not None and self._read(libs) != self._applied:
+                    self._applied = None  # changed from outside while it lingered: that is the baseline now
+                if self._applied is None:
+                    self._baseline = self._read(libs)
+                self._restore_at = None  # a lingering count: the baseline read before it still holds
                 self._counts = want or self._baseline
-                if self._counts != self._baseline:
+                if self._counts != (self._applied or self._baseline):
                     self._apply(libs, self._counts)
+                self._applied = None if self._counts == self._baseline else self._counts
             self._active += 1
             counts = self._counts
         token = _run_blas.set(counts)
@@ -152,9 +167,42 @@ class BlasThreads:
             with cond:
                 self._active -= 1
                 if self._active == 0:
-                    if self._counts != self._baseline:
-                        self._apply(libs, self._baseline)
+                    if self._applied is not None:
+                        self._restore_at = time.monotonic() + LINGER_S
+                        self._start_restorer()
                     cond.notify_all()
+
+    def settle(self) -> None:
+        """Restore the baseline count now if no run is active (instead of :data:`LINGER_S`
+        after the last one)."""
+        with self._cond:
+            if self._active == 0 and self._applied is not None:
+                if self._read(self._controllers()) == self._applied:
+                    self._apply(self._controllers(), self._baseline)
+                self._applied = None
+                self._restore_at = None
+
+    def _start_restorer(self) -> None:
+        if self._restorer is None or not self._restorer.is_alive():
+            self._restorer = threading.Thread(target=self._restore_loop, name="ge-blas-restore", daemon=True)
+            self._restorer.start()
+
+    def _restore_loop(self) -> None:
+        cond = self._cond
+        with cond:
+            while True:
+                if self._restore_at is None:
+                    cond.wait()
+                    continue
+                left = self._restore_at - time.monotonic()
+                if left > 0:
+                    cond.wait(left)
+                    continue
+                if self._active == 0 and self._applied is not None:
+                    if self._read(self._controllers()) == self._applied:  # else changed from outside: keep it
+                        self._apply(self._controllers(), self._baseline)
+                    self._applied = None
+                self._restore_at = None
 
 
 #: The process's BLAS thread policy (see :class:`BlasThreads`).
@@ -164,4 +212,19 @@ BLAS = BlasThreads()
 def blas_threads(threads: int | None = None):
     """``with blas_threads(n):`` runs the block as one run at ``n`` BLAS threads (see :data:`BLAS`)."""
     return BLAS.run(threads)
+
+
+def engine_width(options) -> int:
+    """How many threads GE's pool (:mod:`ge_sdk.parallel`) gives each run of a model compiled
+    with ``options``: 1 with ``parallel=blas``; else the ``threads`` option, or without it as
+    many as BLAS would use outside runs (the cores by default). Kernels read it at build time
+    (``spec.options["parallel_width"]``) to decide whether to cut their work into tasks."""
+    extra = getattr(options, "extra", {}) or {}
+    if str(extra.get("parallel", "engine") or "engine").lower() == "blas":
+        return 1
+    threads = getattr(options, "threads", None)
+    if threads:
+        return max(1, int(threads))
+    base = [n for n in BLAS.baseline() if n > 0]
+    return base[0] if base else 1
 

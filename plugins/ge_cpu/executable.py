@@ -14,18 +14,49 @@ behaviour):
 ================================  ==========================================================
 
 A run takes an arena context from the pool (when the executor has a layout), and runs the
-strategy at the run's BLAS thread count (:class:`ge_cpu.blas.BlasThreads`).
+strategy at its thread setting (:func:`run_threads`): with ``parallel=engine`` (the default)
+BLAS executes at one thread and the kernels split their work over GE's pool
+(:mod:`ge_sdk.parallel`) at ``threads`` wide; with ``parallel=blas`` BLAS's own threads are the
+only parallelism, at ``threads`` (:class:`ge_cpu.blas.BlasThreads`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 from ge_core.backend import Executable
+from ge_core.errors import OptionError
+from ge_sdk import parallel
 
-from .blas import BLAS
+from .blas import BLAS, engine_width
 from .program import Program
+
+#: values of the ``parallel`` option
+PARALLEL = ("engine", "blas")
+
+
+def parallel_mode(options) -> str:
+    """The ``parallel`` option's value, checked (an OptionError names it and its values)."""
+    mode = str((getattr(options, "extra", {}) or {}).get("parallel", "engine") or "engine").lower()
+    if mode not in PARALLEL:
+        raise OptionError(f"option parallel: '{mode}' is not one of {', '.join(PARALLEL)}",
+                          hint="parallel=engine (GE's thread pool, the default) or parallel=blas (BLAS's threads)")
+    return mode
+
+
+@contextlib.contextmanager
+def run_threads(threads: int | None, mode: str = "engine", width: int = 1) -> Iterator[None]:
+    """The thread setting of one run. ``engine``: BLAS at one thread and GE's pool ``width``
+    wide (:func:`ge_cpu.blas.engine_width`); ``blas``: BLAS at ``threads`` (None: its
+    baseline) and the pool one wide."""
+    if mode == "blas":
+        with BLAS.run(threads), parallel.use_threads(1):
+            yield
+        return
+    with BLAS.run(1), parallel.use_threads(width):
+        yield
 
 
 class Strategy(Protocol):
@@ -51,8 +82,11 @@ class CpuExecutable(Executable):
         self.graph = program.graph
         self.steps = program.steps
         self.strategy = strategy
-        #: BLAS threads of every run (None: the process's baseline); see :class:`ge_cpu.blas.BlasThreads`
+        #: threads of every run (None: the process's baseline); see :func:`run_threads`
         self.threads = getattr(options, "threads", None) or None
+        self.parallel = parallel_mode(options)
+        #: GE's pool width of every run, fixed when the kernels were built (they cut their work for it)
+        self.width = engine_width(options)
         BLAS.refresh()
         self.layout = layout
         self.plan = plan
@@ -68,11 +102,11 @@ class CpuExecutable(Executable):
     def run(self, feeds: Mapping[str, Any]) -> list[Any]:
         pool = self._pool
         if pool is None:
-            with BLAS.run(self.threads):
+            with run_threads(self.threads, self.parallel, self.width):
                 return self.strategy.execute(None, feeds)
         ctx = pool.acquire()
         try:
-            with BLAS.run(self.threads):
+            with run_threads(self.threads, self.parallel, self.width):
                 return self.strategy.execute(ctx, feeds)
         finally:
             pool.release(ctx)

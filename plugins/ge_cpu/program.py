@@ -33,6 +33,7 @@ from ge_core.ir.graph import Graph, Node, Value, graph_captures
 from ge_core.kernel import KernelSpec, check_deadline
 from ge_core.ops import OpRegistry
 
+from .blas import engine_width
 from .checked import checked_kernel
 from .values import as_output, describe_value
 
@@ -72,6 +73,7 @@ class Program:
         missing: list[Node] = []
         steps: list[Step] = []
         last_use: dict[int, int] = {}
+        width = engine_width(options)
         for node in graph.node_list():
             f = kernels.get((OpRegistry.norm_domain(node.domain), node.op_type))
             if f is None:
@@ -87,7 +89,7 @@ class Program:
                         seen.setdefault(v, None)
                 caps = list(seen)
                 extra = {"subgraph": SubBuilder(kernels, options, caps), "n_captures": len(caps)}
-            spec = KernelSpec.from_node(node, options, **extra)
+            spec = KernelSpec.from_node(node, options, parallel_width=width, **extra)
             origin = kernels.origin((OpRegistry.norm_domain(node.domain), node.op_type)) if hasattr(kernels, "origin") else None
             try:
                 fn = f(spec)

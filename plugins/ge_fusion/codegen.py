@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -32,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ge_sdk import gensrc
+from ge_sdk import gensrc, parallel
 
 Step = tuple[str, list[str], dict[str, Any]]
 
@@ -431,7 +430,7 @@ def compile_program(program: str, in_dtypes: Sequence[Any], in_shapes: Sequence[
     ``"numpy"`` or ``"auto"``.
     """
     key = (program, tuple(str(np.dtype(d)) for d in in_dtypes), tuple(in_shapes), str(np.dtype(out_dtype)), out_shape,
-           anchor, mode, _parallelism(), mode in ("auto", "loop") and _loops_on())
+           anchor, mode, mode in ("auto", "loop") and _loops_on())
     with _cache_lock:
         fn = _cache.get(key)
         if fn is not None:
@@ -448,7 +447,7 @@ def compile_program(program: str, in_dtypes: Sequence[Any], in_shapes: Sequence[
     if mode == "loop" or (mode == "auto" and size is not None and (size >= LOOP_MIN_ELEMENTS or len(steps) > 1)):
         from . import loopgen
 
-        fn = loopgen.loop_kernel(steps, names, in_dtypes, in_shapes, out_dtype, out_shape, workers=_parallelism())
+        fn = loopgen.loop_kernel(steps, names, in_dtypes, in_shapes, out_dtype, out_shape)
     # Small tensors: NumPy pays ~0.5 us of dispatch per op, one numexpr call ~3 us for a whole
     # chain, so a long enough chain runs as one numexpr expression.
     small_chain = (mode == "auto" and size is not None and size < NUMEXPR_MIN_ELEMENTS
@@ -682,60 +681,23 @@ def _chunked(body, in_shapes: Sequence[tuple | None], out_shape: tuple, out_dtyp
         k = ax - (rank - len(sh))
         where.append(k if k >= 0 and sh[k] == n else None)
     starts = list(range(0, n, rows))
-    workers = min(_parallelism(), len(starts))
-    # one contiguous run of blocks per worker (NumPy releases the GIL inside each ufunc)
-    per = -(-len(starts) // workers)
-    runs = [starts[i * per:(i + 1) * per] for i in range(workers)] if workers > 1 else [starts]
 
-    def run_blocks(blocks, args, out):
-        for i in blocks:
-            sl = slice(i, i + rows)
-            part = [a if k is None else a[(slice(None),) * k + (sl,)] for a, k in zip(args, where)]
-            body(*part, out=out[(slice(None),) * ax + (sl,)])
+    def run_block(i, args, out):
+        sl = slice(starts[i], starts[i] + rows)
+        part = [a if k is None else a[(slice(None),) * k + (sl,)] for a, k in zip(args, where)]
+        body(*part, out=out[(slice(None),) * ax + (sl,)])
 
     def kernel(*args, out=None):
         if out is None:
             out = np.empty(out_shape, out_dtype)
-        if len(runs) == 1:
-            run_blocks(runs[0], args, out)
-            return out
-        pool = thread_pool()
-        futures = [pool.submit(run_blocks, r, args, out) for r in runs[1:]]
-        run_blocks(runs[0], args, out)
-        for f in futures:
-            f.result()
+        # blocks over GE's pool when the run is wider than one thread (NumPy releases the GIL
+        # inside each ufunc); each element's result is the same either way
+        parallel.parallel_for(len(starts), lambda i: run_block(i, args, out))
         return out
 
     kernel.mode = "numpy-blocked"  # type: ignore[attr-defined]
     kernel.source = getattr(body, "source", "")  # type: ignore[attr-defined]
     return kernel
-
-
-_POOL = None
-_POOL_LOCK = threading.Lock()
-
-
-def _parallelism() -> int:
-    """Threads a large fused kernel splits its blocks over: GE_FUSION_THREADS, default 1.
-
-    Off by default: in models that also run BLAS GEMMs (convolutions), OpenBLAS's threads spin
-    between calls and a second busy thread here halves everyone's speed (DenseNet-121 ran 1.9x
-    slower); a graph of elementwise work alone gains about 1.7x on two cores."""
-    env = os.environ.get("GE_FUSION_THREADS", "")
-    if env.isdigit() and int(env) > 0:
-        return min(int(env), max(1, os.cpu_count() or 1))
-    return 1
-
-
-def thread_pool():
-    """The process's thread pool for the parts of fused kernels split over threads (see :func:`_parallelism`)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            _POOL = ThreadPoolExecutor(max_workers=max(1, _parallelism() - 1), thread_name_prefix="ge-fused")
-        return _POOL
 
 
 def _shape(ref: str) -> str:

@@ -8,15 +8,18 @@ elementwise ops run generated kernels (:mod:`ge_fusion.codegen`).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from ge_core.errors import UnsupportedOpError
 from ge_core.kernel import KernelSpec
+from ge_sdk import parallel
 
 from . import codegen
 from .ops import CONV_ATTRS
+from .rmsnorm import rmsnorm_factory
 
 
 def _refuse(spec: KernelSpec, why: str) -> UnsupportedOpError:
@@ -161,8 +164,27 @@ def matmul_factory(spec: KernelSpec):
     if c_const is not None and beta != 1.0:
         c_const = (c_const * c_const.dtype.type(beta)).astype(c_const.dtype)
     epi = _epilogue(spec, 3)
+    # a constant 2-D weight: contiguous column blocks, one pool task each, the bias added per
+    # block while its columns are in cache (ge_sdk.parallel.PackedWeight)
+    packed = None
+    if b_const is not None and b_const.ndim == 2 and b_const.dtype.kind == "f" and not trans_a \
+            and parallel.planned_width(spec) > 1:
+        a_shape = _static(_type_of(spec, 0)[1])
+        rows = math.prod(a_shape[:-1]) if a_shape else None
+        packed = parallel.PackedWeight(b_const, rows=rows)
+        b_const = None  # the blocks replace it (a call that does not fit assembles it again)
+    bias = None
+    if packed is not None and c_const is not None and c_const.dtype == packed.dtype and c_const.size == packed.n \
+            and c_const.ndim >= 1 and c_const.shape[-1] == packed.n:
+        bias = np.ascontiguousarray(c_const.reshape(packed.n))
 
     def kernel(a, b, c=None, *extra, out=None):
+        if packed is not None and a.dtype == packed.dtype and a.ndim >= 1 and a.shape[-1] == packed.k \
+                and (c is None or bias is not None):
+            y = packed.matmul(a, out=None if out is None else out[0], bias=bias)
+            if epi is not None:
+                epi(y, *extra, out=y)
+            return (y if y.dtype == dt else y.astype(dt),)
         if trans_a:
             a = np.swapaxes(a, -1, -2)
         scaled = False
@@ -171,7 +193,7 @@ def matmul_factory(spec: KernelSpec):
             scaled = True
         elif trans_b:
             b = np.swapaxes(b, -1, -2)
-        y = np.matmul(a, b, out=None if out is None else out[0])
+        y = parallel.matmul(a, b, out=None if out is None else out[0])
         if alpha != 1.0 and not scaled:
             y *= y.dtype.type(alpha)
         if c is not None:
@@ -213,18 +235,43 @@ def _row_softmax(dtype: Any):
     return fn
 
 
+def _row_parts(n_rows: int, d: int) -> list[tuple[int, int]]:
+    """Row blocks of a row kernel for GE's pool (by size only: the rows' results do not depend
+    on the split)."""
+    return parallel.chunks(n_rows, d, min_cost=1 << 18, most=8)
+
+
+def _by_rows(fn, x2: np.ndarray, y2: np.ndarray, *extra) -> None:
+    """``fn(x_rows, *extra, y_rows)`` over row blocks, on the pool when the run is wider than one."""
+    parts = _row_parts(x2.shape[0], x2.shape[1]) if parallel.threads() > 1 else []
+    if len(parts) < 2:
+        fn(x2, *extra, y2)
+        return
+    parallel.parallel_for(len(parts), lambda i: fn(x2[parts[i][0]:parts[i][1]], *extra, y2[parts[i][0]:parts[i][1]]))
+
+
 def attention_factory(spec: KernelSpec):
     scale = float(spec.attr("scale", 1.0))
-    rows = _row_softmax(_out_type(spec)[0])
+    dt = _out_type(spec)[0]
+    rows = _row_softmax(dt)
+    width = parallel.planned_width(spec)
 
     def kernel(q, kt, v, mask=None, out=None):
+        o = None if out is None else out[0]
+        if width > 1:
+            # one task per (batch, head) on numba's threads (ge_fusion.attention)
+            from . import attention
+
+            r = attention.run(q, kt, v, mask, scale, o, parallel.threads())
+            if r is not None:
+                return (r,)
         s = np.matmul(q, kt)
         if scale != 1.0:
             s *= s.dtype.type(scale)
         if mask is not None:
             s += mask
         _softmax_inplace(s, -1, rows)
-        return (np.matmul(s, v, out=None if out is None else out[0]),)
+        return (np.matmul(s, v, out=o),)
 
     return _mark_out(kernel)
 
@@ -251,7 +298,8 @@ def layernorm_factory(spec: KernelSpec):
             o = None if out is None else out[0]
             if g is not None and b is not None:
                 y = o if o is not None and o.flags.c_contiguous and o.shape == x.shape else np.empty_like(x)
-                rows(x.reshape(-1, d), g, b, dt.type(eps), y.reshape(-1, d))  # ge_fusion.loopgen
+                _by_rows(lambda xr, gg, bb, e, yr: rows(xr, gg, bb, e, yr), x.reshape(-1, d), y.reshape(-1, d),
+                         g, b, dt.type(eps))  # ge_fusion.loopgen
                 if o is not None and y is not o:
                     np.copyto(o, y)
                     y = o
@@ -290,7 +338,7 @@ def softmax_factory(spec: KernelSpec):
         if rows is not None and x.dtype == rows.ge_dtype and x.size and x.flags.c_contiguous and \
                 (o is None or (o.flags.c_contiguous and o.shape == x.shape)):
             y = np.empty_like(x) if o is None else o
-            rows(x.reshape(-1, x.shape[-1]), y.reshape(-1, x.shape[-1]))  # reads x, writes y (may be x)
+            _by_rows(rows, x.reshape(-1, x.shape[-1]), y.reshape(-1, x.shape[-1]))  # reads x, writes y (may be x)
             return (y,)
         if o is None:
             y = x.astype(x.dtype, copy=True)
@@ -308,6 +356,7 @@ KERNELS = {
     "FusedElemwise": elemwise_factory,
     "Attention": attention_factory,
     "LayerNorm": layernorm_factory,
+    "RMSNorm": rmsnorm_factory,
     "Softmax": softmax_factory,
     "Gelu": gelu_factory,
     "Silu": silu_factory,

@@ -26,11 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from ge_sdk import gensrc
+from ge_sdk import gensrc, parallel
 from ge_sdk.jit import numba_if_enabled
 
 #: dtypes the loops are generated for (every operand and the output share one of them)
 DTYPES = ("float32", "float64")
+
+#: A loop over this many output elements or more is split into parts for a run that is more
+#: than one thread wide (one part per this many, at most 8).
+PART_ELEMENTS = 1 << 18
 
 _lock = threading.Lock()
 _compiled: dict[tuple, Any] = {}
@@ -244,9 +248,11 @@ def _layout(in_shapes: Sequence[tuple], out_shape: tuple) -> tuple[list[int], li
 # ------------------------------------------------------------------------------------------------
 def loop_kernel(steps: list[tuple[str, list[str], dict[str, Any]]], names: list[str], in_dtypes: Sequence[Any],
                 in_shapes: Sequence[tuple | None], out_dtype: Any, out_shape: tuple | None,
-                workers: int = 1) -> Callable[..., np.ndarray] | None:
+                workers: int | None = None) -> Callable[..., np.ndarray] | None:
     """A callable ``fn(*operands, out=None)`` running ``steps`` as one compiled loop, or None when
-    this program/layout has no loop form (the caller then generates NumPy code)."""
+    this program/layout has no loop form (the caller then generates NumPy code). ``workers``:
+    the parts a run more than one thread wide splits it into (None: by its size, one part per
+    :data:`PART_ELEMENTS`, at most 8); each element's result is the same however it is split."""
     if not available() or out_shape is None or any(sh is None for sh in in_shapes):
         return None
     dt = np.dtype(out_dtype)
@@ -354,7 +360,7 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alia
     return fn
 
 
-def _wrap(compiled, dims: list[int], strides: list[list[int]], out_shape: tuple, dt: np.dtype, workers: int,
+def _wrap(compiled, dims: list[int], strides: list[list[int]], out_shape: tuple, dt: np.dtype, workers: int | None,
           source: str, alias_ok: Sequence[int] = (),
           variant: Callable[[int], Any] | None = None) -> Callable[..., np.ndarray]:
     d0, d1, d2 = dims
@@ -362,10 +368,12 @@ def _wrap(compiled, dims: list[int], strides: list[list[int]], out_shape: tuple,
     xs = [(s[0], s[1]) for s in strides[1:]]
     n_in = len(xs)
     size = math.prod(out_shape)
-    # parts for several workers: split the outermost dim that has enough rows; a flat loop
-    # (d0 == d1 == 1) is cut into contiguous pieces of the inner dim
+    if workers is None:
+        workers = int(min(8, size // PART_ELEMENTS))
+    # parts for the pool (ge_sdk.parallel): split the outermost dim that has enough rows; a flat
+    # loop (d0 == d1 == 1) is cut into contiguous pieces of the inner dim
     parts: list[tuple[int, int, int, int, list[int]]] = []  # (d0, d1, d2, out offset, input offsets)
-    if workers > 1 and size >= 1 << 16:
+    if workers > 1:
         if d0 >= workers or d1 >= workers:
             ax = 0 if d0 >= workers else 1
             n = d0 if ax == 0 else d1
@@ -411,18 +419,13 @@ def _wrap(compiled, dims: list[int], strides: list[list[int]], out_shape: tuple,
                     if fn is None:
                         fn = variants[i] = variant(i)
                     break
-        if not parts:
+        if len(parts) < 2 or parallel.threads() < 2:
             args: list[Any] = []
             for (s0, s1), x in zip(xs, ins):
                 args += [x, s0, s1]
             fn(d0, d1, d2, o, os0, os1, *args)
         else:
-            from .codegen import thread_pool
-
-            futures = [thread_pool().submit(run_part, fn, p, o, ins) for p in parts[1:]]
-            run_part(fn, parts[0], o, ins)
-            for f in futures:
-                f.result()
+            parallel.parallel_for(len(parts), lambda i: run_part(fn, parts[i], o, ins))
         if out is not None and target is not out:
             np.copyto(out, target.reshape(out.shape) if out.shape != out_shape else target)
             return out
@@ -568,7 +571,7 @@ def row_kernel(kind: str, dtype: Any) -> Any:
         apart = numba.njit(nt.void(ro2, ro1, rw2), nogil=True, error_model="numpy")(ns["softmax"])
         inplace = numba.njit(nt.void(rw2, ro1), nogil=True, error_model="numpy")(ns["softmax_ip"])
 
-        def fn(x, out, _a=apart, _i=inplace):
+        def fn(x, out, _a=apart, _i=inplace):  # type: ignore[misc]  # one signature per kind
             # NumPy's SIMD row max (numba's max reduction does not vectorise); a NaN makes the row NaN
             m = np.max(x, axis=1)
             if out.ctypes.data == x.ctypes.data:

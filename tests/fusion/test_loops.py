@@ -8,6 +8,7 @@ import pytest
 
 import ge_core as ge
 from ge_fusion import codegen, loopgen
+from ge_sdk import parallel
 from ge_sdk.testing import GraphBuilder, random_inputs, run_onnxruntime, run_reference
 
 
@@ -115,9 +116,10 @@ def test_broadcast_layouts_and_worker_splits(shapes, out_shape, has_loop, worker
         assert fn is None
         fn = codegen.compile_program(BN_RELU, ["float32"] * 3, shapes, "float32", out_shape)
         assert fn.mode != "loop"  # generated NumPy code instead
-    np.testing.assert_allclose(fn(*xs), want, rtol=1e-6, atol=1e-6)
-    out = np.full(out_shape, np.nan, np.float32)
-    assert fn(*xs, out=out) is out
+    with parallel.use_threads(2):  # the parts run on GE's pool (on one core: inline, in order)
+        np.testing.assert_allclose(fn(*xs), want, rtol=1e-6, atol=1e-6)
+        out = np.full(out_shape, np.nan, np.float32)
+        assert fn(*xs, out=out) is out
     np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
 
 

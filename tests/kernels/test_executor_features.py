@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from contextlib import redirect_stdout
 
 import numpy as np
@@ -202,9 +203,12 @@ def _blas_threads() -> list[int]:
 
 
 def test_threads_option_limits_blas_only_during_runs():
+    from ge_cpu.blas import LINGER_S
+    from ge_cpu.executor import BLAS, blas_threads
+
+    BLAS.settle()  # an earlier test's run may have left its count lingering
     before = _blas_threads()
     assert before, "threadpoolctl finds no BLAS library (NumPy ships OpenBLAS)"
-    from ge_cpu.executor import BLAS, blas_threads
 
     seen: list[list[int]] = []
     with blas_threads(1) as counts:
@@ -213,8 +217,13 @@ def test_threads_option_limits_blas_only_during_runs():
             seen.append(_blas_threads())
     assert counts == inner == (1,) * len(before)
     assert seen[0] == [1] * len(before) and seen[1] == [1] * len(before)
-    assert _blas_threads() == before  # restored: no leakage into other models or the process
+    # the run's count lingers a moment (back-to-back runs do not flip it), then the baseline
+    # comes back by itself: no leakage into other models or the process
     assert BLAS.current() is None and BLAS.baseline() == tuple(before)
+    deadline = time.monotonic() + LINGER_S + 5
+    while _blas_threads() != before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _blas_threads() == before
 
     g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "mm",
                           [_vi("a", [64, 64]), _vi("b", [64, 64])], [_vi("c", [64, 64])])
@@ -222,6 +231,7 @@ def test_threads_option_limits_blas_only_during_runs():
     m = _compile(model, threads=1)
     a = np.eye(64, dtype=np.float32)
     np.testing.assert_array_equal(m.run({"a": a, "b": a})["c"], a)
+    BLAS.settle()
     assert _blas_threads() == before
 
 

@@ -6,10 +6,16 @@ process's baseline) whichever thread calls it, and runs at different counts neve
 (``ge_cpu.executor.BlasThreads``). These tests check the count a kernel sees inside runs called
 from 16 threads (through a probe op registered like any plugin kernel), and that 16 threads
 get the same bits as sequential runs, with ``threads`` set and with the multi-stream executors.
+
+Those policy tests compile with ``parallel=blas`` (BLAS's threads are the parallelism). The
+default, ``parallel=engine``, runs BLAS at one thread and GE's own pool ``threads`` wide
+(``ge_sdk.parallel``): the last tests check what its kernels see, that its results have the
+same bits from 16 calling threads, and at every width above one.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -18,7 +24,8 @@ import threadpoolctl
 
 import ge_core as ge
 from ge_core import hookimpl
-from ge_sdk import GraphBuilder, temporary_plugin
+from ge_sdk import GraphBuilder, parallel, temporary_plugin
+from ge_sdk.testing import run_reference
 
 N_THREADS = 16
 
@@ -31,9 +38,17 @@ def _counts() -> tuple[int, ...]:
     return tuple(int(lib.get_num_threads()) for lib in _blas_libs())
 
 
+def _settled() -> tuple[int, ...]:
+    """The counts once the last run's count has stopped lingering (ge_cpu.blas.LINGER_S)."""
+    from ge_cpu.executor import BLAS
+
+    BLAS.settle()
+    return _counts()
+
+
 @pytest.fixture(scope="module")
 def baseline():
-    c = _counts()
+    c = _settled()  # an earlier test's run may have left its count lingering
     assert c, "threadpoolctl finds no BLAS library (NumPy ships OpenBLAS): the thread policy cannot be checked"
     return c
 
@@ -111,12 +126,12 @@ def _hammer(fn, n_threads: int = N_THREADS, runs: int = 4) -> list:
 
 
 CONFIGS = {
-    "sequential/threads=1": ({"executor": "sequential", "enable_single_stream": True, "threads": 1}, 1),
-    "arena/threads=2": ({"executor": "arena", "enable_single_stream": True, "threads": 2}, 2),
-    "sink/baseline": ({"executor": "sink", "enable_single_stream": True}, None),
-    "streams/threads=1": ({"executor": "streams", "stream_allocator": "dependency", "threads": 1}, 1),
-    "streams/baseline": ({"executor": "streams", "stream_allocator": "dependency"}, None),
-    "sink-streams/threads=2": ({"executor": "sink", "stream_allocator": "dependency", "threads": 2}, 2),
+    "sequential/threads=1": ({"parallel": "blas", "executor": "sequential", "enable_single_stream": True, "threads": 1}, 1),
+    "arena/threads=2": ({"parallel": "blas", "executor": "arena", "enable_single_stream": True, "threads": 2}, 2),
+    "sink/baseline": ({"parallel": "blas", "executor": "sink", "enable_single_stream": True}, None),
+    "streams/threads=1": ({"parallel": "blas", "executor": "streams", "stream_allocator": "dependency", "threads": 1}, 1),
+    "streams/baseline": ({"parallel": "blas", "executor": "streams", "stream_allocator": "dependency"}, None),
+    "sink-streams/threads=2": ({"parallel": "blas", "executor": "sink", "stream_allocator": "dependency", "threads": 2}, 2),
 }
 
 
@@ -143,16 +158,16 @@ def test_kernels_see_the_models_blas_count_whichever_thread_calls(label, probe, 
         check(-1, 0)
         errors = _hammer(check)
     assert not errors, errors[:3]
-    assert _counts() == baseline, "the BLAS count leaked out of the runs"
+    assert _settled() == baseline, "the BLAS count leaked out of the runs"
 
 
 @pytest.mark.parametrize("label", ["sequential/threads=2", "arena/threads=1", "streams", "sink-streams"])
 def test_16_threads_get_the_bits_of_sequential_runs(label, baseline):
     opts = {
-        "sequential/threads=2": {"executor": "sequential", "enable_single_stream": True, "threads": 2},
-        "arena/threads=1": {"executor": "arena", "enable_single_stream": True, "threads": 1},
-        "streams": {"executor": "streams", "stream_allocator": "dependency"},
-        "sink-streams": {"executor": "sink", "stream_allocator": "dependency", "threads": 2},
+        "sequential/threads=2": {"parallel": "blas", "executor": "sequential", "enable_single_stream": True, "threads": 2},
+        "arena/threads=1": {"parallel": "blas", "executor": "arena", "enable_single_stream": True, "threads": 1},
+        "streams": {"parallel": "blas", "executor": "streams", "stream_allocator": "dependency"},
+        "sink-streams": {"parallel": "blas", "executor": "sink", "stream_allocator": "dependency", "threads": 2},
     }[label]
     model = ge.compile(_gemm_model(width=256), {**opts, "opt_level": 0})
     rng = np.random.default_rng(1)
@@ -178,8 +193,8 @@ def test_models_at_different_counts_never_share_one(probe, baseline):
     """Two models, threads=1 and threads=2, hammered at once from 16 threads: each run's kernels
     see its own model's count, and each result has the bits of that model's sequential run."""
     g = _gemm_model(probes=True)
-    m1 = ge.compile(g, {"executor": "arena", "enable_single_stream": True, "threads": 1, "opt_level": 0})
-    m2 = ge.compile(g, {"executor": "streams", "stream_allocator": "dependency", "threads": 2, "opt_level": 0})
+    m1 = ge.compile(g, {"parallel": "blas", "executor": "arena", "enable_single_stream": True, "threads": 1, "opt_level": 0})
+    m2 = ge.compile(g, {"parallel": "blas", "executor": "streams", "stream_allocator": "dependency", "threads": 2, "opt_level": 0})
     x = np.random.default_rng(2).standard_normal((48, 192)).astype(np.float32)
     want = {1: m1.run({"x": x})["sum"], 2: m2.run({"x": x})["sum"]}
 
@@ -192,7 +207,7 @@ def test_models_at_different_counts_never_share_one(probe, baseline):
 
     errors = _hammer(check)
     assert not errors, errors[:3]
-    assert _counts() == baseline
+    assert _settled() == baseline
 
 
 class Nested:
@@ -215,14 +230,14 @@ class Nested:
 
 def test_a_nested_run_at_another_count_neither_deadlocks_nor_changes_the_count(probe, baseline):
     with temporary_plugin(Nested(), "nested_run"):
-        inner_model = ge.compile(_gemm_model(probes=False), {"executor": "arena", "threads": 2, "opt_level": 0})
+        inner_model = ge.compile(_gemm_model(probes=False), {"parallel": "blas", "executor": "arena", "threads": 2, "opt_level": 0})
         Nested.inner = inner_model
         b = GraphBuilder("outer")
         b.graph.opset_imports["t"] = 1
         x = b.input("x", "float32", (48, 192))
         y = b.op("RunInner", x, domain="t")
         b.output(b.op("BlasProbe", y, domain="t"))
-        outer = ge.compile(b.graph, {"executor": "sequential", "threads": 1, "opt_level": 0})
+        outer = ge.compile(b.graph, {"parallel": "blas", "executor": "sequential", "threads": 1, "opt_level": 0})
         xv = np.ones((48, 192), np.float32)
         done: dict = {}
         t = threading.Thread(target=lambda: done.setdefault("out", outer.run({"x": xv})))
@@ -231,7 +246,7 @@ def test_a_nested_run_at_another_count_neither_deadlocks_nor_changes_the_count(p
         assert not t.is_alive(), "a nested run waited for its own outer run"
         (name,) = outer.output_names
         assert float(done["out"][name][0]) == 1.0  # the outer run's count held throughout
-    assert _counts() == baseline
+    assert _settled() == baseline
 
 
 class Hold:
@@ -261,8 +276,8 @@ def test_a_run_waiting_for_another_count_keeps_its_timeout(baseline):
         b.graph.opset_imports["t"] = 1
         x = b.input("x", "float32", (4, 4))
         b.output(b.op("Hold", b.op("Tanh", x), domain="t"))
-        holder = ge.compile(b.graph, {"executor": "sequential", "threads": 1, "opt_level": 0})
-        other = ge.compile(_gemm_model(), {"executor": "arena", "threads": 2, "opt_level": 0})
+        holder = ge.compile(b.graph, {"parallel": "blas", "executor": "sequential", "threads": 1, "opt_level": 0})
+        other = ge.compile(_gemm_model(), {"parallel": "blas", "executor": "arena", "threads": 2, "opt_level": 0})
         Hold.release.clear()
         Hold.entered.clear()
         t = threading.Thread(target=holder.run, args=({"x": np.ones((4, 4), np.float32)},))
@@ -276,4 +291,91 @@ def test_a_run_waiting_for_another_count_keeps_its_timeout(baseline):
             Hold.release.set()
             t.join(30)
         assert np.isfinite(other.run({"x": xv})["sum"]).all()  # and runs once the other count is gone
-    assert _counts() == baseline
+    assert _settled() == baseline
+
+
+# ------------------------------------------------------------------------------------------
+# parallel=engine: BLAS at one thread, GE's pool `threads` wide
+# ------------------------------------------------------------------------------------------
+class WidthProbe:
+    """``t::WidthProbe(x) -> [BLAS count, pool width, width the kernel was built for]``."""
+
+    @hookimpl
+    def ge_register_ops(self, register):
+        register(ge.OpDef("WidthProbe", domain="t", min_inputs=1, max_inputs=1,
+                          infer=lambda n, o: [ge.TensorType("float32", (3,))]))
+
+    @hookimpl
+    def ge_register_kernels(self, register):
+        libs = _blas_libs()
+
+        def factory(spec):
+            built = parallel.planned_width(spec)
+
+            def probe(x):
+                return (np.array([libs[0].get_num_threads(), parallel.threads(), built], np.float32),)
+            return probe
+        register("WidthProbe", factory, domain="t")
+
+
+def _width_model() -> ge.Graph:
+    b = GraphBuilder("width")
+    b.graph.opset_imports["t"] = 1
+    x = b.input("x", "float32", (4,))
+    b.output(b.op("WidthProbe", b.op("Relu", x), domain="t"))
+    return b.graph
+
+
+@pytest.mark.parametrize("opts,want", [
+    ({"threads": 2}, (1.0, 2.0, 2.0)),
+    ({"threads": 1}, (1.0, 1.0, 1.0)),
+    ({"threads": 2, "executor": "streams", "stream_allocator": "dependency"}, (1.0, 2.0, 2.0)),
+    ({"threads": 2, "parallel": "blas"}, (2.0, 1.0, 1.0)),
+], ids=["engine-2", "engine-1", "engine-streams-2", "blas-2"])
+def test_engine_runs_blas_at_one_thread_and_its_pool_threads_wide(opts, want, baseline):
+    with temporary_plugin(WidthProbe(), "width_probe"):
+        model = ge.compile(_width_model(), {**opts, "opt_level": 0})
+        if os.cpu_count() == 1:
+            want = (want[0], 1.0, 1.0) if opts.get("parallel") != "blas" else want
+        got = []
+        errors = _hammer(lambda t, r: got.append(tuple(model.run({"x": np.ones(4, np.float32)}).values())[0]),
+                         n_threads=4)
+    assert not errors, errors[:3]
+    assert {tuple(float(v) for v in g) for g in got} == {want}
+    assert parallel.threads() == 1  # outside runs
+    assert _settled() == baseline
+
+
+def test_an_unknown_parallel_mode_is_an_option_error():
+    with pytest.raises(ge.OptionError, match="parallel"):
+        ge.compile(_gemm_model(), {"parallel": "gpu", "opt_level": 0})
+
+
+def test_engine_results_have_the_same_bits_at_every_width_above_one():
+    """Transformer-sized GEMMs (packed weight blocks, native GEMM tasks), 16 calling threads:
+    threads=2 and threads=3 compile the same cuts, so they give the same bits."""
+    rng = np.random.default_rng(11)
+    b = GraphBuilder("mlp")
+    x = b.input("x", "float32", (128, 256))
+    h = b.op("Gelu", b.op("Add", b.op("MatMul", x, b.const(_weights(rng, 256).repeat(4, axis=1) / 2)),
+                          b.const(rng.standard_normal(1024).astype(np.float32) * 0.1)))
+    b.output(b.op("MatMul", h, b.const((rng.standard_normal((1024, 256)) / 32).astype(np.float32))))
+    g = b.graph
+    g.opset_imports[""] = 20
+    xs = rng.standard_normal((128, 256)).astype(np.float32)
+    m2 = ge.compile(g, {"threads": 2})
+    m3 = ge.compile(g, {"threads": 3})
+    want = m2.run({"x": xs})
+    (k,) = want
+    np.testing.assert_array_equal(m3.run({"x": xs})[k], want[k])
+    ref = list(run_reference(g, {"x": xs}).values())[0]
+    np.testing.assert_allclose(want[k], ref, rtol=1e-4, atol=1e-4)
+    mismatches = []
+
+    def check(t, r):
+        out = m2.run({"x": xs})[k]
+        if not np.array_equal(out, want[k]):
+            mismatches.append((t, r))
+
+    errors = _hammer(check)
+    assert not errors and not mismatches, (errors[:3], mismatches[:3])

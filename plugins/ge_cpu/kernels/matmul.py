@@ -1,19 +1,38 @@
-"""Matrix kernels: MatMul, Gemm, Einsum (BLAS does the work through np.matmul)."""
+"""Matrix kernels: MatMul, Gemm, Einsum (BLAS does the work; GEMMs split over GE's thread pool,
+:func:`ge_sdk.parallel.matmul`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ge_core.kernel import KernelSpec
+from ge_sdk import parallel
 
 from ._util import as_str, cast_like, const_input, has_input
 
 KERNELS: dict = {}
 
 
+def _packed(spec: KernelSpec, b: np.ndarray | None) -> parallel.PackedWeight | None:
+    """A constant 2-D float weight cut into column blocks for GE's pool, sized for the rows of
+    the first input when its shape is known."""
+    if b is None or b.ndim != 2 or b.dtype.kind != "f" or parallel.planned_width(spec) <= 1:
+        return None
+    t = spec.inputs[0] if spec.inputs else None
+    shape = t.shape if t is not None else None
+    rows = None
+    if shape and all(isinstance(d, int) for d in shape):
+        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    return parallel.PackedWeight(b, rows=rows)
+
+
 def matmul_factory(spec: KernelSpec):
+    packed = _packed(spec, const_input(spec, 1))
+
     def kernel(a, b):
-        return (cast_like(np.matmul(a, b), a.dtype),)
+        if packed is not None and a.ndim >= 1 and a.dtype == packed.dtype and a.shape[-1] == packed.k:
+            return (packed.matmul(a),)
+        return (cast_like(parallel.matmul(a, b), a.dtype),)
 
     return kernel
 
@@ -38,15 +57,22 @@ def gemm_factory(spec: KernelSpec):
     if c_const is not None and beta != 1.0:
         c_const = c_const * c_const.dtype.type(beta)
     beta_run = 1.0 if c_const is not None else beta
+    packed = _packed(spec, b_const) if not trans_a else None
+    bias = None
+    if packed is not None and c_const is not None and c_const.size == packed.n and c_const.dtype == packed.dtype:
+        bias = np.ascontiguousarray(c_const.reshape(packed.n))
 
     def kernel(a, b, c=None):
+        if packed is not None and a.dtype == packed.dtype and a.ndim == 2 and a.shape[1] == packed.k and \
+                (c_const is None or bias is not None) and (c is None or c_const is not None):
+            return (packed.matmul(a, bias=bias),)
         if trans_a:
             a = a.T
         if b_const is not None:
             b = b_const
         elif trans_b:
             b = b.T
-        y = np.matmul(a, b)
+        y = parallel.matmul(a, b)
         if alpha_run != 1.0:
             y *= y.dtype.type(alpha_run)
         if c_const is not None:

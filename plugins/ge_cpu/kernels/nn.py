@@ -19,6 +19,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ge_core.kernel import KernelSpec
+from ge_sdk import parallel
 
 from . import _window
 from ._util import as_str, cast_like, const_input, has_input, in_dtype, ints, kernel_table, norm_axis, unsupported
@@ -257,9 +258,9 @@ def conv_factory(spec: KernelSpec):
                 xs = x[(slice(None), slice(None)) + tuple(slice(None, None, si) for si in strides)]
             xs = xs.reshape(n, group, cg, p) if group > 1 else xs.reshape(n, cg, p)
             if out is not None and group == 1:
-                y = np.matmul(wk[0], xs, out=out[0].reshape(n, m, p))
+                y = parallel.matmul(wk[0], xs, out=out[0].reshape(n, m, p))
             else:
-                y = np.matmul(wk if group > 1 else wk[0], xs)
+                y = np.matmul(wk, xs) if group > 1 else parallel.matmul(wk[0], xs)
         elif cg == 1 and group == c:
             y = _depthwise(x, w, pb, pe, out_sp, k)
         else:
@@ -281,9 +282,9 @@ def conv_factory(spec: KernelSpec):
                 if group > 1:
                     y = np.matmul(wk, cols)
                 elif out is not None:
-                    y = np.matmul(wk[0], cols[:, 0], out=out[0].reshape(n, m, p))
+                    y = parallel.matmul(wk[0], cols[:, 0], out=out[0].reshape(n, m, p))
                 else:
-                    y = np.matmul(wk[0], cols[:, 0])
+                    y = parallel.matmul(wk[0], cols[:, 0])
             else:
                 y = np.empty((n, group, m // group, rows, row_p), x.dtype)
                 vt = v.transpose(perm)
@@ -291,7 +292,7 @@ def conv_factory(spec: KernelSpec):
                     r1 = min(rows, r0 + step)
                     blk = vt[(Ellipsis, slice(r0, r1)) + (slice(None),) * (nd - 1)]
                     cols = blk.reshape(n, group, kdim, (r1 - r0) * row_p)
-                    part = np.matmul(wk, cols) if group > 1 else np.matmul(wk[0], cols[:, 0])[:, None]
+                    part = np.matmul(wk, cols) if group > 1 else parallel.matmul(wk[0], cols[:, 0])[:, None]
                     y[:, :, :, r0:r1] = part.reshape(n, group, m // group, r1 - r0, row_p)
         y = y.reshape((n, m) + tuple(out_sp))
         if out is not None:

@@ -1,0 +1,86 @@
+"""The fused Attention kernel's per-head parallel form (ge_fusion.attention) against NumPy's
+softmax(Q K^T * scale + mask) V, on strided views like the exporters' Transposes make."""
+
+import numpy as np
+import pytest
+
+from ge_fusion import attention
+from ge_sdk import parallel
+
+
+def _reference(q, kt, v, mask, scale):
+    s = np.matmul(q.astype(np.float64), kt.astype(np.float64)) * scale
+    if mask is not None:
+        s = s + mask
+    s = s - s.max(-1, keepdims=True)
+    e = np.exp(s)
+    return (e / e.sum(-1, keepdims=True)) @ v.astype(np.float64)
+
+
+CASES = {
+    "bert-padding-mask": ((1, 4, 128, 64), lambda rng, b, h, s: rng.standard_normal((b, 1, 1, s))),
+    "causal": ((2, 3, 17, 8), lambda rng, b, h, s: np.triu(np.full((s, s), -1e9), 1)),
+    "full-mask": ((3, 2, 5, 16), lambda rng, b, h, s: rng.standard_normal((b, h, s, s))),
+    "no-mask-vit": ((1, 6, 197, 64), None),
+    "row-mask": ((1, 1, 7, 3), lambda rng, b, h, s: rng.standard_normal((1, s))),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", CASES)
+def test_per_head_attention_matches_the_reference(case, dtype):
+    (b, h, s, d), make_mask = CASES[case]
+    rng = np.random.default_rng(len(case))
+    q = rng.standard_normal((b, h, s, d)).astype(dtype)
+    kt = rng.standard_normal((b, s, h, d)).astype(dtype).transpose(0, 2, 3, 1)  # a view, as exported
+    v = rng.standard_normal((b, s, h, d)).astype(dtype).transpose(0, 2, 1, 3)
+    mask = None if make_mask is None else make_mask(rng, b, h, s).astype(dtype)
+    want = _reference(q, kt, v, mask, 0.125)
+    for width in (1, 2):
+        got = attention.run(q, kt, v, mask, 0.125, None, width)
+        assert got is not None, "the per-head path refused arrays it is meant to take"
+        np.testing.assert_allclose(got, want, rtol=2e-5 if dtype == "float32" else 1e-10, atol=2e-6)
+    out = np.empty((b, h, s, d), dtype)
+    assert attention.run(q, kt, v, mask, 0.125, out, 2) is out
+    np.testing.assert_array_equal(out, attention.run(q, kt, v, mask, 0.125, None, 1))  # same bits
+
+
+def test_rows_that_are_nan_or_fully_masked_come_out_nan_like_numpy():
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((1, 2, 4, 8)).astype(np.float32)
+    kt = rng.standard_normal((1, 2, 8, 4)).astype(np.float32)
+    v = rng.standard_normal((1, 2, 4, 8)).astype(np.float32)
+    q[0, 0, 1, 3] = np.nan
+    mask = np.zeros((1, 1, 4, 4), np.float32)
+    mask[0, 0, 2] = -np.inf
+    got = attention.run(q, kt, v, mask, 1.0, None, 2)
+    assert np.isnan(got[0, 0, 1]).all() and np.isnan(got[:, :, 2]).all()
+    others = [(0, 0, 0), (0, 0, 3), (0, 1, 0), (0, 1, 1), (0, 1, 3)]
+    want = _reference(np.nan_to_num(q), kt, v, np.where(np.isinf(mask), 0, mask), 1.0)
+    for idx in others:
+        np.testing.assert_allclose(got[idx], want[idx], rtol=1e-5, atol=1e-6)
+
+
+def test_arrays_it_cannot_take_are_left_to_the_numpy_form():
+    q = np.ones((1, 2, 4, 8), np.float32)
+    kt = np.ones((1, 2, 8, 4), np.float32)
+    v = np.ones((1, 2, 4, 8), np.float32)
+    assert attention.run(q.astype(np.int32), kt, v, None, 1.0, None, 2) is None
+    assert attention.run(q, kt[..., ::2], v[:, :, ::2], None, 1.0, None, 2) is None  # column stride 2
+    assert attention.run(q, kt, v, np.ones((1, 2, 3, 4), np.float32), 1.0, None, 2) is None  # mask rows 3 of 4
+    assert attention.run(q, kt, v, np.ones((1, 2, 4, 4), np.float16), 1.0, None, 2) is None
+
+
+def test_the_fused_kernel_uses_it_when_built_for_several_threads():
+    from ge_core.ir.types import TensorType
+    from ge_core.kernel import KernelSpec
+    from ge_fusion.kernels import attention_factory
+
+    rng = np.random.default_rng(5)
+    q, kt, v = (rng.standard_normal(s).astype(np.float32) for s in [(1, 4, 32, 16), (1, 4, 16, 32), (1, 4, 32, 16)])
+    spec = KernelSpec(name="att", op_type="Attention", domain="ge.fused", attrs={"scale": 0.25},
+                      inputs=[TensorType.of(x) for x in (q, kt, v)], outputs=[TensorType("float32", (1, 4, 32, 16))],
+                      const_inputs=[None] * 3, options={"parallel_width": 2})
+    with parallel.use_threads(2):
+        got = attention_factory(spec)(q, kt, v)[0]
+    np.testing.assert_allclose(got, _reference(q, kt, v, None, 0.25), rtol=2e-5, atol=2e-6)
