@@ -214,17 +214,36 @@ def blas_threads(threads: int | None = None):
     return BLAS.run(threads)
 
 
+#: values of the ``parallel`` option, and its default. ``blas``: BLAS's own threads (this
+#: module's policy). ``engine``: BLAS at one thread, GE's pool (ge_sdk.parallel) ``threads``
+#: wide; robust beside other load (a core taken by another process costs one block, not a
+#: stalled GEMM), not yet faster than OpenBLAS's threads on an idle machine (bench/
+#: transformer_models.py --ge-blas), so not the default.
+PARALLEL = ("blas", "engine")
+DEFAULT_PARALLEL = "blas"
+
+
+def parallel_mode(options) -> str:
+    """The ``parallel`` option's value, checked (an OptionError names it and its values)."""
+    from ge_core.errors import OptionError
+
+    extra = getattr(options, "extra", {}) or {}
+    mode = str(extra.get("parallel", DEFAULT_PARALLEL) or DEFAULT_PARALLEL).lower()
+    if mode not in PARALLEL:
+        raise OptionError(f"option parallel: '{mode}' is not one of {', '.join(PARALLEL)}",
+                          hint="parallel=blas (BLAS's threads, the default) or parallel=engine (GE's thread pool)")
+    return mode
+
+
 def engine_width(options) -> int:
     """How many threads GE's pool (:mod:`ge_sdk.parallel`) gives each run of a model compiled
     with ``options``: 1 with ``parallel=blas``; else the ``threads`` option, or without it as
     many as BLAS would use outside runs (the cores by default). Kernels read it at build time
     (``spec.options["parallel_width"]``) to decide whether to cut their work into tasks."""
-    extra = getattr(options, "extra", {}) or {}
-    if str(extra.get("parallel", "engine") or "engine").lower() == "blas":
+    if parallel_mode(options) == "blas":
         return 1
     threads = getattr(options, "threads", None)
     if threads:
         return max(1, int(threads))
     base = [n for n in BLAS.baseline() if n > 0]
     return base[0] if base else 1
-

@@ -14,10 +14,10 @@ behaviour):
 ================================  ==========================================================
 
 A run takes an arena context from the pool (when the executor has a layout), and runs the
-strategy at its thread setting (:func:`run_threads`): with ``parallel=engine`` (the default)
-BLAS executes at one thread and the kernels split their work over GE's pool
-(:mod:`ge_sdk.parallel`) at ``threads`` wide; with ``parallel=blas`` BLAS's own threads are the
-only parallelism, at ``threads`` (:class:`ge_cpu.blas.BlasThreads`).
+strategy at its thread setting (:func:`run_threads`): with ``parallel=blas`` (the default)
+BLAS's own threads are the parallelism, at ``threads`` (:class:`ge_cpu.blas.BlasThreads`); with
+``parallel=engine`` BLAS executes at one thread and the kernels split their work over GE's pool
+(:mod:`ge_sdk.parallel`) at ``threads`` wide.
 """
 
 from __future__ import annotations
@@ -27,27 +27,14 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 from ge_core.backend import Executable
-from ge_core.errors import OptionError
 from ge_sdk import parallel
 
-from .blas import BLAS, engine_width
+from .blas import BLAS, engine_width, parallel_mode
 from .program import Program
-
-#: values of the ``parallel`` option
-PARALLEL = ("engine", "blas")
-
-
-def parallel_mode(options) -> str:
-    """The ``parallel`` option's value, checked (an OptionError names it and its values)."""
-    mode = str((getattr(options, "extra", {}) or {}).get("parallel", "engine") or "engine").lower()
-    if mode not in PARALLEL:
-        raise OptionError(f"option parallel: '{mode}' is not one of {', '.join(PARALLEL)}",
-                          hint="parallel=engine (GE's thread pool, the default) or parallel=blas (BLAS's threads)")
-    return mode
 
 
 @contextlib.contextmanager
-def run_threads(threads: int | None, mode: str = "engine", width: int = 1) -> Iterator[None]:
+def run_threads(threads: int | None, mode: str, width: int = 1) -> Iterator[None]:
     """The thread setting of one run. ``engine``: BLAS at one thread and GE's pool ``width``
     wide (:func:`ge_cpu.blas.engine_width`); ``blas``: BLAS at ``threads`` (None: its
     baseline) and the pool one wide."""

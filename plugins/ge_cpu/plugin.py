@@ -128,6 +128,9 @@ def ge_register_cli_commands(register):
 def ge_register_options(register):
     register("executor", "auto", "cpu executor: auto (streams when the schedule has several, else sink), "
                                  "sink (one generated function), arena, streams or sequential")
-    register("parallel", "engine", "who splits a run's work over its `threads`: engine (GE's thread pool: "
-                                   "GEMMs, attention heads, fused loops and row kernels; BLAS at one thread) "
-                                   "or blas (BLAS's own threads only)")
+    from .blas import DEFAULT_PARALLEL
+
+    register("parallel", DEFAULT_PARALLEL, "who splits a run's work over its `threads`: blas (BLAS's own "
+                                           "threads) or engine (GE's thread pool: GEMMs in packed weight "
+                                           "blocks, attention heads, large fused loops; BLAS at one thread; "
+                                           "robust beside other load)")

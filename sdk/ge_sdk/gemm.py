@@ -32,7 +32,7 @@ import numpy as np
 
 from .jit import numba_if_enabled
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _state: dict[str, Any] = {}
 
 #: CBLAS entry points tried in NumPy's BLAS: (symbol of sgemm, of dgemm, integer type)
@@ -111,17 +111,33 @@ def _build() -> dict[str, Any] | None:
         from numba import njit, prange
     except Exception:  # noqa: BLE001
         return None
-    kernels: dict[str, Any] = {}
-    for name, fn, scalar in (("float32", funcs[0], np.float32), ("float64", funcs[1], np.float64)):
-        arr2 = numba.types.Array(getattr(numba.types, name), 2, "C")
-        arr1 = numba.types.Array(getattr(numba.types, name), 1, "C", readonly=True)
-        i64, i64a = numba.types.int64, numba.types.Array(numba.types.int64, 1, "C", readonly=True)
-        sig = numba.types.void(i64, i64, i64, i64, i64a, i64a, i64a, i64a, arr2, i64, arr1, numba.types.boolean)
-        try:
-            kernels[name] = njit(sig, parallel=True, nogil=True, error_model="numpy")(_blocks_kernel(fn, scalar, prange))
-        except Exception:  # noqa: BLE001 - no thread-safe layer (neither OpenMP nor TBB): the Python pool
-            return None
-    return {"numba": numba, "blocks": kernels, "cblas": funcs, "pid": os.getpid()}
+    st = {"numba": numba, "njit": njit, "prange": prange, "blocks": {}, "cblas": funcs, "pid": os.getpid()}
+    # float32 now (it proves the threading layer works); float64 on its first product
+    return st if _blocks_for(st, "float32") is not None else None
+
+
+def _blocks_for(st: dict[str, Any], name: str) -> Any:
+    """The column-block kernel for dtype ``name`` (compiled once, under the lock's care of the
+    caller or on first use), None when numba refuses it."""
+    kern = st["blocks"].get(name)
+    if kern is not None or name not in ("float32", "float64"):
+        return kern
+    numba = st["numba"]
+    fn, scalar = (st["cblas"][0], np.float32) if name == "float32" else (st["cblas"][1], np.float64)
+    arr2 = numba.types.Array(getattr(numba.types, name), 2, "C")
+    arr1 = numba.types.Array(getattr(numba.types, name), 1, "C", readonly=True)
+    i64, i64a = numba.types.int64, numba.types.Array(numba.types.int64, 1, "C", readonly=True)
+    sig = numba.types.void(i64, i64, i64, i64, i64a, i64a, i64a, i64a, arr2, i64, arr1, numba.types.boolean)
+    with _lock:
+        kern = st["blocks"].get(name)
+        if kern is None:
+            try:
+                kern = st["njit"](sig, parallel=True, nogil=True, error_model="numpy")(
+                    _blocks_kernel(fn, scalar, st["prange"]))
+            except Exception:  # noqa: BLE001 - no thread-safe layer (neither OpenMP nor TBB): the Python pool
+                return None
+            st["blocks"][name] = kern
+    return kern
 
 
 def _get() -> dict[str, Any] | None:
@@ -191,7 +207,8 @@ def run_blocks(prep: Blocks, a2: np.ndarray, out2: np.ndarray, bias: np.ndarray 
     threads. Returns False (and does nothing) when this path cannot run these arrays."""
     st = _get()
     dt = prep.dtype
-    if st is None or dt.name not in st["blocks"]:
+    kern = None if st is None else _blocks_for(st, dt.name)
+    if kern is None:
         return False
     item = dt.itemsize
     m, k = a2.shape
@@ -203,7 +220,7 @@ def run_blocks(prep: Blocks, a2: np.ndarray, out2: np.ndarray, bias: np.ndarray 
     if m < MIN_ROWS:
         return False
     set_width(width)
-    st["blocks"][dt.name](m, k, a2.ctypes.data, a2.strides[0] // item, prep.ptrs, prep.widths, prep.widths,
+    kern(m, k, a2.ctypes.data, a2.strides[0] // item, prep.ptrs, prep.widths, prep.widths,
                           prep.cols, out2, prep.n, bias if bias is not None else prep.no_bias, bias is not None)
     return True
 
@@ -213,7 +230,8 @@ def run_cols(a2: np.ndarray, b2: np.ndarray, out2: np.ndarray, cuts: list[tuple[
     threads (``b2`` is read in place: no packing). False when this path cannot run them."""
     st = _get()
     dt = a2.dtype
-    if st is None or dt.name not in st["blocks"] or b2.dtype != dt or out2.dtype != dt:
+    kern = None if st is None else _blocks_for(st, dt.name)
+    if kern is None or b2.dtype != dt or out2.dtype != dt:
         return False
     item = dt.itemsize
     m, k = a2.shape
@@ -232,7 +250,7 @@ def run_cols(a2: np.ndarray, b2: np.ndarray, out2: np.ndarray, cuts: list[tuple[
     widths = np.array([hi - lo for lo, hi in cuts], np.int64)
     ldb = b2.strides[0] // item
     ptrs = b2.ctypes.data + cols * item
-    st["blocks"][dt.name](m, k, a2.ctypes.data, a2.strides[0] // item, ptrs, np.full(len(cuts), ldb, np.int64),
+    kern(m, k, a2.ctypes.data, a2.strides[0] // item, ptrs, np.full(len(cuts), ldb, np.int64),
                           widths, cols, out2, n, np.zeros(1, dt), False)
     return True
 
