@@ -8,9 +8,8 @@ import os
 
 import numpy as np
 import pytest
-
-import transformers  # noqa: F401 - the "bench" extra, installed by .ci/run
 import torch  # noqa: F401
+import transformers  # noqa: F401 - the "bench" extra, installed by .ci/run
 
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "transformer_models.py")
 

@@ -26,14 +26,34 @@ def _packed(spec: KernelSpec, b: np.ndarray | None) -> parallel.PackedWeight | N
     return parallel.PackedWeight(b, rows=rows)
 
 
+def _fits(o: np.ndarray | None, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+    """``o`` when ``np.matmul(a, b, out=o)`` can write it (its shape and dtype are the product's
+    and it overlaps neither operand), else None (the executor copies the result into place)."""
+    if o is None or a.ndim < 2 or b.ndim < 2 or o.dtype != a.dtype or a.dtype != b.dtype:
+        return None
+    try:
+        lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        return None
+    if o.shape != lead + (a.shape[-2], b.shape[-1]) or np.may_share_memory(o, a) or np.may_share_memory(o, b):
+        return None
+    return o
+
+
 def matmul_factory(spec: KernelSpec):
     packed = _packed(spec, const_input(spec, 1))
 
-    def kernel(a, b):
+    def kernel(a, b, out=None):
+        # the product goes straight into the planned output (no result array, no copy)
+        o = None if out is None else out[0]
         if packed is not None and a.ndim >= 1 and a.dtype == packed.dtype and a.shape[-1] == packed.k:
-            return (packed.matmul(a),)
-        return (cast_like(parallel.matmul(a, b), a.dtype),)
+            o = o if o is not None and o.shape == a.shape[:-1] + (packed.n,) and o.dtype == a.dtype \
+                and o.flags.c_contiguous and not np.may_share_memory(o, a) else None
+            return (packed.matmul(a, out=o),)
+        o = _fits(o, a, b)
+        return (cast_like(parallel.matmul(a, b, out=o), a.dtype),)
 
+    kernel.accepts_out = True  # type: ignore[attr-defined]
     return kernel
 
 
@@ -62,17 +82,23 @@ def gemm_factory(spec: KernelSpec):
     if packed is not None and c_const is not None and c_const.size == packed.n and c_const.dtype == packed.dtype:
         bias = np.ascontiguousarray(c_const.reshape(packed.n))
 
-    def kernel(a, b, c=None):
+    def kernel(a, b, c=None, out=None):
+        o = None if out is None else out[0]
         if packed is not None and a.dtype == packed.dtype and a.ndim == 2 and a.shape[1] == packed.k and \
                 (c_const is None or bias is not None) and (c is None or c_const is not None):
-            return (packed.matmul(a, bias=bias),)
+            o = o if o is not None and o.shape == (a.shape[0], packed.n) and o.dtype == a.dtype \
+                and o.flags.c_contiguous and not np.may_share_memory(o, a) else None
+            return (packed.matmul(a, out=o, bias=bias),)
         if trans_a:
             a = a.T
         if b_const is not None:
             b = b_const
         elif trans_b:
             b = b.T
-        y = parallel.matmul(a, b)
+        o = _fits(o, a, b)
+        if o is not None and c is not None and np.may_share_memory(o, c):
+            o = None
+        y = parallel.matmul(a, b, out=o)
         if alpha_run != 1.0:
             y *= y.dtype.type(alpha_run)
         if c_const is not None:
@@ -86,6 +112,7 @@ def gemm_factory(spec: KernelSpec):
                 y = y + c
         return (cast_like(y, a.dtype),)
 
+    kernel.accepts_out = True  # type: ignore[attr-defined]
     return kernel
 
 
