@@ -136,6 +136,54 @@ def _matrix(x: np.ndarray, lead: tuple[int, ...], item: int):
     return offs, ld, tr
 
 
+#: geometry plans by (dtype, shapes and strides of q, kt, v and the mask): a run of a model
+#: pays one dict lookup, not the planning (most models have a handful of attention shapes)
+_plans: dict[tuple, Any] = {}
+_PLANS_MAX = 256
+
+
+def _plan(q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None):
+    """(count, m, n, d, dv, per-matrix (offsets, ld, trans), output offsets, mask parts) for
+    these arrays, or None when this path cannot take them."""
+    dt = q.dtype
+    lead = q.shape[:-2]
+    m, d = q.shape[-2:]
+    n, dv = kt.shape[-1], v.shape[-1]
+    if kt.ndim != q.ndim or v.ndim != q.ndim or kt.shape[-2] != d or v.shape[-2] != n or m < 1 or n < 1:
+        return None
+    try:
+        if np.broadcast_shapes(lead, kt.shape[:-2], v.shape[:-2]) != lead:
+            return None
+    except ValueError:
+        return None
+    item = dt.itemsize
+    mats = [_matrix(x, lead, item) for x in (q, kt, v)]
+    if any(x is None for x in mats):
+        return None
+    count = int(np.prod(lead))
+    o_off = np.arange(count, dtype=np.int64) * (m * dv)
+    mask_part = (0, np.zeros(count, np.int64), None)
+    if mask is not None:
+        if mask.dtype != dt or mask.ndim > q.ndim or mask.shape[-1] != n or \
+                (mask.ndim >= 2 and mask.shape[-2] not in (1, m)):
+            return None
+        shape = (1,) * (q.ndim - mask.ndim) + mask.shape
+        try:
+            if np.broadcast_shapes(shape[:-2], lead) != lead:
+                return None
+        except ValueError:
+            return None
+        m_rs = n if shape[-2] == m else 0
+        moffs = np.zeros(count, np.int64)
+        idx = np.indices(lead).reshape(len(lead), -1)
+        mst = np.cumprod((1,) + shape[::-1])[::-1][1:]  # C-order element strides of the contiguous mask
+        for ax in range(len(lead)):
+            if shape[ax] != 1:
+                moffs += idx[ax] * int(mst[ax])
+        mask_part = (m_rs, moffs, shape)
+    return count, m, n, d, dv, mats, o_off, mask_part
+
+
 def run(q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None, scale: float, out: np.ndarray | None,
         width: int) -> np.ndarray | None:
     """The attention of every head on ``width`` threads, or None when this path cannot take
@@ -143,49 +191,45 @@ def run(q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None, s
     dt = q.dtype
     if dt.name not in ("float32", "float64") or kt.dtype != dt or v.dtype != dt or q.ndim < 3:
         return None
-    lead = q.shape[:-2]
-    m, d = q.shape[-2:]
-    n, dv = kt.shape[-1], v.shape[-1]
-    if kt.ndim != q.ndim or v.ndim != q.ndim or kt.shape[-2] != d or v.shape[-2] != n or m < 1 or n < 1:
+    if mask is not None and not isinstance(mask, np.ndarray):
         return None
-    if np.broadcast_shapes(lead, kt.shape[:-2], v.shape[:-2]) != lead:
+    key = (dt.name, q.shape, q.strides, kt.shape, kt.strides, v.shape, v.strides,
+           None if mask is None else (mask.dtype.name, mask.shape))
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plan(q, kt, v, mask)
+        if len(_plans) >= _PLANS_MAX:
+            _plans.clear()
+        _plans[key] = plan if plan is not None else False
+    if not plan:
         return None
     fn = _kernel(dt)
     if fn is None:
         return None
-    item = dt.itemsize
-    mats = [_matrix(x, lead, item) for x in (q, kt, v)]
-    if any(x is None for x in mats):
-        return None
-    count = int(np.prod(lead))
-    shape = lead + (m, dv)
+    count, m, n, d, dv, mats, o_off, (m_rs, moffs, mshape) = plan
+    shape = q.shape[:-2] + (m, dv)
     res = out if out is not None and out.shape == shape and out.flags.c_contiguous and out.dtype == dt \
-        else np.empty(shape, dt)
-    o_off = np.arange(count, dtype=np.int64) * (m * dv)
-    has_mask = mask is not None
+        and not any(np.may_share_memory(out, x) for x in (q, kt, v)) else np.empty(shape, dt)
     if mask is not None:
-        if mask.dtype != dt or mask.ndim > q.ndim or mask.shape[-1] != n or \
-                (mask.ndim >= 2 and mask.shape[-2] not in (1, m)):
-            return None
-        mk = np.ascontiguousarray(mask.reshape((1,) * (q.ndim - mask.ndim) + mask.shape))
-        if np.broadcast_shapes(mk.shape[:-2], lead) != lead:
-            return None
-        m_rs = n if mk.shape[-2] == m else 0
-        moffs = np.zeros(count, np.int64)
-        idx = np.indices(lead).reshape(len(lead), -1)
-        mst = [s // item for s in mk.strides[:-2]]
-        for ax in range(len(lead)):
-            if mk.shape[ax] != 1:
-                moffs += idx[ax] * mst[ax]
-        mflat = mk.reshape(-1)
+        mflat = np.ascontiguousarray(mask).reshape(-1)  # its plan's offsets are C order over `mshape`
     else:
-        m_rs, moffs, mflat = 0, np.zeros(count, np.int64), np.zeros(1, dt)
+        mflat = _no_mask(dt)
     width = gemm.set_width(width)
     scratch = np.empty((width, m, n), dt)
     (qo, qld, qtr), (ko, kld, ktr), (vo, vld, vtr) = mats
     fn(count, m, n, d, dv, q.ctypes.data, qo, qld, qtr, kt.ctypes.data, ko, kld, ktr, v.ctypes.data, vo, vld, vtr,
-       res.ctypes.data, o_off, dv, dt.type(scale), mflat, moffs, m_rs, has_mask, scratch)
+       res.ctypes.data, o_off, dv, dt.type(scale), mflat, moffs, m_rs, mask is not None, scratch)
     if out is not None and res is not out:
         np.copyto(out, res)
         return out
     return res
+
+
+_NO_MASK: dict[str, np.ndarray] = {}
+
+
+def _no_mask(dt: np.dtype) -> np.ndarray:
+    a = _NO_MASK.get(dt.name)
+    if a is None:
+        a = _NO_MASK[dt.name] = np.zeros(1, dt)
+    return a
