@@ -214,13 +214,13 @@ def blas_threads(threads: int | None = None):
     return BLAS.run(threads)
 
 
-#: values of the ``parallel`` option, and its default. ``blas``: BLAS's own threads (this
-#: module's policy). ``engine``: BLAS at one thread, GE's pool (ge_sdk.parallel) ``threads``
-#: wide; robust beside other load (a core taken by another process costs one block, not a
-#: stalled GEMM), not yet faster than OpenBLAS's threads on an idle machine (bench/
-#: transformer_models.py --ge-blas), so not the default.
-PARALLEL = ("blas", "engine")
-DEFAULT_PARALLEL = "blas"
+#: values of the ``parallel`` option, and its default. ``engine``: BLAS at one thread, GE's
+#: pool (ge_sdk.parallel) ``threads`` wide: beside a busy process a 2-thread run stays at
+#: 0.94x its 1-thread time where BLAS's threads fall to 0.27x (bench/transformer_models.py
+#: --busy --ge-blas), and on an idle machine the two are within the bench's noise. ``blas``:
+#: BLAS's own threads (this module's policy), no native kernels to compile on the first run.
+PARALLEL = ("engine", "blas")
+DEFAULT_PARALLEL = "engine"
 
 
 def parallel_mode(options) -> str:
@@ -231,7 +231,7 @@ def parallel_mode(options) -> str:
     mode = str(extra.get("parallel", DEFAULT_PARALLEL) or DEFAULT_PARALLEL).lower()
     if mode not in PARALLEL:
         raise OptionError(f"option parallel: '{mode}' is not one of {', '.join(PARALLEL)}",
-                          hint="parallel=blas (BLAS's threads, the default) or parallel=engine (GE's thread pool)")
+                          hint="parallel=engine (GE's thread pool, the default) or parallel=blas (BLAS's threads)")
     return mode
 
 

@@ -14,10 +14,10 @@ behaviour):
 ================================  ==========================================================
 
 A run takes an arena context from the pool (when the executor has a layout), and runs the
-strategy at its thread setting (:func:`run_threads`): with ``parallel=blas`` (the default)
-BLAS's own threads are the parallelism, at ``threads`` (:class:`ge_cpu.blas.BlasThreads`); with
-``parallel=engine`` BLAS executes at one thread and the kernels split their work over GE's pool
-(:mod:`ge_sdk.parallel`) at ``threads`` wide.
+strategy at its thread setting (:func:`run_threads`): with ``parallel=engine`` (the default)
+BLAS executes at one thread and the kernels split their work over GE's pool
+(:mod:`ge_sdk.parallel`) at ``threads`` wide; with ``parallel=blas`` BLAS's own threads are the
+parallelism, at ``threads`` (:class:`ge_cpu.blas.BlasThreads`).
 """
 
 from __future__ import annotations

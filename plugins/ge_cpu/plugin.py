@@ -130,7 +130,7 @@ def ge_register_options(register):
                                  "sink (one generated function), arena, streams or sequential")
     from .blas import DEFAULT_PARALLEL
 
-    register("parallel", DEFAULT_PARALLEL, "who splits a run's work over its `threads`: blas (BLAS's own "
-                                           "threads) or engine (GE's thread pool: GEMMs in packed weight "
-                                           "blocks, attention heads, large fused loops; BLAS at one thread; "
-                                           "robust beside other load)")
+    register("parallel", DEFAULT_PARALLEL, "who splits a run's work over its `threads`: engine (GE's thread "
+                                           "pool: GEMMs in packed weight blocks, attention heads, large fused "
+                                           "loops; BLAS at one thread; robust beside other load) or blas "
+                                           "(BLAS's own threads)")

@@ -162,9 +162,9 @@ def _plan(q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None)
         return None
     count = int(np.prod(lead))
     o_off = np.arange(count, dtype=np.int64) * (m * dv)
-    mask_part = (0, np.zeros(count, np.int64), None)
+    mask_part: tuple[int, np.ndarray, tuple[int, ...] | None] = (0, np.zeros(count, np.int64), None)
     if mask is not None:
-        if mask.dtype != dt or mask.ndim > q.ndim or mask.shape[-1] != n or \
+        if mask.ndim == 0 or mask.dtype != dt or mask.ndim > q.ndim or mask.shape[-1] != n or \
                 (mask.ndim >= 2 and mask.shape[-2] not in (1, m)):
             return None
         shape = (1,) * (q.ndim - mask.ndim) + mask.shape

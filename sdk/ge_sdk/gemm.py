@@ -113,7 +113,19 @@ def _build() -> dict[str, Any] | None:
         return None
     st = {"numba": numba, "njit": njit, "prange": prange, "blocks": {}, "cblas": funcs, "pid": os.getpid()}
     # float32 now (it proves the threading layer works); float64 on its first product
-    return st if _blocks_for(st, "float32") is not None else None
+    kern = _blocks_for(st, "float32")
+    if kern is None:
+        return None
+    try:
+        # one empty launch picks the layer; if this process already runs numba's workqueue
+        # layer (chosen by other code before us), two threads launching at once would abort it
+        z = np.zeros(0, np.int64)
+        kern(0, 0, 0, 0, z, z, z, z, np.zeros((0, 0), np.float32), 0, np.zeros(1, np.float32), False)
+        if numba.threading_layer() not in ("omp", "tbb"):
+            return None
+    except Exception:  # noqa: BLE001
+        return None
+    return st
 
 
 def _blocks_for(st: dict[str, Any], name: str) -> Any:

@@ -69,6 +69,7 @@ def test_arrays_it_cannot_take_are_left_to_the_numpy_form():
     assert attention.run(q, kt[..., ::2], v[:, :, ::2], None, 1.0, None, 2) is None  # column stride 2
     assert attention.run(q, kt, v, np.ones((1, 2, 3, 4), np.float32), 1.0, None, 2) is None  # mask rows 3 of 4
     assert attention.run(q, kt, v, np.ones((1, 2, 4, 4), np.float16), 1.0, None, 2) is None
+    assert attention.run(q, kt, v, np.array(0.5, np.float32), 1.0, None, 2) is None  # a 0-d mask
 
 
 def test_the_fused_kernel_uses_it_when_built_for_several_threads():

@@ -7,8 +7,8 @@ process's baseline) whichever thread calls it, and runs at different counts neve
 from 16 threads (through a probe op registered like any plugin kernel), and that 16 threads
 get the same bits as sequential runs, with ``threads`` set and with the multi-stream executors.
 
-Those policy tests compile with ``parallel=blas`` (BLAS's threads are the parallelism, the
-default). ``parallel=engine`` runs BLAS at one thread and GE's own pool ``threads`` wide
+Those policy tests compile with ``parallel=blas`` (BLAS's threads are the parallelism). The
+default, ``parallel=engine``, runs BLAS at one thread and GE's own pool ``threads`` wide
 (``ge_sdk.parallel``): the last tests check what its kernels see, that its results have the
 same bits from 16 calling threads, and at every width above one.
 """
@@ -331,7 +331,7 @@ def _width_model() -> ge.Graph:
     ({"threads": 1, "parallel": "engine"}, (1.0, 1.0, 1.0)),
     ({"threads": 2, "parallel": "engine", "executor": "streams", "stream_allocator": "dependency"}, (1.0, 2.0, 2.0)),
     ({"threads": 2, "parallel": "blas"}, (2.0, 1.0, 1.0)),
-    ({"threads": 2}, (2.0, 1.0, 1.0)),
+    ({"threads": 2}, (1.0, 2.0, 2.0)),
 ], ids=["engine-2", "engine-1", "engine-streams-2", "blas-2", "default-2"])
 def test_engine_runs_blas_at_one_thread_and_its_pool_threads_wide(opts, want, baseline):
     with temporary_plugin(WidthProbe(), "width_probe"):
