@@ -9,21 +9,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import pytest
-
-onnx = pytest.importorskip("onnx")
-from onnx import helper, numpy_helper  # noqa: E402
+import onnxruntime as ort
+from onnx import helper, numpy_helper
 
 from ge_core.ir.types import TensorType  # noqa: E402
 from ge_core.kernel import KernelSpec  # noqa: E402
 from ge_cpu.kernels import KERNELS  # noqa: E402
 
-try:
-    import onnxruntime as ort
-
-    ort.set_default_logger_severity(3)
-except ImportError:  # pragma: no cover
-    ort = None
+ort.set_default_logger_severity(3)
 
 
 def rng(seed: int = 0) -> np.random.Generator:
@@ -64,8 +57,6 @@ def make_model(op: str, inputs: Sequence[np.ndarray | None], attrs: dict, opset:
 
 
 def run_ort(model, feeds) -> list[np.ndarray]:
-    if ort is None:  # pragma: no cover
-        pytest.skip("onnxruntime is not installed")
     so = ort.SessionOptions()
     so.log_severity_level = 3
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])

@@ -10,10 +10,9 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import onnx
 import pytest
-
-onnx = pytest.importorskip("onnx")
-from onnx import helper, numpy_helper  # noqa: E402
+from onnx import helper, numpy_helper
 
 from ge_core.errors import UnsupportedOpError  # noqa: E402
 from ge_core.ir.types import TensorType  # noqa: E402

@@ -4,6 +4,7 @@ Integer results must match exactly (rounding half to even, saturation)."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -11,7 +12,6 @@ from ge_core.errors import UnsupportedOpError
 
 from ._onnx_ref import build_kernel, check, run_kernel
 
-ml_dtypes = pytest.importorskip("ml_dtypes")
 R = np.random.default_rng(7)
 
 
