@@ -17,7 +17,7 @@ from ge_core.errors import UnsupportedOpError
 from ge_core.kernel import KernelSpec
 from ge_sdk import parallel
 
-from . import codegen
+from . import codegen, loopgen
 from .ops import CONV_ATTRS
 from .rmsnorm import rmsnorm_factory
 
@@ -211,8 +211,6 @@ def matmul_factory(spec: KernelSpec):
 
 
 def _rows(kind: str, dtype: Any):
-    from . import loopgen
-
     return loopgen.row_kernel(kind, dtype)
 
 
@@ -233,21 +231,6 @@ def _row_softmax(dtype: Any):
     if fn is not None:
         fn.ge_dtype = np.dtype(dtype)
     return fn
-
-
-def _row_parts(n_rows: int, d: int) -> list[tuple[int, int]]:
-    """Row blocks of a row kernel for GE's pool (by size only: the rows' results do not depend
-    on the split)."""
-    return parallel.chunks(n_rows, d, min_cost=1 << 18, most=8)
-
-
-def _by_rows(fn, x2: np.ndarray, y2: np.ndarray, *extra) -> None:
-    """``fn(x_rows, *extra, y_rows)`` over row blocks, on the pool when the run is wider than one."""
-    parts = _row_parts(x2.shape[0], x2.shape[1]) if parallel.threads() > 1 else []
-    if len(parts) < 2:
-        fn(x2, *extra, y2)
-        return
-    parallel.parallel_for(len(parts), lambda i: fn(x2[parts[i][0]:parts[i][1]], *extra, y2[parts[i][0]:parts[i][1]]))
 
 
 def attention_factory(spec: KernelSpec):
@@ -298,8 +281,7 @@ def layernorm_factory(spec: KernelSpec):
             o = None if out is None else out[0]
             if g is not None and b is not None:
                 y = o if o is not None and o.flags.c_contiguous and o.shape == x.shape else np.empty_like(x)
-                _by_rows(lambda xr, gg, bb, e, yr: rows(xr, gg, bb, e, yr), x.reshape(-1, d), y.reshape(-1, d),
-                         g, b, dt.type(eps))  # ge_fusion.loopgen
+                loopgen.by_rows(rows, x.reshape(-1, d), y.reshape(-1, d), g, b, dt.type(eps))
                 if o is not None and y is not o:
                     np.copyto(o, y)
                     y = o
@@ -338,7 +320,7 @@ def softmax_factory(spec: KernelSpec):
         if rows is not None and x.dtype == rows.ge_dtype and x.size and x.flags.c_contiguous and \
                 (o is None or (o.flags.c_contiguous and o.shape == x.shape)):
             y = np.empty_like(x) if o is None else o
-            _by_rows(rows, x.reshape(-1, x.shape[-1]), y.reshape(-1, x.shape[-1]))  # reads x, writes y (may be x)
+            loopgen.by_rows(rows, x.reshape(-1, x.shape[-1]), y.reshape(-1, x.shape[-1]))  # y may be x
             return (y,)
         if o is None:
             y = x.astype(x.dtype, copy=True)

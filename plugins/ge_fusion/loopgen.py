@@ -437,77 +437,81 @@ def _wrap(compiled, dims: list[int], strides: list[list[int]], out_shape: tuple,
 
 
 # ------------------------------------------------------------------------------------------------
-# row kernels: LayerNorm and Softmax over the last axis, one pass per row in registers
+# row kernels: LayerNorm, RMSNorm and Softmax over the last axis, one pass per row in registers
 # ------------------------------------------------------------------------------------------------
+# Each kind's row is written once (``*_row(r, o, ...)``, inlined) and called by two entries: one
+# reading ``x`` and writing ``out``, one in place that passes the same row twice. Two array
+# arguments that alias exactly fail LLVM's run-time overlap check and the loop runs scalar; one
+# array passed twice is visibly the same pointer, and the loop vectorises.
 _ROW_SRC = '''
+def ln_row(r, o, gamma, beta, eps, inv):
+    s = ZERO
+    for k in range(r.shape[0]):
+        s += r[k]
+    m = s * inv
+    v = ZERO
+    for k in range(r.shape[0]):
+        t = r[k] - m
+        v += t * t
+    rs = ONE / math.sqrt(v * inv + eps)
+    for k in range(r.shape[0]):
+        o[k] = (r[k] - m) * rs * gamma[k] + beta[k]
+
+
+def rms_row(r, o, gamma, eps, inv):
+    # the order of the exported graph: x * (1 / sqrt(mean(x^2) + eps)), then * gamma
+    s = ZERO
+    for k in range(r.shape[0]):
+        s += r[k] * r[k]
+    rs = ONE / math.sqrt(s * inv + eps)
+    for k in range(r.shape[0]):
+        o[k] = r[k] * rs * gamma[k]
+
+
+def sm_row(r, o, mi):
+    # no fast-math here: it would fold exp's rounding trick away; the row sum has it
+    for k in range(r.shape[0]):
+        o[k] = EXP(r[k] - mi)
+    inv = ONE / ROWSUM(o)
+    for k in range(r.shape[0]):
+        o[k] *= inv
+
+
 def layernorm(x, gamma, beta, eps, out):
-    n, d = x.shape
-    inv = ONE / d
-    for i in range(n):
+    inv = ONE / x.shape[1]
+    for i in range(x.shape[0]):
+        LN_ROW(x[i], out[i], gamma, beta, eps, inv)
+
+
+def layernorm_ip(x, gamma, beta, eps):
+    inv = ONE / x.shape[1]
+    for i in range(x.shape[0]):
         r = x[i]
-        o = out[i]
-        s = ZERO
-        for k in range(d):
-            s += r[k]
-        m = s * inv
-        v = ZERO
-        for k in range(d):
-            t = r[k] - m
-            v += t * t
-        rs = ONE / math.sqrt(v * inv + eps)
-        for k in range(d):
-            o[k] = (r[k] - m) * rs * gamma[k] + beta[k]
+        LN_ROW(r, r, gamma, beta, eps, inv)
+
+
+def rmsnorm(x, gamma, eps, out):
+    inv = ONE / x.shape[1]
+    for i in range(x.shape[0]):
+        RMS_ROW(x[i], out[i], gamma, eps, inv)
+
+
+def rmsnorm_ip(x, gamma, eps):
+    inv = ONE / x.shape[1]
+    for i in range(x.shape[0]):
+        r = x[i]
+        RMS_ROW(r, r, gamma, eps, inv)
 
 
 def softmax(x, m, out):
-    # no fast-math here: it would fold exp's rounding trick away; the row sum has it
-    n, d = x.shape
-    xf = x.reshape(n * d)
-    of = out.reshape(n * d)
-    for i in range(n):
-        b = i * d
-        r = xf[b:b + d]
-        o = of[b:b + d]
-        mi = m[i]
-        for k in range(d):
-            o[k] = EXP(r[k] - mi)
-        inv = ONE / ROWSUM(o)
-        for k in range(d):
-            o[k] *= inv
-
-
-# in place (out is x): one array, so LLVM needs no run-time overlap check, which an exact alias
-# fails (the loop then runs scalar)
-def layernorm_ip(x, gamma, beta, eps):
-    n, d = x.shape
-    inv = ONE / d
-    for i in range(n):
-        r = x[i]
-        s = ZERO
-        for k in range(d):
-            s += r[k]
-        m = s * inv
-        v = ZERO
-        for k in range(d):
-            t = r[k] - m
-            v += t * t
-        rs = ONE / math.sqrt(v * inv + eps)
-        for k in range(d):
-            r[k] = (r[k] - m) * rs * gamma[k] + beta[k]
+    for i in range(x.shape[0]):
+        SM_ROW(x[i], out[i], m[i])
 
 
 def softmax_ip(x, m):
-    n, d = x.shape
-    xf = x.reshape(n * d)
-    for i in range(n):
-        b = i * d
-        o = xf[b:b + d]
-        mi = m[i]
-        for k in range(d):
-            o[k] = EXP(o[k] - mi)
-        inv = ONE / ROWSUM(o)
-        for k in range(d):
-            o[k] *= inv
+    for i in range(x.shape[0]):
+        r = x[i]
+        SM_ROW(r, r, m[i])
 
 
 def rowsum(r):
@@ -519,18 +523,35 @@ def rowsum(r):
 
 #: the row kernels' source is fixed text; it is checked like generated code all the same
 _ROW_VOCAB = gensrc.Vocabulary(
-    names=frozenset({"layernorm", "softmax", "rowsum", "layernorm_ip", "softmax_ip", "x", "gamma", "beta", "eps", "out", "n", "d", "inv", "ONE",
-                     "ZERO", "EXP", "ROWSUM", "math", "range", "i", "k", "r", "o", "s", "m", "v", "t", "rs", "xf", "of",
-                     "b", "mi"}),
-    attributes=frozenset({"shape", "reshape", "sqrt"}))
+    names=frozenset({"ln_row", "rms_row", "sm_row", "layernorm", "layernorm_ip", "rmsnorm", "rmsnorm_ip", "softmax",
+                     "softmax_ip", "rowsum", "LN_ROW", "RMS_ROW", "SM_ROW", "EXP", "ROWSUM", "ONE", "ZERO", "math",
+                     "range", "x", "r", "o", "gamma", "beta", "eps", "inv", "out", "m", "mi", "i", "k", "s", "v",
+                     "t", "rs"}),
+    attributes=frozenset({"shape", "sqrt"}))
+
+#: the row kernels' parameters after x (and before out)
+ROW_KINDS = {"layernorm": "gamma, beta, eps", "rmsnorm": "gamma, eps", "softmax": ""}
 
 _rows: dict[tuple[str, str], Any] = {}
 
 
+def _pick(apart, inplace):
+    """One entry ``fn(x, *params, out)``: the in-place loop when ``out`` is ``x``."""
+    def fn(x, *args):
+        *params, out = args
+        if out.ctypes.data == x.ctypes.data:
+            inplace(out, *params)
+        else:
+            apart(x, *params, out)
+    return fn
+
+
 def row_kernel(kind: str, dtype: Any) -> Any:
-    """The compiled ``layernorm(x2d, gamma, beta, eps, out2d)`` or ``softmax(x2d, out2d)`` (``out``
-    may be ``x``) for
+    """The compiled ``fn(x2d, *params, out2d)`` of ``kind`` (:data:`ROW_KINDS`: layernorm takes
+    ``gamma, beta, eps``, rmsnorm ``gamma, eps``, softmax nothing; ``out`` may be ``x``) for
     ``dtype`` (float32/float64), or None without numba. Sums are reassociated (vectorised)."""
+    if kind not in ROW_KINDS:
+        raise ValueError(f"no row kernel {kind!r}")
     dt = np.dtype(dtype)
     if not available() or dt.name not in DTYPES:
         return None
@@ -548,40 +569,35 @@ def row_kernel(kind: str, dtype: Any) -> Any:
     rw2, ro2 = nt.Array(scalar, 2, "C"), nt.Array(scalar, 2, "C", readonly=True)
     ro1 = nt.Array(scalar, 1, "C", readonly=True)
     ns: dict[str, Any] = {"math": math, "ONE": dt.type(1), "ZERO": dt.type(0),
-                          "EXP": vmath.expneg32 if dt == np.float32 else None}
-    if dt == np.float64:
-        ns["EXP"] = numba.njit(inline="always")(lambda v: math.exp(v))
+                          "EXP": vmath.expneg32 if dt == np.float32 else numba.njit(inline="always")(lambda v: math.exp(v))}
     t0 = time.perf_counter()
     exec(gensrc.compile_checked(_ROW_SRC, "<ge_fusion rows>", _ROW_VOCAB), ns)  # noqa: S102 - our own code, checked
     flags = {"reassoc", "nsz"}
-    if kind == "layernorm":
-        apart = numba.njit(nt.void(ro2, ro1, ro1, scalar, rw2), nogil=True, error_model="numpy",
-                           fastmath=flags)(ns["layernorm"])
-        inplace = numba.njit(nt.void(rw2, ro1, ro1, scalar), nogil=True, error_model="numpy",
-                             fastmath=flags)(ns["layernorm_ip"])
-
-        def fn(x, gamma, beta, eps, out, _a=apart, _i=inplace):
-            if out.ctypes.data == x.ctypes.data:
-                _i(out, gamma, beta, eps)
-            else:
-                _a(x, gamma, beta, eps, out)
-    elif kind == "softmax":
-        ro1w = nt.Array(scalar, 1, "C")
-        ns["ROWSUM"] = numba.njit(scalar(ro1w), fastmath=flags)(ns["rowsum"])
-        apart = numba.njit(nt.void(ro2, ro1, rw2), nogil=True, error_model="numpy")(ns["softmax"])
-        inplace = numba.njit(nt.void(rw2, ro1), nogil=True, error_model="numpy")(ns["softmax_ip"])
-
-        def fn(x, out, _a=apart, _i=inplace):  # type: ignore[misc]  # one signature per kind
+    for row, name in (("LN_ROW", "ln_row"), ("RMS_ROW", "rms_row"), ("SM_ROW", "sm_row")):
+        ns[row] = numba.njit(inline="always")(ns[name])  # takes the flags of the entry it is inlined into
+    ns["ROWSUM"] = numba.njit(scalar(nt.Array(scalar, 1, "C")), fastmath=flags)(ns["rowsum"])
+    params = {"layernorm": (ro1, ro1, scalar), "rmsnorm": (ro1, scalar), "softmax": (ro1,)}[kind]
+    fast = flags if kind != "softmax" else False
+    apart = numba.njit(nt.void(ro2, *params, rw2), nogil=True, error_model="numpy", fastmath=fast)(ns[kind])
+    inplace = numba.njit(nt.void(rw2, *params), nogil=True, error_model="numpy", fastmath=fast)(ns[kind + "_ip"])
+    fn = _pick(apart, inplace)
+    if kind == "softmax":
+        def fn(x, out, _f=fn):  # type: ignore[misc]
             # NumPy's SIMD row max (numba's max reduction does not vectorise); a NaN makes the row NaN
-            m = np.max(x, axis=1)
-            if out.ctypes.data == x.ctypes.data:
-                _i(out, m)
-            else:
-                _a(x, m, out)
-    else:
-        raise ValueError(f"no row kernel {kind!r}")
+            _f(x, np.max(x, axis=1), out)
     with _lock:
         _stats["compiled"] += 1
         _stats["compile_s"] += time.perf_counter() - t0
         _rows[key] = fn
     return fn
+
+
+def by_rows(fn: Any, x2: np.ndarray, y2: np.ndarray, *params: Any) -> None:
+    """``fn(x2, *params, y2)`` (a :func:`row_kernel`) over row blocks on GE's pool when the run is
+    wider than one thread (blocks of at least 256K elements; the rows' results do not depend on
+    the split), else in one call."""
+    parts = parallel.chunks(x2.shape[0], x2.shape[1], min_cost=1 << 18, most=8) if parallel.threads() > 1 else []
+    if len(parts) < 2:
+        fn(x2, *params, y2)
+        return
+    parallel.parallel_for(len(parts), lambda i: fn(x2[parts[i][0]:parts[i][1]], *params, y2[parts[i][0]:parts[i][1]]))
