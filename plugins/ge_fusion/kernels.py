@@ -8,7 +8,6 @@ elementwise ops run generated kernels (:mod:`ge_fusion.codegen`).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -166,17 +165,9 @@ def matmul_factory(spec: KernelSpec):
     epi = _epilogue(spec, 3)
     # a constant 2-D weight: contiguous column blocks, one pool task each, the bias added per
     # block while its columns are in cache (ge_sdk.parallel.PackedWeight)
-    packed = None
-    if b_const is not None and b_const.ndim == 2 and b_const.dtype.kind == "f" and not trans_a \
-            and parallel.planned_width(spec) > 1:
-        a_shape = _static(_type_of(spec, 0)[1])
-        rows = math.prod(a_shape[:-1]) if a_shape else None
-        packed = parallel.PackedWeight(b_const, rows=rows)
-        b_const = None  # the blocks replace it (a call that does not fit assembles it again)
-    bias = None
-    if packed is not None and c_const is not None and c_const.dtype == packed.dtype and c_const.size == packed.n \
-            and c_const.ndim >= 1 and c_const.shape[-1] == packed.n:
-        bias = np.ascontiguousarray(c_const.reshape(packed.n))
+    packed, bias = parallel.pack_for(spec, b_const, c_const) if not trans_a else (None, None)
+    if packed is not None:
+        b_const = None  # the blocks replace it (a call that does not fit reads the input)
 
     def kernel(a, b, c=None, *extra, out=None):
         if packed is not None and a.dtype == packed.dtype and a.ndim >= 1 and a.shape[-1] == packed.k \

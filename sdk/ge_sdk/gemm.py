@@ -15,6 +15,9 @@ iterations each call BLAS's own single-threaded ``sgemm``/``dgemm`` on one block
   strides). Nothing from a model reaches it but array shapes;
 - the split is by the shapes only, so a product has the same bits at every thread count.
 
+Call it inside a run of ``parallel=engine`` (the cpu backend sets BLAS to one thread there) or
+with BLAS at one thread: at more, every block's call would split again over BLAS's own threads.
+
 :func:`available` says whether the path works here (numba with a thread-safe threading layer,
 a CBLAS ``sgemm`` in NumPy's BLAS, and not in a process forked after the pool started: GNU
 OpenMP is not fork-safe); without it callers use :mod:`ge_sdk.parallel`'s Python pool.

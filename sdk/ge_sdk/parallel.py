@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import itertools
 import os
 import queue
@@ -183,6 +184,7 @@ def chunks(size: int, cost_per_item: float, *, min_cost: float = 2.0e5, align: i
 GEMM_TASK_MACS = 6_000_000
 
 
+@functools.lru_cache(maxsize=1024)
 def gemm_parts(m: int, k: int, n: int) -> tuple[str, list[tuple[int, int]]]:
     """How :func:`matmul` splits an ``(m, k) @ (k, n)`` GEMM: ``("n", column ranges)``,
     ``("m", row ranges)`` or ``("", [])`` (one call). Sizes only: the same at every width."""
@@ -338,3 +340,24 @@ class PackedWeight:
             np.copyto(out, res)
             return out
         return res
+
+
+def pack_for(spec: Any, w: np.ndarray | None, c: np.ndarray | None = None) -> tuple[PackedWeight | None, np.ndarray | None]:
+    """For a GEMM kernel built from ``spec`` (a KernelSpec whose input 0 is ``a``) with constant
+    weight ``w`` (already transposed and scaled to ``(k, n)``) and constant addend ``c``: the
+    packed weight, None when the kernel will run one thread wide (:func:`planned_width`) or
+    ``w`` is not a 2-D float matrix; and ``c`` as a bias row of ``n`` when it is one, else None
+    (a packed GEMM adds only a bias row)."""
+    if w is None or w.ndim != 2 or w.dtype.kind != "f" or planned_width(spec) <= 1:
+        return None, None
+    t = spec.inputs[0] if getattr(spec, "inputs", None) else None
+    shape = getattr(t, "shape", None)
+    rows = None
+    if shape and all(isinstance(d, int) for d in shape):
+        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    packed = PackedWeight(w, rows=rows)
+    bias = None
+    if c is not None and c.dtype == packed.dtype and c.size == packed.n and c.ndim >= 1 and c.shape[-1] == packed.n:
+        bias = np.ascontiguousarray(c.reshape(packed.n))
+    return packed, bias
+

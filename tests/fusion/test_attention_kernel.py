@@ -3,9 +3,18 @@ softmax(Q K^T * scale + mask) V, on strided views like the exporters' Transposes
 
 import numpy as np
 import pytest
+import threadpoolctl
 
 from ge_fusion import attention
 from ge_sdk import parallel
+
+
+@pytest.fixture(autouse=True)
+def _blas_at_one_thread():
+    """As inside a run (parallel=engine): BLAS at one thread, so each block's product is one
+    single-threaded call and the bits do not depend on how BLAS would split it."""
+    with threadpoolctl.threadpool_limits(1, user_api="blas"):
+        yield
 
 
 def _reference(q, kt, v, mask, scale):

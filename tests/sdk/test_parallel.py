@@ -6,8 +6,17 @@ import threading
 
 import numpy as np
 import pytest
+import threadpoolctl
 
 from ge_sdk import gemm, parallel
+
+
+@pytest.fixture(autouse=True)
+def _blas_at_one_thread():
+    """As inside a run (parallel=engine): BLAS at one thread, so each block's product is one
+    single-threaded call and the bits do not depend on how BLAS would split it."""
+    with threadpoolctl.threadpool_limits(1, user_api="blas"):
+        yield
 
 
 def test_width_is_one_outside_runs_and_clamped_to_the_cores():

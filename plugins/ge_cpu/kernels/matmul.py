@@ -13,19 +13,6 @@ from ._util import as_str, cast_like, const_input, has_input
 KERNELS: dict = {}
 
 
-def _packed(spec: KernelSpec, b: np.ndarray | None) -> parallel.PackedWeight | None:
-    """A constant 2-D float weight cut into column blocks for GE's pool, sized for the rows of
-    the first input when its shape is known."""
-    if b is None or b.ndim != 2 or b.dtype.kind != "f" or parallel.planned_width(spec) <= 1:
-        return None
-    t = spec.inputs[0] if spec.inputs else None
-    shape = t.shape if t is not None else None
-    rows = None
-    if shape and all(isinstance(d, int) for d in shape):
-        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-    return parallel.PackedWeight(b, rows=rows)
-
-
 def _fits(o: np.ndarray | None, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     """``o`` when ``np.matmul(a, b, out=o)`` can write it (its shape and dtype are the product's
     and it overlaps neither operand), else None (the executor copies the result into place)."""
@@ -41,7 +28,7 @@ def _fits(o: np.ndarray | None, a: np.ndarray, b: np.ndarray) -> np.ndarray | No
 
 
 def matmul_factory(spec: KernelSpec):
-    packed = _packed(spec, const_input(spec, 1))
+    packed, _ = parallel.pack_for(spec, const_input(spec, 1))
 
     def kernel(a, b, out=None):
         # the product goes straight into the planned output (no result array, no copy)
@@ -77,10 +64,7 @@ def gemm_factory(spec: KernelSpec):
     if c_const is not None and beta != 1.0:
         c_const = c_const * c_const.dtype.type(beta)
     beta_run = 1.0 if c_const is not None else beta
-    packed = _packed(spec, b_const) if not trans_a else None
-    bias = None
-    if packed is not None and c_const is not None and c_const.size == packed.n and c_const.dtype == packed.dtype:
-        bias = np.ascontiguousarray(c_const.reshape(packed.n))
+    packed, bias = parallel.pack_for(spec, b_const, c_const) if not trans_a else (None, None)
 
     def kernel(a, b, c=None, out=None):
         o = None if out is None else out[0]
