@@ -54,22 +54,27 @@ def baseline():
 
 
 class Probe:
-    """``t::BlasProbe(x) -> [count]``: the BLAS thread count its kernel sees (first library)."""
+    """``t::<op>(x) -> [values]``: what its kernel sees when it runs, as ``report(spec)()``
+    builds it. ``Probe()``: ``t::BlasProbe``, the BLAS thread count (first library)."""
+
+    def __init__(self, op="BlasProbe", report=None):
+        libs = _blas_libs()
+        self.op = op
+        self.report = report or (lambda spec: lambda: [libs[0].get_num_threads()])
+        self.n = len(self.report(None)())
 
     @hookimpl
     def ge_register_ops(self, register):
-        register(ge.OpDef("BlasProbe", domain="t", min_inputs=1, max_inputs=1,
-                          infer=lambda n, o: [ge.TensorType("float32", (1,))]))
+        n = self.n
+        register(ge.OpDef(self.op, domain="t", min_inputs=1, max_inputs=1,
+                          infer=lambda node, o: [ge.TensorType("float32", (n,))]))
 
     @hookimpl
     def ge_register_kernels(self, register):
-        libs = _blas_libs()
-
         def factory(spec):
-            def probe(x):
-                return (np.array([libs[0].get_num_threads()], np.float32),)
-            return probe
-        register("BlasProbe", factory, domain="t")
+            seen = self.report(spec)
+            return lambda x: (np.array(seen(), np.float32),)
+        register(self.op, factory, domain="t")
 
 
 @pytest.fixture
@@ -297,25 +302,15 @@ def test_a_run_waiting_for_another_count_keeps_its_timeout(baseline):
 # ------------------------------------------------------------------------------------------
 # parallel=engine: BLAS at one thread, GE's pool `threads` wide
 # ------------------------------------------------------------------------------------------
-class WidthProbe:
+def _width_probe() -> Probe:
     """``t::WidthProbe(x) -> [BLAS count, pool width, width the kernel was built for]``."""
+    libs = _blas_libs()
 
-    @hookimpl
-    def ge_register_ops(self, register):
-        register(ge.OpDef("WidthProbe", domain="t", min_inputs=1, max_inputs=1,
-                          infer=lambda n, o: [ge.TensorType("float32", (3,))]))
+    def report(spec):
+        built = parallel.planned_width(spec)
+        return lambda: [libs[0].get_num_threads(), parallel.threads(), built]
 
-    @hookimpl
-    def ge_register_kernels(self, register):
-        libs = _blas_libs()
-
-        def factory(spec):
-            built = parallel.planned_width(spec)
-
-            def probe(x):
-                return (np.array([libs[0].get_num_threads(), parallel.threads(), built], np.float32),)
-            return probe
-        register("WidthProbe", factory, domain="t")
+    return Probe("WidthProbe", report)
 
 
 def _width_model() -> ge.Graph:
@@ -334,7 +329,7 @@ def _width_model() -> ge.Graph:
     ({"threads": 2}, (1.0, 2.0, 2.0)),
 ], ids=["engine-2", "engine-1", "engine-streams-2", "blas-2", "default-2"])
 def test_engine_runs_blas_at_one_thread_and_its_pool_threads_wide(opts, want, baseline):
-    with temporary_plugin(WidthProbe(), "width_probe"):
+    with temporary_plugin(_width_probe(), "width_probe"):
         model = ge.compile(_width_model(), {**opts, "opt_level": 0})
         if os.cpu_count() == 1:
             want = (want[0], 1.0, 1.0) if opts.get("parallel") != "blas" else want
