@@ -1,4 +1,4 @@
-"""The command line: ``ge compile|run|inspect|plugins|passes`` (+ plugin commands) and ``atc``.
+"""The command line: ``ge compile|run|inspect|plugins|passes`` (+ plugin commands such as ``ge atc``).
 
 Errors a user can cause print ``error: <message>`` on stderr and exit with status 2, with no
 traceback (``GE_DEBUG=1`` shows it).
@@ -53,7 +53,7 @@ def output_file_names(names: Sequence[str]) -> list[str]:
     return out
 
 
-def _guard(fn: Callable[[], int]) -> int:
+def guard(fn: Callable[[], int]) -> int:
     try:
         return fn() or 0
     except GEError as e:
@@ -181,7 +181,7 @@ def _add_compile_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--option", action="append", metavar="NAME=VALUE", help="any compile option, also plugin ones")
 
 
-def _compile_with_progress(ge, source, opts: dict[str, Any], quiet: bool = False):
+def compile_with_progress(ge, source, opts: dict[str, Any], quiet: bool = False):
     """Compile, showing the stage and pass on a terminal (not with -q, --log=error/null, or a pipe)."""
     level = str(opts.get("log", "warning")).lower()
     if quiet or level in ("error", "null") or not sys.stderr.isatty():
@@ -201,7 +201,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if not out.endswith(".om"):
         out += ".om"
     opts = _compile_options(args)
-    model = _compile_with_progress(ge, args.model, opts, quiet=args.quiet)
+    model = compile_with_progress(ge, args.model, opts, quiet=args.quiet)
     model.save(out)
     if args.report:
         write_json_atomic(args.report, model.report)
@@ -491,103 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return args.func(args)
 
-    return _guard(go)
-
-
-# ------------------------------------------------------------------------------------------------
-# atc
-# ------------------------------------------------------------------------------------------------
-#: ATC flags that change nothing on this engine; accepted with a note so scripts keep working.
-_ATC_IGNORED = (
-    "input_format", "precision_mode", "op_select_implmode", "optypelist_for_implmode", "insert_op_conf",
-    "op_name_map", "enable_small_channel", "compression_optimize_conf", "buffer_optimize", "host_env_os",
-    "host_env_cpu", "input_fp16_nodes", "is_output_adjust_hw_layout", "output_type", "keep_dtype",
-    "dynamic_batch_size", "dynamic_image_size", "dynamic_dims", "core_type", "aicore_num", "virtual_type",
-    "op_debug_level", "debug_dir", "op_compiler_cache_mode", "op_compiler_cache_dir", "dump_mode", "weight",
-    "check_report", "display_model_info", "status_check", "auto_tune_mode", "modify_mixlist", "sparsity",
-    "singleop", "enable_scope_fusion_passes", "external_weight", "allow_hf32", "distributed_cluster_build",
-)
-
-
-def build_atc_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="atc", description="ATC-compatible front door of GE for Python.",
-                                allow_abbrev=False)
-    p.add_argument("--mode", type=int, default=0, help="0: compile a model to .om; 1: print an .om as JSON")
-    p.add_argument("--model", help="source model file")
-    p.add_argument("--framework", help="0 Caffe, 1 MindSpore, 3 TensorFlow, 5 ONNX")
-    p.add_argument("--output", help="output path; .om is appended when missing")
-    p.add_argument("--soc_version", default="cpu")
-    p.add_argument("--input_shape")
-    p.add_argument("--out_nodes")
-    p.add_argument("--fusion_switch_file")
-    p.add_argument("--log", choices=["debug", "info", "warning", "error", "null"])
-    p.add_argument("--om", help="with --mode=1: the .om to print")
-    p.add_argument("--json", help="with --mode=1: write the JSON here instead of printing it")
-    p.add_argument("--memory_optimize_level")
-    p.add_argument("--enable_single_stream", choices=["true", "false"])
-    p.add_argument("--disable_reuse_memory", choices=["0", "1"])
-    p.add_argument("--constant_folding", choices=["true", "false"])
-    p.add_argument("--config", help="pipeline config (TOML), an extension of this engine")
-    p.add_argument("--report", help="write the compile report (JSON), an extension of this engine")
-    for name in _ATC_IGNORED:
-        p.add_argument(f"--{name}", dest=f"ignored_{name}")
-    return p
-
-
-def atc_main(argv: Sequence[str] | None = None) -> int:
-    def go() -> int:
-        p = build_atc_parser()
-        args, unknown = p.parse_known_args(argv)
-        if unknown:
-            from .registry import close_matches
-
-            known = [a.lstrip("-") for a in p._option_string_actions if a.startswith("--")]
-            flag = unknown[0].split("=")[0]
-            raise OptionError(f"atc: unknown option '{flag}'{close_matches(flag.lstrip('-'), known)}",
-                              hint="`atc --help` lists the options")
-        ignored = [n for n in _ATC_IGNORED if getattr(args, f"ignored_{n}") is not None]
-        if ignored:
-            print(f"note: atc option(s) {', '.join('--' + n for n in ignored)} have no effect on this engine", file=sys.stderr)
-        if args.mode == 1:
-            if not args.om:
-                raise OptionError("atc --mode=1 needs --om=MODEL.om")
-            from .om import inspect_om
-
-            info = inspect_om(args.om)
-            text = json.dumps(info, indent=2, default=str)
-            if args.json:
-                write_json_atomic(args.json, info)
-            else:
-                print(text)
-            return 0
-        if args.mode != 0:
-            raise OptionError(f"atc --mode={args.mode} is not supported", hint="use 0 (compile) or 1 (om to JSON)")
-        if not args.model:
-            raise OptionError("atc needs --model=FILE")
-        if not args.output:
-            raise OptionError("atc needs --output=NAME (the .om path without or with .om)")
-        import ge_core as ge
-
-        opts: dict[str, Any] = {"soc_version": args.soc_version}
-        for k in ("framework", "input_shape", "out_nodes", "fusion_switch_file", "log", "memory_optimize_level", "config"):
-            v = getattr(args, k)
-            if v is not None:
-                opts[k] = v
-        if args.enable_single_stream is not None:
-            opts["enable_single_stream"] = args.enable_single_stream
-        if args.disable_reuse_memory is not None:
-            opts["disable_reuse_memory"] = args.disable_reuse_memory
-        if args.constant_folding is not None:
-            opts["constant_folding"] = args.constant_folding
-        model = _compile_with_progress(ge, args.model, opts)
-        out = args.output if args.output.endswith(".om") else args.output + ".om"
-        model.save(out)
-        if args.report:
-            write_json_atomic(args.report, model.report)
-        print(f"ATC run success: wrote {out}")
-        return 0
-
-    return _guard(go)
+    return guard(go)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,7 +19,7 @@ def ge(*args, check=False, env=None):
 
 
 def atc(*args):
-    return subprocess.run([sys.executable, "-c", "import sys; from ge_core.cli import atc_main; sys.exit(atc_main())", *map(str, args)],
+    return subprocess.run([sys.executable, "-c", "import sys; from ge_atc.cli import main; sys.exit(main())", *map(str, args)],
                           capture_output=True, text=True)
 
 
