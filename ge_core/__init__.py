@@ -30,14 +30,14 @@ from .errors import (  # noqa: E402
 from .hookspecs import hookimpl, hookspec  # noqa: E402
 from .ir import Graph, Node, TensorType, Value  # noqa: E402
 from .kernel import KernelSpec  # noqa: E402
-from .model import CompiledModel  # noqa: E402
+from .model import AsyncRunner, CompiledModel, NodeArg  # noqa: E402
 from .ops import OpDef, OpKind  # noqa: E402
 from .options import CompileOptions  # noqa: E402
 from .passes import Pass, PassContext, graph_pass  # noqa: E402
 from .plugins import get_host  # noqa: E402
 
 __all__ = [
-    "__version__", "load", "compile", "load_om", "CompiledModel", "CompileOptions",
+    "__version__", "load", "compile", "load_om", "CompiledModel", "AsyncRunner", "NodeArg", "CompileOptions",
     "Graph", "Node", "Value", "TensorType", "OpDef", "OpKind", "KernelSpec", "Pass", "PassContext",
     "graph_pass", "hookimpl", "hookspec", "get_host",
     "GEError", "ModelFileError", "UnsupportedOpError", "GraphError", "ShapeInferenceError", "PluginError",

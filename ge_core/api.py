@@ -155,8 +155,25 @@ def compile(model: Graph | Any, options: CompileOptions | dict | str | os.PathLi
     return compile_graph(model, opts, get_host(), progress)
 
 
-def load_om(path: str | os.PathLike, *, verify_checksums: bool = True) -> CompiledModel:
-    """Load a compiled .om file (validated; weights memory-mapped, not copied)."""
+def load_om(path: str | os.PathLike, *, verify_checksums: bool = True, threads: int | None = None,
+            executor: str | None = None, **run_options: Any) -> CompiledModel:
+    """Load a compiled .om file (validated; weights memory-mapped, not copied).
+
+    ``threads`` (how many threads a run uses), ``executor`` (the cpu backend's ``auto``, ``sink``,
+    ``arena``, ``streams`` or ``sequential``) and other run options registered by plugins (the
+    cpu backend's ``parallel``) replace the ones stored in the file; options that change what was
+    compiled raise :class:`OptionError`. See :meth:`CompiledModel.set_run_options`.
+    """
     from .om import load_om as _load
 
-    return _load(path, verify_checksums=verify_checksums)
+    model = _load(path, verify_checksums=verify_checksums)
+    if threads is not None:
+        run_options["threads"] = threads
+    if executor is not None:
+        run_options["executor"] = executor
+    if run_options:
+        try:
+            model.set_run_options(**run_options)
+        except OptionError as e:
+            raise OptionError(f"load_om('{os.fspath(path)}'): {e.detail}", hint=e.hint) from None
+    return model

@@ -241,19 +241,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         rnd = random_feeds(model, args.seed)
         for k, v in rnd.items():
             feeds.setdefault(k, v)
+    if args.repeat < 1:
+        raise OptionError(f"--repeat {args.repeat}: give the number of runs, at least 1")
     t0 = time.perf_counter()
     outs = model.run(feeds)
     dt = time.perf_counter() - t0
-    for _ in range(max(0, args.repeat - 1)):
+    warm: list[float] = []
+    for _ in range(args.repeat - 1):
+        t1 = time.perf_counter()
         model.run(feeds)
+        warm.append(time.perf_counter() - t1)
     files: dict[str, str] = {}
     if args.output_dir:
         files = _save_outputs(outs, args.output_dir)
+    timing: dict[str, Any] = {"seconds": dt, "cold_seconds": dt}
+    if warm:
+        timing.update(warm_runs=len(warm), warm_seconds_median=float(np.median(warm)), warm_seconds_min=min(warm))
     if args.json:
         info = {k: {"dtype": str(v.dtype), "shape": list(v.shape)} for k, v in outs.items()}
         for k, f in files.items():
             info[k]["file"] = f
-        print(json.dumps({"seconds": dt, "outputs": info}))
+        print(json.dumps({**timing, "outputs": info}))
         return 0
     con = _console()
     for name, arr in outs.items():
@@ -262,7 +270,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             stats = f" min {arr.min():.6g} max {arr.max():.6g} mean {arr.mean():.6g}"
         saved = f" -> {_plain(files[name])}" if name in files else ""
         con.print(f"{_plain(name)}: {arr.dtype}{list(arr.shape)}{stats}{saved}")
-    con.print(f"ran in {dt * 1000:.2f} ms")
+    if warm:
+        con.print(f"first run (cold) {dt * 1000:.2f} ms; {len(warm)} warm run(s): median {np.median(warm) * 1000:.3f} ms, "
+                  f"min {min(warm) * 1000:.3f} ms (`ge bench` gives percentiles and throughput)")
+    else:
+        con.print(f"ran in {dt * 1000:.2f} ms (a first, cold run: --repeat N shows the warm time per run)")
     return 0
 
 

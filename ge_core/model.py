@@ -5,16 +5,50 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, OptionError
 from .ir.graph import Graph
 from .memory import MemoryPlan
 from .options import CompileOptions
 from .schedule import StreamAssignment
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """One input or output of a model, as onnxruntime's ``NodeArg``: ``name``, ``dtype`` (a NumPy
+    dtype, or None when the graph does not say) and ``shape`` (a tuple whose items are ints for
+    fixed dims and names such as ``"batch"`` for symbolic ones; None for an unknown rank)."""
+
+    name: str
+    dtype: np.dtype | None
+    shape: tuple[int | str, ...] | None
+
+    @property
+    def symbolic_dims(self) -> dict[int, str]:
+        """``{axis: dim name}`` of the dims that are not fixed."""
+        return {i: d for i, d in enumerate(self.shape or ()) if isinstance(d, str)}
+
+    def __str__(self) -> str:
+        dims = "?" if self.shape is None else ",".join(str(d) for d in self.shape)
+        return f"{self.name}: {self.dtype if self.dtype is not None else '?'}[{dims}]"
+
+
+def _node_arg(v) -> NodeArg:
+    t = v.type
+    shape = None if t.shape is None else tuple(d if isinstance(d, (int, str)) else "?" for d in t.shape)
+    return NodeArg(v.name, t.dtype, shape)
+
+
+#: Options a loaded model may be given at load time (``load_om(path, threads=...)``): those that
+#: change how it runs, not what was compiled. Plugin-registered options are also accepted
+#: (the cpu backend's ``executor`` and ``parallel``); the backend checks their values.
+RUN_OPTIONS = ("threads", "log")
 
 
 class CompiledModel:
@@ -44,6 +78,7 @@ class CompiledModel:
         self._executable = None
         self._lock = threading.Lock()
         self._keepalive: Any = None  # the mapped .om file whose weights the graph uses
+        self._async_runner: AsyncRunner | None = None
 
     # ------------------------------------------------------------------------------------------
     @property
@@ -53,6 +88,16 @@ class CompiledModel:
     @property
     def output_names(self) -> list[str]:
         return [v.name for v in self.graph.outputs]
+
+    @property
+    def inputs(self) -> list[NodeArg]:
+        """The inputs in order, each a :class:`NodeArg` (name, dtype, shape with symbolic dims by name)."""
+        return [_node_arg(v) for v in self.graph.inputs]
+
+    @property
+    def outputs(self) -> list[NodeArg]:
+        """The outputs in order, each a :class:`NodeArg`."""
+        return [_node_arg(v) for v in self.graph.outputs]
 
     @property
     def schedule(self) -> list:
@@ -77,9 +122,36 @@ class CompiledModel:
         return backend.build(self, kernels, self.options)
 
     # ------------------------------------------------------------------------------------------
+    def set_run_options(self, **options: Any) -> None:
+        """Change how the model runs (``threads=4``, ``executor="arena"``, ``parallel="blas"``):
+        the executable is built again with the new options. Options that change what was
+        compiled (passes, shapes, memory plan) raise :class:`OptionError`: compile again for those."""
+        if not options:
+            return
+        from dataclasses import fields, replace
+
+        from .plugins import get_host
+
+        core = {f.name for f in fields(CompileOptions)} - {"extra"}
+        fixed = [k for k in options if k.replace("-", "_") in core and k.replace("-", "_") not in RUN_OPTIONS]
+        if fixed:
+            raise OptionError(f"option(s) {', '.join(fixed)} change what was compiled and cannot be set on a "
+                              "compiled model", hint="compile the source model again with them")
+        opts = replace(self.options, extra=dict(self.options.extra))
+        opts.update(options)
+        opts.check_extra((self._host or get_host()).registries.options)
+        with self._lock:
+            old, self.options = self.options, opts
+            try:
+                self._executable = self._build()
+            except BaseException:
+                self.options = old
+                raise
+
     def run(self, feeds: Mapping[str, Any] | np.ndarray | None = None, *, timeout: float | None = None,
-            **kw: Any) -> dict[str, np.ndarray]:
-        """Run one inference; returns ``{output name: array}`` in graph output order.
+            output_names: Sequence[str] | None = None, **kw: Any) -> dict[str, np.ndarray]:
+        """Run one inference; returns ``{output name: array}`` in graph output order (or in the
+        order of ``output_names``, which selects some outputs: the others are still computed).
 
         ``feeds`` maps input names to arrays (keyword arguments add to it); a model with exactly
         one input without a default also takes that input's array alone. An input with a default
@@ -88,6 +160,7 @@ class CompiledModel:
         naming the node it was at (loop kernels check it every iteration); an input literally
         named ``timeout`` is given through the dict.
         """
+        wanted = self._check_output_names(output_names)
         checked = self._check_feeds(self._feed_dict(feeds, kw))
         seconds = _check_timeout(timeout)
         executable = self.executable  # built (once) outside the deadline
@@ -95,7 +168,37 @@ class CompiledModel:
 
         with run_deadline(seconds):
             outs = executable.run(checked)
-        return {name: out for name, out in zip(self.output_names, outs)}
+        result = {name: out for name, out in zip(self.output_names, outs)}
+        return result if wanted is None else {n: result[n] for n in wanted}
+
+    def _check_output_names(self, names: Sequence[str] | None) -> list[str] | None:
+        if names is None:
+            return None
+        if isinstance(names, str) or not isinstance(names, Iterable):
+            raise InputError(f"output_names must be a list of output names, not {type(names).__name__}",
+                             hint=f"e.g. output_names=[{self.output_names[0]!r}]" if self.output_names else None)
+        names = list(names)
+        have = self.output_names
+        bad = [n for n in names if not isinstance(n, str) or n not in have]
+        if bad:
+            from .registry import close_matches
+
+            raise InputError(f"unknown output(s) {_listed(bad)}{close_matches(str(bad[0]), have)}",
+                             hint=f"the model's outputs are {_listed(have)}")
+        return names
+
+    def run_async(self, feeds: Mapping[str, Any] | np.ndarray | None = None, *,
+                  output_names: Sequence[str] | None = None, **kw: Any) -> Future:
+        """Queue one inference on the model's shared :class:`AsyncRunner` (one worker per CPU,
+        up to twice as many requests waiting); returns a ``concurrent.futures.Future`` of what
+        :meth:`run` returns. Blocks while the queue is full."""
+        runner = self._async_runner
+        if runner is None:
+            with self._lock:
+                if self._async_runner is None:
+                    self._async_runner = AsyncRunner(self)
+                runner = self._async_runner
+        return runner.submit(feeds, output_names=output_names, **kw)
 
     def _feed_dict(self, feeds: Any, kw: dict[str, Any]) -> dict[Any, Any]:
         if feeds is None:
@@ -184,6 +287,83 @@ class CompiledModel:
 
     def __repr__(self) -> str:
         return f"<CompiledModel {self.graph.name}: {len(self.graph)} nodes on {self.options.soc_version}>"
+
+
+class AsyncRunner:
+    """Runs a model's requests on ``jobs`` worker threads with at most ``queue`` requests waiting
+    beyond those running (OpenVINO's ``AsyncInferQueue``): :meth:`submit` returns a
+    ``concurrent.futures.Future`` and blocks while ``jobs + queue`` requests are in flight, so a
+    fast producer cannot pile up unbounded memory. Several threads may submit at once (a model's
+    :meth:`CompiledModel.run` is thread-safe). Use it as a context manager, or call :meth:`close`.
+
+    ``callback(result, userdata)`` (optional) is called on the worker thread with each result.
+    """
+
+    def __init__(self, model: CompiledModel, jobs: int | None = None, queue: int | None = None, *,
+                 callback: Any = None) -> None:
+        jobs = _positive("jobs", jobs, os.cpu_count() or 1)
+        queue = _positive("queue", queue, 2 * jobs, zero_ok=True)
+        self.model, self.jobs, self.queue = model, jobs, queue
+        self._callback = callback
+        self._slots = threading.BoundedSemaphore(jobs + queue)
+        self._pool = ThreadPoolExecutor(jobs, thread_name_prefix="ge-run")
+        self._closed = False
+
+    def submit(self, feeds: Mapping[str, Any] | np.ndarray | None = None, *, userdata: Any = None,
+               output_names: Sequence[str] | None = None, timeout: float | None = None, **kw: Any) -> Future:
+        """Queue one run; returns its Future (its ``result()`` is the outputs dict or raises the
+        run's error). Feeds are checked here, so a bad feed raises at once, not in the Future."""
+        if self._closed:
+            raise InputError("this AsyncRunner is closed", hint="make a new AsyncRunner(model)")
+        model = self.model
+        wanted = model._check_output_names(output_names)
+        checked = model._check_feeds(model._feed_dict(feeds, kw))
+        _check_timeout(timeout)
+        self._slots.acquire()
+        try:
+            fut = self._pool.submit(self._one, checked, wanted, timeout, userdata)
+        except BaseException:
+            self._slots.release()
+            raise
+        fut.add_done_callback(lambda _f: self._slots.release())
+        return fut
+
+    def _one(self, feeds: dict[str, Any], wanted: list[str] | None, timeout: float | None, userdata: Any):
+        out = self.model.run(feeds, output_names=wanted, timeout=timeout)
+        if self._callback is not None:
+            self._callback(out, userdata)
+        return out
+
+    def map(self, feeds: Iterable[Any], **kw: Any) -> list[dict[str, np.ndarray]]:
+        """Run every feed (through the bounded queue); the results in the order given."""
+        futs = [self.submit(f, **kw) for f in feeds]
+        return [f.result() for f in futs]
+
+    def wait_all(self) -> None:
+        """Wait until every submitted request has finished."""
+        for _ in range(self.jobs + self.queue):
+            self._slots.acquire()
+        for _ in range(self.jobs + self.queue):
+            self._slots.release()
+
+    def close(self, wait: bool = True) -> None:
+        self._closed = True
+        self._pool.shutdown(wait=wait)
+
+    def __enter__(self) -> AsyncRunner:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _positive(name: str, value: Any, default: int, zero_ok: bool = False) -> int:
+    if value is None:
+        return default
+    low = 0 if zero_ok else 1
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise InputError(f"AsyncRunner({name}={value!r}): {name} is an integer of at least {low}")
+    return int(value)
 
 
 def _listed(names: list[Any], most: int = 10) -> str:

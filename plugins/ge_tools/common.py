@@ -1,0 +1,283 @@
+"""What the tools share: opening a model (an .om, or a source model compiled first), building
+feeds, finding the source ONNX a reference runs, and comparing arrays."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ge_core.errors import GEError, InputError, ModelFileError, OptionError
+
+REFERENCES = ("onnxruntime", "onnx.reference")
+
+
+def add_model_flags(p: argparse.ArgumentParser, *, compile_flags: bool = True) -> None:
+    """The flags every tool takes to find, compile and feed a model."""
+    p.add_argument("model", help="an .om, or a source model (.onnx, ...) that is compiled first")
+    p.add_argument("--source", metavar="MODEL.onnx",
+                   help="the source model of an .om, for a reference run (default: the path the .om was "
+                        "compiled from, when that file still exists)")
+    p.add_argument("--input", action="append", metavar="NAME=FILE.npy",
+                   help="feed this input from a .npy file (repeatable); inputs not given get random data")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--batch", type=int, metavar="B",
+                   help="size of the first symbolic dim of the inputs (the batch); other symbolic dims are 1")
+    p.add_argument("--dim", action="append", metavar="NAME=SIZE",
+                   help="size of a symbolic dim by name, e.g. --dim seq=128 (repeatable)")
+    if compile_flags:
+        p.add_argument("--framework", help="frontend of a source model: name or ATC number (5 ONNX, 3 TensorFlow)")
+        p.add_argument("--config", help="pipeline config (TOML) used when compiling a source model")
+        p.add_argument("-O", "--opt-level", dest="opt_level", help="optimisation level 0..3 for a source model")
+        p.add_argument("--option", action="append", metavar="NAME=VALUE",
+                       help="a compile option for a source model (repeatable), e.g. --option executor=arena")
+
+
+@dataclass
+class Opened:
+    model: Any  #: the CompiledModel
+    path: str  #: what the user named
+    source: str | None  #: the source model file, when known
+    compile_seconds: float | None = None  #: compile (source model) or load (.om) time
+
+
+def compile_options(args: argparse.Namespace, **more: Any) -> dict[str, Any]:
+    from ge_core.cli import parse_kv
+
+    opts: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        opts["config"] = args.config
+    if getattr(args, "framework", None):
+        opts["framework"] = args.framework
+    if getattr(args, "opt_level", None) is not None:
+        opts["opt_level"] = args.opt_level
+    opts.update(parse_kv(getattr(args, "option", None), "--option"))
+    opts.update({k: v for k, v in more.items() if v is not None})
+    return opts
+
+
+def is_om(path: str) -> bool:
+    if path.lower().endswith(".om"):
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GEOM"
+    except OSError:
+        return False
+
+
+def open_model(args: argparse.Namespace, *, threads: int | None = None, quiet: bool = True, **more: Any) -> Opened:
+    """The model ``args.model`` names: an .om loaded (with ``threads``), or a source model compiled."""
+    import time
+
+    import ge_core as ge
+    from ge_core.cli import compile_with_progress
+
+    path = os.fspath(args.model)
+    t0 = time.perf_counter()
+    if is_om(path):
+        run_opts = {k: v for k, v in more.items() if v is not None}
+        model = ge.load_om(path, threads=threads, **run_opts)
+        source = getattr(args, "source", None)
+        if source is None:
+            stored = model.graph.metadata.get("source")
+            source = stored if isinstance(stored, str) and os.path.isfile(stored) else None
+        return Opened(model, path, source, time.perf_counter() - t0)
+    opts = compile_options(args, threads=threads, **more)
+    model = compile_with_progress(ge, path, opts, quiet=quiet)
+    return Opened(model, path, getattr(args, "source", None) or path, time.perf_counter() - t0)
+
+
+def symbolic_dims(model, args: argparse.Namespace) -> dict[str, int]:
+    """Sizes of symbolic dims from ``--batch`` (the first symbolic dim of the inputs) and ``--dim``."""
+    from ge_core.cli import parse_kv
+
+    dims: dict[str, int] = {}
+    for k, v in parse_kv(getattr(args, "dim", None), "--dim").items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise OptionError(f"--dim {k}={v}: the size is a positive integer")
+        dims[k] = v
+    batch = getattr(args, "batch", None)
+    if batch is not None:
+        if batch < 1:
+            raise OptionError(f"--batch {batch}: the batch is a positive integer")
+        first = next((d for a in model.inputs for d in (a.shape or ())[:1] if isinstance(d, str)), None)
+        if first is None:
+            shown = ", ".join(str(a) for a in model.inputs) or "no inputs"
+            raise OptionError(f"--batch {batch}: no input of '{args.model}' has a symbolic first dim ({shown})",
+                              hint="the batch is fixed when the model was exported; export it with a dynamic "
+                                   "batch axis, or compile with --input-shape")
+        dims.setdefault(first, batch)
+    return dims
+
+
+def make_feeds(model, args: argparse.Namespace) -> dict[str, np.ndarray]:
+    """Feeds from ``--input`` files, the rest random (seeded) with symbolic dims from ``--batch``/``--dim``."""
+    from ge_core.inputs import random_inputs, read_feed_file
+
+    feeds: dict[str, np.ndarray] = {}
+    names = set(model.input_names)
+    for spec in getattr(args, "input", None) or []:
+        name, sep, path = spec.partition("=")
+        if not sep or not name:
+            raise InputError(f"--input '{spec}' must look like name=file.npy")
+        if name not in names:
+            from ge_core.registry import close_matches
+
+            raise InputError(f"--input names '{name}', which is not an input of the model{close_matches(name, names)}",
+                             hint=f"inputs: {', '.join(model.input_names)}")
+        feeds[name] = read_feed_file(name, path)
+    rnd = random_inputs(model.graph, getattr(args, "seed", 0) or 0, symbolic_dims(model, args))
+    for v in model.graph.inputs:
+        if v.name not in feeds and v.default is None:
+            feeds[v.name] = rnd[v.name]
+    return feeds
+
+
+def source_onnx(opened: Opened) -> bytes:
+    """The source model as serialized ONNX: the file itself for an .onnx, else the loaded graph
+    written by the registered ``onnx`` frontend's exporter (a TensorFlow model, say)."""
+    import ge_core as ge
+
+    src = opened.source
+    if src is None:
+        raise OptionError(f"'{opened.path}' is an .om whose source model is not known here",
+                          hint="give it with --source MODEL.onnx")
+    if src.lower().endswith(".onnx") and os.path.isfile(src):
+        with open(src, "rb") as f:
+            return f.read()
+    graph = ge.load(src)
+    return export_graph(graph).SerializeToString()
+
+
+def export_graph(graph, path: str | None = None):
+    """``graph`` as an ONNX ModelProto through the ``onnx`` frontend's exporter (found by
+    registry), also written to ``path`` when given."""
+    from ge_core.plugins import get_host
+
+    fe = get_host().registries.frontends.get("onnx")
+    if fe is None:
+        raise GEError("no 'onnx' frontend is registered, so the graph cannot be written as ONNX",
+                      hint="is the ge_onnx plugin disabled (GE_DISABLE_PLUGINS)?")
+    return fe.export(graph, path)
+
+
+def ort_session(onnx_bytes: bytes, threads: int | None, *, optimize: bool = True):
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise OptionError("onnxruntime is not installed", hint="pip install onnxruntime") from None
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = int(threads)
+        so.inter_op_num_threads = 1
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        return ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        raise GEError(f"onnxruntime cannot load the source model: {type(e).__name__}: {str(e)[:300]}") from None
+
+
+def run_reference(kind: str, onnx_bytes: bytes, feeds: Mapping[str, np.ndarray], threads: int | None = None,
+                  *, optimize: bool = True) -> dict[str, np.ndarray]:
+    """Outputs of the source model by ``kind`` (onnxruntime or onnx.reference), by output name."""
+    if kind == "onnxruntime":
+        sess = ort_session(onnx_bytes, threads, optimize=optimize)
+        want = {i.name for i in sess.get_inputs()}
+        names = [o.name for o in sess.get_outputs()]
+        try:
+            outs = sess.run(names, {k: v for k, v in feeds.items() if k in want})
+        except Exception as e:
+            raise GEError(f"onnxruntime failed to run the source model: {type(e).__name__}: {str(e)[:300]}") from None
+        return dict(zip(names, outs))
+    if kind == "onnx.reference":
+        from onnx.reference import ReferenceEvaluator
+
+        try:
+            ev = ReferenceEvaluator(onnx_bytes)
+            outs = ev.run(None, {k: v for k, v in feeds.items() if k in set(ev.input_names)})
+        except Exception as e:
+            raise GEError(f"onnx.reference failed to run the source model: {type(e).__name__}: {str(e)[:300]}") from None
+        return dict(zip(ev.output_names, outs))
+    raise OptionError(f"unknown reference '{kind}'", hint=f"choose one of {', '.join(REFERENCES)}")
+
+
+def with_outputs(onnx_bytes: bytes, names: list[str]) -> bytes:
+    """A copy of the ONNX model with the values ``names`` added as graph outputs (untyped)."""
+    import onnx
+    from onnx import helper
+
+    m = onnx.load_from_string(onnx_bytes)
+    have = {o.name for o in m.graph.output}
+    for n in names:
+        if n not in have:
+            m.graph.output.append(helper.make_empty_tensor_value_info(n))
+            have.add(n)
+    return m.SerializeToString()
+
+
+def onnx_value_names(onnx_bytes: bytes) -> set[str]:
+    """Names of the values the source graph's nodes compute (top level)."""
+    import onnx
+
+    m = onnx.load_from_string(onnx_bytes)
+    return {o for n in m.graph.node for o in n.output if o}
+
+
+@dataclass
+class Diff:
+    """How one array differs from its reference."""
+
+    name: str
+    ok: bool
+    max_abs: float
+    max_rel: float
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "max_abs": self.max_abs, "max_rel": self.max_rel,
+                **({"note": self.note} if self.note else {})}
+
+
+def diff(name: str, got: Any, want: Any, rtol: float, atol: float) -> Diff:
+    """``got`` against ``want``: the largest absolute and relative error, and whether every element
+    is within ``atol + rtol * |want|`` (NaN where the reference has NaN counts as equal)."""
+    a, b = np.asarray(got), np.asarray(want)
+    if a.shape != b.shape:
+        return Diff(name, False, float("inf"), float("inf"), f"shape {list(a.shape)} vs reference {list(b.shape)}")
+    if a.dtype.kind not in "fciub" or b.dtype.kind not in "fciub":
+        same = a.shape == b.shape and bool(np.all(a == b))
+        return Diff(name, same, 0.0 if same else float("inf"), 0.0 if same else float("inf"),
+                    "" if same else "values differ")
+    if not a.size:
+        return Diff(name, True, 0.0, 0.0)
+    x, y = a.astype(np.float64), b.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        err = np.abs(x - y)
+        both_nan = np.isnan(x) & np.isnan(y)
+        same_inf = np.isinf(x) & (x == y)
+        err = np.where(both_nan | same_inf, 0.0, err)
+        err = np.where(np.isnan(err), np.inf, err)
+        rel = np.where(err == 0, 0.0, err / np.maximum(np.abs(y), np.finfo(np.float64).tiny))
+        ok = bool(np.all(err <= atol + rtol * np.abs(np.where(np.isfinite(y), y, 0.0))))
+    note = "" if a.dtype == b.dtype else f"dtype {a.dtype} vs reference {b.dtype}"
+    return Diff(name, ok, float(err.max()), float(rel.max()), note)
+
+
+def check_tolerances(rtol: float, atol: float) -> None:
+    for flag, v in (("--rtol", rtol), ("--atol", atol)):
+        if not np.isfinite(v) or v < 0:
+            raise OptionError(f"{flag} {v}: a tolerance is a finite number of at least 0")
+
+
+def file_arg(path: str, what: str) -> str:
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        raise ModelFileError(f"cannot write {what} '{path}': folder '{d}' does not exist")
+    return path
