@@ -11,15 +11,19 @@ An .om holds two partitions (see :mod:`ge_core.om_container` for the container):
 from __future__ import annotations
 
 import os
+import re
+import zlib
 from typing import Any
 
+import numpy as np
+
 from . import __version__
-from .errors import GEError, GraphError, OmFormatError, OptionError, UnsupportedOpError
+from .errors import GEError, GraphError, ModelFileError, OmFormatError, OptionError, UnsupportedOpError
 from .ir.graph import Graph
 from .ir.verify import verify_graph
 from .memory import MemoryPlan, verify_plan
 from .model import CompiledModel
-from .om_container import read_container, write_container
+from .om_container import map_readonly, read_container, write_container, write_file_atomic
 from .options import CompileOptions
 from .schedule import StreamAssignment, verify_streams
 from .serialize import FORMAT_VERSION, LIMITS, WeightWriter, dump_definition, graph_to_dict, load_definition, read_graph
@@ -82,7 +86,12 @@ def type_conflict(graph: Graph, ops) -> str | None:
     return walk(graph, graph.copy())
 
 
-def save_om(model: CompiledModel, path: str) -> str:
+def save_om(model: CompiledModel, path: str, *, external_weight: int = 0) -> str:
+    """Write ``model`` to ``path``. ``external_weight`` (ATC's ``--external_weight``): 0 keeps the
+    weights in the .om; 1 writes one file per weight, 2 one merged file, in a ``weight`` folder
+    beside the .om, which then names them by relative path (with size and CRC32)."""
+    if external_weight not in (0, 1, 2):
+        raise OptionError(f"external_weight must be 0, 1 or 2, not {external_weight!r:.20}")
     if not path:
         raise OptionError("no output path given for the .om file", hint="pass a file name (--output / save(path))")
     from .plugins import get_host
@@ -98,19 +107,111 @@ def save_om(model: CompiledModel, path: str) -> str:
                       hint="a pass may have folded a huge constant; disable constant folding") from None
     except GraphError as e:
         raise GraphError(f"cannot save '{path}': {e.detail}", hint=e.hint) from None
+    data: Any = weights.chunks()
+    if external_weight:
+        d["external_weights"] = write_external_weights(path, weights, external_weight)
+        data = b""
     blob = dump_definition(d, f"'{path}'")
     write_container(
         path,
-        [("model", blob, 8), ("weights", weights.chunks(), 4096)],
+        [("model", blob, 8), ("weights", data, 4096)],
         producer=f"ge-python {__version__}",
     )
     return path
 
 
+#: The folder beside an .om that holds its external weight files, and how many files one may name.
+WEIGHT_DIR = "weight"
+MAX_WEIGHT_FILES = 1 << 16
+_SAFE_PART = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+
+
+def write_external_weights(path: str, weights: WeightWriter, mode: int) -> dict[str, Any]:
+    """Write the weights of an .om at ``path`` beside it (``weight/``): mode 1 one file per weight
+    (table entries name their file with ``part``, offset 0), mode 2 one merged file (the blob the
+    weights partition would hold). Returns the definition's ``external_weights`` section."""
+    folder = os.path.dirname(os.path.abspath(path))
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.splitext(os.path.basename(path))[0]) or "model"
+    try:
+        os.makedirs(os.path.join(folder, WEIGHT_DIR), exist_ok=True)
+    except OSError as e:
+        raise ModelFileError(f"cannot create the weight folder beside {path}: {e.strerror or e}") from e
+    files = []
+    if mode == 2:
+        rel = f"{WEIGHT_DIR}/{stem}.weights.bin"
+        size, crc = write_file_atomic(os.path.join(folder, rel), weights.chunks())
+        files.append({"path": rel, "size": size, "crc32": f"{crc:08x}"})
+    else:
+        for i, (entry, a) in enumerate(zip(weights.table, weights.arrays)):
+            if "offset" not in entry:
+                continue  # strings live in the definition
+            rel = f"{WEIGHT_DIR}/{stem}.w{i}.bin"
+            raw = a.tobytes() if not a.ndim else np.ascontiguousarray(a).reshape(-1).view(np.uint8).data
+            size, crc = write_file_atomic(os.path.join(folder, rel), [raw])
+            entry["part"], entry["offset"] = len(files), 0
+            files.append({"path": rel, "size": size, "crc32": f"{crc:08x}"})
+    return {"mode": mode, "files": files}
+
+
+def _external_path(om_path: str, rel: Any, i: int) -> str:
+    """The full path of external weight file ``rel`` of ``om_path``: a relative path inside the
+    .om's folder (no absolute path, no ``..``, no link leading out); else OmFormatError."""
+    bad = f"'{om_path}': external weight file #{i} "
+    if not isinstance(rel, str) or not rel or len(rel) > 1024:
+        raise OmFormatError(bad + "has no valid path", hint=_RECREATE)
+    parts = rel.split("/")
+    if os.path.isabs(rel) or "\\" in rel or any(p in ("", ".", "..") or not _SAFE_PART.fullmatch(p) for p in parts):
+        raise OmFormatError(bad + f"'{rel[:80]}' is not a relative path inside the model's folder",
+                            hint="an .om names its weight files relative to itself; this file was not written by atc")
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(om_path)))
+    full = os.path.join(folder, *parts)
+    if not os.path.realpath(full).startswith(folder + os.sep):
+        raise OmFormatError(bad + f"'{rel[:80]}' leads out of the model's folder (a link)",
+                            hint="keep the weight files as atc wrote them beside the .om")
+    return full
+
+
+def weight_buffers(path: str, d: dict[str, Any], container, verify_checksums: bool = True) -> Any:
+    """The weights' bytes of an .om: its weights partition, or (``external_weights``) the mapped
+    external files, each checked for its recorded size and CRC32 before use."""
+    ext = d.get("external_weights")
+    if ext is None:
+        return container.partition("weights")
+    files = ext.get("files") if isinstance(ext, dict) else None
+    if ext.get("mode") not in (1, 2) or not isinstance(files, list) or len(files) > MAX_WEIGHT_FILES:
+        raise OmFormatError(f"'{path}': the external weights section is invalid", hint=_RECREATE)
+    parts: list[Any] = []
+    for i, f in enumerate(files):
+        if not isinstance(f, dict):
+            raise OmFormatError(f"'{path}': external weight file #{i} is not described", hint=_RECREATE)
+        full = _external_path(path, f.get("path"), i)
+        size, crc = f.get("size"), f.get("crc32")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0 or not (
+                isinstance(crc, str) and re.fullmatch(r"[0-9a-f]{8}", crc)):
+            raise OmFormatError(f"'{path}': external weight file '{f.get('path')}' has no valid size and crc32",
+                                hint=_RECREATE)
+        try:
+            m = map_readonly(full)
+        except ModelFileError as e:
+            raise ModelFileError(f"'{path}': its weight file '{f['path']}' cannot be read: {e.detail}",
+                                 hint="external weights live beside the .om (folder 'weight'): copy them with it") from None
+        got = 0 if m is None else len(m)
+        if got != size:
+            raise OmFormatError(f"'{path}': weight file '{f['path']}' is {got} bytes, the model expects {size}",
+                                hint="the weight files were swapped, truncated or come from another build; "
+                                     "copy the ones atc wrote with this .om")
+        view: Any = b"" if m is None else memoryview(m)
+        if verify_checksums and f"{zlib.crc32(view):08x}" != crc:
+            raise OmFormatError(f"'{path}': weight file '{f['path']}' does not match its checksum (crc32 {crc})",
+                                hint="the weight files were swapped or changed; copy the ones atc wrote with this .om")
+        parts.append(view)
+    return parts
+
+
 #: Sections of a model definition and the JSON types they may have (None: may be absent/null).
 _SECTIONS: dict[str, tuple[type, ...]] = {
     "graph": (dict,), "weights": (list,), "streams": (dict, type(None)), "memory_plan": (dict, type(None)),
-    "options": (dict,), "report": (dict,), "producer": (str,),
+    "options": (dict,), "report": (dict,), "producer": (str,), "external_weights": (dict,),
 }
 
 
@@ -200,7 +301,7 @@ def load_om(path: str | os.PathLike, *, host=None, verify_checksums: bool = True
         d = read_model_definition(path, container)
         if "weights" not in container:
             raise OmFormatError(f"'{path}' has no weights partition", hint=_RECREATE)
-        blob = container.partition("weights")
+        blob = weight_buffers(path, d, container, verify_checksums)
         graph = read_graph(d.get("graph"), d.get("weights", []), blob, f"'{path}'")
         host = host or get_host()
         regs = host.registries
@@ -301,7 +402,7 @@ def inspect_om(path: str) -> dict[str, Any]:
         d = read_model_definition(path, c)
         if "weights" not in c:
             raise OmFormatError(f"'{path}' has no weights partition", hint=_RECREATE)
-        g: Graph = read_graph(d.get("graph"), d.get("weights", []), c.partition("weights"), f"'{path}'")
+        g: Graph = read_graph(d.get("graph"), d.get("weights", []), weight_buffers(path, d, c), f"'{path}'")
         n = len(g.node_list())
         g = None  # type: ignore[assignment]  # its weights are views of the mapping about to close
     read_streams(d.get("streams"), n, path)
@@ -320,6 +421,8 @@ def inspect_om(path: str) -> dict[str, Any]:
         "opset_imports": gd.get("opset_imports"),
         "soc_version": options.soc_version,
     }
+    if d.get("external_weights"):
+        info["model"]["external_weights"] = d["external_weights"]
     info["report"] = d.get("report")
     info["streams"] = d.get("streams") or {}
     return info

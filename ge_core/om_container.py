@@ -85,7 +85,9 @@ __all__ = [
     "Container",
     "PartitionInfo",
     "describe",
+    "map_readonly",
     "read_container",
+    "write_file_atomic",
     "write_container",
 ]
 
@@ -288,6 +290,15 @@ def _create_temp(path: str) -> tuple[int, str]:
     raise FileExistsError(f"could not create a temporary file next to {path}")
 
 
+def _discard(tmp: str | None) -> None:
+    """Remove a temporary file a failed write left (if any)."""
+    if tmp is not None:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
 def _fsync_directory(directory: str) -> None:
     try:
         fd = os.open(directory or ".", os.O_RDONLY)
@@ -362,11 +373,7 @@ def write_container(
             hint="check that the directory exists and is writable and that the path is not a directory",
         ) from e
     finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        _discard(tmp)
 
 
 # --------------------------------------------------------------------------- reading
@@ -690,3 +697,35 @@ def describe(path: str | os.PathLike[str], *, verify_checksums: bool = False) ->
         "checksums_verified": verify_checksums,
         "partitions": [e.as_dict() for e in entries],
     }
+
+
+def map_readonly(path: str) -> mmap.mmap | None:
+    """A read-only mapping of the regular file at ``path`` (None for an empty file); a missing,
+    unreadable or non-regular file is a :class:`ModelFileError`. Used for external weight files."""
+    return _open_mapping(path)
+
+
+def write_file_atomic(path: str, chunks: Iterable[Buffer]) -> tuple[int, int]:
+    """Write ``chunks`` to ``path`` as :func:`write_container` writes (temporary file beside it,
+    fsync, rename); returns (size, crc32). A failure is a :class:`ModelFileError` and leaves no
+    temporary file."""
+    tmp = None
+    size = crc = 0
+    try:
+        fd, tmp = _create_temp(path)
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                view = _as_bytes_view(chunk, "file")
+                f.write(view)
+                crc = zlib.crc32(view, crc)
+                size += view.nbytes
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as e:
+        raise ModelFileError(f"cannot write {path}: {e.strerror or e}",
+                             hint="check that the folder exists and is writable") from e
+    finally:
+        _discard(tmp)
+    return size, crc

@@ -420,9 +420,12 @@ def _enc_float(f: float) -> float | str:
 class GraphReader:
     """Rebuilds graphs from a model definition, validating every field."""
 
-    def __init__(self, table: Any, blob: memoryview | bytes, where: str) -> None:
+    def __init__(self, table: Any, blob: memoryview | bytes | list, where: str) -> None:
         self.where = where
-        self.blob = blob
+        #: The weights' bytes: one buffer, or one per part (external weight files, chosen by an
+        #: entry's ``"part"``).
+        self.parts = list(blob) if isinstance(blob, list) else [blob]
+        self.blob = self.parts[0] if self.parts else b""
         if not isinstance(table, list):
             self.fail("weights table is not a list")
         self.table = table
@@ -502,6 +505,10 @@ class GraphReader:
                 self.fail(f"weight {i}: string data does not match its shape")
             arr = np.array(strings, dtype=object).reshape(shape)
         else:
+            part = e.get("part", 0)
+            if isinstance(part, bool) or not isinstance(part, int) or not 0 <= part < len(self.parts):
+                self.fail(f"weight {i}: part {part!r:.20} is not one of the {len(self.parts)} weight buffers")
+            self.blob = self.parts[part]
             off = self._int(e.get("offset"), f"weight {i} offset")
             nbytes = self._int(e.get("nbytes"), f"weight {i} nbytes")
             splat = e.get("splat", False)

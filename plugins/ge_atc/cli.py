@@ -1,13 +1,16 @@
 """``atc``: the ATC-compatible front door (also ``ge atc``).
 
 ATC's flags are spelt as ATC spells them (``--model=... --framework=5 --output=...``) and mapped
-onto this engine's compile options; flags that change nothing here are accepted with a note.
+onto this engine's compile options (:mod:`ge_atc.flags` says what each one does here). Flags
+that change nothing on this engine are accepted with a note printed once; flags whose effect
+this engine does not build are refused with the reason.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -15,46 +18,46 @@ from typing import Any
 from ge_core.cli import compile_with_progress, guard, write_json_atomic
 from ge_core.errors import OptionError
 
-#: ATC flags that change nothing on this engine; accepted with a note so scripts keep working.
-_ATC_IGNORED = (
-    "input_format", "precision_mode", "op_select_implmode", "optypelist_for_implmode", "insert_op_conf",
-    "op_name_map", "enable_small_channel", "compression_optimize_conf", "buffer_optimize", "host_env_os",
-    "host_env_cpu", "input_fp16_nodes", "is_output_adjust_hw_layout", "output_type", "keep_dtype",
-    "dynamic_batch_size", "dynamic_image_size", "dynamic_dims", "core_type", "aicore_num", "virtual_type",
-    "op_debug_level", "debug_dir", "op_compiler_cache_mode", "op_compiler_cache_dir", "dump_mode", "weight",
-    "check_report", "display_model_info", "status_check", "auto_tune_mode", "modify_mixlist", "sparsity",
-    "singleop", "enable_scope_fusion_passes", "external_weight", "allow_hf32", "distributed_cluster_build",
-)
+from .flags import IGNORED, IMPLEMENTED, REFUSED, all_ignored, ignored_note
+
+#: Flags this module reads itself (not passed through as plugin options of the same name).
+_PLUGIN_OPTIONS = ("precision_mode", "keep_dtype", "modify_mixlist", "insert_op_conf", "input_format", "output_type")
 
 
 def build_atc_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="atc", description="ATC-compatible front door of GE for Python.",
-                                allow_abbrev=False)
+    p = argparse.ArgumentParser(prog="atc", description="ATC-compatible front door of GE for Python. "
+                                "Implemented flags first; then ATC's flags that are accepted and ignored, "
+                                "grouped by why; then the refused ones.", allow_abbrev=False)
     add_atc_arguments(p)
     return p
 
 
 def add_atc_arguments(p: argparse.ArgumentParser) -> None:
     """ATC's flags on ``p`` (the ``atc`` parser, or the ``ge atc`` sub-parser)."""
-    p.add_argument("--mode", type=int, default=0, help="0: compile a model to .om; 1: print an .om as JSON")
-    p.add_argument("--model", help="source model file")
-    p.add_argument("--framework", help="0 Caffe, 1 MindSpore, 3 TensorFlow, 5 ONNX")
-    p.add_argument("--output", help="output path; .om is appended when missing")
-    p.add_argument("--soc_version", default="cpu")
-    p.add_argument("--input_shape")
-    p.add_argument("--out_nodes")
-    p.add_argument("--fusion_switch_file")
-    p.add_argument("--log", choices=["debug", "info", "warning", "error", "null"])
-    p.add_argument("--om", help="with --mode=1: the .om to print")
-    p.add_argument("--json", help="with --mode=1: write the JSON here instead of printing it")
-    p.add_argument("--memory_optimize_level")
-    p.add_argument("--enable_single_stream", choices=["true", "false"])
-    p.add_argument("--disable_reuse_memory", choices=["0", "1"])
-    p.add_argument("--constant_folding", choices=["true", "false"])
-    p.add_argument("--config", help="pipeline config (TOML), an extension of this engine")
-    p.add_argument("--report", help="write the compile report (JSON), an extension of this engine")
-    for name in _ATC_IGNORED:
-        p.add_argument(f"--{name}", dest=f"ignored_{name}")
+    impl = p.add_argument_group("implemented")
+    for name, text in IMPLEMENTED.items():
+        kw: dict[str, Any] = {"help": text}
+        if name == "mode":
+            kw.update(type=int, default=0)
+        elif name == "soc_version":
+            kw["default"] = "cpu"
+        elif name == "log":
+            kw["choices"] = ["debug", "info", "warning", "error", "null"]
+        elif name in ("enable_single_stream", "constant_folding", "oo_constant_folding",
+                      "oo_dead_code_elimination"):
+            kw["choices"] = ["true", "false"]
+        elif name in ("disable_reuse_memory", "deterministic", "display_model_info"):
+            kw["choices"] = ["0", "1"]
+        elif name == "external_weight":
+            kw["choices"] = ["0", "1", "2"]
+        impl.add_argument(f"--{name}", **kw)
+    for group, flags in IGNORED.items():
+        g = p.add_argument_group(f"accepted, no effect: {group}")
+        for name, why in flags.items():
+            g.add_argument(f"--{name}", dest=f"ignored_{name}", metavar="VALUE", help=why)
+    g = p.add_argument_group("refused (a different model would be built silently)")
+    for name, why in REFUSED.items():
+        g.add_argument(f"--{name}", dest=f"refused_{name}", metavar="VALUE", help=why)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -68,51 +71,103 @@ def main(argv: Sequence[str] | None = None) -> int:
             flag = unknown[0].split("=")[0]
             raise OptionError(f"atc: unknown option '{flag}'{close_matches(flag.lstrip('-'), known)}",
                               hint="`atc --help` lists the options")
+        args.atc_argv = list(sys.argv[1:] if argv is None else argv)
         return run(args)
 
     return guard(go)
 
 
+def _notes(args: argparse.Namespace) -> None:
+    for name in REFUSED:
+        if getattr(args, f"refused_{name}", None) is not None:
+            raise OptionError(f"atc --{name} is not supported: {REFUSED[name]}")
+    for name in all_ignored():
+        if getattr(args, f"ignored_{name}", None) is not None:
+            print(f"note: {ignored_note(name)}", file=sys.stderr)
+
+
+def compile_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The compile options ATC's flags in ``args`` give."""
+    opts: dict[str, Any] = {"soc_version": args.soc_version}
+    for k in ("framework", "input_shape", "out_nodes", "fusion_switch_file", "log", "memory_optimize_level",
+              "config", "enable_single_stream", "disable_reuse_memory", "constant_folding", *_PLUGIN_OPTIONS):
+        v = getattr(args, k, None)
+        if v is not None:
+            opts[k] = v
+    if args.oo_constant_folding is not None:
+        opts["constant_folding"] = args.oo_constant_folding
+    if args.oo_level is not None:
+        opts["opt_level"] = args.oo_level
+    if args.oo_dead_code_elimination is not None:
+        opts["dead_branch_elimination"] = args.oo_dead_code_elimination == "true"
+    if args.deterministic == "1":
+        opts["parallel"] = "engine"
+    if args.optimization_switch:
+        from .optimize import switch_options
+
+        opts.update(switch_options(args.optimization_switch, opts))
+    return opts
+
+
 def run(args: argparse.Namespace) -> int:
-    """Carry out parsed ATC flags: compile (``--mode=0``) or print an .om (``--mode=1``)."""
-    ignored = [n for n in _ATC_IGNORED if getattr(args, f"ignored_{n}") is not None]
-    if ignored:
-        print(f"note: atc option(s) {', '.join('--' + n for n in ignored)} have no effect on this engine", file=sys.stderr)
-    if args.mode == 1:
+    """Carry out parsed ATC flags (``--mode`` 0, 1, 3 or 6)."""
+    _notes(args)
+    if args.mode in (1, 6):
         if not args.om:
-            raise OptionError("atc --mode=1 needs --om=MODEL.om")
+            raise OptionError(f"atc --mode={args.mode} needs --om=MODEL.om")
         from ge_core.om import inspect_om
 
         info = inspect_om(args.om)
-        text = json.dumps(info, indent=2, default=str)
+        if args.mode == 6:
+            from .display import model_info_text
+
+            print(model_info_text(info))
+            return 0
         if args.json:
             write_json_atomic(args.json, info)
         else:
-            print(text)
+            print(json.dumps(info, indent=2, default=str))
         return 0
-    if args.mode != 0:
-        raise OptionError(f"atc --mode={args.mode} is not supported", hint="use 0 (compile) or 1 (om to JSON)")
+    if args.mode not in (0, 3):
+        raise OptionError(f"atc --mode={args.mode} is not supported",
+                          hint="use 0 (compile), 1 (.om to JSON), 3 (pre-check) or 6 (display .om info)")
     if not args.model:
         raise OptionError("atc needs --model=FILE")
+    opts = compile_options(args)
+    if args.mode == 3:
+        return _precheck(args, opts)
     if not args.output:
         raise OptionError("atc needs --output=NAME (the .om path without or with .om)")
     import ge_core as ge
+    from ge_core.om import save_om
 
-    opts: dict[str, Any] = {"soc_version": args.soc_version}
-    for k in ("framework", "input_shape", "out_nodes", "fusion_switch_file", "log", "memory_optimize_level", "config"):
-        v = getattr(args, k)
-        if v is not None:
-            opts[k] = v
-    if args.enable_single_stream is not None:
-        opts["enable_single_stream"] = args.enable_single_stream
-    if args.disable_reuse_memory is not None:
-        opts["disable_reuse_memory"] = args.disable_reuse_memory
-    if args.constant_folding is not None:
-        opts["constant_folding"] = args.constant_folding
     model = compile_with_progress(ge, args.model, opts)
+    if opts.get("precision_mode") == "force_fp32" and not model.report.get("precision", {}).get("nodes"):
+        print("note: --precision_mode=force_fp32 has no effect on this model: it computes in float32 already",
+              file=sys.stderr)
+    argv = getattr(args, "atc_argv", None)
+    argv = argv if argv is not None else sys.argv[2:]  # `ge atc ...`: after the sub-command
+    model.report["atc"] = {"command_line": " ".join(["atc", *map(str, argv)]),
+                           "framework": model.options.framework}
     out = args.output if args.output.endswith(".om") else args.output + ".om"
-    model.save(out)
+    save_om(model, out, external_weight=int(args.external_weight or 0))
     if args.report:
         write_json_atomic(args.report, model.report)
     print(f"ATC run success: wrote {out}")
+    if args.display_model_info == "1":
+        from ge_core.om import inspect_om
+
+        from .display import model_info_text
+
+        print(model_info_text(inspect_om(out)))
     return 0
+
+
+def _precheck(args: argparse.Namespace, opts: dict[str, Any]) -> int:
+    from .precheck import precheck, summary_line
+
+    report = precheck(args.model, opts)
+    path = args.check_report or os.path.join(os.environ.get("ASCEND_WORK_PATH") or ".", "check_result.json")
+    write_json_atomic(path, report)
+    print(summary_line(report) + f" (report: {path})", file=sys.stderr if report["result"] != "success" else sys.stdout)
+    return 0 if report["result"] == "success" else 1

@@ -1,4 +1,9 @@
-"""Hook implementations of the ``ge_atc`` plugin: the ``ge atc`` sub-command (the same as ``atc``)."""
+"""Hook implementations of the ``ge_atc`` plugin: the ``ge atc`` sub-command (the same as ``atc``),
+the compile options of ATC's flags and the passes that carry them out.
+
+The options are ATC's and so is their meaning, so they live here rather than in ge_passes: a
+plain ``ge compile --option precision_mode=force_fp16`` reaches the same passes.
+"""
 
 import argparse
 
@@ -20,3 +25,66 @@ def _run(args: argparse.Namespace) -> int:
 @hookimpl
 def ge_register_cli_commands(register):
     register("atc", "compile or inspect a model with ATC's flags (the same as the `atc` command)", _configure, _run)
+
+
+@hookimpl
+def ge_register_options(register):
+    from . import aipp, graph_flags, precision
+
+    register("precision_mode", "must_keep_origin_dtype",
+             "ATC precision mode: weights stored in float16/bfloat16 where the mode says, computed in float32",
+             read=precision.read_mode_option)
+    register("keep_dtype", "", "ATC --keep_dtype file: node names or OpType::TypeName kept at their precision",
+             read=precision.read_keep_dtype_option)
+    register("keep_dtype_entries", "", "what keep_dtype's file lists (set by reading keep_dtype)")
+    register("modify_mixlist", "", "ATC --modify_mixlist JSON file: edits of the mixed-precision lists",
+             read=precision.read_mixlist_option)
+    register("mixlist_edits", "", "modify_mixlist's edits as JSON (set by reading modify_mixlist)")
+    register("insert_op_conf", "", "ATC --insert_op_conf AIPP config file (static AIPP at the model's input)",
+             read=aipp.read_aipp_option)
+    register("aipp_config", "", "insert_op_conf's AIPP parameters as JSON (set by reading insert_op_conf)")
+    register("input_format", "", "ATC --input_format: NCHW or NHWC, the layout of the model's image input",
+             read=aipp.read_input_format_option)
+    register("output_type", "", "ATC --output_type: FP32/FP16/... for all outputs, or node:index:FP16;...",
+             read=graph_flags.read_output_type_option)
+    register("dead_branch_elimination", True,
+             "ATC --oo_dead_code_elimination: an If with a constant condition becomes its branch")
+
+
+#: The passes of ATC's flags: (module, function, pass attributes). Each does nothing unless its
+#: option is set; opt_level 0 so that --oo_level never turns a requested flag off.
+PASSES = (
+    ("aipp", "aipp_pass", {"name": "atc_aipp", "stage": "prepare", "before": ("infer_shapes",), "required": True,
+                           "description": "ATC --insert_op_conf: static AIPP (crop, swap, csc, mean/min/var, "
+                                          "padding) as ops at the input"}),
+    ("graph_flags", "output_type_pass", {"name": "atc_output_type", "stage": "prepare", "after": ("infer_shapes",),
+                                         "required": True, "description": "ATC --output_type: a Cast at each "
+                                         "output it names, the output keeps its name"}),
+    ("graph_flags", "dead_branch_pass", {"name": "dead_branch_elimination", "stage": "optimize", "opt_level": 1,
+                                         "after": ("fold_constants",), "before": ("dce",),
+                                         "description": "an If whose condition is a constant becomes the branch "
+                                         "it takes (off: --oo_dead_code_elimination=false)"}),
+    ("precision", "precision_pass", {"name": "atc_precision", "stage": "schedule", "required": True,
+                                     "before": ("sink_constant_computations",),
+                                     "description": "ATC --precision_mode/--keep_dtype/--modify_mixlist: weights "
+                                     "stored in float16/bfloat16, computed in float32 (the cpu backend's fast kernels)"}),
+)
+
+
+@hookimpl
+def ge_register_passes(register):
+    import importlib
+
+    from ge_core.passes import FunctionPass
+
+    for module, fn, attrs in PASSES:
+        attrs = {"opt_level": 0, **attrs}
+        register(FunctionPass(getattr(importlib.import_module(f"{__package__}.{module}"), fn), **attrs))
+
+
+@hookimpl
+def ge_model_built(model):
+    """Put the precision pass's table in the compile report (``report["precision"]``)."""
+    table = model.graph.metadata.get("atc_precision")
+    if isinstance(table, dict) and table.get("mode") not in (None, "must_keep_origin_dtype"):
+        model.report["precision"] = table
