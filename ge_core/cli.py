@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,8 +27,22 @@ from .errors import GEError, InputError, ModelFileError, OptionError
 def _console(stderr: bool = False):
     from rich.console import Console
 
-    # no emoji codes (":x:"), no highlighting: text from a model file prints as it is
-    return Console(stderr=stderr, highlight=False, soft_wrap=True, emoji=False)
+    # no emoji codes (":x:"), no highlighting: text from a model file prints as it is; into a
+    # pipe or file, tables keep their natural width (no 80-column cut) and there are no colours
+    stream = sys.stderr if stderr else sys.stdout
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, emoji=False,
+                   width=None if tty else 100_000, no_color=not tty)
+
+
+def table(title: str, columns: Sequence[str] = (), **kw: Any):
+    """A rich table whose cells wrap (fold) on a narrow terminal instead of being cut with '…'."""
+    from rich.table import Table
+
+    t = Table(title=title, **kw)
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    return t
 
 
 def _plain(x: Any) -> str:
@@ -133,8 +149,6 @@ def _compile_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _print_report(report: dict[str, Any], console) -> None:
-    from rich.table import Table
-
     mem = report.get("memory", {})
     st = report.get("streams", {})
     mem = mem if isinstance(mem, dict) else {}
@@ -143,7 +157,9 @@ def _print_report(report: dict[str, Any], console) -> None:
     def n(v: Any) -> str:
         return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else _plain(v)
 
-    t = Table(title="compile report", show_header=False)
+    t = table("compile report", show_header=False)
+    t.add_column("what", overflow="fold")
+    t.add_column("value", overflow="fold")
     t.add_row("nodes before / after", f"{n(report.get('nodes_before'))} / {n(report.get('nodes_after'))}")
     t.add_row("kernels per inference", n(report.get("kernels")))
     t.add_row("streams / events", f"{n(st.get('count'))} / {n(st.get('events'))}")
@@ -168,16 +184,20 @@ def _add_compile_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--soc-version", dest="soc_version", help="backend (default cpu)")
     p.add_argument("--fusion-switch-file", dest="fusion_switch_file", help="GE fusion switch JSON")
     p.add_argument("-O", "--opt-level", dest="opt_level", help="optimisation level 0..3")
-    p.add_argument("--memory-planner", dest="memory_planner")
-    p.add_argument("--memory-optimize-level", dest="memory_optimize_level", choices=["off", "normal", "high"])
-    p.add_argument("--stream-allocator", dest="stream_allocator")
-    p.add_argument("--enable-single-stream", action="store_true")
-    p.add_argument("--disable-reuse-memory", action="store_true")
-    p.add_argument("--no-constant-folding", action="store_true")
-    p.add_argument("--threads", type=int)
+    p.add_argument("--memory-planner", dest="memory_planner",
+                   help="memory planner by name (`ge passes` lists them; default auto)")
+    p.add_argument("--memory-optimize-level", dest="memory_optimize_level", choices=["off", "normal", "high"],
+                   help="how hard to reuse memory: off (no reuse), normal (default) or high")
+    p.add_argument("--stream-allocator", dest="stream_allocator",
+                   help="stream allocator by name (`ge passes` lists them)")
+    p.add_argument("--enable-single-stream", action="store_true", help="schedule everything on one stream")
+    p.add_argument("--disable-reuse-memory", action="store_true", help="give every tensor its own bytes (no reuse)")
+    p.add_argument("--no-constant-folding", action="store_true", help="do not fold constant subgraphs")
+    p.add_argument("--threads", type=int, help="threads per run (default: the CPU count)")
     p.add_argument("--verify-each-pass", action="store_true", help="verify the graph after every pass")
     p.add_argument("--dump-ir", dest="dump_ir", metavar="DIR", help="write the IR after each pass that changed it")
-    p.add_argument("--log", choices=["debug", "info", "warning", "error", "null"])
+    p.add_argument("--log", choices=["debug", "info", "warning", "error", "null"],
+                   help="log level: debug shows every stage and pass (default warning)")
     p.add_argument("--option", action="append", metavar="NAME=VALUE", help="any compile option, also plugin ones")
 
 
@@ -323,8 +343,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return 0
-    from rich.table import Table
-
     con = _console()
     f = info["file"]
     m = info["model"]
@@ -334,9 +352,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     con.print(f"inputs:  {_plain(ins)}")
     con.print(f"outputs: {_plain(', '.join(str(o) for o in (m.get('outputs') or [])))}")
     con.print(f"nodes: {m.get('nodes')}  constants: {m.get('constants')}  soc_version: {_plain(m.get('soc_version'))}")
-    t = Table(title="partitions")
-    for c in ("kind", "offset", "size", "alignment", "crc32"):
-        t.add_column(c)
+    t = table("partitions", ("kind", "offset", "size", "alignment", "crc32"))
     for p in f.get("partitions", []):
         t.add_row(_plain(p.get("kind")), str(p.get("offset")), f"{p.get('size'):,}", str(p.get("alignment")), str(p.get('crc32')))
     con.print(t)
@@ -368,11 +384,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    from rich.table import Table
-
-    t = Table(title="ge plugins")
-    for c in ("name", "distribution", "version", "hooks", "provides", "status"):
-        t.add_column(c)
+    t = table("ge plugins", ("name", "distribution", "version", "hooks", "provides", "status"))
     for r in rows:
         status = "disabled" if r["disabled"] else ("[red]" + _plain("; ".join(r["errors"])) + "[/red]" if r["errors"] else "ok")
         t.add_row(_plain(r["name"]), _plain(r["distribution"] or "-"), _plain(r["version"] or "-"),
@@ -420,11 +432,7 @@ def cmd_passes(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2, default=str))
         return 0
-    from rich.table import Table
-
-    t = Table(title=f"pipeline (O{opts.opt_level})")
-    for c in ("stage", "pass", "plugin", "params"):
-        t.add_column(c)
+    t = table(f"pipeline (O{opts.opt_level})", ("stage", "pass", "plugin", "params"))
     for s in data["stages"]:
         if not s["passes"]:
             t.add_row(_plain(s["stage"]), "-", "", "")
@@ -439,44 +447,88 @@ def cmd_passes(args: argparse.Namespace) -> int:
     return 0
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are :class:`OptionError` (``error: ...``, exit 2)
+    with ``did you mean`` for a mistyped sub-command or flag. It remembers the flags added to it
+    (``flags``) and, for the top parser, its sub-parsers (``commands``)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        kw.setdefault("allow_abbrev", False)  # a prefix of a flag is a typo to name, not a guess
+        self.flags: list[str] = []
+        self.commands: dict[str, Parser] = {}
+        self.argv: list[str] = []
+        super().__init__(*args, **kw)
+
+    def add_argument(self, *names: Any, **kw: Any):  # type: ignore[override]
+        self.flags += [n for n in names if isinstance(n, str) and n.startswith("-")]
+        return super().add_argument(*names, **kw)
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None):  # type: ignore[override]
+        self.argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(self.argv, namespace)
+
+    def error(self, message: str):  # type: ignore[override]
+        import re
+
+        from .registry import close_matches
+
+        hint = f"`{self.prog} --help` lists the options"
+        m = re.search(r"invalid choice: '([^']*)'", message)
+        if m and self.commands:
+            raise OptionError(f"{self.prog}: unknown command '{m.group(1)}'{close_matches(m.group(1), list(self.commands))}",
+                              hint=f"commands: {', '.join(self.commands)}")
+        m = re.search(r"unrecognized arguments: (.*)", message)
+        if m:
+            cmd = next((self.commands[a] for a in self.argv if a in self.commands), None)
+            known = (cmd or self).flags + self.flags
+            bad = next((t for t in m.group(1).split() if t.startswith("-")), m.group(1).split()[0])
+            flag = bad.split("=")[0]
+            where = f"{self.prog} {cmd.prog.split()[-1]}" if cmd is not None else self.prog
+            raise OptionError(f"{where}: unknown option '{flag}'{close_matches(flag, known)}" if flag.startswith("-")
+                              else f"{where}: unexpected argument '{bad}'",
+                              hint=f"`{where} --help` lists the options")
+        raise OptionError(f"{self.prog}: {message}", hint=hint)
+
+
 def build_parser(with_plugins: bool = True) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ge", description="GE for Python: compile deep-learning models to .om and run them.")
+    parser = Parser(prog="ge", description="GE for Python: compile deep-learning models to .om and run them.")
     parser.add_argument("--version", action="version", version=f"ge {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     p = sub.add_parser("compile", help="compile a model file to an .om")
     p.add_argument("model", help="model file (.onnx, ...)")
     p.add_argument("-o", "--output", help="output .om path (default: MODEL.om in the current folder)")
     p.add_argument("--report", help="write the compile report (JSON) here")
-    p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     _add_compile_flags(p)
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("run", help="run an .om on inputs (random ones if none are given)")
-    p.add_argument("model")
-    p.add_argument("--input", action="append", metavar="NAME=FILE.npy")
+    p.add_argument("model", help="the compiled .om to run")
+    p.add_argument("--input", action="append", metavar="NAME=FILE.npy", help="feed an input from a .npy file (repeatable)")
     p.add_argument("--random", action="store_true", help="fill inputs not given with random data")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run N times; the cold first run and the warm runs are reported apart")
     p.add_argument("--output-dir", help="save outputs as NAME.npy here")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print output dtypes, shapes and timing as JSON")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("inspect", help="describe an .om file")
-    p.add_argument("model")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("model", help="the .om to describe")
+    p.add_argument("--json", action="store_true", help="print the description as JSON")
     p.add_argument("--source", action="store_true", help="print the generated code of a sunk model")
     p.add_argument("--memory-plot", metavar="FILE.png", help="draw the memory plan (tensor lifetime by arena offset; needs matplotlib)")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("plugins", help="list plugins, what they provide and their load errors")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
     p.set_defaults(func=cmd_plugins)
 
     p = sub.add_parser("passes", help="print the resolved pass pipeline")
-    p.add_argument("--config")
-    p.add_argument("-O", "--opt-level", dest="opt_level")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--config", help="pipeline config (TOML) to resolve")
+    p.add_argument("-O", "--opt-level", dest="opt_level", help="optimisation level 0..3 (default 2)")
+    p.add_argument("--json", action="store_true", help="print the pipeline, passes and options as JSON")
     p.set_defaults(func=cmd_passes)
 
     if with_plugins:
@@ -486,12 +538,37 @@ def build_parser(with_plugins: bool = True) -> argparse.ArgumentParser:
             for name, cmd in get_host().registries.cli_commands.items():
                 if name in sub.choices:
                     continue
-                sp = sub.add_parser(name, help=cmd.help)
+                sp = sub.add_parser(name, help=cmd.help, description=cmd.help)
                 cmd.configure(sp)
                 sp.set_defaults(func=lambda a, _c=cmd: _c.run(a))
         except GEError as e:
             print(f"warning: plugin commands unavailable: {e}", file=sys.stderr)
+    parser.commands = {k: v for k, v in sub.choices.items() if isinstance(v, Parser)}
     return parser
+
+
+_HISTORY = re.compile(r" \(passes before it: [^)]*\)")
+
+
+class _OnceHandler(logging.Handler):
+    """Prints each distinct log message once, as ``warning: ...`` (its level as the prefix)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.seen: set[tuple[int, str]] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+        except Exception:  # a malformed record must not stop the command
+            return
+        # a pass that fails in every round of a fixed-point stage is one failure: its history
+        # ("passes before it: ...") is what differs between the rounds
+        key = (record.levelno, _HISTORY.sub("", msg))
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        print(f"{record.levelname.lower()}: {msg}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -503,7 +580,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return args.func(args)
 
-    return guard(go)
+    handler = _OnceHandler()  # the ge loggers' messages (a failing plugin, a skipped pass): once each
+    logger = logging.getLogger("ge")
+    logger.addHandler(handler)
+    try:
+        return guard(go)
+    finally:
+        logger.removeHandler(handler)
 
 
 if __name__ == "__main__":  # pragma: no cover

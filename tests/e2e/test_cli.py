@@ -165,3 +165,55 @@ def test_dump_ir_and_report_list_passes(tmp_path):
     for p in report["passes"]:
         assert set(p) >= {"name", "stage", "seconds", "changed", "nodes_after"}
     assert report["passes"][0]["name"] == "infer_shapes" and report["passes"][0]["changed"] is True
+
+
+# ------------------------------------------------------------------------------------------------
+# polish: help on every flag, did-you-mean, warnings once, tables whole in pipes
+# ------------------------------------------------------------------------------------------------
+def test_every_flag_of_the_ge_commands_has_help():
+    from ge_core.cli import build_parser
+
+    parser = build_parser()
+    missing = []
+    for name in ("compile", "run", "inspect", "plugins", "passes", "bench", "compare", "export"):
+        sp = parser.commands[name]
+        for action in sp._actions:  # argparse's own list of what was added
+            if not action.help:
+                missing.append(f"ge {name} {'/'.join(action.option_strings) or action.dest}")
+    assert not missing, missing
+
+
+def test_did_you_mean_for_commands_and_flags(squeezenet_om):
+    r = ge("benhc")
+    assert_clean_error(r, "unknown command 'benhc'", "did you mean: bench")
+    r = ge("run", squeezenet_om, "--repaet", "3")
+    assert_clean_error(r, "ge run: unknown option '--repaet'", "did you mean: --repeat")
+    r = ge("compile", "m.onnx", "--opt-levle", "1")
+    assert_clean_error(r, "ge compile: unknown option '--opt-levle'", "--opt-level")
+    r = ge("run", squeezenet_om, "--rep", "3")  # no abbreviations: a prefix is a typo, not a guess
+    assert_clean_error(r, "unknown option '--rep'")
+
+
+def test_plugin_warnings_print_once_with_a_prefix(fresh_host, tmp_path, capsys):
+    from ge_core.cli import main
+    from ge_sdk import Plugin
+
+    plugin = Plugin("breaks_test")
+
+    @plugin.graph_pass("always_breaks", stage="optimize")
+    def always_breaks(graph, ctx):
+        raise RuntimeError("planted failure")
+
+    fresh_host.register_plugin(plugin, "breaks_test")
+    capsys.readouterr()
+    rc = main(["compile", light_model_path("squeezenet"), "-o", str(tmp_path / "s.om"), "-q"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    lines = [x for x in err.splitlines() if "always_breaks" in x]
+    assert len(lines) == 1 and lines[0].startswith("warning: "), err
+
+
+def test_tables_are_whole_in_a_pipe():
+    out = ge("passes", check=True).stdout
+    assert "…" not in out and "sink_constant_computations" in out
+    assert "\x1b[" not in out  # no colour codes into a pipe
