@@ -65,7 +65,7 @@ def parse_aipp(text: str, where: str) -> list[dict[str, Any]]:
         pos = m.end()
         if m.group(1) is None:
             tok = next(g for g in m.groups()[1:] if g is not None)
-            tokens.append((tok, text.count("\n", 0, m.start()) + 1))
+            tokens.append((tok, text.count("\n", 0, m.start(m.lastindex or 0)) + 1))
     blocks: list[dict[str, Any]] = []
     i = 0
     while i < len(tokens):

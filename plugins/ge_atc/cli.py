@@ -20,6 +20,12 @@ from ge_core.errors import OptionError
 
 from .flags import IGNORED, IMPLEMENTED, REFUSED, all_ignored, ignored_note
 
+#: Flags with a fixed set of values (checked with a clean error naming the flag).
+_CHOICES = {"enable_single_stream": ("true", "false"), "constant_folding": ("true", "false"),
+            "oo_constant_folding": ("true", "false"), "oo_dead_code_elimination": ("true", "false"),
+            "disable_reuse_memory": ("0", "1"), "deterministic": ("0", "1"), "display_model_info": ("0", "1"),
+            "external_weight": ("0", "1", "2"), "oo_level": ("O0", "O1", "O2", "O3")}
+
 #: Flags this module reads itself (not passed through as plugin options of the same name).
 _PLUGIN_OPTIONS = ("precision_mode", "keep_dtype", "modify_mixlist", "insert_op_conf", "input_format", "output_type")
 
@@ -41,15 +47,6 @@ def add_atc_arguments(p: argparse.ArgumentParser) -> None:
             kw.update(type=int, default=0)
         elif name == "soc_version":
             kw["default"] = "cpu"
-        elif name == "log":
-            kw["choices"] = ["debug", "info", "warning", "error", "null"]
-        elif name in ("enable_single_stream", "constant_folding", "oo_constant_folding",
-                      "oo_dead_code_elimination"):
-            kw["choices"] = ["true", "false"]
-        elif name in ("disable_reuse_memory", "deterministic", "display_model_info"):
-            kw["choices"] = ["0", "1"]
-        elif name == "external_weight":
-            kw["choices"] = ["0", "1", "2"]
         impl.add_argument(f"--{name}", **kw)
     for group, flags in IGNORED.items():
         g = p.add_argument_group(f"accepted, no effect: {group}")
@@ -75,6 +72,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
 
     return guard(go)
+
+
+def _check_choices(args: argparse.Namespace) -> None:
+    for name, allowed in _CHOICES.items():
+        v = getattr(args, name, None)
+        if v is not None and v not in allowed:
+            raise OptionError(f"atc --{name}={v}: the value must be one of {', '.join(allowed)}")
 
 
 def _notes(args: argparse.Namespace) -> None:
@@ -111,6 +115,7 @@ def compile_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Carry out parsed ATC flags (``--mode`` 0, 1, 3 or 6)."""
+    _check_choices(args)
     _notes(args)
     if args.mode in (1, 6):
         if not args.om:

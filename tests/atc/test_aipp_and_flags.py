@@ -1,0 +1,158 @@
+"""``--insert_op_conf`` (static AIPP), ``--input_format``, ``--output_type``, ``--oo_level``,
+``--oo_constant_folding``, ``--oo_dead_code_elimination``, ``--optimization_switch``, and ``atc --help``.
+
+GE's pages (hiascend ATC parameter pages; GE's repository pages under docs/zh/user_guides/
+atc_tools/CLI_options/ were not in the stored index): ``--insert_op_conf`` (an aipp_op config:
+crop, csc, mean_chn/min_chn/var_reci_chn, padding, uint8 input), ``--output_type`` (FP32/FP16/UINT8
+for all outputs, or "node:index:FP16;..."), ``--oo_constant_folding`` .../atlasatcparam_16_0064.html,
+``--oo_dead_code_elimination`` .../atlasatcparam_16_0065.html (a Switch with a constant predicate
+loses its dead branch).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+import ge_core as ge
+
+from .conftest import conv_net, ort_run, save_model
+
+AIPP = """
+aipp_op {
+    aipp_mode : static
+    input_format : RGB888_U8
+    src_image_size_w : 20
+    src_image_size_h : 18
+    crop : true
+    load_start_pos_h : 1
+    load_start_pos_w : 3
+    crop_size_w : 16
+    crop_size_h : 16
+    mean_chn_0 : 123
+    mean_chn_1 : 117
+    mean_chn_2 : 104
+    min_chn_0 : 0.5
+    var_reci_chn_0 : 0.0171
+    var_reci_chn_1 : 0.0175
+    var_reci_chn_2 : 0.0174
+}
+"""
+
+
+def test_aipp_on_a_uint8_image_equals_the_model_on_the_normalised_input(tmp_path, atc):
+    net = conv_net(tmp_path / "net.onnx")
+    conf = tmp_path / "aipp.cfg"
+    conf.write_text(AIPP)
+    rc, _, err = atc(f"--model={net}", f"--output={tmp_path / 'a'}", f"--insert_op_conf={conf}", "--input_format=NCHW")
+    assert rc == 0, err
+    img = np.random.default_rng(0).integers(0, 256, (1, 18, 20, 3), dtype=np.uint8)
+    model = ge.load_om(str(tmp_path / "a.om"))
+    out = model.run({"x": img})["y"]
+    crop = img[:, 1:17, 3:19, :].astype(np.float32)
+    norm = (crop - np.array([123.5, 117, 104], np.float32)) * np.array([0.0171, 0.0175, 0.0174], np.float32)
+    ref = ort_run(net, {"x": np.ascontiguousarray(norm.transpose(0, 3, 1, 2))})[0]
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_aipp_csc_swap_and_padding_follow_ges_formula(tmp_path, atc):
+    ident = save_model(tmp_path / "id.onnx", [helper.make_node("Identity", ["x"], ["y"], name="id")],
+                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 7])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = [[77, 150, 29], [-43, -85, 128], [128, -107, -21]]  # GE's RGB -> YUV (BT.601) Q8 matrix
+    lines = [f"matrix_r{r}c{c} : {m[r][c]}" for r in range(3) for c in range(3)]
+    conf = tmp_path / "csc.cfg"
+    conf.write_text("aipp_op {\n aipp_mode : static\n input_format : RGB888_U8\n src_image_size_w : 5\n"
+                    " src_image_size_h : 4\n rbuv_swap_switch : true\n csc_switch : true\n output_bias_0 : 0\n"
+                    " output_bias_1 : 128\n output_bias_2 : 128\n padding : true\n top_padding_size : 1\n"
+                    " bottom_padding_size : 1\n left_padding_size : 2\n right_padding_size : 0\n"
+                    + "\n".join(lines) + "\n}\n")
+    rc, _, err = atc(f"--model={ident}", f"--output={tmp_path / 'c'}", f"--insert_op_conf={conf}")
+    assert rc == 0, err
+    img = np.random.default_rng(1).integers(0, 256, (1, 4, 5, 3), dtype=np.uint8)
+    out = ge.load_om(str(tmp_path / "c.om")).run({"x": img})["y"]
+    x = img[..., ::-1].astype(np.float64)  # R/B swapped first
+    yuv = np.clip(np.floor(x @ np.array(m, np.float64).T / 256) + [0, 128, 128], 0, 255)
+    want = np.zeros((1, 6, 7, 3))
+    want[:, 1:5, 2:7, :] = yuv
+    np.testing.assert_array_equal(out, want.transpose(0, 3, 1, 2).astype(np.float32))
+
+
+def test_aipp_config_errors_name_the_file_and_line(tmp_path, atc):
+    net = conv_net(tmp_path / "net.onnx")
+    conf = tmp_path / "bad.cfg"
+    conf.write_text("aipp_op {\n aipp_mode : static\n input_format : RGB888_U8\n mean_chn_9 : 1\n}\n")
+    rc, _, err = atc(f"--model={net}", f"--output={tmp_path / 'b'}", f"--insert_op_conf={conf}")
+    assert rc == 2 and "line 4" in err and "mean_chn_9" in err
+    conf.write_text(AIPP.replace("crop_size_w : 16", "crop_size_w : 12"))
+    rc, _, err = atc(f"--model={net}", f"--output={tmp_path / 'b'}", f"--insert_op_conf={conf}")
+    assert rc == 2 and "width 12" in err and "wants 16" in err
+
+
+def test_output_type_casts_the_named_output(tmp_path, atc):
+    net = conv_net(tmp_path / "net.onnx")
+    for spec in ("FP16", "relu2:0:FP16"):
+        rc, _, err = atc(f"--model={net}", f"--output={tmp_path / 'o'}", f"--output_type={spec}")
+        assert rc == 0, err
+        model = ge.load_om(str(tmp_path / "o.om"))
+        x = np.random.default_rng(2).standard_normal((1, 3, 16, 16)).astype(np.float32)
+        y = model.run({"x": x})["y"]
+        assert y.dtype == np.float16 and model.output_names == ["y"]
+        np.testing.assert_allclose(y, ort_run(net, {"x": x})[0].astype(np.float16), rtol=2e-3, atol=2e-3)
+    rc, _, err = atc(f"--model={net}", f"--output={tmp_path / 'o'}", "--output_type=nosuch:0:FP16")
+    assert rc == 2 and "nosuch:0" in err
+
+
+def _if_model(path) -> str:
+    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="then_relu")], "then", [],
+                               [helper.make_tensor_value_info("t", TensorProto.FLOAT, [4])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="else_neg")], "else", [],
+                               [helper.make_tensor_value_info("e", TensorProto.FLOAT, [4])])
+    cond = numpy_helper.from_array(np.array(True), "cond")
+    nodes = [helper.make_node("If", ["cond"], ["y"], name="branch", then_branch=then_g, else_branch=else_g)]
+    return save_model(path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], [cond])
+
+
+def test_oo_flags_and_optimization_switch_reach_the_pass_manager(tmp_path, atc):
+    model = _if_model(tmp_path / "if.onnx")
+    x = np.array([-1, 2, -3, 4], np.float32)
+    for flag, has_if in (("--oo_dead_code_elimination=true", False), ("--oo_dead_code_elimination=false", True)):
+        rc, _, err = atc(f"--model={model}", f"--output={tmp_path / 'i'}", flag, f"--report={tmp_path / 'r.json'}")
+        assert rc == 0, err
+        m = ge.load_om(str(tmp_path / "i.om"))
+        assert ("If" in m.report["op_counts"]) == has_if
+        np.testing.assert_array_equal(m.run({"x": x})["y"], np.maximum(x, 0))
+    net = conv_net(tmp_path / "net.onnx")
+    passes = lambda om: [p["name"] for p in ge.load_om(om).report["passes"]]  # noqa: E731
+    rc, _, err = atc(f"--model={net}", f"--output={tmp_path / 'o1'}", "--oo_level=O1")
+    assert rc == 0, err
+    assert "simplify_algebra" not in passes(str(tmp_path / "o1.om")) and "cse" in passes(str(tmp_path / "o1.om"))
+    rc, _, err = atc(f"--model={net}", f"--output={tmp_path / 'o3'}", "--oo_level=O3", "--oo_constant_folding=false")
+    assert rc == 0, err
+    assert "distribute_constants" in passes(str(tmp_path / "o3.om"))
+    assert ge.load_om(str(tmp_path / "o3.om")).options.constant_folding is False
+    rc, _, err = atc(f"--model={net}", f"--output={tmp_path / 's'}",
+                     "--optimization_switch=CommonSubexpressionEliminationPass:off;distribute_constants:on")
+    assert rc == 0, err
+    names = passes(str(tmp_path / "s.om"))
+    assert "cse" not in names and "distribute_constants" in names
+    rc, _, err = atc(f"--model={net}", f"--output={tmp_path / 's'}", "--optimization_switch=cse_pass:off")
+    assert rc == 2 and "cse" in err
+
+
+def test_help_lists_implemented_flags_first_and_ignored_ones_print_their_note_once(tmp_path, atc, capsys):
+    from ge_atc.cli import build_atc_parser
+    from ge_atc.flags import IGNORED, IMPLEMENTED, REFUSED
+
+    text = build_atc_parser().format_help()
+    first_ignored = text.index("accepted, no effect")
+    assert all(text.index(f"--{f} ") < first_ignored for f in IMPLEMENTED if f"--{f} " in text)
+    assert "NPU-only" in text and "Caffe-only" in text and "refused" in text
+    net = conv_net(tmp_path / "net.onnx")
+    rc, _, err = atc(f"--model={net}", f"--output={tmp_path / 'h'}", "--op_select_implmode=high_precision",
+                     "--enable_small_channel=1")
+    assert rc == 0 and err.count("--op_select_implmode has no effect") == 1 and "--enable_small_channel" in err
+    rc, _, err = atc(f"--model={net}", f"--output={tmp_path / 'h'}", "--dynamic_batch_size=1,2")
+    assert rc == 2 and "dynamic_batch_size" in err and "not supported" in err
+    assert set(IMPLEMENTED).isdisjoint(REFUSED) and all(set(IMPLEMENTED).isdisjoint(g) for g in IGNORED.values())
