@@ -147,9 +147,17 @@ def run(args: argparse.Namespace) -> int:
     from ge_core.om import save_om
 
     model = compile_with_progress(ge, args.model, opts)
-    if opts.get("precision_mode") == "force_fp32" and not model.report.get("precision", {}).get("nodes"):
+    precision = model.report.get("precision")
+    if opts.get("precision_mode") == "force_fp32" and not (precision or {}).get("nodes"):
         print("note: --precision_mode=force_fp32 has no effect on this model: it computes in float32 already",
               file=sys.stderr)
+    elif isinstance(precision, dict) and precision.get("nodes"):
+        from .accuracy import measure, summary
+
+        precision["accuracy"] = measure(args.model, opts, model)
+        print(f"note: --precision_mode={precision['mode']}: {len(precision['nodes'])} node(s) read "
+              f"{precision.get('weights_dtype', 'float32')} weights and compute in float32; "
+              f"{summary(precision['accuracy'])}", file=sys.stderr)
     argv = getattr(args, "atc_argv", None)
     argv = argv if argv is not None else sys.argv[2:]  # `ge atc ...`: after the sub-command
     model.report["atc"] = {"command_line": " ".join(["atc", *map(str, argv)]),

@@ -156,3 +156,26 @@ def test_help_lists_implemented_flags_first_and_ignored_ones_print_their_note_on
     rc, _, err = atc(f"--model={net}", f"--output={tmp_path / 'h'}", "--dynamic_batch_size=1,2")
     assert rc == 2 and "dynamic_batch_size" in err and "not supported" in err
     assert set(IMPLEMENTED).isdisjoint(REFUSED) and all(set(IMPLEMENTED).isdisjoint(g) for g in IGNORED.values())
+
+
+def test_deterministic_gives_the_same_bits_at_any_thread_count(tmp_path, atc):
+    """--deterministic=1: results that do not depend on how the run is split. Here: GE's thread
+    pool (parallel=engine), whose splits depend on shapes only; BLAS's own threads give other bits
+    at other thread counts."""
+    from ge_atc.cli import build_atc_parser, compile_options
+
+    rng = np.random.default_rng(7)
+    inits = [numpy_helper.from_array(rng.standard_normal((512, 512)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.standard_normal((512, 256)).astype(np.float32), "w2")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")]
+    model = save_model(tmp_path / "mm.onnx", nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 512])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    rc, _, err = atc(f"--model={model}", f"--output={tmp_path / 'd'}", "--deterministic=1")
+    assert rc == 0, err
+    assert ge.load_om(str(tmp_path / "d.om")).options.extra["parallel"] == "engine"
+    opts = compile_options(build_atc_parser().parse_args([f"--model={model}", "--deterministic=1"]))
+    x = rng.standard_normal((256, 512)).astype(np.float32)
+    runs = [ge.compile(model, {**opts, "threads": t}).run({"x": x})["y"] for t in (2, 3, 4)]
+    assert all(np.array_equal(runs[0], r) for r in runs[1:])
+    assert np.array_equal(runs[0], ge.compile(model, {**opts, "threads": 3}).run({"x": x})["y"])

@@ -66,6 +66,9 @@ def test_force_fp16_halves_the_weights_and_stays_within_1e_2_of_float32(tmp_path
     err16 = float(np.abs(out - ref).max())
     assert err16 <= 1e-2 and err16 > 0  # float16 weights: close, and not the float32 result itself
     table = json.loads((tmp_path / "r.json").read_text())["precision"]
+    acc = table["accuracy"]  # measured by atc itself, on its own random inputs
+    assert acc["against"] == "onnxruntime, float32" and 0 < acc["outputs"]["y"]["max_abs_error"] <= 1e-2
+    assert "largest error" in err
     assert table["mode"] == "force_fp16" and table["weights_dtype"] == "float16"
     assert table["compute_float16_ops"] == [] and table["nodes"]
     assert all(n["weights"] == "float16" and n["compute"] == "float32" for n in table["nodes"].values())
