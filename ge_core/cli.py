@@ -222,6 +222,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         out += ".om"
     opts = _compile_options(args)
     model = compile_with_progress(ge, args.model, opts, quiet=args.quiet)
+    log_stages(model.report)
     model.save(out)
     if args.report:
         write_json_atomic(args.report, model.report)
@@ -230,6 +231,35 @@ def cmd_compile(args: argparse.Namespace) -> int:
         _print_report(model.report, con)
         con.print(f"wrote [bold]{_plain(out)}[/bold]")
     return 0
+
+
+def log_stages(report: dict[str, Any]) -> None:
+    """What each stage did, from the compile report, on the ``ge.compile`` logger: each pass at
+    debug level (``--log debug``), each stage at info level (``--log info``)."""
+    log = logging.getLogger("ge.compile")
+    if not log.isEnabledFor(logging.INFO):
+        return
+    passes = [p for p in report.get("passes", []) if isinstance(p, dict)]
+    before = report.get("nodes_before")
+    stages: dict[str, list[dict[str, Any]]] = {}
+    for p in passes:
+        stages.setdefault(str(p.get("stage")), []).append(p)
+    for stage, ps in stages.items():
+        for i, p in enumerate(ps):
+            what = "error: " + str(p["error"]) if p.get("error") else ("changed" if p.get("changed") else "no change")
+            log.debug("%s: pass %s (%d of %d): %s, %s nodes after, %.2f ms", stage, p.get("name"), i + 1, len(ps),
+                      what, p.get("nodes_after"), 1000 * float(p.get("seconds") or 0))
+        changed = [str(p.get("name")) for p in ps if p.get("changed")]
+        log.info("%s: %d pass run(s), %.2f ms, %s -> %s nodes; changed by %s", stage, len(ps),
+                 1000 * sum(float(p.get("seconds") or 0) for p in ps), before, ps[-1].get("nodes_after"),
+                 ", ".join(dict.fromkeys(changed)) or "none")
+        before = ps[-1].get("nodes_after")
+    st, mem = report.get("streams") or {}, report.get("memory") or {}
+    log.info("streams: %s stream(s), %s event(s)", st.get("count"), st.get("events"))
+    log.info("memory plan: planner %s, arena %s bytes (lower bound %s, no reuse %s)", mem.get("planner"),
+             mem.get("arena_bytes"), mem.get("lower_bound_bytes"), mem.get("no_reuse_bytes"))
+    log.info("build: backend %s, %s kernel launch(es) per run%s", report.get("backend"), report.get("kernels"),
+             f", modes {report['kernel_modes']}" if report.get("kernel_modes") else "")
 
 
 def _load_feed(spec: str) -> tuple[str, np.ndarray]:
@@ -274,6 +304,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     files: dict[str, str] = {}
     if args.output_dir:
         files = _save_outputs(outs, args.output_dir)
+    if args.dump_tensors:
+        dump_tensors(model, feeds, args.dump_tensors)
     timing: dict[str, Any] = {"seconds": dt, "cold_seconds": dt}
     if warm:
         timing.update(warm_runs=len(warm), warm_seconds_median=float(np.median(warm)), warm_seconds_min=min(warm))
@@ -296,6 +328,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         con.print(f"ran in {dt * 1000:.2f} ms (a first, cold run: --repeat N shows the warm time per run)")
     return 0
+
+
+def dump_tensors(model, feeds: dict[str, Any], folder: str) -> str:
+    """Run ``model`` with every tensor a node computes as an output (:meth:`CompiledModel.with_outputs`)
+    and save each as .npy in ``folder``, with ``index.json``: per tensor in schedule order, the
+    node and op that computed it, dtype, shape and file. Returns the index path."""
+    exposed = model.with_outputs(None)
+    outs = exposed.run(feeds)
+    files = _save_outputs(outs, folder)
+    made_by = {o.name: n for n in exposed.graph.node_list() for o in n.outputs}
+    order = {name: i for i, name in enumerate(made_by)}
+    index = []
+    for name, arr in sorted(outs.items(), key=lambda kv: order.get(kv[0], -1)):
+        n = made_by.get(name)
+        index.append({"name": name, "node": n.name if n is not None else None, "op": n.qualified_op if n is not None else None,
+                      "dtype": str(getattr(arr, "dtype", "")), "shape": list(np.shape(arr)),
+                      "file": os.path.basename(files[name]), "output": name in model.output_names})
+    path = os.path.join(folder, "index.json")
+    write_json_atomic(path, index)
+    return path
 
 
 def _save_outputs(outs: dict[str, np.ndarray], folder: str) -> dict[str, str]:
@@ -511,6 +563,9 @@ def build_parser(with_plugins: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=1,
                    help="run N times; the cold first run and the warm runs are reported apart")
     p.add_argument("--output-dir", help="save outputs as NAME.npy here")
+    p.add_argument("--dump-tensors", metavar="DIR",
+                   help="also save every intermediate tensor of the compiled graph as .npy in DIR, "
+                        "with DIR/index.json (node, op, dtype, shape per tensor)")
     p.add_argument("--json", action="store_true", help="print output dtypes, shapes and timing as JSON")
     p.set_defaults(func=cmd_run)
 
@@ -554,7 +609,7 @@ class _OnceHandler(logging.Handler):
     """Prints each distinct log message once, as ``warning: ...`` (its level as the prefix)."""
 
     def __init__(self) -> None:
-        super().__init__(logging.INFO)
+        super().__init__()
         self.seen: set[tuple[int, str]] = set()
 
     def emit(self, record: logging.LogRecord) -> None:

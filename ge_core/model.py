@@ -187,6 +187,40 @@ class CompiledModel:
                              hint=f"the model's outputs are {_listed(have)}")
         return names
 
+    def with_outputs(self, names: Sequence[str] | None = None, **options: Any) -> CompiledModel:
+        """A model that runs this compiled graph with more outputs: the values ``names``, or
+        every tensor a node computes when None (for debugging: dumping or comparing intermediate
+        tensors). The copy is compiled again without passes, so it runs the same kernels on the
+        same graph, and without memory reuse; ``options`` (e.g. ``executor="sequential"``) are
+        added to this model's."""
+        from dataclasses import replace
+
+        from .api import compile as compile_model
+        from .passes import STAGES
+
+        g = self.graph.copy()
+        outs = list(g.outputs)
+        shown = {v.name for v in outs}
+        computed = [o for n in g.node_list() for o in n.outputs]
+        if names is None:
+            extra = [o for o in computed if o.name not in shown and o.type.dtype is not None]
+        else:
+            by_name = {o.name: o for o in computed}
+            bad = [n for n in names if n not in by_name]
+            if bad:
+                from .registry import close_matches
+
+                raise InputError(f"no node of the compiled graph computes {_listed(bad)}"
+                                 f"{close_matches(str(bad[0]), list(by_name))}",
+                                 hint="the compiled graph's values are its nodes' outputs (see `ge export`)")
+            extra = [by_name[n] for n in dict.fromkeys(names) if n not in shown]
+        g.set_outputs(outs + extra)
+        opts = replace(self.options, extra={**self.options.extra}, pipeline={s: {"passes": []} for s in STAGES},
+                       opt_level=0, disable_reuse_memory=True, input_shape={}, out_nodes=[], dump_ir=None,
+                       config=None, fusion_switch_file=None)
+        opts.update(options)
+        return compile_model(g, opts)
+
     def run_async(self, feeds: Mapping[str, Any] | np.ndarray | None = None, *,
                   output_names: Sequence[str] | None = None, **kw: Any) -> Future:
         """Queue one inference on the model's shared :class:`AsyncRunner` (one worker per CPU,

@@ -79,28 +79,21 @@ def compare_outputs(got: dict[str, np.ndarray], ref: dict[str, np.ndarray], rtol
 def per_node(model, src: bytes, feeds: dict[str, np.ndarray], kind: str, rtol: float, atol: float,
              threads: int | None) -> dict[str, Any]:
     """Intermediate tensors of both sides; the first node (schedule order) whose output diverges."""
-    import ge_core as ge
-    from ge_core.passes import STAGES
 
     names = onnx_value_names(src)
-    g = model.graph.copy()
-    outs = list(g.outputs)
-    shown = {v.name for v in outs}
-    extra = [o for n in g.node_list() for o in n.outputs
+    shown = set(model.output_names)
+    extra = [o.name for n in model.graph.node_list() for o in n.outputs
              if o.name in names and o.name not in shown and o.type.dtype is not None]
-    g.set_outputs(outs + extra)
-    opts: dict[str, Any] = {
-        "opt_level": 0, "pipeline": {s: {"passes": []} for s in STAGES}, "disable_reuse_memory": True,
-        "soc_version": model.options.soc_version, "executor": "sequential",
-    }
-    if threads or model.options.threads:
-        opts["threads"] = threads or model.options.threads
+    run_opts: dict[str, Any] = {"executor": "sequential"}
+    if threads:
+        run_opts["threads"] = threads
     try:
-        exposed = ge.compile(g, opts)
+        exposed = model.with_outputs(extra, **run_opts)
     except GEError as e:
         raise GEError(f"--per-node: the compiled graph cannot be run with its intermediate values exposed: {e}") from None
+    g = exposed.graph
     got = exposed.run(feeds)
-    ref = run_reference(kind, with_outputs(src, [v.name for v in extra]), feeds, threads, optimize=False)
+    ref = run_reference(kind, with_outputs(src, extra), feeds, threads, optimize=False)
     diverged: list[dict[str, Any]] = []
     compared = 0
     for node in g.node_list():

@@ -217,3 +217,42 @@ def test_tables_are_whole_in_a_pipe():
     out = ge("passes", check=True).stdout
     assert "…" not in out and "sink_constant_computations" in out
     assert "\x1b[" not in out  # no colour codes into a pipe
+
+
+def test_run_dump_tensors_writes_every_tensor_with_an_index(squeezenet_om, tmp_path):
+    d = tmp_path / "dump"
+    x0 = np.random.default_rng(4).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x0)
+    ge("run", squeezenet_om, "--input", f"data_0={tmp_path / 'x.npy'}", "--dump-tensors", d, check=True)
+    index = json.loads((d / "index.json").read_text())
+    # an intermediate tensor that kept its source name is onnxruntime's on the same input
+    import onnxruntime as ort
+
+    src = onnx.load(light_model_path("squeezenet"))
+    names = {o for n in src.graph.node for o in n.output}
+    mid = next(e for e in index if not e["output"] and e["name"] in names)
+    src.graph.output.append(helper.make_empty_tensor_value_info(mid["name"]))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    (want,) = ort.InferenceSession(src.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
+        [mid["name"]], {"data_0": x0})
+    np.testing.assert_allclose(np.load(d / mid["file"]), want, rtol=1e-4, atol=1e-4)
+    import ge_core as _ge
+
+    model = _ge.load_om(str(squeezenet_om))
+    assert len(index) == sum(len(n.outputs) for n in model.graph.nodes) > 20
+    assert [e["node"] for e in index] == [n.name for n in model.graph.node_list() for _ in n.outputs]
+    last = next(e for e in index if e["output"])
+    x = np.load(d / last["file"])
+    assert list(x.shape) == last["shape"] and str(x.dtype) == last["dtype"]
+    r = json.loads(ge("run", squeezenet_om, "--input", f"data_0={tmp_path / 'x.npy'}", "--output-dir", tmp_path / "o",
+                      "--json", check=True).stdout)
+    np.testing.assert_array_equal(np.load(r["outputs"][last["name"]]["file"]), x)
+
+
+def test_log_debug_says_what_each_stage_did(tmp_path):
+    r = ge("compile", light_model_path("squeezenet"), "-o", tmp_path / "s.om", "-q", "--log", "debug", check=True)
+    assert "debug: optimize: pass fold_constants" in r.stderr and "info: fuse:" in r.stderr
+    assert "info: memory plan: planner" in r.stderr and "info: build: backend cpu" in r.stderr
+    r = ge("compile", light_model_path("squeezenet"), "-o", tmp_path / "s.om", "-q", check=True)
+    assert "debug:" not in r.stderr and "info:" not in r.stderr

@@ -146,3 +146,18 @@ def test_async_runner_queue_is_bounded(tmp_path):
     assert sorted(running) == [0, 1, 2, 3]
     with pytest.raises(ge.InputError, match="jobs"):
         ge.AsyncRunner(model, jobs=0)
+
+
+def test_with_outputs_exposes_intermediate_tensors(model_and_om):
+    src, model, om = model_and_om
+    x = np.random.default_rng(2).standard_normal((2, 4)).astype(np.float32)
+    m = ge.load_om(om)
+    every = m.with_outputs()
+    assert every.output_names[:2] == ["t", "y"]
+    out = every.run(x)
+    want = _ort(src, x)
+    for k in ("t", "y"):
+        np.testing.assert_allclose(out[k], want[k], rtol=1e-5, atol=1e-6)
+    assert list(m.with_outputs(["y"], executor="sequential").run(x)) == ["t", "y"]
+    with pytest.raises(ge.InputError, match="no node of the compiled graph computes 'yy'"):
+        m.with_outputs(["yy"])
