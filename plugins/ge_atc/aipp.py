@@ -10,13 +10,16 @@ these steps run in front of the model, as ops of the graph, in GE's order:
    (``ax_swap_switch`` says X comes last);
 3. colour-space conversion (``csc_switch``): ``out = floor(M (x - input_bias) / 256) + output_bias``
    clipped to 0..255, M from ``matrix_r0c0``..``matrix_r2c2`` (GE's Q8 integer matrix);
-4. ``(x - mean_chn_i - min_chn_i) * var_reci_chn_i`` per channel (float32 here, float16 on the NPU);
+4. ``(x - mean_chn_i - min_chn_i) * var_reci_chn_i`` per channel (float32 here, float16 on the NPU),
+   folded into the first layer's weights and bias when every reader of the input is an unpadded
+   Conv with constant weights (a padded border would be zeros of the normalised image);
 5. padding (``padding``, ``left/right/top/bottom_padding_size``, ``padding_value``);
 6. NHWC -> the model's layout (``--input_format``; NCHW unless it says NHWC).
 
 Input formats: RGB888_U8, BGR888_U8 (3 channels), XRGB8888_U8 / ARGB8888_U8 (4, one dropped),
-YUV400_U8 (1). YUV420SP_U8 (NV12) and the packed YUV formats are refused with a message (their
-chroma planes are subsampled; not built yet). Dynamic AIPP (``aipp_mode: dynamic``) is refused.
+YUV400_U8 (1), YUV420SP_U8 (NV12: the input is uint8 ``[N, H*3/2, W, 1]``, H rows of Y then H/2
+rows of interleaved U,V, each pair covering 2x2 pixels; ``rbuv_swap_switch`` reads NV21). The
+packed YUV formats (YUYV, YUV422SP, AYUV444) are refused with a message. Dynamic AIPP (``aipp_mode: dynamic``) is refused.
 """
 
 from __future__ import annotations
@@ -36,14 +39,15 @@ from ge_core.registry import close_matches
 from .files import read_text
 
 MAX_CONF_BYTES = 1 << 20
-CHANNELS = {"RGB888_U8": 3, "BGR888_U8": 3, "XRGB8888_U8": 4, "ARGB8888_U8": 4, "RGBA8888_U8": 4, "YUV400_U8": 1}
+CHANNELS = {"RGB888_U8": 3, "BGR888_U8": 3, "XRGB8888_U8": 4, "ARGB8888_U8": 4, "RGBA8888_U8": 4, "YUV400_U8": 1,
+            "YUV420SP_U8": 3}
 _INT_KEYS = ("related_input_rank src_image_size_w src_image_size_h load_start_pos_h load_start_pos_w crop_size_w "
              "crop_size_h left_padding_size right_padding_size top_padding_size bottom_padding_size").split()
 _BOOL_KEYS = "crop padding csc_switch rbuv_swap_switch ax_swap_switch".split()
 _NUM_KEYS = ([f"matrix_r{r}c{c}" for r in range(3) for c in range(3)] + [f"output_bias_{i}" for i in range(3)]
              + [f"input_bias_{i}" for i in range(3)] + [f"{k}_chn_{i}" for k in ("mean", "min", "var_reci")
                                                          for i in range(4)] + ["padding_value"])
-_ENUM_KEYS = {"aipp_mode": ("static", "dynamic"), "input_format": tuple(CHANNELS) + ("YUV420SP_U8", "YUYV_U8",
+_ENUM_KEYS = {"aipp_mode": ("static", "dynamic"), "input_format": tuple(CHANNELS) + ("YUYV_U8",
                                                                                      "YUV422SP_U8", "AYUV444_U8")}
 KEYS = _INT_KEYS + _BOOL_KEYS + _NUM_KEYS + list(_ENUM_KEYS)
 FORMATS = ("NCHW", "NHWC", "ND", "NCDHW", "NDHWC")
@@ -131,9 +135,12 @@ def _check_block(b: dict[str, Any], where: str) -> None:
         raise OptionError(f"{where}: an aipp_op block needs input_format (e.g. RGB888_U8)")
     if fmt not in CHANNELS:
         raise OptionError(f"{where}: input_format {fmt} is not supported here",
-                          hint=f"supported: {', '.join(CHANNELS)} (YUV420SP and the packed YUV formats are not built)")
+                          hint=f"supported: {', '.join(CHANNELS)} (the packed YUV formats are not built)")
     if not b.get("src_image_size_w") or not b.get("src_image_size_h"):
         raise OptionError(f"{where}: static AIPP needs src_image_size_w and src_image_size_h")
+    if fmt == "YUV420SP_U8" and (b["src_image_size_w"] % 2 or b["src_image_size_h"] % 2 or (
+            b.get("crop") and (b.get("load_start_pos_h", 0) % 2 or b.get("load_start_pos_w", 0) % 2))):
+        raise OptionError(f"{where}: YUV420SP_U8 needs an even image size and even crop start positions")
     if b.get("csc_switch") and CHANNELS[fmt] == 1:
         raise OptionError(f"{where}: csc_switch needs 3 colour channels, input_format {fmt} has one")
     if b.get("crop"):
@@ -198,7 +205,11 @@ def _insert(graph: Graph, x: Value, b: dict[str, Any], layout: str) -> None:
     if x.is_graph_output:
         raise OptionError(f"insert_op_conf: input '{x.name}' is also an output of the model; AIPP cannot change it")
     uses = x.uses()
-    x.type = TensorType(np.dtype(np.uint8), (n, b["src_image_size_h"], b["src_image_size_w"], cin))
+    src_h, src_w = b["src_image_size_h"], b["src_image_size_w"]
+    if fmt == "YUV420SP_U8":  # NV12: H rows of Y, then H/2 rows of interleaved U,V at half width
+        x.type = TensorType(np.dtype(np.uint8), (n, src_h * 3 // 2, src_w, 1))
+    else:
+        x.type = TensorType(np.dtype(np.uint8), (n, src_h, src_w, cin))
     before = next(iter(graph.nodes), None)
 
     def node(op: str, ins: list[Value], attrs: dict[str, Any] | None = None) -> Value:
@@ -208,6 +219,15 @@ def _insert(graph: Graph, x: Value, b: dict[str, Any], layout: str) -> None:
         return graph.add_constant(np.asarray(a, dtype=dtype), graph.fresh_name(f"aipp_{x.name}_c"))
 
     v = x
+    if fmt == "YUV420SP_U8":  # to YUV 4:4:4: each U,V pair covers 2x2 pixels
+        i64 = np.int64
+        y = node("Slice", [v, const([0], i64), const([src_h], i64), const([1], i64)])
+        uv = node("Slice", [v, const([src_h], i64), const([src_h * 3 // 2], i64), const([1], i64)])
+        uv = node("Reshape", [uv, const([-1, src_h // 2, 1, src_w // 2, 1, 2], i64)])
+        uv = node("Expand", [uv, const([1, 1, 2, 1, 2, 1], i64)])
+        uv = node("Reshape", [uv, const([-1, src_h, src_w, 2], i64)])
+        v = node("Concat", [y, uv], {"axis": 3})
+        cin = 3
     if b.get("crop"):
         y0, x0 = b.get("load_start_pos_h", 0), b.get("load_start_pos_w", 0)
         v = node("Slice", [v, const([y0, x0], np.int64), const([y0 + h, x0 + w], np.int64), const([1, 2], np.int64)])
@@ -229,6 +249,10 @@ def _insert(graph: Graph, x: Value, b: dict[str, Any], layout: str) -> None:
         v = node("Min", [v, const(255.0)])
     mean = [b.get(f"mean_chn_{i}", 0.0) + b.get(f"min_chn_{i}", 0.0) for i in range(cout)]
     var = [b.get(f"var_reci_chn_{i}", 1.0) for i in range(cout)]
+    if layout != "NHWC" and not any(pads) and uses and all(_foldable(u, i, cout) for u, i in uses):
+        for u, _ in uses:  # the first layer absorbs the normalisation: no op for it at run time
+            _fold_into_conv(graph, u, np.asarray(mean, np.float64), np.asarray(var, np.float64))
+        mean, var = [0.0] * cout, [1.0] * cout
     if any(mean):
         v = node("Sub", [v, const(mean)])
     if any(r != 1.0 for r in var):
@@ -240,3 +264,34 @@ def _insert(graph: Graph, x: Value, b: dict[str, Any], layout: str) -> None:
         v = node("Transpose", [v], {"perm": [0, 3, 1, 2]})
     for u, i in uses:
         u.set_input(i, v)
+
+
+def _foldable(node, i: int, channels: int) -> bool:
+    """A Conv reading the AIPP output as its data input, without padding (a padded border would
+    be zeros of the normalised image, not of the raw one) and with constant float32 weights."""
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or i != 0:
+        return False
+    a = node.attrs
+    if int(a.get("group", 1)) != 1 or any(int(p) for p in a.get("pads", ()) or ()) or \
+            str(a.get("auto_pad", "NOTSET")) not in ("NOTSET", "VALID"):
+        return False
+    w = node.inputs[1] if len(node.inputs) > 1 else None
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    return (w is not None and w.const_value is not None and w.const_value.dtype == np.float32
+            and w.const_value.ndim == 4 and w.const_value.shape[1] == channels
+            and (bias is None or (bias.const_value is not None and bias.const_value.dtype == np.float32)))
+
+
+def _fold_into_conv(graph: Graph, conv, mean: np.ndarray, scale: np.ndarray) -> None:
+    """conv(W, (x - mean) * scale) + b == conv(W * scale, x) + (b - sum(W * scale * mean))."""
+    w = np.asarray(conv.inputs[1].const_value, np.float64)
+    ws = w * scale[None, :, None, None]
+    bias_in = conv.inputs[2] if len(conv.inputs) > 2 else None
+    b = np.zeros(w.shape[0]) if bias_in is None else np.asarray(bias_in.const_value, np.float64)
+    b2 = b - (ws * mean[None, :, None, None]).sum(axis=(1, 2, 3))
+    conv.set_input(1, graph.add_constant(ws.astype(np.float32), graph.fresh_name(f"{conv.name}_aipp_w")))
+    nb = graph.add_constant(b2.astype(np.float32), graph.fresh_name(f"{conv.name}_aipp_b"))
+    if bias_in is None:
+        conv.add_input(nb)
+    else:
+        conv.set_input(2, nb)

@@ -179,3 +179,55 @@ def test_deterministic_gives_the_same_bits_at_any_thread_count(tmp_path, atc):
     runs = [ge.compile(model, {**opts, "threads": t}).run({"x": x})["y"] for t in (2, 3, 4)]
     assert all(np.array_equal(runs[0], r) for r in runs[1:])
     assert np.array_equal(runs[0], ge.compile(model, {**opts, "threads": 3}).run({"x": x})["y"])
+
+
+def test_aipp_normalisation_is_fused_into_an_unpadded_first_conv(tmp_path, atc):
+    """GE fuses AIPP into the model's first layer where it can: an unpadded first Conv absorbs
+    the mean/var step (its weights and bias change), so no op runs for it."""
+    import onnx
+
+    net = conv_net(tmp_path / "net.onnx")
+    m = onnx.load(net)
+    for n in m.graph.node:
+        for a in n.attribute:
+            if a.name == "pads":
+                a.ints[:] = [0, 0, 0, 0]
+    onnx.save(m, net)
+    conf = tmp_path / "aipp.cfg"
+    conf.write_text(AIPP.replace("crop : true", "crop : false").replace("src_image_size_w : 20", "src_image_size_w : 16")
+                    .replace("src_image_size_h : 18", "src_image_size_h : 16"))
+    rc, _, err = atc(f"--model={net}", f"--output={tmp_path / 'f'}", f"--insert_op_conf={conf}")
+    assert rc == 0, err
+    model = ge.load_om(str(tmp_path / "f.om"))
+    ops = model.report["op_counts"]
+    assert set(ops) <= {"Cast", "Transpose", "ge.fused::FusedConv", "Conv"}, ops  # no Sub/Mul left
+    img = np.random.default_rng(3).integers(0, 256, (1, 16, 16, 3), dtype=np.uint8)
+    norm = (img.astype(np.float32) - np.array([123.5, 117, 104], np.float32)) * np.array([0.0171, 0.0175, 0.0174],
+                                                                                           np.float32)
+    ref = ort_run(net, {"x": np.ascontiguousarray(norm.transpose(0, 3, 1, 2))})[0]
+    np.testing.assert_allclose(model.run({"x": img})["y"], ref, rtol=1e-4, atol=1e-5)
+
+
+def test_aipp_yuv420sp_to_rgb(tmp_path, atc):
+    """YUV420SP_U8 (NV12) input with GE's YUV -> RGB csc matrix (JPEG full range, input_bias
+    0/128/128): each pixel's Y with the U,V of its 2x2 block, by GE's Q8 formula."""
+    ident = save_model(tmp_path / "id.onnx", [helper.make_node("Identity", ["x"], ["y"], name="id")],
+                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 6])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = [[256, 0, 359], [256, -88, -183], [256, 454, 0]]
+    conf = tmp_path / "nv12.cfg"
+    conf.write_text("aipp_op {\n aipp_mode : static\n input_format : YUV420SP_U8\n src_image_size_w : 6\n"
+                    " src_image_size_h : 4\n csc_switch : true\n input_bias_0 : 0\n input_bias_1 : 128\n"
+                    " input_bias_2 : 128\n" + "\n".join(f" matrix_r{r}c{c} : {m[r][c]}" for r in range(3)
+                                                        for c in range(3)) + "\n}\n")
+    rc, _, err = atc(f"--model={ident}", f"--output={tmp_path / 'n'}", f"--insert_op_conf={conf}")
+    assert rc == 0, err
+    rng = np.random.default_rng(4)
+    yplane = rng.integers(0, 256, (4, 6), dtype=np.uint8)
+    uv = rng.integers(0, 256, (2, 3, 2), dtype=np.uint8)
+    nv12 = np.concatenate([yplane, uv.reshape(2, 6)], axis=0).reshape(1, 6, 6, 1)
+    out = ge.load_om(str(tmp_path / "n.om")).run({"x": nv12})["y"]
+    full_uv = uv.repeat(2, axis=0).repeat(2, axis=1).astype(np.float64)
+    yuv = np.concatenate([yplane[..., None].astype(np.float64), full_uv], axis=2) - [0, 128, 128]
+    rgb = np.clip(np.floor(yuv @ np.array(m, np.float64).T / 256), 0, 255)
+    np.testing.assert_array_equal(out[0], rgb.transpose(2, 0, 1).astype(np.float32))
