@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ge_core.cli import compile_with_progress, guard, write_json_atomic
-from ge_core.errors import OptionError
+from ge_core.errors import OptionError, UnsupportedOpError
 
 from .flags import IGNORED, IMPLEMENTED, REFUSED, all_ignored, ignored_note
 
@@ -146,7 +146,13 @@ def run(args: argparse.Namespace) -> int:
     import ge_core as ge
     from ge_core.om import save_om
 
-    model = compile_with_progress(ge, args.model, opts)
+    try:
+        model = compile_with_progress(ge, args.model, opts)
+    except UnsupportedOpError:
+        # GE: when --mode=0 fails to parse the model, the pre-check report says which ops (--check_report)
+        path = _write_check_report(args, opts)
+        print(f"note: the pre-check report of the unsupported ops is in {path}", file=sys.stderr)
+        raise
     precision = model.report.get("precision")
     if opts.get("precision_mode") == "force_fp32" and not (precision or {}).get("nodes"):
         print("note: --precision_mode=force_fp32 has no effect on this model: it computes in float32 already",
@@ -176,11 +182,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _precheck(args: argparse.Namespace, opts: dict[str, Any]) -> int:
-    from .precheck import precheck, summary_line
+def _write_check_report(args: argparse.Namespace, opts: dict[str, Any]) -> str:
+    """Pre-check the model and write GE's check_result.json (``--check_report``, else in
+    ``$ASCEND_WORK_PATH`` or the current folder); its path. ``args.precheck_result`` keeps it."""
+    from .precheck import precheck
 
     report = precheck(args.model, opts)
     path = args.check_report or os.path.join(os.environ.get("ASCEND_WORK_PATH") or ".", "check_result.json")
     write_json_atomic(path, report)
+    args.precheck_result = report
+    return path
+
+
+def _precheck(args: argparse.Namespace, opts: dict[str, Any]) -> int:
+    from .precheck import summary_line
+
+    path = _write_check_report(args, opts)
+    report = args.precheck_result
     print(summary_line(report) + f" (report: {path})", file=sys.stderr if report["result"] != "success" else sys.stdout)
     return 0 if report["result"] == "success" else 1

@@ -92,3 +92,14 @@ def test_mode6_displays_model_info(tmp_path, atc):
     assert f"memory_size[{report['memory']['arena_bytes']} B]" in lines[3]
     assert f"weight_size[{report['memory']['weights_bytes']} B]" in lines[3]
     assert f"stream_num[{report['streams']['count']}]" in lines[3]
+
+
+def test_mode0_that_fails_on_unsupported_ops_writes_the_check_report(tmp_path, atc):
+    """--check_report: "when --mode=0 fails to parse the graph" the pre-check result is written too."""
+    model = _custom_op_model(tmp_path / "bad.onnx")
+    report_path = tmp_path / "why.json"
+    rc, _, err = atc(f"--model={model}", f"--output={tmp_path / 'never'}", f"--check_report={report_path}")
+    assert rc == 2 and "MyCustomOp" in err and str(report_path) in err
+    assert not (tmp_path / "never.om").exists()
+    report = json.loads(report_path.read_text())
+    assert report["result"] == "failed" and [op["name"] for op in report["op"] if op["result"] == "failed"] == ["custom1"]
