@@ -31,7 +31,10 @@ _PLUGIN_OPTIONS = ("precision_mode", "keep_dtype", "modify_mixlist", "insert_op_
 
 
 def build_atc_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="atc", description="ATC-compatible front door of GE for Python. "
+    p = argparse.ArgumentParser(prog="atc", usage="atc --model=FILE [--framework=5] --output=NAME [flags]\n"
+                                "       atc --mode=3 --model=FILE [--check_report=FILE]\n"
+                                "       atc --mode=1 --om=FILE.om [--json=FILE]  |  atc --mode=6 --om=FILE.om",
+                                description="ATC-compatible front door of GE for Python. "
                                 "Implemented flags first; then ATC's flags that are accepted and ignored, "
                                 "grouped by why; then the refused ones.", allow_abbrev=False)
     add_atc_arguments(p)
@@ -81,7 +84,38 @@ def _check_choices(args: argparse.Namespace) -> None:
             raise OptionError(f"atc --{name}={v}: the value must be one of {', '.join(allowed)}")
 
 
+#: ATC's layouts per framework (GE's main_impl.cc: kONNXFormatSupport and friends).
+_FORMATS_OF = {"onnx": ("NCHW", "ND", "NCDHW"), "caffe": ("NCHW", "ND"),
+               "tensorflow": ("NCHW", "NHWC", "ND", "NCDHW", "NDHWC")}
+
+
+def _check_input_format(args: argparse.Namespace) -> None:
+    if not args.input_format:
+        return
+    from ge_core.options import parse_framework
+
+    fw = parse_framework(args.framework) or ("onnx" if str(args.model or "").endswith(".onnx") else None)
+    allowed = _FORMATS_OF.get(fw or "")
+    if allowed and args.input_format.upper() not in allowed:
+        raise OptionError(f"atc --input_format={args.input_format}: ATC takes only {', '.join(allowed)} for a "
+                          f"{fw} model", hint="an ONNX model's image input is NCHW")
+
+
+def _dependent_notes(args: argparse.Namespace) -> None:
+    """GE: --keep_dtype works with a --precision_mode other than must_keep_origin_dtype, and
+    --modify_mixlist with allow_mix_precision; say so when a flag is given without its partner."""
+    mode = args.precision_mode or "must_keep_origin_dtype"
+    if args.keep_dtype and mode == "must_keep_origin_dtype":
+        print("note: --keep_dtype has no effect with precision_mode must_keep_origin_dtype (nothing is reduced)",
+              file=sys.stderr)
+    if args.modify_mixlist and not mode.startswith("allow_mix_precision"):
+        print(f"note: --modify_mixlist has no effect with precision_mode {mode} (it edits allow_mix_precision's "
+              "lists)", file=sys.stderr)
+
+
 def _notes(args: argparse.Namespace) -> None:
+    _check_input_format(args)
+    _dependent_notes(args)
     for name in REFUSED:
         if getattr(args, f"refused_{name}", None) is not None:
             raise OptionError(f"atc --{name} is not supported: {REFUSED[name]}")

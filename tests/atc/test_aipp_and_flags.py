@@ -231,3 +231,18 @@ def test_aipp_yuv420sp_to_rgb(tmp_path, atc):
     yuv = np.concatenate([yplane[..., None].astype(np.float64), full_uv], axis=2) - [0, 128, 128]
     rgb = np.clip(np.floor(yuv @ np.array(m, np.float64).T / 256), 0, 255)
     np.testing.assert_array_equal(out[0], rgb.transpose(2, 0, 1).astype(np.float32))
+
+
+def test_input_format_and_flag_partners_follow_ge(tmp_path, atc):
+    """--input_format: ATC takes NCHW, ND or NCDHW for an ONNX model; --keep_dtype needs a
+    reducing --precision_mode and --modify_mixlist an allow_mix_precision one (else a note)."""
+    net = conv_net(tmp_path / "net.onnx")
+    rc, _, err = atc(f"--model={net}", f"--output={tmp_path / 'f'}", "--input_format=NHWC")
+    assert rc == 2 and "NCHW" in err and "onnx" in err
+    keep = tmp_path / "keep.cfg"
+    keep.write_text("conv1\n")
+    mix = tmp_path / "mix.json"
+    mix.write_text("{}")
+    rc, _, err = atc(f"--model={net}", f"--output={tmp_path / 'f'}", f"--keep_dtype={keep}", f"--modify_mixlist={mix}",
+                     "--input_format=NCHW")
+    assert rc == 0 and "--keep_dtype has no effect" in err and "--modify_mixlist has no effect" in err
