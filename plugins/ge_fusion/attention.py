@@ -1,12 +1,12 @@
-"""The fused Attention kernel's parallel form: one task per (batch, head) on numba's threads.
+"""The fused Attention kernel's parallel form: one task per (batch, head) on native threads.
 
-``softmax(scale * Q @ K^T + mask) @ V`` for every head is one ``prange`` iteration: a BLAS
-``gemm`` (single-threaded, called without the GIL, :mod:`ge_sdk.gemm`) writes the head's
-scores into its own scratch block (``scale`` rides on ``alpha``), the rows get the mask, their
-max, ``exp`` (:func:`ge_sdk.vmath.expneg32`, vectorised) and their sum in one pass each while
-the block is in cache, and a second ``gemm`` writes ``P @ V`` into the head's rows of the output.
-The scores of only one head per thread exist at a time (never the whole ``(heads, m, n)``).
-The heads are claimed one at a time by the run's threads (:func:`ge_sdk.gemm.set_width`).
+``softmax(scale * Q @ K^T + mask) @ V`` for every head is one iteration of an OpenMP loop in a
+native kernel (:mod:`ge_sdk.native`): a BLAS ``gemm`` (single-threaded, :mod:`ge_sdk.gemm`)
+writes the head's scores into its own scratch block (``scale`` rides on ``alpha``), the rows
+get the mask, their max, ``exp`` (the prelude's vectorised ``expneg32``) and their sum in one
+pass each while the block is in cache, and a second ``gemm`` writes ``P @ V`` into the head's
+rows of the output. The scores of only one head per thread exist at a time (never the whole
+``(heads, m, n)``). The heads are claimed one at a time by the run's threads.
 
 Operands may be strided views (the Transpose that makes K^T is a view): each matrix is passed
 as a pointer per head and a leading dimension, transposed for BLAS when its rows are the
@@ -16,13 +16,12 @@ them (dtype, strides, shapes, mask layout); the caller then runs its NumPy form.
 
 from __future__ import annotations
 
-import math
 import threading
 from typing import Any
 
 import numpy as np
 
-from ge_sdk import gemm
+from ge_sdk import gemm, native
 
 _lock = threading.Lock()
 _kernels: dict[str, Any] = {}
@@ -30,69 +29,93 @@ _kernels: dict[str, Any] = {}
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
 
+#: one task per head; the arguments are (gemm address, count, m, n, d, dv, then for q, k and v:
+#: address, per-head element offsets, leading dimension, BLAS transpose flag; the output's
+#: address, offsets and leading dimension; alpha, the flat mask, its per-head offsets, its row
+#: stride, has_mask, the scratch blocks (width x m x n), width); the caller checked every array
+#: the addresses come from
+_HEADS_SRC = r"""
+#include <omp.h>
+
+#define HEADS(NAME, T, GEMM_T, NPY, EXPNEG)                                                            \
+static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {                          \
+    int64_t fn, count, m, nn, d, dv, qa, qld, qtr, ka, kld, ktr, va, vld, vtr, oa, old, mrs, has_mask, width; \
+    int64_t cq, ck, cv, co, cm, mlen;                                                                 \
+    if (ge_nargs(n, 28)) return NULL;                                                                 \
+    if (ge_int(args, 0, 1, INT64_MAX, &fn) || ge_int(args, 1, 0, 1LL << 40, &count)                  \
+        || ge_int(args, 2, 1, 1LL << 30, &m) || ge_int(args, 3, 1, 1LL << 30, &nn)                    \
+        || ge_int(args, 4, 0, 1LL << 30, &d) || ge_int(args, 5, 0, 1LL << 30, &dv)                    \
+        || ge_int(args, 6, 0, INT64_MAX, &qa) || ge_int(args, 8, 1, 1LL << 40, &qld)                  \
+        || ge_int(args, 9, 111, 112, &qtr) || ge_int(args, 10, 0, INT64_MAX, &ka)                     \
+        || ge_int(args, 12, 1, 1LL << 40, &kld) || ge_int(args, 13, 111, 112, &ktr)                   \
+        || ge_int(args, 14, 0, INT64_MAX, &va) || ge_int(args, 16, 1, 1LL << 40, &vld)                \
+        || ge_int(args, 17, 111, 112, &vtr) || ge_int(args, 18, 0, INT64_MAX, &oa)                    \
+        || ge_int(args, 20, 1, 1LL << 40, &old) || ge_int(args, 24, 0, 1LL << 40, &mrs)               \
+        || ge_int(args, 25, 0, 1, &has_mask) || ge_int(args, 27, 1, 4096, &width)) return NULL;       \
+    double alpha = PyFloat_AsDouble(args[21]);                                                        \
+    if (alpha == -1.0 && PyErr_Occurred()) return NULL;                                               \
+    const int64_t *qo = (const int64_t *)ge_vec(args, 7, NPY_INT64, 0, &cq);                            \
+    const int64_t *ko = (const int64_t *)ge_vec(args, 11, NPY_INT64, 0, &ck);                           \
+    const int64_t *vo = (const int64_t *)ge_vec(args, 15, NPY_INT64, 0, &cv);                           \
+    const int64_t *oo = (const int64_t *)ge_vec(args, 19, NPY_INT64, 0, &co);                           \
+    const T *mask = (const T *)ge_vec(args, 22, NPY, 0, &mlen);                                          \
+    const int64_t *mo = (const int64_t *)ge_vec(args, 23, NPY_INT64, 0, &cm);                           \
+    T *scratch = (T *)ge_arr(args, 26, NPY, 1, width * m * nn);                                       \
+    if (!qo || !ko || !vo || !oo || !mask || !mo || !scratch) return NULL;                            \
+    if (cq < count || ck < count || cv < count || co < count || cm < count) {                         \
+        PyErr_SetString(PyExc_ValueError, "attention: the offset tables disagree in length"); return NULL; \
+    }                                                                                                 \
+    if (has_mask)                                                                                     \
+        for (int64_t i = 0; i < count; i++)                                                           \
+            if (mo[i] < 0 || mo[i] + (m - 1) * mrs + nn > mlen) {                                     \
+                PyErr_SetString(PyExc_ValueError, "attention: a head's mask lies outside the mask"); return NULL; \
+            }                                                                                         \
+    GEMM_T f = (GEMM_T)(intptr_t)fn;                                                                  \
+    Py_BEGIN_ALLOW_THREADS                                                                            \
+    _Pragma("omp parallel for schedule(dynamic,1) num_threads(width)")                                \
+    for (int64_t i = 0; i < count; i++) {                                                             \
+        T *s = scratch + (int64_t)omp_get_thread_num() * m * nn;                                      \
+        f(101, qtr, ktr, m, nn, d, (T)alpha, (const T *)(intptr_t)qa + qo[i], qld,                     \
+          (const T *)(intptr_t)ka + ko[i], kld, 0, s, nn);                                            \
+        for (int64_t r = 0; r < m; r++) {                                                             \
+            T *row = s + r * nn;                                                                      \
+            if (has_mask) {                                                                           \
+                const T *mk = mask + mo[i] + r * mrs;                                                 \
+                for (int64_t j = 0; j < nn; j++) row[j] += mk[j];                                     \
+            }                                                                                         \
+            /* a NaN anywhere still makes the row NaN: exp(NaN - m) is NaN and so is the sum */       \
+            T mx = row[0];                                                                            \
+            _Pragma("omp simd reduction(max:mx)")                                                     \
+            for (int64_t j = 0; j < nn; j++) mx = row[j] > mx ? row[j] : mx;                          \
+            for (int64_t j = 0; j < nn; j++) row[j] = EXPNEG(row[j] - mx);                            \
+            T sum = 0;                                                                                \
+            _Pragma("omp simd reduction(+:sum)")                                                      \
+            for (int64_t j = 0; j < nn; j++) sum += row[j];                                           \
+            T inv = (T)1 / sum;                                                                       \
+            for (int64_t j = 0; j < nn; j++) row[j] *= inv;                                           \
+        }                                                                                             \
+        f(101, 111, vtr, m, dv, nn, 1, s, nn, (const T *)(intptr_t)va + vo[i], vld, 0,                 \
+          (T *)(intptr_t)oa + oo[i], old);                                                            \
+    }                                                                                                 \
+    Py_END_ALLOW_THREADS                                                                              \
+    Py_RETURN_NONE;                                                                                   \
+}
+
+HEADS(heads_f32, float, gemm_f32_t, NPY_FLOAT, expneg32)
+HEADS(heads_f64, double, gemm_f64_t, NPY_DOUBLE, exp)
+"""
+
+
 def _build(dtype: np.dtype):
-    fn = gemm.cblas(dtype)
-    if fn is None:
+    blas = gemm.cblas_native(dtype)
+    if blas is None:
         return None
-    import numba
-    from numba import njit, prange
-
-    if dtype == np.float32:
-        from ge_sdk.vmath import expneg32 as exp_neg
-    else:
-        exp_neg = njit(inline="always")(lambda v: math.exp(v))
-    scalar = dtype.type
-    one, zero = scalar(1.0), scalar(0.0)
-    item = dtype.itemsize
-    row_major, no_trans = _ROW_MAJOR, _NO_TRANS
-
-    @njit(fastmath={"nnan", "nsz", "reassoc"})
-    def row_max(r):
-        # a NaN anywhere still makes the row NaN: exp(NaN - m) is NaN and so is the sum
-        m = r[0]
-        for j in range(1, r.shape[0]):
-            v = r[j]
-            m = v if v > m else m
-        return m
-
-    @njit(fastmath={"reassoc", "nsz"})
-    def row_sum(r):
-        s = zero
-        for j in range(r.shape[0]):
-            s += r[j]
-        return s
-
-    def heads(count, m, n, d, dv, q, q_off, q_ld, q_tr, k, k_off, k_ld, k_tr, v, v_off, v_ld, v_tr,
-              o, o_off, o_ld, alpha, mask, m_off, m_rs, has_mask, scratch):
-        for i in prange(count):
-            s = scratch[numba.get_thread_id()]  # one scores block per thread, reused head after head
-            fn(row_major, q_tr, k_tr, m, n, d, alpha, q + q_off[i] * item, q_ld, k + k_off[i] * item, k_ld,
-               zero, s.ctypes.data, n)
-            for r in range(m):
-                row = s[r]
-                if has_mask:
-                    base = m_off[i] + r * m_rs
-                    for j in range(n):
-                        row[j] += mask[base + j]
-                mx = row_max(row)
-                for j in range(n):
-                    row[j] = exp_neg(row[j] - mx)
-                inv = one / row_sum(row)
-                for j in range(n):
-                    row[j] *= inv
-            fn(row_major, no_trans, v_tr, m, dv, n, one, s.ctypes.data, n, v + v_off[i] * item, v_ld,
-               zero, o + o_off[i] * item, o_ld)
-
-    nt = numba.types
-    sc = getattr(nt, dtype.name)
-    i64, i64a = nt.int64, nt.Array(nt.int64, 1, "C", readonly=True)
-    sig = nt.void(i64, i64, i64, i64, i64, i64, i64a, i64, i64, i64, i64a, i64, i64, i64, i64a, i64, i64,
-                  i64, i64a, i64, sc, nt.Array(sc, 1, "C", readonly=True), i64a, i64, nt.boolean,
-                  nt.Array(sc, 3, "C"))
-    try:
-        return njit(sig, parallel=True, nogil=True, error_model="numpy")(heads)
-    except Exception:  # noqa: BLE001 - numba refuses (no thread-safe layer): the NumPy form runs
+    addr, integer = blas
+    mod = native.build(gemm.blas_decls(integer) + _HEADS_SRC, ["heads_f32", "heads_f64"], openmp=True)
+    if mod is None:
         return None
+    kern = mod.heads_f32 if dtype == np.float32 else mod.heads_f64
+    return lambda *args: kern(addr, *args)
 
 
 def _kernel(dtype: np.dtype):
@@ -218,7 +241,7 @@ def run(q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None, s
     scratch = np.empty((width, m, n), dt)
     (qo, qld, qtr), (ko, kld, ktr), (vo, vld, vtr) = mats
     fn(count, m, n, d, dv, q.ctypes.data, qo, qld, qtr, kt.ctypes.data, ko, kld, ktr, v.ctypes.data, vo, vld, vtr,
-       res.ctypes.data, o_off, dv, dt.type(scale), mflat, moffs, m_rs, mask is not None, scratch)
+       res.ctypes.data, o_off, dv, float(scale), mflat, moffs, m_rs, int(mask is not None), scratch, width)
     if out is not None and res is not out:
         np.copyto(out, res)
         return out

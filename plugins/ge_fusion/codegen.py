@@ -10,9 +10,9 @@ the anchor op, for an epilogue fused into a Conv or MatMul) or ``"t<j>"`` (the r
 signature:
 
 - with static shapes, a program of several steps (or one step over :data:`LOOP_MIN_ELEMENTS`
-  elements or more): one compiled loop (:mod:`ge_fusion.loopgen`, numba), the whole program per
+  elements or more): one compiled loop (:mod:`ge_fusion.loopgen`, native C), the whole program per
   element, one pass over memory, vectorised;
-- without numba, a long chain on a small tensor: one numexpr expression (one call instead of
+- without native loops, a long chain on a small tensor: one numexpr expression (one call instead of
   one per op);
 - otherwise, and wherever neither applies, generated NumPy code that works in place (each step
   a ufunc call writing into a buffer whose value died at that step, the last one into ``out``),
@@ -39,8 +39,8 @@ Step = tuple[str, list[str], dict[str, Any]]
 NUMEXPR_MIN_ELEMENTS = 32768
 #: Below NUMEXPR_MIN_ELEMENTS, a group of at least this many ops runs as one numexpr call.
 NUMEXPR_MIN_OPS_SMALL = 8
-#: With numba, a program of two or more steps always runs as one compiled loop (about 3 us a
-#: call against NumPy's 1-2 us per op); a single op from this many output elements.
+#: With native loops, a program of two or more steps always runs as one compiled loop (well under
+#: 1 us a call against NumPy's 1-2 us per op); a single op from this many output elements.
 LOOP_MIN_ELEMENTS = 1024
 #: Elements per block of a blocked kernel (about 256 KB of float32: cache-resident).
 CHUNK_ELEMENTS = 65536
@@ -443,7 +443,7 @@ def compile_program(program: str, in_dtypes: Sequence[Any], in_shapes: Sequence[
     size = math.prod(out_shape) if out_shape is not None and all(isinstance(d, int) for d in out_shape) else None
     use_ne = mode == "numexpr" or (mode == "auto" and (size is None or size >= NUMEXPR_MIN_ELEMENTS))
     fn = None
-    # Large tensors: one compiled loop (numba), one pass over memory, vectorised.
+    # Large tensors: one compiled loop (native C), one pass over memory, vectorised.
     if mode == "loop" or (mode == "auto" and size is not None and (size >= LOOP_MIN_ELEMENTS or len(steps) > 1)):
         from . import loopgen
 

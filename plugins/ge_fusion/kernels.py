@@ -233,7 +233,7 @@ def attention_factory(spec: KernelSpec):
     def kernel(q, kt, v, mask=None, out=None):
         o = None if out is None else out[0]
         if width > 1:
-            # one task per (batch, head) on numba's threads (ge_fusion.attention)
+            # one task per (batch, head) on native threads (ge_fusion.attention)
             from . import attention
 
             r = attention.run(q, kt, v, mask, scale, o, parallel.threads())

@@ -1,10 +1,11 @@
-"""Compiled loop kernels for large fused elementwise groups (numba).
+"""Compiled loop kernels for large fused elementwise groups (native C).
 
 A fused group over a large tensor is bound by how often it walks memory and by how well each
 step vectorises. NumPy walks memory once per op (eight passes for an eight-op chain); a
 generated loop computes the whole program per element in registers, reads each input once and
 writes the output once, and LLVM vectorises it. This module writes such a loop from a fused
-program (:mod:`ge_fusion.codegen`) and compiles it with numba.
+program (:mod:`ge_fusion.codegen`) in C and builds it with :mod:`ge_sdk.native` (compiled once
+per machine, loaded from the user's kernel cache by later processes).
 
 Shapes are not part of the compiled code, so one compiled loop serves every layer whose group
 has the same program, dtypes and broadcast pattern (BN+ReLU in every block of a ResNet compiles
@@ -12,22 +13,24 @@ once). The iteration space is the output's, with every operand's broadcast strid
 into at most three dimensions; the innermost is contiguous in the output and either contiguous
 or broadcast (stride 0, loaded once per row) in each operand.
 
-Compiled loops are cached in memory only: numba's on-disk cache is a pickle, and nothing here
-reads pickles. Set ``GE_FUSION_JIT=0`` to never use this path (generated NumPy code runs
-instead); numba not being importable has the same effect.
+The C is made of tokens this module made (operand names, numeric literals, the prelude's math
+functions) and is checked token by token before it is compiled (:func:`ge_sdk.native.check_c`).
+Set ``GE_FUSION_JIT=0`` to never use this path (generated NumPy code runs instead); no C
+compiler (or ``GE_NATIVE=0``) has the same effect.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from ge_sdk import gensrc, parallel
-from ge_sdk.jit import numba_if_enabled
+from ge_sdk import native, parallel
+from ge_sdk.jit import enabled as jit_enabled
 
 #: dtypes the loops are generated for (every operand and the output share one of them)
 DTYPES = ("float32", "float64")
@@ -39,26 +42,24 @@ PART_ELEMENTS = 1 << 18
 _lock = threading.Lock()
 _compiled: dict[tuple, Any] = {}
 _stats = {"compiled": 0, "reused": 0, "compile_s": 0.0, "inplace_variants": 0}
-_numba: Any = None
 
 
 def available() -> bool:
-    """True when numba imports and ``GE_FUSION_JIT`` does not turn the loops off."""
-    global _numba
-    _numba = numba_if_enabled("GE_FUSION_JIT")
-    return _numba is not None
+    """True when native kernels can be built (:func:`ge_sdk.native.available`) and
+    ``GE_FUSION_JIT`` does not turn the loops off."""
+    return jit_enabled("GE_FUSION_JIT") and native.available()
 
 
 def stats() -> dict[str, float]:
-    """Loops compiled in this process, reuses of a compiled loop, seconds spent compiling, and
-    how many of the compiled loops are in-place variants (an operand read through the output)."""
+    """Loop programs built in this process (compiled or loaded from the kernel cache), reuses of
+    a built loop, seconds spent building, and how many in-place variants (an operand read
+    through the output) the built loops hold."""
     return dict(_stats)
 
 
 # ------------------------------------------------------------------------------------------------
-# scalar forms of the program's ops: expressions over generator-made operand names; every number
-# an op needs (its attributes included) is a typed constant K<n> bound in the namespace the loop
-# is compiled in, never a literal in the source
+# scalar forms of the program's ops: C expressions over generator-made operand names; every number
+# an op needs (its attributes included) is a numeric literal this module wrote (hex float: exact)
 # ------------------------------------------------------------------------------------------------
 def _chain(fn: str, xs: Sequence[str]) -> str:
     r = xs[0]
@@ -68,32 +69,32 @@ def _chain(fn: str, xs: Sequence[str]) -> str:
 
 
 class _Emitter:
-    """Writes one step's scalar expression; constants are collected as typed globals."""
+    """Writes one step's scalar C expression for dtype float32 or float64."""
 
     def __init__(self, dtype: np.dtype) -> None:
         self.dtype = dtype
-        self.consts: dict[str, Any] = {}
-        self._by_value: dict[str, str] = {}
+        self.f32 = dtype == np.float32
         #: set when a step needs a libm call that keeps the loop from vectorising
         self.scalar_calls: list[str] = []
+        self.max, self.min = ("ge_max32", "ge_min32") if self.f32 else ("ge_max64", "ge_min64")
 
     def f(self, name: str) -> str:
-        """The vectorisable float32 form of a math function (:mod:`ge_sdk.vmath`); libm's
+        """The vectorisable float32 form of a math function (the native prelude's); libm's
         scalar one otherwise (noted: NumPy's SIMD ufuncs beat such a loop)."""
-        if self.dtype == np.float32 and name in _VMATH:
+        if self.f32 and name in _VMATH:
             return _VMATH[name]
         self.scalar_calls.append(name)
-        return f"math.{name}"
+        return name
 
     def k(self, value: float) -> str:
-        v = float(value)
-        key = repr(v)  # -0.0 and 0.0 are two constants; every NaN is one
-        name = self._by_value.get(key)
-        if name is None:
-            name = gensrc.name("K", len(self._by_value))
-            self._by_value[key] = name
-            self.consts[name] = self.dtype.type(v)
-        return name
+        """A numeric literal of the loop's dtype (NaN and infinities as the math.h names)."""
+        v = float(self.dtype.type(float(value)))
+        if math.isnan(v):
+            return "NAN"
+        if math.isinf(v):
+            return "INFINITY" if v > 0 else "(-INFINITY)"
+        text = v.hex() + ("f" if self.f32 else "")
+        return f"({text})" if text.startswith("-") else text
 
     def __call__(self, op: str, xs: list[str], attrs: dict[str, Any]) -> str | None:
         k = self.k
@@ -107,21 +108,21 @@ class _Emitter:
         if op == "Div":
             return f"({xs[0]} / {xs[1]})"
         if op == "Pow":
-            return f"_pow({xs[0]}, {xs[1]})"
+            return f"({xs[1]} == {k(2)} ? {xs[0]} * {xs[0]} : {'powf' if self.f32 else 'pow'}({xs[0]}, {xs[1]}))"
         if op == "Sum":
             return "(" + " + ".join(xs) + ")"
         if op == "Mean":
             return f"(({' + '.join(xs)}) * {k(1.0 / len(xs))})"
         if op == "Max":
-            return _chain("_max", xs)
+            return _chain(self.max, xs)
         if op == "Min":
-            return _chain("_min", xs)
+            return _chain(self.min, xs)
         if op == "Neg":
             return f"(-{a})"
         if op == "Abs":
-            return f"abs({a})"
+            return f"{'fabsf' if self.f32 else 'fabs'}({a})"
         if op == "Sqrt":
-            return f"math.sqrt({a})"
+            return f"{'sqrtf' if self.f32 else 'sqrt'}({a})"
         if op in ("Exp", "Log", "Tanh", "Sin", "Cos", "Erf"):
             return f"{self.f(op.lower())}({a})"
         if op == "Reciprocal":
@@ -129,25 +130,25 @@ class _Emitter:
         if op == "Identity":
             return a
         if op == "Relu":
-            return f"_max({a}, {k(0)})"
+            return f"{self.max}({a}, {k(0)})"
         if op == "LeakyRelu":
-            return f"({a} if {a} >= {k(0)} else {k(attrs.get('alpha', 0.01))} * {a})"
+            return f"({a} >= {k(0)} ? {a} : {k(attrs.get('alpha', 0.01))} * {a})"
         if op == "Sigmoid":
             return f"({k(1)} / ({k(1)} + {self.f('exp')}(-{a})))"
         if op == "Silu":
             return f"({a} / ({k(1)} + {self.f('exp')}(-{a})))"
         if op == "HardSigmoid":
             inner = f"({k(attrs.get('alpha', 0.2))} * {a} + {k(attrs.get('beta', 0.5))})"
-            return f"_min(_max({inner}, {k(0)}), {k(1)})"
+            return f"{self.min}({self.max}({inner}, {k(0)}), {k(1)})"
         if op == "HardSwish":
-            return f"({a} * _min(_max({a} * {k(1 / 6)} + {k(0.5)}, {k(0)}), {k(1)}))"
+            return f"({a} * {self.min}({self.max}({a} * {k(1 / 6)} + {k(0.5)}, {k(0)}), {k(1)}))"
         if op == "Clip":
             r = a
             lo, hi = attrs.get("min"), attrs.get("max")
             if lo is not None and not (isinstance(lo, float) and math.isinf(lo) and lo < 0):
-                r = f"_max({r}, {k(lo)})"
+                r = f"{self.max}({r}, {k(lo)})"
             if hi is not None and not (isinstance(hi, float) and math.isinf(hi) and hi > 0):
-                r = f"_min({r}, {k(hi)})"
+                r = f"{self.min}({r}, {k(hi)})"
             return r
         if op == "Gelu":
             if attrs.get("approximate", "none") == "tanh":
@@ -155,47 +156,21 @@ class _Emitter:
                         f"({a} + {k(0.044715)} * {a} * {a} * {a}))))")
             return f"({k(0.5)} * {a} * ({k(1)} + {self.f('erf')}({a} * {k(1 / math.sqrt(2))})))"
         if op == "Elu":
-            return f"({a} if {a} > {k(0)} else {k(attrs.get('alpha', 1.0))} * {self.f('expm1')}({a}))"
+            return f"({a} > {k(0)} ? {a} : {k(attrs.get('alpha', 1.0))} * {self.f('expm1')}({a}))"
         if op == "Softplus":
-            return f"(_max({a}, {k(0)}) + {self.f('log1p')}({self.f('exp')}(-abs({a}))))"
+            return f"({self.max}({a}, {k(0)}) + {self.f('log1p')}({self.f('exp')}(-{'fabsf' if self.f32 else 'fabs'}({a}))))"
         return None
 
 
-#: math functions with a vectorisable float32 form in :mod:`ge_sdk.vmath`
+#: math functions with a vectorisable float32 form in the native prelude
 _VMATH = {"exp": "exp32", "log": "log32", "log1p": "log1p32", "expm1": "expm1_32", "tanh": "tanh32",
           "erf": "erf32"}
 
-_PRELUDE = '''
-import math
-import numba
-
-
-@numba.njit(inline="always")
-def _max(a, b):
-    # NumPy's maximum: a NaN in either operand is the result
-    return a if (a >= b or a != a) else b
-
-
-@numba.njit(inline="always")
-def _min(a, b):
-    return a if (a <= b or a != a) else b
-
-
-@numba.njit(inline="always")
-def _pow(a, b):
-    return a * a if b == 2 else a ** b
-'''
-
-
-#: what a generated loop is made of (the prelude, the loop nest, the scalar forms above)
-_LOOP_VOCAB = gensrc.Vocabulary(
-    names=frozenset({"math", "numba", "np", "_max", "_min", "_pow", "a", "b", "kernel", "abs", "range",
-                     "d0", "d1", "d2", "out", "os0", "os1", "i", "j", "k", "ob", "o", *_VMATH.values()}),
-    patterns=(r"x[0-9]+", r"xs[0-9]+_[01]", r"b[0-9]+", r"v[0-9]+", r"r[0-9]+", r"t[0-9]+", r"K[0-9]+"),
-    attributes=frozenset({"njit", "sqrt", "exp", "log", "tanh", "sin", "cos", "erf", "expm1", "log1p"}),
-    keywords=frozenset({"inline"}),
-    strings=frozenset({"always"}),
-    modules=frozenset({"math", "numba", "numpy"}))
+#: the names a generated loop is made of (besides the prelude's and C's own)
+_LOOP_NAMES = frozenset({"kernel", "d0", "d1", "d2", "out", "os0", "os1", "i", "j", "k", "o", "T"})
+_LOOP_PATTERNS = (r"x[0-9]+", r"xs[0-9]+_[01]", r"v[0-9]+", r"r[0-9]+", r"t[0-9]+", r"kernel_a[0-9]+")
+#: the largest extent or stride a loop accepts (spans are checked for overflow besides)
+_BIG = (1 << 62) - 1
 
 
 # ------------------------------------------------------------------------------------------------
@@ -263,29 +238,24 @@ def loop_kernel(steps: list[tuple[str, list[str], dict[str, Any]]], names: list[
         return None
     dims, strides = lay
     inner = tuple(s[2] for s in strides[1:])
-    compiled = _compile(steps, names, dt, inner)
-    if compiled is None:
-        return None
     # An operand laid out exactly like the output may be the output buffer itself (an in-place
-    # epilogue, a fused op the memory plan runs in place). Two array arguments that may alias
-    # make LLVM guard its vector loop with a run-time overlap check, which an exact alias fails:
-    # that loop then runs scalar, 10-25x slower. Its variant reads that operand through the
-    # output (one array, same index), which vectorises; the wrapper picks it when they alias.
-    # The variant compiles on the first call that aliases (once per program in the process).
-    alias_ok = [i for i, s in enumerate(strides[1:]) if s == strides[0]]
-
-    def variant(i: int):
-        v = _compile(steps, names, dt, inner, alias=i)
-        return compiled if v is None else v
-
-    return _wrap(compiled, dims, strides, tuple(out_shape), dt, workers, source=compiled.ge_source,
-                 alias_ok=alias_ok, variant=variant)
+    # epilogue, a fused op the memory plan runs in place). Two pointers that may alias make the
+    # compiler guard its vector loop with a run-time overlap check, which an exact alias fails:
+    # that loop then runs scalar, 10-25x slower. A variant reads that operand through the output
+    # (one pointer, same index), which vectorises; the wrapper picks it when they alias. The
+    # variants are built with the loop (one module, one compile).
+    alias_ok = tuple(i for i, s in enumerate(strides[1:]) if s == strides[0])
+    built = _compile(steps, names, dt, inner, alias_ok)
+    if built is None:
+        return None
+    return _wrap(built, dims, strides, tuple(out_shape), dt, workers, alias_ok=alias_ok)
 
 
-def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alias: int = -1):
-    """The compiled loop of ``steps``; ``alias`` >= 0: the variant for operand ``alias`` being
-    the output buffer (read through ``out``; the operand argument is passed but not read)."""
-    key = (repr(steps), tuple(names), dt.name, inner, alias)
+def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], aliases: tuple[int, ...] = ()):
+    """The built loop module of ``steps``: ``kernel`` and, for each operand in ``aliases``, the
+    variant ``kernel_a<i>`` for that operand being the output buffer (read through ``out``; the
+    operand argument is passed and checked but not read); None when there is no loop form."""
+    key = (repr(steps), tuple(names), dt.name, inner, aliases)
     with _lock:
         if key in _compiled:
             fn = _compiled[key]
@@ -299,70 +269,90 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alia
         expr = em(op, [env[r] for r in refs], attrs)
         if expr is None:
             return None
-        body.append(f"t{j} = {expr}")
+        body.append(f"T t{j} = {expr};")
         env[f"t{j}"] = f"t{j}"
     if em.scalar_calls:
-        # libm per element (sin, cos; every float64 transcendental) keeps LLVM from vectorising:
-        # NumPy's SIMD ufuncs in cache-sized blocks are faster
+        # libm per element (sin, cos; every float64 transcendental) keeps the loop from
+        # vectorising: NumPy's SIMD ufuncs in cache-sized blocks are faster
         with _lock:
             _compiled[key] = None
         return None
-    params = ["d0", "d1", "d2", "out", "os0", "os1"]
-    for i in range(len(names)):
-        params += [f"x{i}", f"xs{i}_0", f"xs{i}_1"]
-    lines = [f"def kernel({', '.join(params)}):",
-             "    for i in range(d0):",
-             "        for j in range(d1):",
-             "            ob = i * os0 + j * os1",
-             # rows as slices: indexing them by the loop counter needs no wraparound test, so
-             # LLVM vectorises the inner loop
-             "            o = out[ob:ob + d2]"]
-    for i in range(len(names)):
-        lines.append(f"            b{i} = i * xs{i}_0 + j * xs{i}_1")
-        if i == alias:
-            lines.append(f"            r{i} = o")
-        elif inner[i] == 0:
-            lines.append(f"            v{i} = x{i}[b{i}]")
-        else:
-            lines.append(f"            r{i} = x{i}[b{i}:b{i} + d2]")
-    lines.append("            for k in range(d2):")
-    for i in range(len(names)):
-        if inner[i] == 1:
-            lines.append(f"                v{i} = r{i}[k]")
-    lines += [f"                {s}" for s in body]
-    lines.append(f"                o[k] = t{len(steps) - 1}")
-    src = _PRELUDE + "import numpy as np\n\n\n" + "\n".join(lines) + "\n"
-    code = gensrc.compile_checked(src, "<ge_fusion loop>", _LOOP_VOCAB)
-    import time
+    n = len(names)
+    ctype, npy = ("float", "NPY_FLOAT") if dt == np.float32 else ("double", "NPY_DOUBLE")
 
-    numba = _numba
-    nt = numba.types
-    i64, scalar = nt.int64, getattr(nt, dt.name)
-    # operands are read-only in the signature, so mmap'ed weights of a loaded .om pass too
-    rw, ro = nt.Array(scalar, 1, "C"), nt.Array(scalar, 1, "C", readonly=True)
-    sig = nt.void(i64, i64, i64, rw, i64, i64, *([ro, i64, i64] * len(names)))
+    def entry(fname: str, alias: int) -> list[str]:
+        ints = ["d0", "d1", "d2", "os0", "os1"] + [f"xs{i}_{a}" for i in range(n) for a in (0, 1)]
+        lines = [f"static PyObject *{fname}(PyObject *self, PyObject *const *args, Py_ssize_t n) {{",
+                 f"    int64_t {', '.join(ints)};",
+                 f"    if (ge_nargs(n, {6 + 3 * n})) return NULL;",
+                 f"    if (ge_int(args, 0, 1, {_BIG}, &d0) || ge_int(args, 1, 1, {_BIG}, &d1) || "
+                 f"ge_int(args, 2, 1, {_BIG}, &d2)) return NULL;",
+                 f"    if (ge_int(args, 4, 0, {_BIG}, &os0) || ge_int(args, 5, 0, {_BIG}, &os1)) return NULL;"]
+        for i in range(n):
+            lines.append(f"    if (ge_int(args, {7 + 3 * i}, 0, {_BIG}, &xs{i}_0) || "
+                         f"ge_int(args, {8 + 3 * i}, 0, {_BIG}, &xs{i}_1)) return NULL;")
+        lines.append(f"    T *out = (T *)ge_arr(args, 3, {npy}, 1, ge_span(d0, d1, d2, os0, os1, 1));")
+        lines.append("    if (!out) return NULL;")
+        for i in range(n):
+            lines.append(f"    const T *x{i} = (const T *)ge_arr(args, {6 + 3 * i}, {npy}, 0, "
+                         f"ge_span(d0, d1, d2, xs{i}_0, xs{i}_1, {inner[i]}));")
+            lines.append(f"    if (!x{i}) return NULL;")
+        lines += ["    Py_BEGIN_ALLOW_THREADS",
+                  "    for (int64_t i = 0; i < d0; i++) {",
+                  "        for (int64_t j = 0; j < d1; j++) {",
+                  "            T *o = out + i * os0 + j * os1;"]
+        for i in range(n):
+            if i == alias:
+                lines.append(f"            const T *r{i} = o;")
+            elif inner[i] == 0:
+                lines.append(f"            const T v{i} = x{i}[i * xs{i}_0 + j * xs{i}_1];")
+            else:
+                lines.append(f"            const T *r{i} = x{i} + i * xs{i}_0 + j * xs{i}_1;")
+        lines.append("            for (int64_t k = 0; k < d2; k++) {")
+        for i in range(n):
+            if inner[i] == 1 or i == alias:
+                lines.append(f"                const T v{i} = r{i}[k];")
+        lines += [f"                {s}" for s in body]
+        lines += [f"                o[k] = t{len(steps) - 1};", "            }", "        }", "    }",
+                  "    Py_END_ALLOW_THREADS", "    Py_RETURN_NONE;", "}", ""]
+        return lines
+
+    fnames = ["kernel"] + [f"kernel_a{i}" for i in aliases]
+    lines = [f"typedef {ctype} T;", ""]
+    for fname, alias in zip(fnames, (-1, *aliases)):
+        lines += entry(fname, alias)
+    src = native.check_c("\n".join(lines), _LOOP_NAMES | native.PRELUDE_NAMES, _LOOP_PATTERNS)
     t0 = time.perf_counter()
-    from ge_sdk import vmath
-
-    ns: dict[str, Any] = dict(vmath.FUNCTIONS)
-    ns.update(em.consts)  # typed constants: numba freezes globals into the compiled loop
-    try:
-        exec(code, ns)  # noqa: S102 - checked generated code (gensrc)
-        fn = numba.njit(sig, nogil=True, error_model="numpy")(ns["kernel"])
-    except Exception:  # noqa: BLE001 - a loop numba refuses: the caller generates NumPy code
+    mod = native.build(src, fnames)
+    if mod is None:
+        with _lock:
+            _compiled[key] = None
         return None
-    fn.ge_source = src
+    built = _Built(mod, src, aliases)
     with _lock:
         _stats["compiled"] += 1
-        _stats["inplace_variants"] += alias >= 0
+        _stats["inplace_variants"] += len(aliases)
         _stats["compile_s"] += time.perf_counter() - t0
-        _compiled[key] = fn
-    return fn
+        _compiled[key] = built
+    return built
 
 
-def _wrap(compiled, dims: list[int], strides: list[list[int]], out_shape: tuple, dt: np.dtype, workers: int | None,
-          source: str, alias_ok: Sequence[int] = (),
-          variant: Callable[[int], Any] | None = None) -> Callable[..., np.ndarray]:
+class _Built:
+    """A built loop module: ``fn(alias)`` is the entry for operand ``alias`` being the output
+    (-1: none aliases), ``ge_source`` its C source, ``path`` the shared library."""
+
+    def __init__(self, mod: Any, src: str, aliases: tuple[int, ...]) -> None:
+        self.kernel = mod.kernel
+        self.variants = {i: getattr(mod, f"kernel_a{i}") for i in aliases}
+        self.ge_source = src
+        self.path = mod.__file__
+
+    def fn(self, alias: int) -> Any:
+        return self.variants.get(alias, self.kernel)
+
+
+def _wrap(built: _Built, dims: list[int], strides: list[list[int]], out_shape: tuple, dt: np.dtype,
+          workers: int | None, alias_ok: Sequence[int] = ()) -> Callable[..., np.ndarray]:
     d0, d1, d2 = dims
     os0, os1 = strides[0][0], strides[0][1]
     xs = [(s[0], s[1]) for s in strides[1:]]
@@ -389,12 +379,13 @@ def _wrap(compiled, dims: list[int], strides: list[list[int]], out_shape: tuple,
                 cnt = min(per, d2 - lo)
                 parts.append((1, 1, cnt, lo, [lo if s[2] == 1 else 0 for s in strides[1:]]))
     casts = dt
+    plain = built.fn(-1)
 
     def flat(a):
         a = a if isinstance(a, np.ndarray) and a.dtype == casts else np.asarray(a, dtype=casts)
-        return a.reshape(-1) if a.flags.c_contiguous and a.flags.aligned else np.ascontiguousarray(a).reshape(-1)
-
-    variants: dict[int, Any] = {}
+        if not (a.flags.c_contiguous and a.flags.aligned):
+            a = np.require(a, casts, ["C_CONTIGUOUS", "ALIGNED"])  # an unaligned view is copied
+        return a.reshape(-1)
 
     def run_part(fn, p, o, ins):
         p0, p1, p2, so, offs = p
@@ -410,14 +401,12 @@ def _wrap(compiled, dims: list[int], strides: list[list[int]], out_shape: tuple,
         target = out if (out is not None and out.flags.c_contiguous and out.flags.aligned and out.flags.writeable
                          and out.dtype == dt and out.shape == out_shape) else np.empty(out_shape, dt)
         o = target.reshape(-1)
-        fn = compiled
-        if alias_ok and variant is not None:
+        fn = plain
+        if alias_ok:
             base = o.ctypes.data
             for i in alias_ok:
                 if ins[i].ctypes.data == base:  # laid out like the output: the same elements
-                    fn = variants.get(i)
-                    if fn is None:
-                        fn = variants[i] = variant(i)
+                    fn = built.fn(i)
                     break
         if len(parts) < 2 or parallel.threads() < 2:
             args: list[Any] = []
@@ -432,7 +421,8 @@ def _wrap(compiled, dims: list[int], strides: list[list[int]], out_shape: tuple,
         return target
 
     kernel.mode = "loop"  # type: ignore[attr-defined]
-    kernel.source = source  # type: ignore[attr-defined]
+    kernel.source = built.ge_source  # type: ignore[attr-defined]
+    kernel.library = built.path  # type: ignore[attr-defined]
     return kernel
 
 
@@ -440,94 +430,97 @@ def _wrap(compiled, dims: list[int], strides: list[list[int]], out_shape: tuple,
 # row kernels: LayerNorm, RMSNorm and Softmax over the last axis, one pass per row in registers
 # ------------------------------------------------------------------------------------------------
 # Each kind's row is written once (``*_row(r, o, ...)``, inlined) and called by two entries: one
-# reading ``x`` and writing ``out``, one in place that passes the same row twice. Two array
-# arguments that alias exactly fail LLVM's run-time overlap check and the loop runs scalar; one
-# array passed twice is visibly the same pointer, and the loop vectorises.
-_ROW_SRC = '''
-def ln_row(r, o, gamma, beta, eps, inv):
-    s = ZERO
-    for k in range(r.shape[0]):
-        s += r[k]
-    m = s * inv
-    v = ZERO
-    for k in range(r.shape[0]):
-        t = r[k] - m
-        v += t * t
-    rs = ONE / math.sqrt(v * inv + eps)
-    for k in range(r.shape[0]):
-        o[k] = (r[k] - m) * rs * gamma[k] + beta[k]
+# reading ``x`` and writing ``out``, one in place that passes the same row twice. Two pointers
+# that alias exactly fail the compiler's run-time overlap check and the loop runs scalar; one
+# pointer passed twice is visibly the same, and the loop vectorises. Sums are reassociated
+# (an OpenMP simd reduction); nothing else is.
+_ROW_SRC = """
+static inline void ln_row(const T *r, T *o, const T *gamma, const T *beta, T eps, T inv, int64_t d) {
+    T s = 0;
+#pragma omp simd reduction(+:s)
+    for (int64_t k = 0; k < d; k++) s += r[k];
+    T m = s * inv;
+    T v = 0;
+#pragma omp simd reduction(+:v)
+    for (int64_t k = 0; k < d; k++) { T t = r[k] - m; v += t * t; }
+    T rs = ONE / SQRT(v * inv + eps);
+    for (int64_t k = 0; k < d; k++) o[k] = (r[k] - m) * rs * gamma[k] + beta[k];
+}
 
+static inline void rms_row(const T *r, T *o, const T *gamma, T eps, T inv, int64_t d) {
+    /* the order of the exported graph: x * (1 / sqrt(mean(x^2) + eps)), then * gamma */
+    T s = 0;
+#pragma omp simd reduction(+:s)
+    for (int64_t k = 0; k < d; k++) s += r[k] * r[k];
+    T rs = ONE / SQRT(s * inv + eps);
+    for (int64_t k = 0; k < d; k++) o[k] = r[k] * rs * gamma[k];
+}
 
-def rms_row(r, o, gamma, eps, inv):
-    # the order of the exported graph: x * (1 / sqrt(mean(x^2) + eps)), then * gamma
-    s = ZERO
-    for k in range(r.shape[0]):
-        s += r[k] * r[k]
-    rs = ONE / math.sqrt(s * inv + eps)
-    for k in range(r.shape[0]):
-        o[k] = r[k] * rs * gamma[k]
+static inline void sm_row(const T *r, T *o, int64_t d) {
+    /* a NaN in the row makes every element NaN (its exp enters the sum), as in NumPy */
+    T mi = r[0];
+#pragma omp simd reduction(max:mi)
+    for (int64_t k = 0; k < d; k++) mi = r[k] > mi ? r[k] : mi;
+    for (int64_t k = 0; k < d; k++) o[k] = EXP(r[k] - mi);
+    T s = 0;
+#pragma omp simd reduction(+:s)
+    for (int64_t k = 0; k < d; k++) s += o[k];
+    T inv = ONE / s;
+    for (int64_t k = 0; k < d; k++) o[k] *= inv;
+}
 
+/* rows, cols and the arrays of one call: x (rows x cols), the vectors, out (x itself in place) */
+static int rows_args(PyObject *const *args, Py_ssize_t n, int nvec, int inplace, int64_t *rows, int64_t *cols,
+                     const T **x, T **out, const T **vec, T *eps) {
+    int base = 1 + nvec + (eps ? 1 : 0);
+    if (ge_nargs(n, base + (inplace ? 0 : 1) + 2)) return -1;
+    int at = base + (inplace ? 0 : 1);
+    if (ge_int(args, at, 0, 1LL << 40, rows) || ge_int(args, at + 1, 1, 1LL << 40, cols)) return -1;
+    *out = (T *)ge_arr(args, inplace ? 0 : base, NPY_T, 1, *rows * *cols);
+    *x = inplace ? *out : (const T *)ge_arr(args, 0, NPY_T, 0, *rows * *cols);
+    if (!*out || !*x) return -1;
+    for (int i = 0; i < nvec; i++) {
+        vec[i] = (const T *)ge_arr(args, 1 + i, NPY_T, 0, *cols);
+        if (!vec[i]) return -1;
+    }
+    if (eps) {
+        double e = PyFloat_AsDouble(args[1 + nvec]);
+        if (e == -1.0 && PyErr_Occurred()) return -1;
+        *eps = (T)e;
+    }
+    return 0;
+}
 
-def sm_row(r, o, mi):
-    # no fast-math here: it would fold exp's rounding trick away; the row sum has it
-    for k in range(r.shape[0]):
-        o[k] = EXP(r[k] - mi)
-    inv = ONE / ROWSUM(o)
-    for k in range(r.shape[0]):
-        o[k] *= inv
+/* one entry: each row's `CALL` with r the input row and o the output row (the same pointer in
+   place, so the compiler sees they alias exactly and vectorises) */
+#define ENTRY(NAME, NVEC, HAS_EPS, INPLACE, CALL)                                                      \
+static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {                          \
+    int64_t rows, cols; const T *x; T *out; const T *v[2] = {0, 0}; T eps = 0;                        \
+    if (rows_args(args, n, NVEC, INPLACE, &rows, &cols, &x, &out, v, HAS_EPS ? &eps : NULL)) return NULL; \
+    T inv = ONE / (T)cols;                                                                            \
+    (void)inv;                                                                                        \
+    Py_BEGIN_ALLOW_THREADS                                                                            \
+    for (int64_t i = 0; i < rows; i++) {                                                              \
+        T *o = out + i * cols;                                                                        \
+        const T *r = INPLACE ? o : x + i * cols;                                                      \
+        (void)r;                                                                                      \
+        CALL;                                                                                         \
+    }                                                                                                 \
+    Py_END_ALLOW_THREADS                                                                              \
+    Py_RETURN_NONE;                                                                                   \
+}
 
+ENTRY(layernorm, 2, 1, 0, ln_row(r, o, v[0], v[1], eps, inv, cols))
+ENTRY(layernorm_ip, 2, 1, 1, ln_row(o, o, v[0], v[1], eps, inv, cols))
+ENTRY(rmsnorm, 1, 1, 0, rms_row(r, o, v[0], eps, inv, cols))
+ENTRY(rmsnorm_ip, 1, 1, 1, rms_row(o, o, v[0], eps, inv, cols))
+ENTRY(softmax, 0, 0, 0, sm_row(r, o, cols))
+ENTRY(softmax_ip, 0, 0, 1, sm_row(o, o, cols))
+"""
 
-def layernorm(x, gamma, beta, eps, out):
-    inv = ONE / x.shape[1]
-    for i in range(x.shape[0]):
-        LN_ROW(x[i], out[i], gamma, beta, eps, inv)
-
-
-def layernorm_ip(x, gamma, beta, eps):
-    inv = ONE / x.shape[1]
-    for i in range(x.shape[0]):
-        r = x[i]
-        LN_ROW(r, r, gamma, beta, eps, inv)
-
-
-def rmsnorm(x, gamma, eps, out):
-    inv = ONE / x.shape[1]
-    for i in range(x.shape[0]):
-        RMS_ROW(x[i], out[i], gamma, eps, inv)
-
-
-def rmsnorm_ip(x, gamma, eps):
-    inv = ONE / x.shape[1]
-    for i in range(x.shape[0]):
-        r = x[i]
-        RMS_ROW(r, r, gamma, eps, inv)
-
-
-def softmax(x, m, out):
-    for i in range(x.shape[0]):
-        SM_ROW(x[i], out[i], m[i])
-
-
-def softmax_ip(x, m):
-    for i in range(x.shape[0]):
-        r = x[i]
-        SM_ROW(r, r, m[i])
-
-
-def rowsum(r):
-    s = ZERO
-    for k in range(r.shape[0]):
-        s += r[k]
-    return s
-'''
-
-#: the row kernels' source is fixed text; it is checked like generated code all the same
-_ROW_VOCAB = gensrc.Vocabulary(
-    names=frozenset({"ln_row", "rms_row", "sm_row", "layernorm", "layernorm_ip", "rmsnorm", "rmsnorm_ip", "softmax",
-                     "softmax_ip", "rowsum", "LN_ROW", "RMS_ROW", "SM_ROW", "EXP", "ROWSUM", "ONE", "ZERO", "math",
-                     "range", "x", "r", "o", "gamma", "beta", "eps", "inv", "out", "m", "mi", "i", "k", "s", "v",
-                     "t", "rs"}),
-    attributes=frozenset({"shape", "sqrt"}))
+#: per dtype: the typedefs the row source is built with
+_ROW_TYPES = {"float32": "typedef float T;\n#define NPY_T NPY_FLOAT\n#define ONE 1.0f\n#define SQRT sqrtf\n#define EXP expneg32\n",
+              "float64": "typedef double T;\n#define NPY_T NPY_DOUBLE\n#define ONE 1.0\n#define SQRT sqrt\n#define EXP exp\n"}
 
 #: the row kernels' parameters after x (and before out)
 ROW_KINDS = {"layernorm": "gamma, beta, eps", "rmsnorm": "gamma, eps", "softmax": ""}
@@ -535,21 +528,11 @@ ROW_KINDS = {"layernorm": "gamma, beta, eps", "rmsnorm": "gamma, eps", "softmax"
 _rows: dict[tuple[str, str], Any] = {}
 
 
-def _pick(apart, inplace):
-    """One entry ``fn(x, *params, out)``: the in-place loop when ``out`` is ``x``."""
-    def fn(x, *args):
-        *params, out = args
-        if out.ctypes.data == x.ctypes.data:
-            inplace(out, *params)
-        else:
-            apart(x, *params, out)
-    return fn
-
-
 def row_kernel(kind: str, dtype: Any) -> Any:
     """The compiled ``fn(x2d, *params, out2d)`` of ``kind`` (:data:`ROW_KINDS`: layernorm takes
     ``gamma, beta, eps``, rmsnorm ``gamma, eps``, softmax nothing; ``out`` may be ``x``) for
-    ``dtype`` (float32/float64), or None without numba. Sums are reassociated (vectorised)."""
+    ``dtype`` (float32/float64), or None without native kernels. Sums are reassociated
+    (vectorised)."""
     if kind not in ROW_KINDS:
         raise ValueError(f"no row kernel {kind!r}")
     dt = np.dtype(dtype)
@@ -559,32 +542,21 @@ def row_kernel(kind: str, dtype: Any) -> Any:
     with _lock:
         if key in _rows:
             return _rows[key]
-    import time
-
-    from ge_sdk import vmath
-
-    numba = _numba
-    nt = numba.types
-    scalar = getattr(nt, dt.name)
-    rw2, ro2 = nt.Array(scalar, 2, "C"), nt.Array(scalar, 2, "C", readonly=True)
-    ro1 = nt.Array(scalar, 1, "C", readonly=True)
-    ns: dict[str, Any] = {"math": math, "ONE": dt.type(1), "ZERO": dt.type(0),
-                          "EXP": vmath.expneg32 if dt == np.float32 else numba.njit(inline="always")(lambda v: math.exp(v))}
     t0 = time.perf_counter()
-    exec(gensrc.compile_checked(_ROW_SRC, "<ge_fusion rows>", _ROW_VOCAB), ns)  # noqa: S102 - our own code, checked
-    flags = {"reassoc", "nsz"}
-    for row, name in (("LN_ROW", "ln_row"), ("RMS_ROW", "rms_row"), ("SM_ROW", "sm_row")):
-        ns[row] = numba.njit(inline="always")(ns[name])  # takes the flags of the entry it is inlined into
-    ns["ROWSUM"] = numba.njit(scalar(nt.Array(scalar, 1, "C")), fastmath=flags)(ns["rowsum"])
-    params = {"layernorm": (ro1, ro1, scalar), "rmsnorm": (ro1, scalar), "softmax": (ro1,)}[kind]
-    fast = flags if kind != "softmax" else False
-    apart = numba.njit(nt.void(ro2, *params, rw2), nogil=True, error_model="numpy", fastmath=fast)(ns[kind])
-    inplace = numba.njit(nt.void(rw2, *params), nogil=True, error_model="numpy", fastmath=fast)(ns[kind + "_ip"])
-    fn = _pick(apart, inplace)
-    if kind == "softmax":
-        def fn(x, out, _f=fn):  # type: ignore[misc]
-            # NumPy's SIMD row max (numba's max reduction does not vectorise); a NaN makes the row NaN
-            _f(x, np.max(x, axis=1), out)
+    # fixed text of this module (no token from a model): built as it is
+    mod = native.build(_ROW_TYPES[dt.name] + _ROW_SRC, [k + s for k in ROW_KINDS for s in ("", "_ip")])
+    if mod is None:
+        return None
+    apart, inplace = getattr(mod, kind), getattr(mod, kind + "_ip")
+
+    def fn(x, *args):
+        *params, out = args
+        rows, cols = x.shape
+        if out.ctypes.data == x.ctypes.data:
+            inplace(out, *params, rows, cols)
+        else:
+            apart(x, *params, out, rows, cols)
+
     with _lock:
         _stats["compiled"] += 1
         _stats["compile_s"] += time.perf_counter() - t0

@@ -1,12 +1,12 @@
 """RMSNorm's CPU kernel: ``x / sqrt(mean(x²) + eps) * gamma`` over the last axis (T5, LLaMA).
 
-One compiled pass per row (numba): the sum of squares is reassociated so LLVM vectorises it,
+One compiled pass per row (native C): the sum of squares is reassociated so it vectorises,
 then the row is scaled by its reciprocal root and by ``gamma`` while it is in cache. The same
 order of operations as the exported graph (``x * (1 / sqrt(ms + eps))``, then ``* gamma``).
 
 The row loop is one of :mod:`ge_fusion.loopgen`'s row kernels (with its in-place form, which an
-output that is the input runs). Without numba (or with ``GE_FUSION_JIT=0``) the kernel is NumPy
-code.
+output that is the input runs). Without a C compiler (or with ``GE_FUSION_JIT=0``) the kernel is
+NumPy code.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from . import loopgen
 
 def row_kernel(dtype: Any) -> Any:
     """The compiled ``fn(x2d, gamma1d, eps, out2d)`` (``out`` may be ``x``) for ``dtype``
-    (float32/float64), or None without numba: :func:`ge_fusion.loopgen.row_kernel`'s rmsnorm."""
+    (float32/float64), or None without native kernels: :func:`ge_fusion.loopgen.row_kernel`'s rmsnorm."""
     return loopgen.row_kernel("rmsnorm", dtype)
 
 

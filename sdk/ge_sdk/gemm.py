@@ -1,15 +1,16 @@
-"""GEMMs on GE's thread pool without the GIL: BLAS at one thread, called from numba's threads.
+"""GEMMs on GE's thread pool without the GIL: BLAS at one thread, called from native threads.
 
 :mod:`ge_sdk.parallel` owns the engine's threading; this module is its fast path for matrix
 products. A Python thread pool pays tens of microseconds per job to wake a worker and to learn
 that it finished (futexes; more in a VM), which is the whole time of a transformer's small
-GEMMs. Here a split GEMM is one call into a numba ``parallel=True`` function whose ``prange``
-iterations each call BLAS's own single-threaded ``sgemm``/``dgemm`` on one block of columns:
+GEMMs. Here a split GEMM is one call into a native kernel (:mod:`ge_sdk.native`, C with OpenMP)
+whose parallel loop calls BLAS's own single-threaded ``sgemm``/``dgemm`` on one block of
+columns per iteration:
 
-- numba's thread pool is its OpenMP (or TBB) layer: its workers spin briefly and then sleep,
-  and with :func:`numba.set_parallel_chunksize` set to 1 the blocks are *claimed* one at a time,
-  so a descheduled worker delays the product by one block, not by a share fixed in advance
-  (OpenBLAS's own threads split every GEMM into equal fixed parts and wait for all);
+- the loop's threads are OpenMP's: they spin briefly and then sleep, and the blocks are
+  *claimed* one at a time (``schedule(dynamic,1)``), so a descheduled worker delays the product
+  by one block, not by a share fixed in advance (OpenBLAS's own threads split every GEMM into
+  equal fixed parts and wait for all);
 - BLAS is the library NumPy uses (found through threadpoolctl), called through its CBLAS entry
   with pointers and sizes this module derives from NumPy arrays it has checked (dtype, C order,
   strides). Nothing from a model reaches it but array shapes;
@@ -18,10 +19,10 @@ iterations each call BLAS's own single-threaded ``sgemm``/``dgemm`` on one block
 Call it inside a run of ``parallel=engine`` (the cpu backend sets BLAS to one thread there) or
 with BLAS at one thread: at more, every block's call would split again over BLAS's own threads.
 
-:func:`available` says whether the path works here (numba with a thread-safe threading layer,
-a CBLAS ``sgemm`` in NumPy's BLAS, and not in a process forked after the pool started: GNU
-OpenMP is not fork-safe); without it callers use :mod:`ge_sdk.parallel`'s Python pool.
-Set ``GE_NATIVE_GEMM=0`` to turn it off.
+:func:`available` says whether the path works here (native kernels build, a CBLAS ``sgemm`` in
+NumPy's BLAS, and not in a process forked after the pool started: GNU OpenMP is not
+fork-safe); without it callers use :mod:`ge_sdk.parallel`'s Python pool. Set
+``GE_NATIVE_GEMM=0`` to turn it off.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from .jit import numba_if_enabled
+from . import native
+from .jit import enabled as jit_enabled
 
 _lock = threading.RLock()
 _state: dict[str, Any] = {}
@@ -51,8 +53,8 @@ _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 MIN_ROWS = 8
 
 
-def _cblas() -> tuple[Any, Any] | None:
-    """NumPy's BLAS ``(sgemm, dgemm)`` as ctypes functions, or None."""
+def _cblas() -> tuple[Any, Any, Any] | None:
+    """NumPy's BLAS ``(sgemm, dgemm, integer type)`` as ctypes functions, or None."""
     try:
         from threadpoolctl import threadpool_info
     except ImportError:  # pragma: no cover - threadpoolctl is a dependency
@@ -74,85 +76,86 @@ def _cblas() -> tuple[Any, Any] | None:
                 fn.argtypes = [integer] * 6 + [real, ctypes.c_int64, integer, ctypes.c_int64, integer, real,
                                                  ctypes.c_int64, integer]
                 fn.restype = None
-            return s, d
+            return s, d, integer
     return None
 
 
-def _blocks_kernel(fn: Any, scalar: Any, prange: Any):
-    """The Python source of the column-block kernel for one CBLAS gemm (numba compiles it;
-    ``fn``, the constants and ``prange`` are frozen into the compiled code)."""
-    one, zero = scalar(1.0), scalar(0.0)
-    item = np.dtype(scalar).itemsize
-    row_major, no_trans = _ROW_MAJOR, _NO_TRANS
+#: the declarations of BLAS's gemm for native kernels; BLASINT is the CBLAS integer type
+def blas_decls(integer: Any) -> str:
+    """C declarations of the CBLAS gemm function types for NumPy's BLAS (``integer``: its
+    ctypes integer type): ``gemm_f32_t``/``gemm_f64_t`` and ``blasint``."""
+    bits = "int64_t" if integer is ctypes.c_int64 else "int"
+    return (f"typedef {bits} blasint;\n"
+            "typedef void (*gemm_f32_t)(blasint, blasint, blasint, blasint, blasint, blasint, float, const float *,"
+            " blasint, const float *, blasint, float, float *, blasint);\n"
+            "typedef void (*gemm_f64_t)(blasint, blasint, blasint, blasint, blasint, blasint, double, const double *,"
+            " blasint, const double *, blasint, double, double *, blasint);\n")
 
-    def blocks(m, k, a_ptr, lda, b_ptrs, ldbs, widths, cols, out, ldc, bias, has_bias):
-        # one task per column block: C[:, c:c+w] = A @ B_block (+ bias[c:c+w])
-        for i in prange(b_ptrs.shape[0]):
-            c = cols[i]
-            w = widths[i]
-            fn(row_major, no_trans, no_trans, m, w, k, one, a_ptr, lda, b_ptrs[i], ldbs[i], zero,
-               out.ctypes.data + c * item, ldc)
-            if has_bias:
-                b = bias[c:c + w]
-                for r in range(m):
-                    out[r, c:c + w] += b
 
-    return blocks
+#: one task per column block: C[:, c:c+w] = A @ B_block (+ bias[c:c+w]); the arguments are
+#: (gemm address, m, k, A address, lda, block addresses, ldbs, widths, cols, C address, ldc,
+#: bias, has_bias, threads); the caller checked every array the addresses come from
+_BLOCKS_SRC = r"""
+#define BLOCKS(NAME, T, GEMM_T, NPY)                                                                  \
+static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {                          \
+    int64_t fn, m, k, a, lda, outp, ldc, has_bias, width, count, c1, c2, c3;                         \
+    if (ge_nargs(n, 14)) return NULL;                                                                 \
+    if (ge_int(args, 0, 1, INT64_MAX, &fn) || ge_int(args, 1, 0, 1LL << 40, &m)                      \
+        || ge_int(args, 2, 0, 1LL << 40, &k) || ge_int(args, 3, 0, INT64_MAX, &a)                     \
+        || ge_int(args, 4, 0, 1LL << 40, &lda) || ge_int(args, 9, 0, INT64_MAX, &outp)                \
+        || ge_int(args, 10, 0, 1LL << 40, &ldc) || ge_int(args, 12, 0, 1, &has_bias)                  \
+        || ge_int(args, 13, 1, 4096, &width)) return NULL;                                            \
+    const int64_t *ptrs = (const int64_t *)ge_vec(args, 5, NPY_INT64, 0, &count);                       \
+    const int64_t *ldbs = (const int64_t *)ge_vec(args, 6, NPY_INT64, 0, &c1);                          \
+    const int64_t *widths = (const int64_t *)ge_vec(args, 7, NPY_INT64, 0, &c2);                        \
+    const int64_t *cols = (const int64_t *)ge_vec(args, 8, NPY_INT64, 0, &c3);                          \
+    if (!ptrs || !ldbs || !widths || !cols) return NULL;                                              \
+    if (c1 < count || c2 < count || c3 < count) {                                                     \
+        PyErr_SetString(PyExc_ValueError, "gemm blocks: the tables disagree in length"); return NULL; \
+    }                                                                                                 \
+    for (int64_t i = 0; i < count; i++)                                                               \
+        if (cols[i] < 0 || widths[i] < 0 || cols[i] + widths[i] > ldc) {                              \
+            PyErr_SetString(PyExc_ValueError, "gemm blocks: a block lies outside C"); return NULL;    \
+        }                                                                                             \
+    const T *bias = (const T *)ge_arr(args, 11, NPY, 0, has_bias ? ldc : 0);                          \
+    if (!bias) return NULL;                                                                           \
+    GEMM_T f = (GEMM_T)(intptr_t)fn;                                                                  \
+    Py_BEGIN_ALLOW_THREADS                                                                            \
+    _Pragma("omp parallel for schedule(dynamic,1) num_threads(width)")                                \
+    for (int64_t i = 0; i < count; i++) {                                                             \
+        int64_t c = cols[i], w = widths[i];                                                           \
+        T *o = (T *)(intptr_t)outp + c;                                                               \
+        f(101, 111, 111, m, w, k, 1, (const T *)(intptr_t)a, lda, (const T *)(intptr_t)ptrs[i], ldbs[i], \
+          0, o, ldc);                                                                                 \
+        if (has_bias)                                                                                 \
+            for (int64_t r = 0; r < m; r++) {                                                         \
+                T *row = o + r * ldc;                                                                 \
+                const T *b = bias + c;                                                                \
+                for (int64_t j = 0; j < w; j++) row[j] += b[j];                                       \
+            }                                                                                         \
+    }                                                                                                 \
+    Py_END_ALLOW_THREADS                                                                              \
+    Py_RETURN_NONE;                                                                                   \
+}
+
+BLOCKS(blocks_f32, float, gemm_f32_t, NPY_FLOAT)
+BLOCKS(blocks_f64, double, gemm_f64_t, NPY_DOUBLE)
+"""
 
 
 def _build() -> dict[str, Any] | None:
-    numba = numba_if_enabled("GE_NATIVE_GEMM")
-    if numba is None:
+    if not jit_enabled("GE_NATIVE_GEMM"):
         return None
     funcs = _cblas()
     if funcs is None:
         return None
-    try:
-        if numba.config.THREADING_LAYER in ("default", "workqueue"):
-            # workqueue aborts the process when two threads launch at once (stream executors do)
-            numba.config.THREADING_LAYER = "threadsafe"
-        from numba import njit, prange
-    except Exception:  # noqa: BLE001
+    s, d, integer = funcs
+    mod = native.build(blas_decls(integer) + _BLOCKS_SRC, ["blocks_f32", "blocks_f64"], openmp=True)
+    if mod is None:
         return None
-    st = {"numba": numba, "njit": njit, "prange": prange, "blocks": {}, "cblas": funcs, "pid": os.getpid()}
-    # float32 now (it proves the threading layer works); float64 on its first product
-    kern = _blocks_for(st, "float32")
-    if kern is None:
-        return None
-    try:
-        # one empty launch picks the layer; if this process already runs numba's workqueue
-        # layer (chosen by other code before us), two threads launching at once would abort it
-        z = np.zeros(0, np.int64)
-        kern(0, 0, 0, 0, z, z, z, z, np.zeros((0, 0), np.float32), 0, np.zeros(1, np.float32), False)
-        if numba.threading_layer() not in ("omp", "tbb"):
-            return None
-    except Exception:  # noqa: BLE001
-        return None
-    return st
-
-
-def _blocks_for(st: dict[str, Any], name: str) -> Any:
-    """The column-block kernel for dtype ``name`` (compiled once, under the lock's care of the
-    caller or on first use), None when numba refuses it."""
-    kern = st["blocks"].get(name)
-    if kern is not None or name not in ("float32", "float64"):
-        return kern
-    numba = st["numba"]
-    fn, scalar = (st["cblas"][0], np.float32) if name == "float32" else (st["cblas"][1], np.float64)
-    arr2 = numba.types.Array(getattr(numba.types, name), 2, "C")
-    arr1 = numba.types.Array(getattr(numba.types, name), 1, "C", readonly=True)
-    i64, i64a = numba.types.int64, numba.types.Array(numba.types.int64, 1, "C", readonly=True)
-    sig = numba.types.void(i64, i64, i64, i64, i64a, i64a, i64a, i64a, arr2, i64, arr1, numba.types.boolean)
-    with _lock:
-        kern = st["blocks"].get(name)
-        if kern is None:
-            try:
-                kern = st["njit"](sig, parallel=True, nogil=True, error_model="numpy")(
-                    _blocks_kernel(fn, scalar, st["prange"]))
-            except Exception:  # noqa: BLE001 - no thread-safe layer (neither OpenMP nor TBB): the Python pool
-                return None
-            st["blocks"][name] = kern
-    return kern
+    addr = {"float32": ctypes.cast(s, ctypes.c_void_p).value, "float64": ctypes.cast(d, ctypes.c_void_p).value}
+    return {"blocks": {"float32": mod.blocks_f32, "float64": mod.blocks_f64}, "cblas": (s, d), "addr": addr,
+            "integer": integer, "pid": os.getpid()}
 
 
 def _get() -> dict[str, Any] | None:
@@ -169,32 +172,32 @@ def _get() -> dict[str, Any] | None:
 
 
 def available() -> bool:
-    """True when split GEMMs run on numba's threads calling single-threaded BLAS."""
+    """True when split GEMMs run on native threads calling single-threaded BLAS."""
     return _get() is not None
 
 
 def cblas(dtype: Any) -> Any:
-    """NumPy's CBLAS ``sgemm``/``dgemm`` (a ctypes function numba kernels may call with
-    ``(101 row-major, 111|112, 111|112, M, N, K, alpha, A ptr, lda, B ptr, ldb, beta, C ptr,
-    ldc)``), or None."""
+    """NumPy's CBLAS ``sgemm``/``dgemm`` as a ctypes function (``(101 row-major, 111|112,
+    111|112, M, N, K, alpha, A ptr, lda, B ptr, ldb, beta, C ptr, ldc)``), or None."""
     st = _get()
     if st is None:
         return None
     return st["cblas"][0 if np.dtype(dtype) == np.float32 else 1]
 
 
-def set_width(width: int) -> int:
-    """Let numba's parallel kernels launched from this thread use ``width`` threads (at most
-    numba's pool size), claiming their iterations one at a time; returns the width set
-    (``numba.get_thread_id()`` in those kernels is below it)."""
+def cblas_native(dtype: Any) -> tuple[int, Any] | None:
+    """For native kernels: (address of NumPy's CBLAS gemm for ``dtype``, its ctypes integer
+    type, for :func:`blas_decls`), or None."""
     st = _get()
     if st is None:
-        return 1
-    numba = st["numba"]
-    w = max(1, min(int(width), numba.config.NUMBA_NUM_THREADS))
-    numba.set_num_threads(w)
-    numba.set_parallel_chunksize(1)
-    return w
+        return None
+    return st["addr"][np.dtype(dtype).name], st["integer"]
+
+
+def set_width(width: int) -> int:
+    """The number of threads a native parallel loop may use for a run ``width`` wide (at least
+    one, at most the machine's CPUs)."""
+    return max(1, min(int(width), os.cpu_count() or 1))
 
 
 class Blocks:
@@ -222,8 +225,8 @@ def run_blocks(prep: Blocks, a2: np.ndarray, out2: np.ndarray, bias: np.ndarray 
     threads. Returns False (and does nothing) when this path cannot run these arrays."""
     st = _get()
     dt = prep.dtype
-    kern = None if st is None else _blocks_for(st, dt.name)
-    if kern is None:
+    kern = None if st is None else st["blocks"].get(dt.name)
+    if st is None or kern is None:
         return False
     item = dt.itemsize
     m, k = a2.shape
@@ -234,9 +237,9 @@ def run_blocks(prep: Blocks, a2: np.ndarray, out2: np.ndarray, bias: np.ndarray 
         return False
     if m < MIN_ROWS:
         return False
-    set_width(width)
-    kern(m, k, a2.ctypes.data, a2.strides[0] // item, prep.ptrs, prep.widths, prep.widths,
-                          prep.cols, out2, prep.n, bias if bias is not None else prep.no_bias, bias is not None)
+    kern(st["addr"][dt.name], m, k, a2.ctypes.data, a2.strides[0] // item, prep.ptrs, prep.widths, prep.widths,
+         prep.cols, out2.ctypes.data, prep.n, bias if bias is not None else prep.no_bias, int(bias is not None),
+         set_width(width))
     return True
 
 
@@ -245,8 +248,8 @@ def run_cols(a2: np.ndarray, b2: np.ndarray, out2: np.ndarray, cuts: list[tuple[
     threads (``b2`` is read in place: no packing). False when this path cannot run them."""
     st = _get()
     dt = a2.dtype
-    kern = None if st is None else _blocks_for(st, dt.name)
-    if kern is None or b2.dtype != dt or out2.dtype != dt:
+    kern = None if st is None else st["blocks"].get(dt.name)
+    if st is None or kern is None or b2.dtype != dt or out2.dtype != dt:
         return False
     item = dt.itemsize
     m, k = a2.shape
@@ -260,12 +263,11 @@ def run_cols(a2: np.ndarray, b2: np.ndarray, out2: np.ndarray, cuts: list[tuple[
     if not cuts or cuts[0][0] != 0 or cuts[-1][1] != n or any(lo >= hi for lo, hi in cuts) \
             or any(p[1] != q[0] for p, q in zip(cuts, cuts[1:])):
         return False
-    set_width(width)
     cols = np.array([lo for lo, _ in cuts], np.int64)
     widths = np.array([hi - lo for lo, hi in cuts], np.int64)
     ldb = b2.strides[0] // item
     ptrs = b2.ctypes.data + cols * item
-    kern(m, k, a2.ctypes.data, a2.strides[0] // item, ptrs, np.full(len(cuts), ldb, np.int64),
-                          widths, cols, out2, n, np.zeros(1, dt), False)
+    kern(st["addr"][dt.name], m, k, a2.ctypes.data, a2.strides[0] // item, ptrs, np.full(len(cuts), ldb, np.int64),
+         widths, cols, out2.ctypes.data, n, np.zeros(1, dt), 0, set_width(width))
     return True
 

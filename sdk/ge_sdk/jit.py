@@ -14,10 +14,15 @@ _OFF = ("0", "false", "off", "no")
 _state: dict[str, Any] = {}
 
 
+def enabled(switch: str) -> bool:
+    """False when the environment variable ``switch`` is 0/false/off/no."""
+    return os.environ.get(switch, "1").strip().lower() not in _OFF
+
+
 def numba_if_enabled(switch: str) -> Any:
     """The numba module, or None when the environment variable ``switch`` is 0/false/off/no or
     numba does not import (the import is tried once per process)."""
-    if os.environ.get(switch, "1").strip().lower() in _OFF:
+    if not enabled(switch):
         return None
     if "numba" not in _state:
         mod: Any = None

@@ -16,14 +16,14 @@ So during a run BLAS executes at one thread and the kernels split their own work
   :func:`matmul` and :class:`PackedWeight` split a GEMM that way. A result therefore has the
   same bits at every width above one: the parts are the same, only who computes them changes.
   A one-thread run makes NumPy's single call (fastest there; it may differ in the last bit).
-- :mod:`ge_sdk.gemm` runs split GEMMs on numba's threads without the GIL (BLAS at one thread
+- :mod:`ge_sdk.gemm` runs split GEMMs on native (OpenMP) threads without the GIL (BLAS at one thread
   per block); this module's Python pool serves everything else and is the fallback.
 - :func:`use_threads` sets the width for the current run (a context variable, so the worker
   threads of the stream executors and nested runs see their run's width); the cpu backend sets
   it from the ``threads`` option. Outside a run the width is 1 and everything runs inline.
 
 A task runs on a pool thread: kernels that split work must release the GIL inside each task
-(NumPy's BLAS and ufunc calls, numba ``nogil`` loops) or the split gains nothing. A task that
+(NumPy's BLAS and ufunc calls, :mod:`ge_sdk.native` kernels, numba ``nogil`` loops) or the split gains nothing. A task that
 calls :func:`parallel_for` itself runs its inner tasks inline (no nesting, no deadlock).
 Plugin authors' kernels may use all of this.
 """

@@ -346,12 +346,22 @@ def test_window_loop_source_takes_only_a_known_kind_and_an_int():
     from ge_cpu.kernels import _window
 
     with pytest.raises(gensrc.SourceTokenError):
-        _window._source("conv\nimport os", 9)
+        _window.checked_source("conv\nimport os", 9)
     with pytest.raises(gensrc.SourceTokenError):
-        _window._source("max", "9")
+        _window.checked_source("max", "9")
     for kind in _window.KINDS:
-        gensrc.check_source(_window._source(kind, 9), _window._VOCAB)
-        gensrc.check_source(_window._source(kind, None), _window._VOCAB)
+        assert "kernel" in _window.checked_source(kind, 9)
+        assert "kernel" in _window.checked_source(kind, None)
+
+
+@pytest.mark.parametrize("bad", ['x = "a";', "x = 'a';", "/* c */", "// c", "#include <stdio.h>", "x = y \\\n;",
+                                 "system(x);", "#pragma omp parallel for private(x)", "x = y @ z;"])
+def test_native_source_check_refuses_strings_comments_directives_and_unknown_names(bad):
+    from ge_sdk import native
+
+    assert native.check_c("x = y + 1.5f;", {"x", "y"}) == "x = y + 1.5f;"
+    with pytest.raises(native.NativeSourceError):
+        native.check_c(bad, {"x", "y", "z"})
 
 
 def test_sink_source_from_a_graph_with_hostile_names_matches_onnxruntime(canary):

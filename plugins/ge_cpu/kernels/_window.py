@@ -1,7 +1,7 @@
-"""Compiled (numba) sliding-window loops over NCHW planes: depthwise convolution and pooling.
+"""Compiled (native C) sliding-window loops over NCHW planes: depthwise convolution and pooling.
 
 Every (image, channel) plane is handled the same way, with long contiguous inner loops that
-LLVM vectorises:
+the C compiler vectorises:
 
 1. **copy in**: the plane's rows are copied into a zero (or -inf) bordered buffer. With a
    vertical stride ``sh`` the padded rows are split into ``sh`` row phases (padded row ``r``
@@ -16,15 +16,15 @@ LLVM vectorises:
 3. **copy out**: ``out[oh, ow] = tmp[oh * Wp + ow * sw]`` (divided by the window count for an
    average pool).
 
-The taps are unrolled (one compiled loop per kind, tap count, dtype and input layout; shapes,
-strides, pads and dilations are run-time values, so every depthwise 3x3 layer of a network
-shares one compiled loop); above :data:`MAX_UNROLL` taps one generic loop per kind and dtype
-accumulates tap by tap. Operands are read-only in the signatures, so mmap'ed weights of a loaded
-.om pass; loops are compiled without the GIL and cached in memory only (numba's on-disk cache
-is a pickle, and this project never reads pickles).
+The taps are unrolled (one compiled loop per kind, tap count and dtype; shapes, strides, pads
+and dilations are run-time values, so every depthwise 3x3 layer of a network shares one
+compiled loop); above :data:`MAX_UNROLL` taps one generic loop per kind and dtype accumulates
+tap by tap. The loops are C built by :mod:`ge_sdk.native` (compiled once per machine, kept in
+the user's kernel cache), run without the GIL, and check every offset against the arrays they
+are given before they read or write.
 
 Set ``GE_CPU_JIT=0`` to never use these loops (the NumPy kernels of :mod:`.nn` run instead);
-numba not being importable has the same effect.
+no C compiler has the same effect.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from ge_sdk import gensrc
-from ge_sdk.jit import numba_if_enabled
+from ge_sdk import gensrc, native
+from ge_sdk.jit import enabled as jit_enabled
 
 #: dtypes the loops are compiled for (input, weights, bias and output share one of them)
 DTYPES = ("float32", "float64")
@@ -51,18 +51,17 @@ MAX_UNROLL = 64
 _lock = threading.Lock()
 _compiled: dict[tuple, Any] = {}
 _stats = {"compiled": 0, "compile_s": 0.0}
-_numba: Any = None
+_sources: dict[tuple, str] = {}
 
 
 def available() -> bool:
-    """True when numba imports and ``GE_CPU_JIT`` does not turn the loops off."""
-    global _numba
-    _numba = numba_if_enabled("GE_CPU_JIT")
-    return _numba is not None
+    """True when native kernels can be built (:func:`ge_sdk.native.available`) and
+    ``GE_CPU_JIT`` does not turn the loops off."""
+    return jit_enabled("GE_CPU_JIT") and native.available()
 
 
 def stats() -> dict[str, float]:
-    """Loops compiled in this process and seconds spent compiling them."""
+    """Loops built in this process (compiled or loaded from the kernel cache) and seconds spent."""
     return dict(_stats)
 
 
@@ -71,155 +70,160 @@ def stats() -> dict[str, float]:
 
 
 #: what a window loop is made of: fixed names, and per-tap names made from the tap's index
-_VOCAB = gensrc.Vocabulary(
-    names=frozenset({"np", "kernel", "x", "wt", "b", "dv", "out", "Wp", "sw", "mult", "rows", "offs", "buf", "tmp",
-                     "usw", "N", "C", "H", "W", "OH", "OW", "L", "T", "uW", "uOW", "uWp", "n", "c", "xp", "nan",
-                     "i", "d", "xr", "q", "e", "k", "m", "bv", "j", "v", "t", "st", "wv", "o", "oh", "so", "do", "ow",
-                     "range"}),
-    patterns=(r"o[0-9]+", r"s[0-9]+", r"w[0-9]+"),
-    attributes=frozenset({"uint64", "shape", "reshape"}),
-    modules=frozenset({"numpy"}))
+_NAMES = frozenset({"kernel", "bad", "x", "wt", "b", "dv", "out", "Wp", "sw", "mult", "rows", "offs", "buf", "tmp", "N", "C",
+                    "H", "W", "OH", "OW", "L", "T", "nr", "no", "nbuf", "n", "c", "xp", "nan", "i", "d", "xr", "q",
+                    "e", "k", "m", "bv", "j", "v", "t", "st", "wv", "o", "oh", "ow", "M", "FMA", "S", "NPY_S"})
+_PATTERNS = (r"s[0-9]+", r"w[0-9]+")
 
 
 def _source(kind: str, taps: int | None) -> str:
-    """Python source of one loop; ``taps`` None is the generic (tap-by-tap) form. Its only
-    inputs are ``kind`` (one of :data:`KINDS`) and the tap count (an int)."""
+    """C source of one loop; ``taps`` None is the generic (tap-by-tap) form. Its only inputs
+    are ``kind`` (one of :data:`KINDS`) and the tap count (an int)."""
     gensrc.ident(kind, KINDS)
     if taps is not None:
         gensrc.index(taps)
+    conv, avg, mx = kind == "conv", kind == "avg", kind == "max"
     lines = [
-        "import numpy as np",
-        "",
-        "",
-        "def kernel(x, wt, b, dv, out, Wp, sw, mult, rows, offs, buf, tmp):",
-        # unsigned indices: numba tests signed ones for negative wraparound, which stops LLVM
-        # from vectorising the loops
-        "    usw = np.uint64(sw)",
-        "    N, C, H, W = x.shape",
-        "    OH, OW = out.shape[2], out.shape[3]",
+        "static PyObject *kernel(PyObject *self, PyObject *const *args, Py_ssize_t n) {",
+        "    int64_t N, C, H, W, OH, OW, Wp, sw, mult, nr, no, nbuf, L;",
+        "    if (ge_nargs(n, 18)) return NULL;",
+        "    if (ge_int(args, 0, 0, 1LL << 40, &N) || ge_int(args, 1, 0, 1LL << 40, &C) || "
+        "ge_int(args, 2, 0, 1LL << 40, &H) || ge_int(args, 3, 0, 1LL << 40, &W)) return NULL;",
+        "    if (ge_int(args, 4, 0, 1LL << 40, &OH) || ge_int(args, 5, 0, 1LL << 40, &OW) || "
+        "ge_int(args, 6, 0, 1LL << 40, &Wp) || ge_int(args, 7, 1, 1LL << 40, &sw) || "
+        "ge_int(args, 8, 1, 1LL << 20, &mult)) return NULL;",
+        "    int64_t M = C * mult;",
+        "    const S *x = (const S *)ge_arr(args, 9, NPY_S, 0, ge_prod(N, C, H, W));",
+        "    const int64_t *rows = (const int64_t *)ge_vec(args, 14, NPY_INT64, 0, &nr);",
+        "    const int64_t *offs = (const int64_t *)ge_vec(args, 15, NPY_INT64, 0, &no);",
+        "    S *buf = (S *)ge_vec(args, 16, NPY_S, 1, &nbuf);",
+        "    S *tmp = (S *)ge_vec(args, 17, NPY_S, 1, &L);",
+        "    if (!x || !rows || !offs || !buf || !tmp) return NULL;",
+        "    int64_t T = no;",
+        f"    const S *wt = (const S *)ge_arr(args, 10, NPY_S, 0, {'ge_prod(M, T, 1, 1)' if conv else '0'});",
+        f"    const S *b = (const S *)ge_arr(args, 11, NPY_S, 0, {'M' if conv else '0'});",
+        f"    const S *dv = (const S *)ge_arr(args, 12, NPY_S, 0, {'ge_prod(OH, OW, 1, 1)' if avg else '0'});",
+        "    S *out = (S *)ge_arr(args, 13, NPY_S, 1, ge_prod(N, M, OH, OW));",
+        "    if (!wt || !b || !dv || !out) return NULL;",
+        # every read and write of the loops below stays inside its array (checked, not assumed)
+        "    int bad = nr < H || T < 1 || (OH > 0 && OW > 0 && L < ge_span(OH, OW, 1, Wp, sw, 0));",
     ]
     if taps is not None:
-        lines += [f"    o{t} = offs[{t}]" for t in range(taps)]
-    lines += ["    L = tmp.shape[0]",
-              "    T = offs.shape[0]"]
-    if taps is not None:
-        # a slice per tap: indexing it by the loop counter needs no wraparound test either
-        lines += [f"    s{t} = buf[o{t}:o{t} + L]" for t in range(taps)]
+        lines.append(f"    bad = bad || T != {taps};")
     lines += [
-        "    uW = np.uint64(W)",
-        "    uOW = np.uint64(OW)",
-        "    uWp = np.uint64(Wp)",
-        "    for n in range(N):",
-        "        for c in range(C):",
-        "            xp = x[n, c]",
+        "    for (int64_t t = 0; t < T && !bad; t++) bad = offs[t] < 0 || offs[t] > nbuf - L;",
+        "    for (int64_t i = 0; i < H && !bad; i++) bad = rows[i] < 0 || rows[i] > nbuf - W;",
+        "    if (bad) return ge_fail();",
+    ]
+    if taps is not None:
+        lines += [f"    const S *s{t} = buf + offs[{t}];" for t in range(taps)]
+    lines += [
+        "    Py_BEGIN_ALLOW_THREADS",
+        "    for (int64_t n = 0; n < N; n++) {",
+        "        for (int64_t c = 0; c < C; c++) {",
+        "            const S *xp = x + (n * C + c) * H * W;",
+        "            int nan = 0;",
+        "            for (int64_t i = 0; i < H; i++) {",
+        "                S *d = buf + rows[i];",
+        "                const S *xr = xp + i * W;",
+        "                for (int64_t q = 0; q < W; q++) {",
+        "                    S e = xr[q];",
+        "                    d[q] = e;",
         # NumPy's maximum makes a NaN in the window the result; that test costs more than the
-        # max itself, so it only runs on planes that hold a NaN
-        *(["            nan = False"] if kind == "max" else []),
-        "            for i in range(H):",
-        "                d = np.uint64(rows[i])",
-        "                xr = xp[i]",
-    ]
-    track = ["nan |= e != e"] if kind == "max" else []
-    lines += ["                for q in range(uW):",
-              "                    e = xr[q]",
-              "                    buf[d + q] = e",
-              *[f"                    {t}" for t in track]]
-    lines += [
-        "            for k in range(mult):",
-        "                m = c * mult + k",
+        # max itself, so the NaN rule only runs on planes that hold a NaN
+        *(["                    nan |= e != e;"] if mx else []),
+        "                }",
+        "            }",
+        "            for (int64_t k = 0; k < mult; k++) {",
+        "                int64_t m = c * mult + k;",
     ]
     ind = " " * 16
+    generic = taps is None
     if taps is not None:
-        if kind == "conv":
-            lines += [f"{ind}w{t} = wt[m, {t}]" for t in range(taps)]
-            lines.append(f"{ind}bv = b[m]")
-            expr = "bv + " + " + ".join(f"w{t} * s{t}[j]" for t in range(taps))
-            lines += [f"{ind}for j in range(L):",
-                      f"{ind}    tmp[j] = {expr}"]
-        elif kind == "avg":
+        if conv:
+            lines += [f"{ind}const S w{t} = wt[m * {taps} + {t}];" for t in range(taps)]
+            lines.append(f"{ind}const S bv = b[m];")
+            expr = "bv"
+            for t in range(taps):
+                expr = f"FMA(w{t}, s{t}[j], {expr})"
+            lines += [f"{ind}for (int64_t j = 0; j < L; j++) tmp[j] = {expr};"]
+        elif avg:
             expr = " + ".join(f"s{t}[j]" for t in range(taps))
-            lines += [f"{ind}for j in range(L):",
-                      f"{ind}    tmp[j] = {expr}"]
+            lines += [f"{ind}for (int64_t j = 0; j < L; j++) tmp[j] = {expr};"]
         else:
             # planes holding a NaN take the tap-by-tap loop below with NumPy's NaN rule
-            lines += [f"{ind}if not nan:",
-                      f"{ind}    for j in range(L):",
-                      f"{ind}        v = s0[j]"]
+            lines += [f"{ind}if (!nan) {{",
+                      f"{ind}    for (int64_t j = 0; j < L; j++) {{",
+                      f"{ind}        S v = s0[j];",
+                      f"{ind}        S e;"]
             for t in range(1, taps):
-                lines += [f"{ind}        e = s{t}[j]",
-                          f"{ind}        v = v if v > e else e"]
-            lines += [f"{ind}        tmp[j] = v"]
-    if taps is None or kind == "max":
-        if taps is not None:
-            lines.append(f"{ind}else:")
+                lines += [f"{ind}        e = s{t}[j];",
+                          f"{ind}        v = v > e ? v : e;"]
+            lines += [f"{ind}        tmp[j] = v;", f"{ind}    }}", f"{ind}}} else {{"]
+            generic = True
             ind = " " * 20
+    if generic:
         init = {"conv": "b[m]", "avg": "0", "max": "buf[offs[0] + j]"}[kind]
-        lines += [f"{ind}for j in range(L):",
-                  f"{ind}    tmp[j] = {init}",
-                  f"{ind}for t in range({'1' if kind == 'max' else '0'}, T):",
-                  f"{ind}    st = buf[offs[t]:offs[t] + L]"]
-        if kind == "conv":
-            lines += [f"{ind}    wv = wt[m, t]",
-                      f"{ind}    for j in range(L):",
-                      f"{ind}        tmp[j] += wv * st[j]"]
-        elif kind == "avg":
-            lines += [f"{ind}    for j in range(L):",
-                      f"{ind}        tmp[j] += st[j]"]
+        lines += [f"{ind}for (int64_t j = 0; j < L; j++) tmp[j] = {init};",
+                  f"{ind}for (int64_t t = {'1' if mx else '0'}; t < T; t++) {{",
+                  f"{ind}    const S *st = buf + offs[t];"]
+        if conv:
+            lines += [f"{ind}    const S wv = wt[m * T + t];",
+                      f"{ind}    for (int64_t j = 0; j < L; j++) tmp[j] = FMA(wv, st[j], tmp[j]);"]
+        elif avg:
+            lines += [f"{ind}    for (int64_t j = 0; j < L; j++) tmp[j] += st[j];"]
         else:
-            lines += [f"{ind}    for j in range(L):",
-                      f"{ind}        v = tmp[j]",
-                      f"{ind}        e = st[j]",
-                      # NumPy's maximum: a NaN in the window is the result
-                      f"{ind}        tmp[j] = v if (v >= e or v != v) else e"]
+            lines += [f"{ind}    for (int64_t j = 0; j < L; j++) {{",
+                      f"{ind}        S v = tmp[j];",
+                      f"{ind}        S e = st[j];",
+                      f"{ind}        tmp[j] = (v >= e || v != v) ? v : e;",
+                      f"{ind}    }}"]
+        lines.append(f"{ind}}}")
+        if mx and taps is not None:
+            lines.append(" " * 16 + "}")
     ind = " " * 16
     lines += [
-        f"{ind}o = out[n, m].reshape(-1)",
-        f"{ind}for oh in range(np.uint64(OH)):",
-        f"{ind}    so = oh * uWp",
-        f"{ind}    do = oh * uOW",
-        f"{ind}    for ow in range(uOW):",
+        f"{ind}S *o = out + (n * M + m) * OH * OW;",
+        f"{ind}for (int64_t oh = 0; oh < OH; oh++)",
+        f"{ind}    for (int64_t ow = 0; ow < OW; ow++)",
+        f"{ind}        o[oh * OW + ow] = tmp[oh * Wp + ow * sw]{' / dv[oh * OW + ow]' if avg else ''};",
+        "            }",
+        "        }",
+        "    }",
+        "    Py_END_ALLOW_THREADS",
+        "    Py_RETURN_NONE;",
+        "}",
     ]
-    if kind == "avg":
-        lines.append(f"{ind}        o[do + ow] = tmp[so + ow * usw] / dv[do + ow]")
-    else:
-        lines.append(f"{ind}        o[do + ow] = tmp[so + ow * usw]")
     return "\n".join(lines) + "\n"
 
 
-def loop(kind: str, taps: int, dtype: np.dtype, contiguous: bool):
-    """The compiled loop for ``kind`` over ``taps`` taps, or None (numba missing or refusing)."""
+def checked_source(kind: str, taps: int | None) -> str:
+    """The C of one loop after the token check (:func:`ge_sdk.native.check_c`)."""
+    return native.check_c(_source(kind, taps), _NAMES | native.PRELUDE_NAMES, _PATTERNS)
+
+
+#: per dtype: the scalar type and its NumPy number, and the multiply-add (one rounding)
+_TYPES = {"float32": "typedef float S;\n#define NPY_S NPY_FLOAT\n#define FMA fmaf\n",
+          "float64": "typedef double S;\n#define NPY_S NPY_DOUBLE\n#define FMA fma\n"}
+
+
+def loop(kind: str, taps: int, dtype: np.dtype, contiguous: bool = True):
+    """The built loop for ``kind`` over ``taps`` taps, or None (no native kernels here)."""
     unrolled = taps if taps <= MAX_UNROLL else None
-    key = (kind, unrolled, dtype, contiguous)
+    key = (kind, unrolled, dtype)
     fn = _compiled.get(key)
     if fn is not None:
         return fn or None
     if not available() or kind not in KINDS or dtype not in NP_DTYPES or type(taps) is not int:
         return None
-    src = _source(kind, unrolled)
-    code = gensrc.compile_checked(src, f"<ge_cpu {kind} window loop>", _VOCAB)
-    numba = _numba
-    nt = numba.types
-    i64, scalar = nt.int64, getattr(nt, dtype.name)
-
-    def ro(nd: int, layout: str = "C"):
-        return nt.Array(scalar, nd, layout, readonly=True)
-
-    # x may be a strided view (layout "A"); everything else is made contiguous by the caller
-    sig = nt.void(ro(4, "C" if contiguous else "A"), ro(2), ro(1), ro(1), nt.Array(scalar, 4, "C"),
-                  i64, i64, i64, *([nt.Array(i64, 1, "C", readonly=True)] * 2),
-                  nt.Array(scalar, 1, "C"), nt.Array(scalar, 1, "C"))
+    src = checked_source(kind, unrolled)
     t0 = time.perf_counter()
-    ns: dict[str, Any] = {}
-    try:
-        exec(code, ns)  # noqa: S102 - checked generated code (gensrc)
-        # contract: multiply-adds become FMAs (one rounding instead of two); nothing else relaxed
-        fn = numba.njit(sig, nogil=True, error_model="numpy", fastmath={"contract"})(ns["kernel"])
-    except Exception:  # noqa: BLE001 - a loop numba refuses: the caller runs the NumPy kernel
-        fn = False
+    mod = native.build(_TYPES[dtype.name] + src, ["kernel"])
+    fn = False if mod is None else mod.kernel
     with _lock:
         _compiled[key] = fn
         if fn:
-            fn.ge_source = src
+            _sources[key] = src
             _stats["compiled"] += 1
             _stats["compile_s"] += time.perf_counter() - t0
     return fn or None
@@ -283,15 +287,19 @@ def run(kind: str, plan: WindowPlan, x: np.ndarray, out: np.ndarray, wt: np.ndar
         return False
     dt = x.dtype
     taps = plan.offs.shape[0]
-    fn = loop(kind, taps, dt, bool(x.flags.c_contiguous))
+    fn = loop(kind, taps, dt)
     if fn is None:
         return False
     if out.size == 0:
         return True
+    x = np.require(x, dt, ["C_CONTIGUOUS", "ALIGNED"])  # a strided view is copied once
     buf = np.full(plan.nbuf, -np.inf, dt) if kind == "max" else np.zeros(plan.nbuf, dt)
     tmp = np.empty(plan.L, dt)
     one, one2 = _dummy(dt)
     mult = out.shape[1] // x.shape[1] if x.shape[1] else 1
-    fn(x, one2 if wt is None else wt, one if b is None else b, one if dv is None else dv, out,
-       plan.Wp, plan.sw, mult, plan.rows, plan.offs, buf, tmp)
+    n, c, h, w = x.shape
+    oh, ow = out.shape[2:]
+    fn(n, c, h, w, oh, ow, plan.Wp, plan.sw, mult, x, one2 if wt is None else np.require(wt, dt, ["C", "A"]),
+       one if b is None else np.require(b, dt, ["C", "A"]), one if dv is None else np.require(dv, dt, ["C", "A"]),
+       out, plan.rows, plan.offs, buf, tmp)
     return True

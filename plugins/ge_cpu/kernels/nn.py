@@ -4,7 +4,7 @@ Convolution strategy (all per call work is a handful of large NumPy/BLAS calls):
 
 * 1x1, unpadded conv: a direct batched GEMM on the (strided) input, no im2col;
 * depthwise conv (group == C, one input channel per group), 1-D or 2-D, float32/float64: a
-  compiled loop per plane (:mod:`._window`, numba); without numba (or for other dtypes and
+  compiled loop per plane (:mod:`._window`, native C); without it (or for other dtypes and
   ranks) a loop over the *kernel positions* only, each one a multiply-add over the whole tensor;
 * everything else: pad once, im2col through ``sliding_window_view`` (one copy into the column
   matrix) and a single ``np.matmul`` for all groups and the whole batch.

@@ -1,0 +1,582 @@
+"""Native kernels: C that a generator wrote, compiled once per machine and kept in the user's cache.
+
+A plugin's hot loops (ge_fusion's fused elementwise groups and row kernels, the column-block
+GEMM driver, attention) are C source written by their generators from validated tokens only
+(:func:`check_c`, like :mod:`ge_sdk.gensrc` for Python). :func:`build` turns such a source into
+a CPython extension module: it compiles it with the machine's C compiler the first time and
+loads it from the cache afterwards, so a new process starts without compiling anything (and
+without importing numba). A call into such a module costs about 0.03 us, and every entry
+checks its arrays (type, dtype, contiguity, writability, size against what the loop touches)
+before it runs, so a wrong call raises instead of touching memory it does not own.
+
+The cache is a folder of the user's own (``$GE_CACHE_DIR``, else ``$XDG_CACHE_HOME/ge-python``,
+else ``~/.cache/ge-python``; ``kernels-<abi>`` inside, mode 0700). An entry is
+``<key>.so`` with ``<key>.sum`` (the SHA-256 of the ``.so``) and ``<key>.c`` (its source, for
+reading). The key hashes the source, the compiler (path, size, modification time), the flags,
+the Python ABI, NumPy's version and the CPU's feature flags, so another compiler, interpreter or
+CPU never loads an entry built for a different one. Before an entry is loaded its folder and
+files must be owned by this user and writable by nobody else, and the ``.so`` must hash to its
+``.sum``; an entry that fails any check is ignored and rebuilt (a folder that fails them is not
+used at all: the process builds into a private temporary folder). A model file never carries
+native code: only the user's own cache folder is trusted (docs/security.md).
+
+``GE_NATIVE=0`` turns native kernels off (the callers' NumPy forms run); ``GE_CC`` (or ``CC``)
+names the compiler.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from types import ModuleType
+from typing import Any
+
+#: bumped when the prelude or the calling convention changes (old entries are then unused)
+ABI = 1
+_OFF = ("0", "false", "off", "no")
+_lock = threading.RLock()
+_modules: dict[str, ModuleType | None] = {}
+_stats = {"compiled": 0, "cached": 0, "rebuilt": 0, "failed": 0, "compile_s": 0.0, "load_s": 0.0}
+_state: dict[Any, Any] = {}
+
+
+class NativeSourceError(ValueError):
+    """Generated C contains a token its generator did not declare (never compiled)."""
+
+
+def stats() -> dict[str, float]:
+    """Modules compiled in this process, loaded from the cache, rebuilt because an entry failed
+    its checks, failed to compile; seconds compiling and loading."""
+    return dict(_stats)
+
+
+def enabled() -> bool:
+    """False when ``GE_NATIVE`` is 0/false/off/no."""
+    return os.environ.get("GE_NATIVE", "1").strip().lower() not in _OFF
+
+
+def compiler() -> str | None:
+    """The C compiler's path (``GE_CC``, ``CC``, else ``cc`` or ``gcc`` on PATH), or None."""
+    want = os.environ.get("GE_CC") or os.environ.get("CC") or ""
+    key = ("cc", want)
+    if key not in _state:
+        found = None
+        for cand in ([want] if want else ["cc", "gcc"]):
+            path = shutil.which(cand.split()[0]) if cand else None
+            if path:
+                found = os.path.realpath(path)
+                break
+        _state[key] = found
+    return _state[key]
+
+
+def available() -> bool:
+    """True when native kernels may be built here: enabled, a C compiler and the Python and
+    NumPy headers present."""
+    return enabled() and compiler() is not None and _includes() is not None
+
+
+def _includes() -> list[str] | None:
+    if "inc" not in _state:
+        import sysconfig
+
+        import numpy as np
+
+        paths = [sysconfig.get_paths().get("include") or "", np.get_include()]
+        ok = all(os.path.isfile(os.path.join(p, h)) for p, h in zip(paths, ("Python.h", "numpy/ndarraytypes.h")))
+        _state["inc"] = paths if ok else None
+    return _state["inc"]
+
+
+def _cpu_flags() -> str:
+    if "cpu" not in _state:
+        flags = ""
+        try:
+            with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+                for line in f:
+                    if line.startswith(("flags", "Features")):
+                        flags = line.split(":", 1)[1].strip()
+                        break
+        except OSError:
+            pass
+        import platform
+
+        _state["cpu"] = f"{platform.machine()}|{platform.processor()}|{flags}"
+    return _state["cpu"]
+
+
+def _compiler_id(cc: str) -> str:
+    st = os.stat(cc)
+    return f"{cc}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def _flags(openmp: bool) -> list[str]:
+    flags = ["-O3", "-march=native", "-fPIC", "-shared", "-std=c11", "-fno-math-errno", "-ffp-contract=off",
+             "-fopenmp-simd", "-fvisibility=hidden"]
+    if openmp:
+        flags.append("-fopenmp")
+    if sys.platform == "darwin":
+        flags += ["-undefined", "dynamic_lookup"]
+    return flags
+
+
+# ------------------------------------------------------------------------------------------------
+# the cache folder and its checks
+# ------------------------------------------------------------------------------------------------
+def cache_root() -> str:
+    """The cache folder of this user (not created here)."""
+    root = os.environ.get("GE_CACHE_DIR")
+    if not root:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.path.join(base, "ge-python")
+    return os.path.join(os.path.abspath(root), f"kernels-{ABI}")
+
+
+def current_uid() -> int:
+    """The user whose files the cache trusts (this process's effective user)."""
+    return os.geteuid()
+
+
+def _private(st: os.stat_result, kind: int) -> bool:
+    """Owned by this user, of the right kind (not a link), writable by nobody else."""
+    return stat.S_IFMT(st.st_mode) == kind and st.st_uid == current_uid() and not st.st_mode & 0o022
+
+
+def cache_dir() -> str:
+    """The folder entries are read from and written to: the user's cache folder when it passes
+    the checks (created 0700 when missing), else a private temporary folder for this process."""
+    with _lock:
+        d = cache_root()
+        if _state.get("dir_for") == d and os.path.isdir(_state["dir"]):
+            return _state["dir"]
+        _state["dir_for"] = d
+        try:
+            os.makedirs(d, mode=0o700, exist_ok=True)
+            st = os.lstat(d)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == current_uid() and st.st_mode & 0o077:
+                os.chmod(d, 0o700)  # ours, but readable by others: make it private
+                st = os.lstat(d)
+            if not _private(st, stat.S_IFDIR):
+                raise PermissionError(f"'{d}' is not a folder of this user that only this user can write")
+        except OSError as e:
+            warnings.warn(f"ge: the kernel cache '{d}' is not used ({e}); kernels are built for this process only. "
+                          "Fix its owner and permissions (chmod 700) or set GE_CACHE_DIR.", stacklevel=2)
+            d = tempfile.mkdtemp(prefix="ge-kernels-")
+        _state["dir"] = d
+        return d
+
+
+def _digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _entry_ok(so: str, total: str) -> bool:
+    try:
+        if not (_private(os.lstat(so), stat.S_IFREG) and _private(os.lstat(total), stat.S_IFREG)):
+            return False
+        with open(total, encoding="ascii") as f:
+            want = f.read(200).strip()
+        return bool(re.fullmatch(r"[0-9a-f]{64}", want)) and _digest(so) == want
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def key_for(source: str, openmp: bool = False) -> str | None:
+    """The cache key of ``source`` on this machine (None when native kernels are unavailable)."""
+    if not available():
+        return None
+    cc = compiler()
+    assert cc is not None
+    import numpy as np
+
+    parts = [str(ABI), source, _compiler_id(cc), " ".join(_flags(openmp)), sys.implementation.cache_tag or "",
+             sys.version, np.__version__, _cpu_flags()]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def cached(source: str, openmp: bool = False) -> bool:
+    """Whether ``source``'s module is in the cache and passes the checks (nothing is built)."""
+    key = key_for(source, openmp)
+    if key is None:
+        return False
+    d = cache_dir()
+    return _entry_ok(os.path.join(d, f"ge_{key}.so"), os.path.join(d, f"ge_{key}.sum"))
+
+
+# ------------------------------------------------------------------------------------------------
+# building and loading
+# ------------------------------------------------------------------------------------------------
+def build(source: str, functions: Sequence[str], *, openmp: bool = False) -> ModuleType | None:
+    """The extension module of C ``source`` (after :data:`PRELUDE`) exporting ``functions``
+    (each ``static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n)``),
+    loaded from the cache or compiled into it; None when native kernels are unavailable or the
+    compiler refused the source (reported once as a warning; the caller's NumPy form runs)."""
+    for f in functions:
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", f):
+            raise NativeSourceError(f"{f!r} is not a kernel function name")
+    full = source + _module_table(functions)
+    key = key_for(full, openmp)
+    if key is None:
+        return None
+    with _lock:
+        if key in _modules:
+            return _modules[key]
+        mod = _load_or_build(key, full, openmp)
+        _modules[key] = mod
+        return mod
+
+
+def _module_table(functions: Sequence[str]) -> str:
+    rows = "".join(f'    {{"{f}", (PyCFunction)(void (*)(void)){f}, METH_FASTCALL, 0}},\n' for f in functions)
+    return ("\nstatic PyMethodDef ge_methods[] = {\n" + rows
+            + '    {"setup", (PyCFunction)(void (*)(void))ge_setup, METH_O, 0},\n    {0, 0, 0, 0}\n};\n')
+
+
+def _init_src(modname: str) -> str:
+    return (f"static struct PyModuleDef ge_module = {{PyModuleDef_HEAD_INIT, \"{modname}\", 0, -1, ge_methods}};\n"
+            f"PyMODINIT_FUNC PyInit_{modname}(void) {{ return PyModule_Create(&ge_module); }}\n")
+
+
+def _load(modname: str, so: str) -> ModuleType:
+    import numpy as np
+
+    loader = importlib.machinery.ExtensionFileLoader(modname, so)
+    spec = importlib.util.spec_from_file_location(modname, so, loader=loader)
+    assert spec is not None
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    mod.setup(np.ndarray)
+    return mod
+
+
+def _load_or_build(key: str, full: str, openmp: bool) -> ModuleType | None:
+    d = cache_dir()
+    modname = f"ge_{key}"
+    so, total = os.path.join(d, modname + ".so"), os.path.join(d, modname + ".sum")
+    t0 = time.perf_counter()
+    if os.path.lexists(so) or os.path.lexists(total):
+        if _entry_ok(so, total):
+            try:
+                mod = _load(modname, so)
+                _stats["cached"] += 1
+                _stats["load_s"] += time.perf_counter() - t0
+                return mod
+            except ImportError:
+                pass
+        _stats["rebuilt"] += 1
+        for p in (so, total):
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+    src = PRELUDE + full + _init_src(modname)
+    cc = compiler()
+    assert cc is not None
+    inc = _includes() or []
+    fd, tmp = tempfile.mkstemp(prefix=f".{modname}.", suffix=".so", dir=d)
+    os.close(fd)
+    csrc = tmp[:-3] + ".c"
+    try:
+        with open(csrc, "w", encoding="ascii") as f:
+            f.write(src)
+        cmd = [cc, *_flags(openmp), *(f"-I{p}" for p in inc), csrc, "-o", tmp, "-lm"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+        if r.returncode != 0 and "-march=native" in cmd:  # a compiler without -march=native
+            cmd.remove("-march=native")
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+        if r.returncode != 0:
+            _stats["failed"] += 1
+            _warn_once(f"ge: a native kernel did not compile ({cc}); its NumPy form runs instead:\n"
+                       + "\n".join(r.stderr.splitlines()[:12]))
+            return None
+        os.chmod(tmp, 0o600)
+        os.chmod(csrc, 0o600)
+        digest = _digest(tmp)
+        os.replace(tmp, so)
+        os.replace(csrc, os.path.join(d, modname + ".c"))
+        fd, tsum = tempfile.mkstemp(prefix=f".{modname}.", suffix=".sum", dir=d)
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(digest + "\n")
+        os.replace(tsum, total)
+        mod = _load(modname, so)
+    except (OSError, subprocess.SubprocessError, ImportError) as e:
+        _stats["failed"] += 1
+        _warn_once(f"ge: a native kernel could not be built ({type(e).__name__}: {e}); its NumPy form runs instead")
+        return None
+    finally:
+        for p in (tmp, csrc):
+            if os.path.exists(p):
+                os.unlink(p)
+    _stats["compiled"] += 1
+    _stats["compile_s"] += time.perf_counter() - t0
+    return mod
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _state.setdefault("warned", set()):
+        _state["warned"].add(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+# ------------------------------------------------------------------------------------------------
+# generated C: the token check
+# ------------------------------------------------------------------------------------------------
+_C_TOKEN = re.compile(r"""
+    (?P<ws>\s+)
+  | (?P<num>(?:0[xX][0-9a-fA-F]+(?:\.[0-9a-fA-F]*)?[pP][+-]?[0-9]+|[0-9]+\.[0-9]*(?:[eE][+-]?[0-9]+)?|[0-9]+)[fFlL]?)
+  | (?P<id>[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<op>\+\+|--|<<=|>>=|<<|>>|<=|>=|==|!=|&&|\|\||[-+*/%]=|[-+*/%<>=!&|^~?:;,.(){}\[\]])
+""", re.VERBOSE)
+
+_PRAGMA = re.compile(r"^[ \t]*#pragma omp (?:simd|parallel for)(?: (?:reduction\(\+:[a-z][a-z0-9]*\)|schedule\((?:static|dynamic)(?:,[0-9]+)?\)|num_threads\([a-z][a-z0-9]*\)))*[ \t]*$", re.M)
+
+#: C keywords and types a generated kernel may use
+C_WORDS = frozenset({"typedef", "static", "inline", "const", "void", "int", "float", "double", "int64_t", "int32_t", "uint32_t",
+                     "for", "if", "else", "return", "restrict", "sizeof", "PyObject", "Py_ssize_t", "NULL"})
+
+
+def check_c(src: str, names: Iterable[str], patterns: Sequence[str] = ()) -> str:
+    """``src`` when every token is a C keyword of :data:`C_WORDS`, one of ``names``, an
+    identifier matching one of ``patterns``, a number or an operator; else NativeSourceError.
+    No string or character literal, comment, preprocessor line or backslash can pass."""
+    allowed = set(names) | C_WORDS
+    pats = [re.compile(p + r"\Z") for p in patterns]
+    src_checked = src
+    # the one preprocessor form a kernel may hold: an OpenMP simd/parallel pragma with fixed words
+    src = _PRAGMA.sub(" ", src)
+    pos = 0
+    while pos < len(src):
+        m = _C_TOKEN.match(src, pos)
+        if m is None:
+            raise NativeSourceError(f"generated C has an unexpected character {src[pos]!r} at {pos}")
+        if m.lastgroup == "id":
+            word = m.group()
+            if word not in allowed and not any(p.match(word) for p in pats):
+                raise NativeSourceError(f"generated C uses the undeclared name {word!r}")
+        pos = m.end()
+    return src_checked
+
+
+# ------------------------------------------------------------------------------------------------
+# the prelude: headers, argument checks, vectorisable float32 math
+# ------------------------------------------------------------------------------------------------
+PRELUDE = r"""
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/ndarraytypes.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static PyTypeObject *ge_ndarray = 0;
+
+static PyObject *ge_setup(PyObject *self, PyObject *t) {
+    if (!PyType_Check(t)) { PyErr_SetString(PyExc_TypeError, "setup takes numpy.ndarray"); return 0; }
+    Py_INCREF(t);
+    ge_ndarray = (PyTypeObject *)t;
+    Py_RETURN_NONE;
+}
+
+/* The data of argument i: an aligned C-contiguous ndarray of dtype number `type` (writable when
+   asked) holding at least `need` elements; else a Python exception and NULL. */
+static void *ge_arr(PyObject *const *args, int i, int type, int writable, int64_t need) {
+    PyObject *o = args[i];
+    if (!ge_ndarray || !PyObject_TypeCheck(o, ge_ndarray)) {
+        PyErr_Format(PyExc_TypeError, "native kernel argument %d: an ndarray is needed", i);
+        return 0;
+    }
+    PyArrayObject *a = (PyArrayObject *)o;
+    int fl = PyArray_FLAGS(a);
+    if (PyArray_TYPE(a) != type || !(fl & NPY_ARRAY_C_CONTIGUOUS) || !(fl & NPY_ARRAY_ALIGNED)
+        || (writable && !(fl & NPY_ARRAY_WRITEABLE))) {
+        PyErr_Format(PyExc_TypeError, "native kernel argument %d: wrong dtype, layout or a read-only array", i);
+        return 0;
+    }
+    int64_t size = 1;
+    for (int d = 0; d < PyArray_NDIM(a); d++) size *= PyArray_DIMS(a)[d];
+    if (need < 0 || size < need) {
+        PyErr_Format(PyExc_ValueError, "native kernel argument %d: %lld elements, the loop reads %lld", i,
+                     (long long)size, (long long)need);
+        return 0;
+    }
+    return PyArray_DATA(a);
+}
+
+/* the data and element count of argument i: an aligned C-contiguous 1-D ndarray of dtype
+   number `type` (writable when asked) */
+static void *ge_vec(PyObject *const *args, int i, int type, int writable, int64_t *count) {
+    void *p = ge_arr(args, i, type, writable, 0);
+    if (!p) return 0;
+    PyArrayObject *a = (PyArrayObject *)args[i];
+    if (PyArray_NDIM(a) != 1) {
+        PyErr_Format(PyExc_TypeError, "native kernel argument %d: a 1-D array is needed", i);
+        return 0;
+    }
+    *count = PyArray_DIMS(a)[0];
+    return p;
+}
+
+/* argument i as a C integer in [lo, hi] */
+static int ge_int(PyObject *const *args, int i, int64_t lo, int64_t hi, int64_t *v) {
+    long long x = PyLong_AsLongLong(args[i]);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    if (x < lo || x > hi) {
+        PyErr_Format(PyExc_ValueError, "native kernel argument %d: %lld is out of range", i, x);
+        return -1;
+    }
+    *v = (int64_t)x;
+    return 0;
+}
+
+/* raise: the sizes or offsets a kernel was given do not fit its arrays */
+static PyObject *ge_fail(void) {
+    PyErr_SetString(PyExc_ValueError, "native kernel: the offsets it was given lie outside its arrays");
+    return NULL;
+}
+
+static int ge_nargs(Py_ssize_t n, Py_ssize_t want) {
+    if (n != want) {
+        PyErr_Format(PyExc_TypeError, "native kernel takes %zd arguments, got %zd", want, n);
+        return -1;
+    }
+    return 0;
+}
+
+/* a * b * c * d, or -1 when that overflows (or a factor is negative) */
+static int64_t ge_prod(int64_t a, int64_t b, int64_t c, int64_t d) {
+    int64_t r;
+    if (a < 0 || b < 0 || c < 0 || d < 0 || __builtin_mul_overflow(a, b, &r) || __builtin_mul_overflow(r, c, &r)
+        || __builtin_mul_overflow(r, d, &r)) return -1;
+    return r;
+}
+
+/* the last element index + 1 a loop nest touches (sum of (extent - 1) * stride, plus one); -1 on overflow */
+static int64_t ge_span(int64_t d0, int64_t d1, int64_t d2, int64_t s0, int64_t s1, int64_t s2) {
+    if (d0 <= 0 || d1 <= 0 || d2 <= 0) return 0;
+    int64_t a, b, c, t;
+    if (__builtin_mul_overflow(d0 - 1, s0, &a) || __builtin_mul_overflow(d1 - 1, s1, &b)
+        || __builtin_mul_overflow(d2 - 1, s2, &c) || __builtin_add_overflow(a, b, &t)
+        || __builtin_add_overflow(t, c, &t) || __builtin_add_overflow(t, 1, &t)) return -1;
+    return t;
+}
+
+static inline float ge_bits_f32(int32_t b) { float f; memcpy(&f, &b, 4); return f; }
+static inline int32_t ge_f32_bits(float f) { int32_t b; memcpy(&b, &f, 4); return b; }
+static inline float ge_max32(float a, float b) { return (a >= b || a != a) ? a : b; }
+static inline float ge_min32(float a, float b) { return (a <= b || a != a) ? a : b; }
+static inline double ge_max64(double a, double b) { return (a >= b || a != a) ? a : b; }
+static inline double ge_min64(double a, double b) { return (a <= b || a != a) ? a : b; }
+
+/* Cephes single-precision math with arithmetic, selects and bit-casts only (ge_sdk.vmath's
+   algorithms, constant for constant), so loops that inline them vectorise. */
+/* the shared core of exp32 and expneg32: the polynomial of exp on the reduced argument of xc,
+   and in *t the rounding sum whose low mantissa bits hold the power of two */
+static inline float ge_exp_core(float xc, float *t) {
+    *t = xc * 1.44269504088896341f + 12582912.0f;
+    float fx = *t - 12582912.0f;
+    float r = xc - fx * 0.693359375f - fx * -2.12194440e-4f;
+    float z = r * r;
+    return (((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r
+             + 1.6666665459e-1f) * r + 5.0000001201e-1f) * z + r + 1.0f;
+}
+
+static inline float exp32(float x) {
+    float xc = x < 88.8f ? x : 88.8f;
+    xc = xc > -104.0f ? xc : -104.0f;
+    float t;
+    float y = ge_exp_core(xc, &t);
+    int32_t n = ge_f32_bits(t) - 0x4B400000;
+    int32_t n1 = n >> 1;
+    int32_t n2 = n - n1;
+    y = y * ge_bits_f32((n1 + 127) << 23) * ge_bits_f32((n2 + 127) << 23);
+    return x == x ? y : x;
+}
+
+/* exp for x <= 0 (softmax's shifted logits): one scaling factor; below -87.3 the result is
+   exp(-87.3) instead of a denormal or 0 */
+static inline float expneg32(float x) {
+    float xc = x > -87.3f ? x : -87.3f;
+    float t;
+    float y = ge_exp_core(xc, &t);
+    y = y * ge_bits_f32((ge_f32_bits(t) - 0x4B400000 + 127) << 23);
+    return x == x ? y : x;
+}
+
+static inline float log32(float x) {
+    int sub = x < 1.17549435e-38f;
+    float xs = sub ? x * 8388608.0f : x;
+    int32_t bits = ge_f32_bits(xs);
+    int32_t e = ((bits >> 23) & 0xFF) - 126;
+    e = sub ? e - 23 : e;
+    float m = ge_bits_f32((bits & 0x007FFFFF) | 0x3F000000);
+    int low = m < 0.707106781186547524f;
+    e = low ? e - 1 : e;
+    m = low ? (m + m - 1.0f) : (m - 1.0f);
+    float fe = (float)e;
+    float z = m * m;
+    float y = ((((((((7.0376836292e-2f * m + -1.1514610310e-1f) * m + 1.1676998740e-1f) * m + -1.2420140846e-1f) * m
+                   + 1.4249322787e-1f) * m + -1.6668057665e-1f) * m + 2.0000714765e-1f) * m + -2.4999993993e-1f) * m
+               + 3.3333331174e-1f) * m * z;
+    y = y + -2.12194440e-4f * fe - 0.5f * z;
+    float r = m + y + 0.693359375f * fe;
+    r = x == 0.0f ? -INFINITY : r;
+    r = x < 0.0f ? NAN : r;
+    return (x == INFINITY || x != x) ? x : r;
+}
+
+static inline float log1p32(float u) {
+    float w = u + 1.0f;
+    float d = w - 1.0f;
+    float r = d == 0.0f ? u : log32(w) * (u / d);
+    return u == INFINITY ? u : r;
+}
+
+static inline float expm1_32(float x) {
+    float small = x * (1.0f + x * (0.5f + x * ((float)(1.0 / 6.0) + x * ((float)(1.0 / 24.0) + x * (float)(1.0 / 120.0)))));
+    return fabsf(x) < 0.0625f ? small : exp32(x) - 1.0f;
+}
+
+static inline float tanh32(float x) {
+    float z = x * x;
+    float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z + -5.37397155531e-2f) * z + 1.33314422036e-1f) * z
+                   + -3.33332819422e-1f) * z * x + x;
+    float ax = fabsf(x);
+    float big = 1.0f - 2.0f / (exp32(ax + ax) + 1.0f);
+    big = x < 0.0f ? -big : big;
+    return ax < 0.625f ? small : big;
+}
+
+static inline float erf32(float x) {
+    float z = x * x;
+    float small = x * ((((((7.853861353153693e-5f * z + -8.010193625184903e-4f) * z + 5.188327685732524e-3f) * z
+                          + -2.685381193529856e-2f) * z + 1.128358514861418e-1f) * z + -3.761262582423300e-1f) * z
+                       + 1.128379165726710f);
+    float a = fabsf(x);
+    float t = 1.0f / (1.0f + 0.3275911f * a);
+    float poly = ((((1.061405429f * t + -1.453152027f) * t + 1.421413741f) * t + -0.284496736f) * t + 0.254829592f) * t;
+    float big = 1.0f - poly * exp32(-z);
+    big = x < 0.0f ? -big : big;
+    float r = a < 1.0f ? small : big;
+    return x == x ? r : x;
+}
+"""
+
+#: the prelude's names a generated kernel may call
+PRELUDE_NAMES = frozenset({"ge_arr", "ge_vec", "ge_prod", "ge_fail", "NPY_INT64", "ge_int", "ge_nargs", "ge_span", "ge_max32", "ge_min32", "ge_max64", "ge_min64",
+                           "exp32", "expneg32", "log32", "log1p32", "expm1_32", "tanh32", "erf32", "sqrtf", "sqrt",
+                           "fabsf", "fabs", "powf", "pow", "fmaf", "fma", "Py_RETURN_NONE", "Py_BEGIN_ALLOW_THREADS",
+                           "Py_END_ALLOW_THREADS", "NPY_FLOAT", "NPY_DOUBLE", "self", "args", "n", "NAN", "INFINITY"})

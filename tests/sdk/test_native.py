@@ -1,0 +1,200 @@
+"""The native kernel cache (ge_sdk.native): built once per machine, trusted only when it is the
+user's own and intact, and giving the same results warm and cold."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from ge_sdk import native
+
+#: a kernel that scales a float32 vector: out[i] = x[i] * k + 1
+SRC = """
+static PyObject *scale(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    int64_t count;
+    if (ge_nargs(n, 3)) return NULL;
+    const float *x = (const float *)ge_vec(args, 0, NPY_FLOAT, 0, &count);
+    if (!x) return NULL;
+    float *out = (float *)ge_arr(args, 1, NPY_FLOAT, 1, count);
+    if (!out) return NULL;
+    double k = PyFloat_AsDouble(args[2]);
+    if (k == -1.0 && PyErr_Occurred()) return NULL;
+    for (int64_t i = 0; i < count; i++) out[i] = x[i] * (float)k + 1.0f;
+    Py_RETURN_NONE;
+}
+"""
+
+CHILD = textwrap.dedent("""
+    import json, sys, warnings
+    import numpy as np
+    from ge_sdk import native
+    src = open(sys.argv[1]).read()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        mod = native.build(src, ["scale"])
+    x = np.arange(5, dtype=np.float32)
+    out = np.empty_like(x)
+    mod.scale(x, out, 2.0)
+    print(json.dumps({"stats": native.stats(), "out": out.tolist(), "file": mod.__file__,
+                      "warnings": [str(m.message) for m in w], "numba": "numba" in sys.modules}))
+""")
+
+
+def test_native_kernels_are_available():
+    assert native.available(), "no C compiler or Python/NumPy headers (or GE_NATIVE=0 is set)"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    monkeypatch.setenv("GE_CACHE_DIR", str(root))
+    src = tmp_path / "k.c"
+    # a constant of this test's own: no other test's entry has its key
+    src.write_text(SRC.replace("1.0f", f"{1 + len(str(tmp_path)) % 7}.0f"))
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+
+    def run(**env):
+        r = subprocess.run([sys.executable, str(script), str(src)], capture_output=True, text=True,
+                           env={**os.environ, **env}, timeout=300, check=True)
+        return json.loads(r.stdout)
+
+    return root, run
+
+
+def entry_files(root):
+    d = root / f"kernels-{native.ABI}"
+    return sorted(p for p in d.iterdir() if p.suffix in (".so", ".sum") and not p.name.startswith("."))
+
+
+def test_a_second_process_loads_the_kernel_without_compiling(cache):
+    root, run = cache
+    first = run()
+    assert first["stats"]["compiled"] == 1 and first["stats"]["cached"] == 0
+    second = run()
+    assert second["stats"]["compiled"] == 0 and second["stats"]["cached"] == 1
+    assert second["out"] == first["out"] and second["numba"] is False
+    d = root / f"kernels-{native.ABI}"
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    for p in entry_files(root):
+        assert not p.stat().st_mode & 0o077, p
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbled", "sum-garbled", "sum-missing"])
+def test_a_corrupt_entry_is_rebuilt_not_loaded(cache, damage):
+    root, run = cache
+    want = run()["out"]
+    so = next(p for p in entry_files(root) if p.suffix == ".so")
+    total = so.with_suffix(".sum")
+    if damage == "truncated":
+        so.write_bytes(so.read_bytes()[:100])
+    elif damage == "garbled":
+        data = bytearray(so.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        so.write_bytes(bytes(data))
+    elif damage == "sum-garbled":
+        total.write_text("0" * 64 + "\n")
+    else:
+        total.unlink()
+    again = run()
+    assert again["stats"]["rebuilt"] == 1 and again["stats"]["compiled"] == 1 and again["stats"]["cached"] == 0
+    assert again["out"] == want
+    assert run()["stats"]["cached"] == 1  # the rebuilt entry is good
+
+
+def test_a_world_writable_entry_is_rebuilt(cache):
+    root, run = cache
+    run()
+    so = next(p for p in entry_files(root) if p.suffix == ".so")
+    os.chmod(so, 0o666)
+    again = run()
+    assert again["stats"]["rebuilt"] == 1 and again["stats"]["cached"] == 0
+    assert not so.stat().st_mode & 0o022
+
+
+def test_a_foreign_owned_entry_is_not_trusted(cache, monkeypatch, tmp_path):
+    root, run = cache
+    run()
+    so = next(p for p in entry_files(root) if p.suffix == ".so")
+    if os.geteuid() == 0:
+        os.chown(so, 4242, 4242)  # another user's file in the cache folder
+        again = run()
+        assert again["stats"]["rebuilt"] == 1 and again["stats"]["cached"] == 0
+        assert so.stat().st_uid == 0
+    # as another user, the whole folder (and so every entry in it) is not this user's: nothing
+    # is loaded from it, kernels are built into a private folder for this process
+    monkeypatch.setattr(native, "current_uid", lambda: os.geteuid() + 1)
+    monkeypatch.setenv("GE_CACHE_DIR", str(root))
+    with pytest.warns(UserWarning, match="is not used"):
+        d = native.cache_dir()
+    assert not d.startswith(str(root))
+    mod = native.build((tmp_path / "k.c").read_text(), ["scale"])
+    out = np.empty(3, np.float32)
+    mod.scale(np.ones(3, np.float32), out, 1.0)
+    assert mod.__file__.startswith(d)
+
+
+def test_a_world_writable_cache_folder_of_ours_is_made_private(cache):
+    root, run = cache
+    run()
+    d = root / f"kernels-{native.ABI}"
+    os.chmod(d, 0o777)
+    assert run()["stats"]["cached"] == 1
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700
+
+
+def test_another_compiler_does_not_use_the_entries_of_this_one(cache, tmp_path):
+    root, run = cache
+    run()
+    wrapper = tmp_path / "other-cc"
+    wrapper.write_text(f"#!/bin/sh\nexec {native.compiler()} \"$@\"\n")
+    wrapper.chmod(0o755)
+    other = run(GE_CC=str(wrapper))
+    assert other["stats"]["compiled"] == 1 and other["stats"]["cached"] == 0
+    assert run()["stats"]["cached"] == 1  # the first compiler's entry is still there and used
+
+
+def test_the_key_covers_the_abi_numpy_and_the_source(monkeypatch):
+    k = native.key_for(SRC)
+    assert k == native.key_for(SRC) and k != native.key_for(SRC + " ")
+    monkeypatch.setattr(native, "ABI", native.ABI + 1)
+    assert native.key_for(SRC) != k
+    monkeypatch.setattr(native, "ABI", native.ABI - 1)
+    monkeypatch.setattr(np, "__version__", "0.0.0")
+    assert native.key_for(SRC) != k
+
+
+def test_kernel_entries_check_their_arguments():
+    mod = native.build(SRC, ["scale"])
+    x = np.arange(4, dtype=np.float32)
+    with pytest.raises(TypeError, match="arguments"):
+        mod.scale(x, x)
+    with pytest.raises(TypeError, match="ndarray"):
+        mod.scale([1.0, 2.0], x, 1.0)
+    with pytest.raises(TypeError, match="dtype"):
+        mod.scale(x.astype(np.float64), x, 1.0)
+    with pytest.raises(TypeError, match="read-only"):
+        ro = np.zeros(4, np.float32)
+        ro.setflags(write=False)
+        mod.scale(x, ro, 1.0)
+    with pytest.raises(ValueError, match="elements"):
+        mod.scale(x, np.zeros(3, np.float32), 1.0)  # the loop would write past the output
+    with pytest.raises(TypeError, match="layout"):
+        mod.scale(np.arange(8, dtype=np.float32)[::2], x, 1.0)
+
+
+def test_native_off_switch(monkeypatch):
+    monkeypatch.setenv("GE_NATIVE", "0")
+    assert not native.available()
+    assert native.build(SRC.replace("scale", "scale2"), ["scale2"]) is None
+
+
+def test_a_source_the_compiler_refuses_warns_once_and_returns_none():
+    bad = "static PyObject *oops(PyObject *self, PyObject *const *args, Py_ssize_t n) { return undefined_thing; }\n"
+    with pytest.warns(RuntimeWarning, match="did not compile"):
+        assert native.build(bad, ["oops"]) is None
