@@ -177,11 +177,14 @@ def aipp_pass(graph: Graph, ctx: PassContext) -> bool:
         if rank >= len(graph.inputs):
             raise OptionError(f"insert_op_conf: related_input_rank {rank} but the model has "
                               f"{len(graph.inputs)} input(s)")
-        _insert(graph, graph.inputs[rank], block, layout)
+        _insert(graph, graph.inputs[rank], block, layout, ctx.registries.ops)
     return True
 
 
-def _insert(graph: Graph, x: Value, b: dict[str, Any], layout: str) -> None:
+def _insert(graph: Graph, x: Value, b: dict[str, Any], layout: str, ops) -> None:
+    """Put the steps of AIPP block ``b`` between input ``x`` (now uint8 NHWC) and its readers.
+    The pass runs after type inference: each new node's types are inferred here (``ops``), and
+    the readers see the float32 tensor of the layout they had."""
     f32 = np.dtype(np.float32)
     shape = x.type.shape
     if shape is None or len(shape) != 4:
@@ -213,7 +216,9 @@ def _insert(graph: Graph, x: Value, b: dict[str, Any], layout: str) -> None:
     before = next(iter(graph.nodes), None)
 
     def node(op: str, ins: list[Value], attrs: dict[str, Any] | None = None) -> Value:
-        return graph.add_node(op, ins, attrs or {}, name=f"aipp_{x.name}_{op.lower()}", before=before).output
+        nd = graph.add_node(op, ins, attrs or {}, name=f"aipp_{x.name}_{op.lower()}", before=before)
+        ops.infer_node(nd, graph.opset_imports)
+        return nd.output
 
     def const(a: Any, dtype: Any = np.float32) -> Value:
         return graph.add_constant(np.asarray(a, dtype=dtype), graph.fresh_name(f"aipp_{x.name}_c"))

@@ -54,7 +54,7 @@ def ge_register_options(register):
 #: The passes of ATC's flags: (module, function, pass attributes). Each does nothing unless its
 #: option is set; opt_level 0 so that --oo_level never turns a requested flag off.
 PASSES = (
-    ("aipp", "aipp_pass", {"name": "atc_aipp", "stage": "prepare", "before": ("infer_shapes",), "required": True,
+    ("aipp", "aipp_pass", {"name": "atc_aipp", "stage": "prepare", "after": ("infer_shapes",), "required": True,
                            "description": "ATC --insert_op_conf: static AIPP (crop, swap, csc, mean/min/var, "
                                           "padding) as ops at the input"}),
     ("graph_flags", "output_type_pass", {"name": "atc_output_type", "stage": "prepare", "after": ("infer_shapes",),
