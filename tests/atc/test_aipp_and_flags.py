@@ -246,3 +246,34 @@ def test_input_format_and_flag_partners_follow_ge(tmp_path, atc):
     rc, _, err = atc(f"--model={net}", f"--output={tmp_path / 'f'}", f"--keep_dtype={keep}", f"--modify_mixlist={mix}",
                      "--input_format=NCHW")
     assert rc == 0 and "--keep_dtype has no effect" in err and "--modify_mixlist has no effect" in err
+
+
+def test_dead_branch_inside_a_loop_body_reading_outer_values(tmp_path, atc):
+    """The If sits in a Loop body, its condition folds to a constant (Greater of two constants)
+    and its branch reads the body's and the main graph's values: inlined, it computes what
+    onnxruntime computes."""
+    f = TensorProto.FLOAT
+    then_g = helper.make_graph([helper.make_node("Add", ["acc", "x"], ["t"], name="then_add")], "then", [],
+                               [helper.make_tensor_value_info("t", f, [3])])
+    else_g = helper.make_graph([helper.make_node("Sub", ["acc", "x"], ["e"], name="else_sub")], "else", [],
+                               [helper.make_tensor_value_info("e", f, [3])])
+    body = helper.make_graph(
+        [helper.make_node("Greater", ["two", "one"], ["c"], name="cmp"),
+         helper.make_node("If", ["c"], ["acc_out"], name="branch", then_branch=then_g, else_branch=else_g),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"], name="keep_going")],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("acc", f, [3])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("acc_out", f, [3])])
+    inits = [numpy_helper.from_array(np.array(3, np.int64), "trips"), numpy_helper.from_array(np.array(True), "go"),
+             numpy_helper.from_array(np.float32(2), "two"), numpy_helper.from_array(np.float32(1), "one")]
+    nodes = [helper.make_node("Loop", ["trips", "go", "x"], ["y"], name="loop", body=body)]
+    model = save_model(tmp_path / "loop.onnx", nodes, [helper.make_tensor_value_info("x", f, [3])],
+                       [helper.make_tensor_value_info("y", f, [3])], inits)
+    rc, _, err = atc(f"--model={model}", f"--output={tmp_path / 'l'}")
+    assert rc == 0, err
+    m = ge.load_om(str(tmp_path / "l.om"))
+    loop = next(n for n in m.graph.node_list() if n.op_type == "Loop")
+    assert not any(n.op_type == "If" for n in loop.subgraphs()[0].node_list())
+    x = np.array([1, -2, 3], np.float32)
+    np.testing.assert_allclose(m.run({"x": x})["y"], ort_run(model, {"x": x})[0], rtol=1e-6)
