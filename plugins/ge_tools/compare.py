@@ -95,6 +95,8 @@ def per_node(model, src: bytes, feeds: dict[str, np.ndarray], kind: str, rtol: f
     got = exposed.run(feeds)
     ref = run_reference(kind, with_outputs(src, extra), feeds, threads, optimize=False)
     diverged: list[dict[str, Any]] = []
+    agreed: set[str] = set()
+    first_node = None
     compared = 0
     for node in g.node_list():
         for o in node.outputs:
@@ -102,10 +104,33 @@ def per_node(model, src: bytes, feeds: dict[str, np.ndarray], kind: str, rtol: f
                 continue
             compared += 1
             d = diff(o.name, got[o.name], ref[o.name], rtol, atol)
-            if not d.ok:
+            if d.ok:
+                agreed.add(o.name)
+            else:
+                first_node = first_node or node
                 diverged.append({"node": node.name, "op": node.qualified_op, **d.as_dict(), "output": o.name})
-    return {"compared": compared, "first": diverged[0] if diverged else None, "diverged": len(diverged),
-            "next": diverged[1:1 + MORE]}
+    first = diverged[0] if diverged else None
+    if first is not None and first_node is not None:
+        first["suspects"] = [f"{n.name} ({n.qualified_op})" for n in suspects(g, first_node, agreed)]
+    return {"compared": compared, "first": first, "diverged": len(diverged), "next": diverged[1:1 + MORE]}
+
+
+def suspects(graph, node, agreed: set[str]) -> list:
+    """The nodes that computed ``node``'s output from values that agree with the reference (or
+    from inputs and constants): ``node`` and its ancestors up to the agreeing values, in schedule
+    order. One of them is wrong. With fused kernels (whose inner values have no source name) this
+    is more than the node itself."""
+    seen: set = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for v in n.inputs:
+            if v is not None and v.producer is not None and v.name not in agreed:
+                stack.append(v.producer)
+    return [n for n in graph.node_list() if n in seen]
 
 
 def _base_options(args: argparse.Namespace, model) -> dict[str, Any]:
@@ -244,6 +269,9 @@ def format_text(r: dict[str, Any]) -> str:
             lines.append(f"per node: {pn['compared']} intermediate values compared, {pn['diverged']} diverge; the "
                          f"first is node '{f['node']}' ({f['op']}), output '{f['output']}': max abs err "
                          f"{f['max_abs']:.3g}, max rel err {f['max_rel']:.3g}")
+            if len(f.get("suspects", [])) > 1:
+                shown = ", ".join(f["suspects"][:8]) + (f" and {len(f['suspects']) - 8} more" if len(f["suspects"]) > 8 else "")
+                lines.append(f"  computed from agreeing values by: {shown}")
             for n in pn["next"]:
                 lines.append(f"  then '{n['node']}' ({n['op']}) max abs err {n['max_abs']:.3g}")
     b = r.get("bisect")

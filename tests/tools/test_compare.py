@@ -3,6 +3,7 @@ divergence (a deliberately wrong kernel that a test plugin's pass swaps in) is f
 (--per-node) and by pass (--bisect-passes, which also writes the graph before that pass)."""
 
 import json
+import os
 
 import numpy as np
 import onnx
@@ -94,6 +95,7 @@ def test_planted_kernel_is_found_by_node_and_by_pass(planted, tmp_path, capsys, 
     assert not r["outputs"][0]["ok"] and r["outputs"][0]["max_abs"] > 1e-3
     first = r["per_node"]["first"]
     assert (first["node"], first["op"], first["output"]) == ("tanh1", "test.bad::BadTanh", "t")
+    assert first["suspects"] == ["tanh1 (test.bad::BadTanh)"]  # its input agreed: only it can be wrong
     b = r["bisect"]
     assert b["pass"] == "plant_bad_tanh" and b["stage"] == "optimize" and b["plugin"] == "planted_test"
     assert b["passes"].index("plant_bad_tanh") == b["index"] - 1
@@ -132,3 +134,34 @@ def test_tolerance_decides_and_usage_errors_exit_2(planted, tmp_path, capsys):
     assert rc == 2 and "'nope'" in err
     rc, _, err = _compare(capsys, str(tmp_path / "missing.onnx"))
     assert rc == 2 and "does not exist" in err
+
+
+def test_suspects_reach_back_to_the_values_that_agree():
+    from ge_sdk import GraphBuilder
+    from ge_tools.compare import suspects
+
+    b = GraphBuilder()
+    x = b.input("x", "float32", (2,))
+    r = b.Relu(x)
+    t = b.Tanh(r)
+    s = b.Sigmoid(t)
+    b.output(b.Add(s, r))
+    g = b.build()
+    relu, tanh, sig, add = g.node_list()
+    assert suspects(g, add, agreed=set()) == [relu, tanh, sig, add]
+    assert suspects(g, add, agreed={relu.output.name}) == [tanh, sig, add]
+    assert suspects(g, add, agreed={relu.output.name, sig.output.name}) == [add]
+
+
+def test_an_om_whose_source_is_gone_asks_for_source(tmp_path, capsys):
+    src = _model(str(tmp_path / "m.onnx"))
+    om = ge.compile(src).save(str(tmp_path / "m.om"))
+    moved = tmp_path / "moved.onnx"
+    os.replace(src, moved)
+    rc, _, err = _compare(capsys, om)
+    assert rc == 2 and "--source" in err
+    rc, r, _ = _compare(capsys, om, "--source", moved)
+    assert rc == 0 and r["ok"] and r["source"] == str(moved)
+    capsys.readouterr()
+    assert main(["bench", om, "--against", "onnxruntime", "--runs", "2"]) == 2
+    assert "--source" in capsys.readouterr().err
