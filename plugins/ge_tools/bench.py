@@ -5,7 +5,6 @@ before each timed block so neither engine runs in the other's wake)."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -16,7 +15,7 @@ import numpy as np
 
 from ge_core.errors import OptionError
 
-from .common import add_model_flags, is_om, make_feeds, open_model, ort_session, source_onnx
+from .common import add_model_flags, is_om, make_feeds, open_model, ort_session, source_onnx, to_json
 
 #: Timed blocks per engine when --against interleaves them.
 BLOCKS = 5
@@ -232,7 +231,7 @@ def format_table(result: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     result = bench(args)
     if args.json:
-        print(json.dumps(result, indent=1))
+        print(to_json(result))
     else:
         print(format_table(result))
     sys.stdout.flush()

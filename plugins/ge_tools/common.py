@@ -281,3 +281,23 @@ def file_arg(path: str, what: str) -> str:
     if not os.path.isdir(d):
         raise ModelFileError(f"cannot write {what} '{path}': folder '{d}' does not exist")
     return path
+
+
+def to_json(data: Any) -> str:
+    """``data`` as strict JSON: infinities and NaN (an error where shapes differ) as the strings
+    ``"inf"``, ``"-inf"``, ``"nan"``; NumPy scalars as numbers."""
+    import json
+    import math
+
+    def clean(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {str(k): clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        if isinstance(x, (np.floating, np.integer, np.bool_)):
+            x = x.item()
+        if isinstance(x, float) and not math.isfinite(x):
+            return str(x)
+        return x
+
+    return json.dumps(clean(data), indent=1, allow_nan=False, default=str)

@@ -19,7 +19,6 @@ a repro to attach to a bug report.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
@@ -41,6 +40,7 @@ from .common import (
     open_model,
     run_reference,
     source_onnx,
+    to_json,
     with_outputs,
 )
 
@@ -290,16 +290,8 @@ def format_text(r: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     r = compare(args)
     if args.json:
-        print(json.dumps(r, indent=1, default=_jsonable))
+        print(to_json(r))
     else:
         print(format_text(r))
     sys.stdout.flush()
     return 0 if r["ok"] else 1
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, (np.floating, np.integer)):
-        return x.item()
-    return str(x)
-
-

@@ -165,3 +165,17 @@ def test_an_om_whose_source_is_gone_asks_for_source(tmp_path, capsys):
     capsys.readouterr()
     assert main(["bench", om, "--against", "onnxruntime", "--runs", "2"]) == 2
     assert "--source" in capsys.readouterr().err
+
+
+def test_diff_and_strict_json():
+    from ge_tools.common import diff, to_json
+
+    d = diff("y", np.zeros(2, np.float32), np.zeros(3, np.float32), 1e-3, 1e-4)
+    assert not d.ok and "shape [2] vs reference [3]" in d.note
+    assert json.loads(to_json(d.as_dict()))["max_abs"] == "inf"
+    nan = np.array([np.nan, 1.0, np.inf], np.float32)
+    assert diff("y", nan, nan.copy(), 0, 0).ok  # NaN where the reference has NaN, the same infinity
+    d = diff("y", np.array([1.0, 2.0]), np.array([1.0, 2.1]), 1e-3, 1e-4)
+    assert not d.ok and d.max_abs == pytest.approx(0.1) and d.max_rel == pytest.approx(0.1 / 2.1)
+    assert diff("y", np.array([1.0, 2.0]), np.array([1.0, 2.1]), 0.05, 0).ok  # 0.1 <= 0.05 * 2.1
+    assert not diff("y", np.array([np.nan]), np.array([1.0]), 1, 1).ok
