@@ -15,7 +15,7 @@ from tests.tools.models import matmul_chain
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
     d = tmp_path_factory.mktemp("bench")
-    src = matmul_chain(str(d / "chain.onnx"), width=256, layers=4)
+    src = matmul_chain(str(d / "chain.onnx"), width=384, layers=4)
     om = ge.compile(src, threads=1).save(str(d / "chain.om"))
     return src, om
 
@@ -42,16 +42,16 @@ def _p50_in_process(om, x, runs=150):
 
 def test_p50_agrees_with_in_process_timing(chain, capsys):
     src, om = chain
-    x = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal((64, 384)).astype(np.float32)
     before = _p50_in_process(om, {"x": x})
     r = _bench(capsys, om, "--batch", 64, "--runs", 150, "--warmup", 10, "--threads", 1)
     after = _p50_in_process(om, {"x": x})
     s = r["engines"]["ge"]
-    assert s["runs"] == 150 and r["inputs"]["x"]["shape"] == [64, 256] and r["batch"] == 64
+    assert s["runs"] == 150 and r["inputs"]["x"]["shape"] == [64, 384] and r["batch"] == 64
     assert s["min_ms"] <= s["p50_ms"] <= s["p90_ms"] <= s["p99_ms"] <= s["max_ms"]
     assert r["cold_first_run_ms"] > 0 and "load_seconds" in r
     ref = (before + after) / 2
-    assert before > 0.2, f"the model runs in {before:.3f} ms: too short to time reliably"
+    assert before > 0.5, f"the model runs in {before:.3f} ms: too short to time reliably"
     assert abs(s["p50_ms"] / ref - 1) < 0.3, (s["p50_ms"], before, after)
     assert abs(s["items_per_s"] / s["throughput_per_s"] - 64) < 1e-6
 
