@@ -383,6 +383,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(src, end="")
         return 0
     info = inspect_om(args.model)
+    info["model"]["output_types"] = output_types(args.model, info["model"].get("outputs") or [])
     if getattr(args, "memory_plot", None):  # drawn by the plugin command memory-plot (ge_memory)
         from .plugins import get_host
 
@@ -402,7 +403,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
               f"producer {_plain(m.get('producer'))}")
     ins = ", ".join(f"{i.get('name')} {i.get('dtype')}{i.get('shape')}" for i in (m.get("inputs") or []))
     con.print(f"inputs:  {_plain(ins)}")
-    con.print(f"outputs: {_plain(', '.join(str(o) for o in (m.get('outputs') or [])))}")
+    outs = ", ".join(f"{o.get('name')} {o.get('dtype')}{o.get('shape')}" for o in (m.get("output_types") or []))
+    con.print(f"outputs: {_plain(outs)}")
     con.print(f"nodes: {m.get('nodes')}  constants: {m.get('constants')}  soc_version: {_plain(m.get('soc_version'))}")
     t = table("partitions", ("kind", "offset", "size", "alignment", "crc32"))
     for p in f.get("partitions", []):
@@ -413,6 +415,23 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if info.get("memory_plot"):
         con.print(f"memory plot: {_plain(info['memory_plot'])}")
     return 0
+
+
+def output_types(path: str, names: Sequence[Any]) -> list[dict[str, Any]]:
+    """``[{"name", "dtype", "shape"}]`` of the outputs ``names`` of the .om at ``path``, read
+    from the stored graph's node outputs (dtype and shape None where the file does not say)."""
+    from .om import read_model_definition
+    from .om_container import read_container
+
+    types: dict[str, dict[str, Any]] = {}
+    with read_container(path) as c:
+        d = read_model_definition(path, c)
+    graph = d.get("graph") if isinstance(d.get("graph"), dict) else {}
+    for v in list(graph.get("inputs") or []) + [o for n in graph.get("nodes") or [] if isinstance(n, dict)
+                                                 for o in n.get("outputs") or []]:
+        if isinstance(v, dict) and isinstance(v.get("name"), str):
+            types[v["name"]] = {"dtype": v.get("dtype"), "shape": v.get("shape")}
+    return [{"name": str(n), **types.get(str(n), {"dtype": None, "shape": None})} for n in names]
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:

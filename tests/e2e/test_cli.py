@@ -44,6 +44,12 @@ def test_inspect_shows_the_om(squeezenet_om):
     info = json.loads(ge("inspect", squeezenet_om, "--json", check=True).stdout)
     assert info["model"]["nodes"] > 0 and {p["kind"] for p in info["file"]["partitions"]} == {"model", "weights"}
     assert sum(info["report"]["op_counts"].values()) == info["model"]["nodes"] == info["report"]["nodes_after"]
+    # outputs with their dtype and shape, as the inputs
+    import ge_core as _ge
+
+    want = [{"name": a.name, "dtype": str(a.dtype), "shape": list(a.shape)} for a in _ge.load_om(str(squeezenet_om)).outputs]
+    assert info["model"]["output_types"] == want and info["model"]["outputs"] == [w["name"] for w in want]
+    assert f"outputs: {want[0]['name']} float32[1, 1000" in r.stdout
 
 
 def test_atc_compile_and_mode1(tmp_path):
