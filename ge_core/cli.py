@@ -426,7 +426,8 @@ def output_types(path: str, names: Sequence[Any]) -> list[dict[str, Any]]:
     types: dict[str, dict[str, Any]] = {}
     with read_container(path) as c:
         d = read_model_definition(path, c)
-    graph = d.get("graph") if isinstance(d.get("graph"), dict) else {}
+    stored = d.get("graph")
+    graph: dict[str, Any] = stored if isinstance(stored, dict) else {}
     for v in list(graph.get("inputs") or []) + [o for n in graph.get("nodes") or [] if isinstance(n, dict)
                                                  for o in n.get("outputs") or []]:
         if isinstance(v, dict) and isinstance(v.get("name"), str):
