@@ -22,8 +22,9 @@ def add_model_flags(p: argparse.ArgumentParser, *, compile_flags: bool = True) -
     p.add_argument("--source", metavar="MODEL.onnx",
                    help="the source model of an .om, for a reference run (default: the path the .om was "
                         "compiled from, when that file still exists)")
-    p.add_argument("--input", action="append", metavar="NAME=FILE.npy",
-                   help="feed this input from a .npy file (repeatable); inputs not given get random data")
+    p.add_argument("--input", "--inputs", dest="input", action="extend", nargs="+", metavar="NAME=FILE.npy",
+                   help="feed inputs from .npy files (--input a=x.npy b=y.npy, or the flag repeated); inputs "
+                        "not given get random data")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--batch", type=int, metavar="B",
                    help="size of the first symbolic dim of the inputs (the batch); other symbolic dims are 1")
@@ -35,6 +36,9 @@ def add_model_flags(p: argparse.ArgumentParser, *, compile_flags: bool = True) -
         p.add_argument("-O", "--opt-level", dest="opt_level", help="optimisation level 0..3 for a source model")
         p.add_argument("--option", action="append", metavar="NAME=VALUE",
                        help="a compile option for a source model (repeatable), e.g. --option executor=arena")
+        p.add_argument("--log", choices=["debug", "info", "warning", "error", "null"],
+                       help="log level while compiling a source model: info says what each stage did, "
+                            "debug each pass")
 
 
 @dataclass
@@ -55,6 +59,8 @@ def compile_options(args: argparse.Namespace, **more: Any) -> dict[str, Any]:
         opts["framework"] = args.framework
     if getattr(args, "opt_level", None) is not None:
         opts["opt_level"] = args.opt_level
+    if getattr(args, "log", None):
+        opts["log"] = args.log
     opts.update(parse_kv(getattr(args, "option", None), "--option"))
     opts.update({k: v for k, v in more.items() if v is not None})
     return opts
@@ -75,7 +81,7 @@ def open_model(args: argparse.Namespace, *, threads: int | None = None, quiet: b
     import time
 
     import ge_core as ge
-    from ge_core.cli import compile_with_progress
+    from ge_core.cli import compile_with_progress, log_stages
 
     path = os.fspath(args.model)
     t0 = time.perf_counter()
@@ -89,6 +95,7 @@ def open_model(args: argparse.Namespace, *, threads: int | None = None, quiet: b
         return Opened(model, path, source, time.perf_counter() - t0)
     opts = compile_options(args, threads=threads, **more)
     model = compile_with_progress(ge, path, opts, quiet=quiet)
+    log_stages(model.report)
     return Opened(model, path, getattr(args, "source", None) or path, time.perf_counter() - t0)
 
 
