@@ -233,9 +233,9 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     opened = open_model(args, threads=args.threads)
     model = opened.model
     feeds = make_feeds(model, args)
+    got = model.run(feeds)  # first: its feed checks name a wrong input better than the reference would
     src = source_onnx(opened)
     ref = run_reference(args.reference, src, feeds, args.threads)
-    got = model.run(feeds)
     diffs = compare_outputs(got, ref, args.rtol, args.atol)
     result: dict[str, Any] = {
         "model": opened.path, "source": opened.source, "reference": args.reference,
