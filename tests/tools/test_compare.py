@@ -134,6 +134,9 @@ def test_tolerance_decides_and_usage_errors_exit_2(planted, tmp_path, capsys):
     assert rc == 2 and "'nope'" in err
     rc, _, err = _compare(capsys, str(tmp_path / "missing.onnx"))
     assert rc == 2 and "does not exist" in err
+    np.save(tmp_path / "ints.npy", np.ones((2, 8), np.int64))
+    rc, _, err = _compare(capsys, src, "--input", f"x={tmp_path / 'ints.npy'}")
+    assert rc == 2 and "input 'x' has dtype int64, the model expects float32" in err
 
 
 def test_suspects_reach_back_to_the_values_that_agree():
