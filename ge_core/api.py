@@ -164,16 +164,15 @@ def load_om(path: str | os.PathLike, *, verify_checksums: bool = True, threads: 
     cpu backend's ``parallel``) replace the ones stored in the file; options that change what was
     compiled raise :class:`OptionError`. See :meth:`CompiledModel.set_run_options`.
     """
+    import time
+
     from .om import load_om as _load
 
-    model = _load(path, verify_checksums=verify_checksums)
+    t0 = time.perf_counter()
     if threads is not None:
         run_options["threads"] = threads
     if executor is not None:
         run_options["executor"] = executor
-    if run_options:
-        try:
-            model.set_run_options(**run_options)
-        except OptionError as e:
-            raise OptionError(f"load_om('{os.fspath(path)}'): {e.detail}", hint=e.hint) from None
+    model = _load(path, verify_checksums=verify_checksums, run_options=run_options)
+    model.timings["load_seconds"] = round(time.perf_counter() - t0, 6)
     return model

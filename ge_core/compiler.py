@@ -96,6 +96,9 @@ def compile_graph(graph: Graph, options: CompileOptions, host, progress: Callabl
     modes = getattr(exe, "kernel_modes", None)
     if modes:
         report["kernel_modes"] = dict(modes)
+    native = getattr(exe, "native_kernels", None)
+    if native:  # compiled kernels (part of compile_seconds): how many were compiled, how many came from the cache
+        report["native_kernels"] = dict(native)
     report["backend"] = regs.backend(options.soc_version).name
     report["compile_seconds"] = round(time.perf_counter() - t0, 4)
     host.notify("ge_model_built", model=model)

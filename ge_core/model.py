@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -79,6 +80,9 @@ class CompiledModel:
         self._lock = threading.Lock()
         self._keepalive: Any = None  # the mapped .om file whose weights the graph uses
         self._async_runner: AsyncRunner | None = None
+        #: ``load_seconds`` (set by :func:`ge_core.load_om`: reading, verifying and building the
+        #: .om) and ``first_run_seconds`` (the first :meth:`run`), the cold-start pair
+        self.timings: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------------------
     @property
@@ -122,12 +126,9 @@ class CompiledModel:
         return backend.build(self, kernels, self.options)
 
     # ------------------------------------------------------------------------------------------
-    def set_run_options(self, **options: Any) -> None:
-        """Change how the model runs (``threads=4``, ``executor="arena"``, ``parallel="blas"``):
-        the executable is built again with the new options. Options that change what was
-        compiled (passes, shapes, memory plan) raise :class:`OptionError`: compile again for those."""
-        if not options:
-            return
+    def merged_run_options(self, **options: Any) -> CompileOptions:
+        """This model's options with the run options ``options`` applied (checked; nothing is
+        built). OptionError for options that change what was compiled."""
         from dataclasses import fields, replace
 
         from .plugins import get_host
@@ -140,6 +141,15 @@ class CompiledModel:
         opts = replace(self.options, extra=dict(self.options.extra))
         opts.update(options)
         opts.check_extra((self._host or get_host()).registries.options)
+        return opts
+
+    def set_run_options(self, **options: Any) -> None:
+        """Change how the model runs (``threads=4``, ``executor="arena"``, ``parallel="blas"``):
+        the executable is built again with the new options. Options that change what was
+        compiled (passes, shapes, memory plan) raise :class:`OptionError`: compile again for those."""
+        if not options:
+            return
+        opts = self.merged_run_options(**options)
         with self._lock:
             old, self.options = self.options, opts
             try:
@@ -163,11 +173,15 @@ class CompiledModel:
         wanted = self._check_output_names(output_names)
         checked = self._check_feeds(self._feed_dict(feeds, kw))
         seconds = _check_timeout(timeout)
+        first = "first_run_seconds" not in self.timings
+        t0 = time.perf_counter()
         executable = self.executable  # built (once) outside the deadline
         from .kernel import run_deadline
 
         with run_deadline(seconds):
             outs = executable.run(checked)
+        if first:
+            self.timings.setdefault("first_run_seconds", round(time.perf_counter() - t0, 6))
         result = {name: out for name, out in zip(self.output_names, outs)}
         return result if wanted is None else {n: result[n] for n in wanted}
 
@@ -317,6 +331,7 @@ class CompiledModel:
             "inputs": [{"name": v.name, "type": str(v.type)} for v in self.graph.inputs],
             "outputs": [{"name": v.name, "type": str(v.type)} for v in self.graph.outputs],
             "report": self.report,
+            "timings": dict(self.timings),
         }
 
     def __repr__(self) -> str:

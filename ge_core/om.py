@@ -242,7 +242,8 @@ _JSON_NAMES: dict[type, str] = {dict: "an object", list: "an array", str: "a str
 _COUNT, _NUMBER, _TEXT, _OBJECT, _ARRAY = "count", "number", "text", "object", "array"
 _REPORT_KEYS = {"nodes_before": _COUNT, "nodes_after": _COUNT, "kernels": _COUNT, "op_counts": _OBJECT,
                 "passes": _ARRAY, "memory": _OBJECT, "streams": _OBJECT, "backend": _TEXT,
-                "compile_seconds": _NUMBER, "kernel_modes": _OBJECT, "pass_failures": _ARRAY}
+                "compile_seconds": _NUMBER, "kernel_modes": _OBJECT, "pass_failures": _ARRAY,
+                "native_kernels": _OBJECT}
 _MEMORY_KEYS = {"arena_bytes": _COUNT, "lower_bound_bytes": _COUNT, "no_reuse_bytes": _COUNT,
                 "weights_bytes": _COUNT, "planner": _TEXT, "alignment": _COUNT, "dynamic_buffers": _COUNT,
                 "shared_values": _OBJECT, "planner_candidates": _OBJECT}
@@ -284,8 +285,11 @@ def _stored(what: str, path: str, e: GEError) -> OmFormatError:
     return OmFormatError(f"'{path}': the stored {what} is invalid: {e.detail}", hint=_RECREATE)
 
 
-def load_om(path: str | os.PathLike, *, host=None, verify_checksums: bool = True) -> CompiledModel:
+def load_om(path: str | os.PathLike, *, host=None, verify_checksums: bool = True,
+            run_options: dict[str, Any] | None = None) -> CompiledModel:
     """Load an .om file; everything is validated before use. Weights stay memory-mapped.
+    ``run_options`` (threads, executor, ...) replace the stored ones before the executable is
+    built (once).
 
     What the file stores is checked as the compiler checks what it computes: the graph
     (:func:`verify_graph` with the registered ops), the options (as user options), the stream
@@ -336,9 +340,16 @@ def load_om(path: str | os.PathLike, *, host=None, verify_checksums: bool = True
         model = CompiledModel(graph, options, streams=streams, memory_plan=plan, report=d.get("report", {}), host=host)
         model.source = path
         model._keepalive = container
+        if run_options:  # applied before the one build (threads, executor, ...): checked like set_run_options
+            try:
+                model.options = model.merged_run_options(**run_options)
+            except OptionError as e:
+                raise OptionError(f"load_om('{path}'): {e.detail}", hint=e.hint) from None
         try:
             _ = model.executable  # build now so a broken model fails at load, not at first run
         except OptionError as e:  # e.g. a stored plugin option the backend refuses
+            if run_options:  # or one the caller gave
+                raise OptionError(f"load_om('{path}'): {e.detail}", hint=e.hint) from None
             raise OmFormatError(f"'{path}': the stored compile options are invalid: {e.detail}",
                                 hint=e.hint or _RECREATE) from None
         return model

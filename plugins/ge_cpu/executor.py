@@ -17,6 +17,7 @@ from ge_core.backend import Backend, Executable
 from ge_core.errors import OptionError
 from ge_core.ir.graph import Graph
 from ge_core.memory import MemoryPlan
+from ge_sdk import native
 
 from .arena import ArenaExecutable
 from .blas import BLAS, WAIT_SLICE_S, BlasThreads, blas_threads
@@ -49,7 +50,22 @@ class CpuBackend(Backend):
         """Choose the executor (option ``executor``): ``auto``/``sink`` generate the schedule's code
         (one function per stream, each stream on its own thread when there are several);
         ``streams`` interprets a multi-stream schedule, ``arena`` interprets inside the memory
-        plan, ``sequential`` interprets without it."""
+        plan, ``sequential`` interprets without it. With the option ``native_kernels=probe`` no
+        native kernel is compiled: the executable's ``native_kernels`` says how many modules the
+        model needs and how many of them the kernel cache holds (``ge inspect``)."""
+        mode = str((getattr(options, "extra", {}) or {}).get("native_kernels", "build") or "build").lower()
+        if mode not in ("build", "probe"):
+            raise OptionError(f"native_kernels '{mode}' is not one of build, probe")
+        if mode == "build":
+            return self._build(model, kernels, options)
+        with native.probe() as found:
+            exe = self._build(model, kernels, options)
+        keys = dict(found)
+        exe.native_kernels = {"modules": len(keys), "in_cache": sum(keys.values()),  # type: ignore[attr-defined]
+                              "missing": len(keys) - sum(keys.values())}
+        return exe
+
+    def _build(self, model, kernels, options) -> Executable:
         choice = str((getattr(options, "extra", {}) or {}).get("executor", "auto") or "auto").lower()
         if choice not in EXECUTORS:
             raise OptionError(f"executor '{choice}' is not one of {', '.join(EXECUTORS)}")

@@ -128,6 +128,8 @@ def ge_register_cli_commands(register):
 def ge_register_options(register):
     register("executor", "auto", "cpu executor: auto (streams when the schedule has several, else sink), "
                                  "sink (one generated function), arena, streams or sequential")
+    register("native_kernels", "build", "build: compile the native kernels a model needs (kept in the user's "
+                                        "kernel cache); probe: compile nothing, report which are cached")
     from .blas import DEFAULT_PARALLEL
 
     register("parallel", DEFAULT_PARALLEL, "who splits a run's work over its `threads`: engine (GE's thread "

@@ -32,6 +32,7 @@ from ge_core.errors import ExecutionError, GEError, UnsupportedOpError
 from ge_core.ir.graph import Graph, Node, Value, graph_captures
 from ge_core.kernel import KernelSpec, check_deadline
 from ge_core.ops import OpRegistry
+from ge_sdk import native, parallel
 
 from .blas import engine_width
 from .checked import checked_kernel
@@ -74,6 +75,9 @@ class Program:
         steps: list[Step] = []
         last_use: dict[int, int] = {}
         width = engine_width(options)
+        before = native.stats()
+        if width > 1:
+            parallel.prepare_native()  # the split-GEMM driver is built now, not on the first run
         for node in graph.node_list():
             f = kernels.get((OpRegistry.norm_domain(node.domain), node.op_type))
             if f is None:
@@ -147,6 +151,11 @@ class Program:
         self.kernel_count = len(steps)
         modes = collections.Counter(m for st in steps for m in [getattr(st.fn, "mode", "")] if isinstance(m, str) and m)
         self.kernel_modes = dict(sorted(modes.items()))
+        after = native.stats()
+        #: the native kernel modules this build needed: compiled now, or loaded from the cache
+        self.native_kernels = {"compiled": int(after["compiled"] - before["compiled"]),
+                               "from_cache": int(after["cached"] - before["cached"]),
+                               "compile_seconds": round(after["compile_s"] - before["compile_s"], 4)}
 
     def execute(self, env: list[Any]) -> list[Any]:
         """The plain interpreter: the steps in order on ``env`` (the run's values, inputs bound),

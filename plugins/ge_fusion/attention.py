@@ -125,6 +125,16 @@ def _kernel(dtype: np.dtype):
         return _kernels[dtype.name]
 
 
+def prepare(dtype: Any) -> None:
+    """Build the kernel for ``dtype`` now (at model build), when this path can run it."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        return
+    if dt.name in ("float32", "float64"):
+        _kernel(dt)
+
+
 def _matrix(x: np.ndarray, lead: tuple[int, ...], item: int):
     """(per-head element offsets, leading dimension, BLAS transpose flag) of the last two axes
     of ``x`` broadcast over ``lead``, or None when BLAS cannot read it in place."""

@@ -229,6 +229,10 @@ def attention_factory(spec: KernelSpec):
     dt = _out_type(spec)[0]
     rows = _row_softmax(dt)
     width = parallel.planned_width(spec)
+    if width > 1:
+        from . import attention
+
+        attention.prepare(dt)  # built now, not on the first run
 
     def kernel(q, kt, v, mask=None, out=None):
         o = None if out is None else out[0]

@@ -557,7 +557,10 @@ def _describe_attr(v: Any) -> str:
     return f"a {type(v).__name__}"
 
 
+@functools.cache
 def _attr_kinds() -> dict[Any, tuple[str, Callable[[Any], bool]]]:
+    """The attribute checks by ONNX attribute type (built on first use: registering the frontend
+    must not import onnx, so that loading an .om does not)."""
     from onnx.defs import OpSchema
 
     t = OpSchema.AttrType
@@ -569,9 +572,6 @@ def _attr_kinds() -> dict[Any, tuple[str, Callable[[Any], bool]]]:
         t.FLOATS: ("a list of floats", _is_seq(_is_float)),
         t.STRINGS: ("a list of strings", _is_seq(lambda x: isinstance(x, (str, bytes)))),
     }
-
-
-_ATTR_KINDS = _attr_kinds()
 
 
 def check_node_specs(graph: Graph, registry, source: str) -> None:
@@ -616,7 +616,7 @@ def check_node_specs(graph: Graph, registry, source: str) -> None:
             else:
                 for name, value in n.attrs.items():
                     spec = schema.attributes.get(name)
-                    want = _ATTR_KINDS.get(spec.type) if spec is not None else None
+                    want = _attr_kinds().get(spec.type) if spec is not None else None
                     if want is not None and not want[1](value):
                         bad.append(f"{n.describe()} has attribute '{name}' of the wrong type: {what} takes {want[0]}, "
                                    f"got {_describe_attr(value)}")

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ge_core.ops import OpDef
+from ge_sdk import native
 
 from .infer import onnx_infer
 from .kinds import RANDOM_OPS, op_alias, op_kind
@@ -67,7 +68,86 @@ def _build_opdefs(domains: tuple[str, ...]) -> tuple[OpDef, ...]:
     input, BatchNormalization-6 with five outputs) pass the registry's arity check.
     ``since_version`` is the first version; ``deprecated_after`` the last version before the
     op was deprecated (None if it never was).
+
+    The walk over ONNX's schemas (and the import of onnx it needs) takes ~60 ms; its result is
+    kept in the user's kernel cache (:func:`ge_sdk.native.memo_json`, keyed by onnx's version
+    and this module's source), so a later process (``ge run``, loading an .om) reads it instead.
+    What is read back is checked field by field; anything else is rebuilt from the schemas.
     """
+    rows = native.memo_json("opdefs", _cache_parts(domains), lambda: _schema_rows(domains), _rows_ok)
+    return tuple(_opdef(r) for r in rows)
+
+
+_ROW_KEYS: dict[str, Any] = {"op_type": str, "domain": str, "min_inputs": int, "max_inputs": int, "min_outputs": int,
+             "max_outputs": int, "since_version": int, "deprecated_after": (int, type(None)), "attrs": dict, "doc": str}
+
+
+def _cache_parts(domains: tuple[str, ...]) -> list[str]:
+    """What the derived rows depend on: onnx's version, the domains, this module's source."""
+    import hashlib
+    from importlib import metadata
+
+    try:
+        version = metadata.version("onnx")
+        with open(__file__, "rb") as f:
+            me = hashlib.sha256(f.read()).hexdigest()
+    except (OSError, metadata.PackageNotFoundError):
+        version, me = "?", "?"
+    return [version, "|".join(domains), me]
+
+
+def _rows_ok(rows: Any) -> bool:
+    """Every row has its fields with their types (attribute defaults: numbers, strings, lists
+    of those, or a tensor as ``{"ndarray": [dtype, shape, values]}``)."""
+    if not isinstance(rows, list) or not rows:
+        return False
+    for r in rows:
+        if not isinstance(r, dict) or set(r) != set(_ROW_KEYS):
+            return False
+        for k, t in _ROW_KEYS.items():
+            if not isinstance(r[k], t) or (t is int and isinstance(r[k], bool)):
+                return False
+        if not all(isinstance(a, str) and _plain_default(v) for a, v in r["attrs"].items()):
+            return False
+    return True
+
+
+def _plain_default(v: Any) -> bool:
+    if isinstance(v, (str, int, float)):
+        return True
+    if isinstance(v, list):
+        return all(isinstance(x, (str, int, float)) for x in v)
+    if isinstance(v, dict) and set(v) == {"ndarray"} and isinstance(v["ndarray"], list) and len(v["ndarray"]) == 3:
+        dt, shape, values = v["ndarray"]
+        return (dt in ("float32", "float64", "int64", "int32") and isinstance(shape, list)
+                and all(isinstance(d, int) and 0 <= d < 1 << 20 for d in shape) and isinstance(values, list)
+                and len(values) == int(np.prod(shape)) and all(isinstance(x, (int, float)) for x in values))
+    return False
+
+
+def _encode_default(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return {"ndarray": [v.dtype.name, list(v.shape), v.reshape(-1).tolist()]}
+    return v
+
+
+def _decode_default(v: Any) -> Any:
+    if isinstance(v, dict):
+        dt, shape, values = v["ndarray"]
+        return np.array(values, dtype=dt).reshape(shape)
+    return list(v) if isinstance(v, list) else v
+
+
+def _opdef(r: dict) -> OpDef:
+    name, dom = r["op_type"], r["domain"]
+    return OpDef(op_type=name, domain=dom, min_inputs=r["min_inputs"], max_inputs=r["max_inputs"],
+                 min_outputs=r["min_outputs"], max_outputs=r["max_outputs"], kind=op_kind(name),
+                 alias=op_alias(name) if dom == "" else None, infer=onnx_infer, since_version=r["since_version"],
+                 deprecated_after=r["deprecated_after"], deterministic=name not in RANDOM_OPS,
+                 attrs={k: _decode_default(v) for k, v in r["attrs"].items()}, doc=r["doc"])
+
+
+def _schema_rows(domains: tuple[str, ...]) -> list[dict]:
     import onnx.defs
 
     history: dict[tuple[str, str], list] = {}
@@ -88,23 +168,11 @@ def _build_opdefs(domains: tuple[str, ...]) -> tuple[OpDef, ...]:
         for aname, a in latest.attributes.items():
             dv = _attr_default(a)
             if dv is not None:
-                attrs[aname] = dv
-        defs.append(
-            OpDef(
-                op_type=name,
-                domain=dom,
-                min_inputs=min(s.min_input for s in schemas),
-                max_inputs=min(VARIADIC, max(s.max_input for s in schemas)),
-                min_outputs=min(s.min_output for s in schemas),
-                max_outputs=min(VARIADIC, max(s.max_output for s in schemas)),
-                kind=op_kind(name),
-                alias=op_alias(name) if dom == "" else None,
-                infer=onnx_infer,
-                since_version=schemas[0].since_version,
-                deprecated_after=deprecated_after,
-                deterministic=name not in RANDOM_OPS,
-                attrs=attrs,
-                doc=_first_paragraph(latest.doc),
-            )
-        )
-    return tuple(defs)
+                attrs[aname] = _encode_default(dv)
+        defs.append({"op_type": name, "domain": dom, "min_inputs": min(s.min_input for s in schemas),
+                     "max_inputs": min(VARIADIC, max(s.max_input for s in schemas)),
+                     "min_outputs": min(s.min_output for s in schemas),
+                     "max_outputs": min(VARIADIC, max(s.max_output for s in schemas)),
+                     "since_version": schemas[0].since_version, "deprecated_after": deprecated_after,
+                     "attrs": attrs, "doc": _first_paragraph(latest.doc)})
+    return defs

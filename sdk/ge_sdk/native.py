@@ -26,9 +26,12 @@ names the compiler.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import importlib.machinery
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -39,7 +42,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -219,6 +222,23 @@ def cached(source: str, openmp: bool = False) -> bool:
 # ------------------------------------------------------------------------------------------------
 # building and loading
 # ------------------------------------------------------------------------------------------------
+_probe: contextvars.ContextVar[list[tuple[str, bool]] | None] = contextvars.ContextVar("ge_native_probe", default=None)
+
+
+@contextlib.contextmanager
+def probe() -> Iterator[list[tuple[str, bool]]]:
+    """Within the block, :func:`build` compiles nothing: it records ``(key, in the cache)`` for
+    every module asked for in the yielded list and returns the cached module or None (the
+    caller's NumPy form). For telling what a model's kernels need (``ge inspect``); kernels
+    built under a probe in this process keep their NumPy forms."""
+    found: list[tuple[str, bool]] = []
+    token = _probe.set(found)
+    try:
+        yield found
+    finally:
+        _probe.reset(token)
+
+
 def build(source: str, functions: Sequence[str], *, openmp: bool = False) -> ModuleType | None:
     """The extension module of C ``source`` (after :data:`PRELUDE`) exporting ``functions``
     (each ``static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n)``),
@@ -231,9 +251,17 @@ def build(source: str, functions: Sequence[str], *, openmp: bool = False) -> Mod
     key = key_for(full, openmp)
     if key is None:
         return None
+    probing = _probe.get()
     with _lock:
         if key in _modules:
+            if probing is not None:
+                probing.append((key, _modules[key] is not None))
             return _modules[key]
+        if probing is not None:
+            ok = cached(full, openmp)
+            probing.append((key, ok))
+            if not ok:
+                return None
         mod = _load_or_build(key, full, openmp)
         _modules[key] = mod
         return mod
@@ -323,6 +351,59 @@ def _load_or_build(key: str, full: str, openmp: bool) -> ModuleType | None:
     _stats["compiled"] += 1
     _stats["compile_s"] += time.perf_counter() - t0
     return mod
+
+
+# ------------------------------------------------------------------------------------------------
+# derived data kept beside the kernels (same folder, same checks)
+# ------------------------------------------------------------------------------------------------
+def read_data(name: str) -> bytes | None:
+    """The bytes stored under ``name`` by :func:`write_data`, or None when there are none or the
+    entry fails the cache's checks (owner, permissions, SHA-256). The caller still validates
+    what it reads as data from a stranger would be."""
+    if not enabled() or not re.fullmatch(r"[a-z0-9_]{1,80}", name):
+        return None
+    d = cache_dir()
+    path, total = os.path.join(d, name + ".dat"), os.path.join(d, name + ".sum")
+    if not _entry_ok(path, total):
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def write_data(name: str, data: bytes) -> None:
+    """Keep ``data`` under ``name`` (lower-case letters, digits, ``_``) for later processes."""
+    if not enabled() or not re.fullmatch(r"[a-z0-9_]{1,80}", name):
+        return
+    d = cache_dir()
+    try:
+        for suffix, body in ((".dat", data), (".sum", (hashlib.sha256(data).hexdigest() + "\n").encode())):
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=suffix, dir=d)
+            with os.fdopen(fd, "wb") as f:
+                f.write(body)
+            os.replace(tmp, os.path.join(d, name + suffix))
+    except OSError:
+        pass
+
+
+def memo_json(kind: str, parts: Sequence[str], build: Any, check: Any) -> Any:
+    """``build()`` (JSON-serialisable data derived from installed software, such as ONNX's
+    schemas) kept for later processes under a key of ``kind`` and ``parts`` (versions, sources):
+    read back when ``check(value)`` accepts what was stored, else built and stored."""
+    key = kind + "_" + hashlib.sha256("\0".join([kind, *parts]).encode()).hexdigest()[:32]
+    data = read_data(key)
+    if data is not None:
+        try:
+            value = json.loads(data)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            value = None
+        if value is not None and check(value):
+            return value
+    value = build()
+    write_data(key, json.dumps(value).encode())
+    return value
 
 
 def _warn_once(msg: str) -> None:

@@ -57,11 +57,25 @@ def threads() -> int:
 def planned_width(spec: Any) -> int:
     """The pool width a kernel built from ``spec`` (a KernelSpec) will run at: the backend
     puts it in ``spec.options["parallel_width"]`` (1 when absent). Kernels that cut their
-    operands at build time (:class:`PackedWeight`) do so only when it is above one."""
+    operands at build time (:class:`PackedWeight`) do so only when it is above one. Above one,
+    the native GEMM driver (:mod:`ge_sdk.gemm`) is built now (once per process; from the kernel
+    cache after the first time on this machine), so a model's first run compiles nothing."""
     try:
-        return max(1, int((getattr(spec, "options", None) or {}).get("parallel_width", 1) or 1))
+        width = max(1, int((getattr(spec, "options", None) or {}).get("parallel_width", 1) or 1))
     except (TypeError, ValueError):
         return 1
+    if width > 1:
+        prepare_native()
+    return width
+
+
+def prepare_native() -> None:
+    """Build the native split-GEMM driver (:mod:`ge_sdk.gemm`) now, for a model built to run
+    wider than one thread (once per process; from the kernel cache after the first time)."""
+    if not _in_forked_or_pool():
+        from . import gemm
+
+        gemm.available()
 
 
 @contextlib.contextmanager

@@ -229,6 +229,17 @@ def loop(kind: str, taps: int, dtype: np.dtype, contiguous: bool = True):
     return fn or None
 
 
+def prepare(kind: str, taps: int, dtype: Any) -> None:
+    """Build the loop a kernel will run (at model build, so the first run compiles nothing);
+    nothing for a dtype or kind the loops do not take."""
+    try:
+        dt = np.dtype(dtype) if dtype is not None else None
+    except TypeError:
+        return
+    if dt in NP_DTYPES and kind in KINDS and type(taps) is int and taps > 0:
+        loop(kind, taps, dt)
+
+
 # ------------------------------------------------------------------------------------------------
 # plans (per input shape) and the call
 

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from ge_core.kernel import KernelSpec
-from ge_sdk.jit import numba_if_enabled
+from ge_sdk import native
+from ge_sdk.jit import enabled as jit_enabled
 
 from ._util import as_str, cast_like, in_dtype, is_float, kernel_table, onnx_dtype, out_dtype, unsupported
 
@@ -26,29 +27,38 @@ _VEC_ERF = np.frompyfunc(math.erf, 1, 1)
 
 _erf_loops: dict[str, Any] = {}
 
+#: fixed source: out[i] = erf(x[i]) for float32 (the prelude's vectorised erf32, within 4 ulp)
+#: and float64 (libm's erf)
+_ERF_SRC = """
+#define ERF_LOOP(NAME, T, NPY, F)                                                   \\
+static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {       \\
+    int64_t count;                                                                  \\
+    if (ge_nargs(n, 2)) return NULL;                                                \\
+    const T *x = (const T *)ge_vec(args, 0, NPY, 0, &count);                        \\
+    if (!x) return NULL;                                                            \\
+    T *out = (T *)ge_arr(args, 1, NPY, 1, count);                                   \\
+    if (!out) return NULL;                                                          \\
+    Py_BEGIN_ALLOW_THREADS                                                          \\
+    for (int64_t i = 0; i < count; i++) out[i] = F(x[i]);                           \\
+    Py_END_ALLOW_THREADS                                                            \\
+    Py_RETURN_NONE;                                                                 \\
+}
+ERF_LOOP(erf_f32, float, NPY_FLOAT, erf32)
+ERF_LOOP(erf_f64, double, NPY_DOUBLE, erf)
+"""
+
 
 def _erf_loop(dtype: np.dtype) -> Any:
-    """A compiled erf loop for float32 (ge_sdk.vmath's vectorised erf32, within 4 ulp) or float64
-    (libm's erf), or None without numba / with GE_CPU_JIT=0."""
-    numba = numba_if_enabled("GE_CPU_JIT")
-    if numba is None or dtype.name not in ("float32", "float64"):
+    """A compiled erf loop for float32 or float64, or None without native kernels / with
+    GE_CPU_JIT=0."""
+    if dtype.name not in ("float32", "float64") or not jit_enabled("GE_CPU_JIT"):
         return None
-    fn = _erf_loops.get(dtype.name)
-    if fn is None:
-        from ge_sdk import vmath
-
-        nt = numba.types
-        s = getattr(nt, dtype.name)
-        f = vmath.erf32 if dtype == np.float32 else numba.njit(inline="always")(lambda v: math.erf(v))
-
-        def loop(x, out):  # pragma: no cover - runs compiled
-            for i in range(x.shape[0]):
-                out[i] = f(x[i])
-
-        fn = numba.njit(nt.void(nt.Array(s, 1, "C", readonly=True), nt.Array(s, 1, "C")), nogil=True,
-                        error_model="numpy")(loop)
-        _erf_loops[dtype.name] = fn
-    return fn
+    if "mod" not in _erf_loops:
+        _erf_loops["mod"] = native.build(_ERF_SRC, ["erf_f32", "erf_f64"])
+    mod = _erf_loops["mod"]
+    if mod is None:
+        return None
+    return mod.erf_f32 if dtype == np.float32 else mod.erf_f64
 
 
 def erf(x: np.ndarray) -> np.ndarray:

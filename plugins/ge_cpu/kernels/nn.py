@@ -201,6 +201,8 @@ def conv_factory(spec: KernelSpec):
     window_plans = _PlanCache(window_planner)
     # depthwise 1-D/2-D convs run the compiled window loop (decided once, when the kernel is built)
     use_loop = nd <= 2 and group > 1 and _window.available()
+    if use_loop and w_const is not None:
+        _window.prepare("conv", math.prod(w_const.shape[2:]), in_dtype(spec, 0))  # built now, not on the first run
     loop_w: dict = {}  # constant weights as (M, taps) and bias as (M,) per dtype
 
     def _depthwise_loop(x, w, b, out, key):
@@ -594,6 +596,8 @@ def maxpool_factory(spec: KernelSpec):
 
     plans = _PlanCache(planner)
     use_loop = nd <= 2 and not want_idx and _window.available()
+    if use_loop:
+        _window.prepare("max", math.prod(k), in_dtype(spec, 0))
     window_plans = _PlanCache(lambda in_sp: _plan_2d(in_sp, k, s, d, plans(in_sp)[0], plans(in_sp)[2]))
 
     def kernel(x, out=None):
@@ -665,6 +669,8 @@ def avgpool_factory(spec: KernelSpec):
     plans = _PlanCache(planner)
     nd = len(k)
     use_loop = nd <= 2 and _window.available()
+    if use_loop:
+        _window.prepare("avg", math.prod(k), in_dtype(spec, 0))
 
     def loop_planner(in_sp):
         pb, pe, out, _ = _window_plan(auto_pad, pads, in_sp, k, s, d, ceil_mode)

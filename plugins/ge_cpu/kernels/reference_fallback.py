@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ge_core.kernel import KernelSpec
+from ge_sdk import native
 from ge_sdk.onnx_types import dtype_to_elem
 
 from ._util import unsupported
@@ -117,13 +118,31 @@ FALLBACK_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.previ
 
 
 def fallback_ops(domains: tuple[str, ...] = FALLBACK_DOMAINS) -> list[tuple[str, str]]:
-    """``(domain, op_type)`` of the ONNX ops with no native ge_cpu kernel (they use the fallback)."""
-    import onnx
+    """``(domain, op_type)`` of the ONNX ops with no native ge_cpu kernel (they use the fallback).
+    The names of ONNX's ops are kept in the user's cache per onnx version (reading them needs
+    onnx imported: ~60 ms a process otherwise)."""
+    from importlib import metadata
 
     from . import KERNELS
 
+    try:
+        version = metadata.version("onnx")
+    except metadata.PackageNotFoundError:
+        version = "?"
+    rows = native.memo_json("onnx_op_names", [version], _schema_names, _names_ok)
+    return sorted({(d, n) for d, n in rows if d in domains and (d, n) not in KERNELS})
+
+
+def _schema_names() -> list[list[str]]:
+    import onnx
+
     names = {(s.domain if s.domain != "ai.onnx" else "", s.name) for s in onnx.defs.get_all_schemas_with_history()}
-    return sorted(k for k in names if k[0] in domains and k not in KERNELS)
+    return [list(k) for k in sorted(names)]
+
+
+def _names_ok(rows) -> bool:
+    return isinstance(rows, list) and bool(rows) and all(
+        isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) and x.isascii() for x in r) for r in rows)
 
 
 def fallback_op_types() -> list[str]:
