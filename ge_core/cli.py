@@ -384,6 +384,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         return 0
     info = inspect_om(args.model)
     info["model"]["output_types"] = output_types(args.model, info["model"].get("outputs") or [])
+    kc = kernel_cache_state(args.model)
+    if kc is not None:
+        info["kernel_cache"] = kc
     if getattr(args, "memory_plot", None):  # drawn by the plugin command memory-plot (ge_memory)
         from .plugins import get_host
 
@@ -412,9 +415,28 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     con.print(t)
     if info.get("report"):
         _print_report(info["report"], con)
+    if kc is not None:
+        state = ("all in the kernel cache" if not kc["missing"] else
+                 f"{kc['missing']} not in the kernel cache (compiled on the first load, then kept)")
+        con.print(f"native kernels: {kc['modules']} module(s), {state}")
     if info.get("memory_plot"):
         con.print(f"memory plot: {_plain(info['memory_plot'])}")
     return 0
+
+
+def kernel_cache_state(path: str) -> dict[str, int] | None:
+    """``{"modules", "in_cache", "missing"}``: the native kernel modules the .om at ``path``
+    needs and whether this machine's kernel cache holds them (nothing is compiled: the backend
+    builds it with ``native_kernels=probe``); None when its backend has no such kernels."""
+    import ge_core as ge
+
+    from .plugins import get_host
+
+    if "native_kernels" not in get_host().registries.options:
+        return None
+    exe = ge.load_om(path, native_kernels="probe").executable
+    state = getattr(exe, "native_kernels", None)
+    return dict(state) if isinstance(state, dict) and "missing" in state else None
 
 
 def output_types(path: str, names: Sequence[Any]) -> list[dict[str, Any]]:

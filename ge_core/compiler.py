@@ -65,7 +65,7 @@ def compile_graph(graph: Graph, options: CompileOptions, host, progress: Callabl
     say("memory plan")
     problem = memory_problem(g, order, streams, options, regs)
     plan = _plan_memory(problem, options, regs)
-    weights_bytes = sum(int(v.const_value.nbytes) for v in _all_constants(g))
+    weights_bytes = sum(int(a.nbytes) for v in g.all_constants() if (a := v.const_value) is not None)
     report: dict[str, Any] = {
         "nodes_before": nodes_before,
         "nodes_after": len(g),
@@ -121,19 +121,6 @@ def _pass_guard(mode: str, regs, host):
 
 
 _DISTRIBUTION = "ge-python"
-
-
-def _all_constants(g: Graph):
-    seen = set()
-    stack = [g]
-    while stack:
-        h = stack.pop()
-        for v in h.constants.values():
-            if id(v.const_value) not in seen:
-                seen.add(id(v.const_value))
-                yield v
-        for n in h.nodes:
-            stack.extend(n.subgraphs())
 
 
 def _set_log_level(level: str) -> None:

@@ -10,6 +10,7 @@ An .om holds two partitions (see :mod:`ge_core.om_container` for the container):
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import zlib
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
+from . import __version__, cache
 from .errors import GEError, GraphError, ModelFileError, OmFormatError, OptionError, UnsupportedOpError
 from .ir.graph import Graph
 from .ir.verify import verify_graph
@@ -86,6 +87,33 @@ def type_conflict(graph: Graph, ops) -> str | None:
     return walk(graph, graph.copy())
 
 
+_TYPES_OK = b"types agree with inference\n"
+#: constants whose values (not only their shapes) may steer type inference: integer and bool
+#: tensors (shapes, axes, indices, conditions) and small float ones (Resize's scales, Range's
+#: bounds); a larger float tensor (a weight) reaches inference only through its dtype and shape
+_SMALL = 64
+
+
+def types_verdict_key(model_bytes: memoryview, graph: Graph, host) -> str:
+    """The cache key under which the verdict of :func:`type_conflict` on this model is kept (the
+    user's cache, :mod:`ge_core.cache`): the SHA-256 of the model definition's bytes, of every
+    constant whose values may steer inference, and of the installed plugins (name, distribution,
+    version) and this ge's version. Only a model that passed is recorded, and another process
+    skips the check only for the same bytes under the same plugins."""
+    h = hashlib.sha256(b"om-types-1\0" + __version__.encode() + b"\0")
+    for name, info in sorted(host.info.items()):
+        h.update(f"{name}={info.distribution}:{info.version}:{info.loaded}\0".encode())
+    h.update(model_bytes)
+    for v in graph.all_constants():
+        a = v.const_value
+        if a is None:
+            continue
+        if a.dtype.kind in "biu" or a.size <= _SMALL or a.dtype.kind not in "fc":
+            h.update(f"{v.name}\0{a.dtype.str}\0{a.shape}\0".encode())
+            h.update(np.ascontiguousarray(a).tobytes() if a.dtype.kind != "O" else repr(a.tolist()).encode())
+    return "omtypes_" + h.hexdigest()[:40]
+
+
 def save_om(model: CompiledModel, path: str, *, external_weight: int = 0) -> str:
     """Write ``model`` to ``path``. ``external_weight`` (ATC's ``--external_weight``): 0 keeps the
     weights in the .om; 1 writes one file per weight, 2 one merged file, in a ``weight`` folder
@@ -117,6 +145,8 @@ def save_om(model: CompiledModel, path: str, *, external_weight: int = 0) -> str
         [("model", blob, 8), ("weights", data, 4096)],
         producer=f"ge-python {__version__}",
     )
+    # its types were just checked: a load of these bytes on this machine need not do it again
+    cache.write_data(types_verdict_key(memoryview(blob), model.graph, get_host()), _TYPES_OK)
     return path
 
 
@@ -316,9 +346,12 @@ def load_om(path: str | os.PathLike, *, host=None, verify_checksums: bool = True
         except GEError as e:
             raise OmFormatError(f"'{path}': the stored graph is invalid: {e}",
                                 hint="re-create it with `ge compile` (with the plugins it needs installed)") from None
-        conflict = type_conflict(graph, regs.ops)
-        if conflict:
-            raise OmFormatError(f"'{path}': the stored graph is invalid: {conflict}", hint=_RECREATE)
+        verdict = types_verdict_key(container.partition("model"), graph, host)
+        if cache.read_data(verdict) != _TYPES_OK:
+            conflict = type_conflict(graph, regs.ops)
+            if conflict:
+                raise OmFormatError(f"'{path}': the stored graph is invalid: {conflict}", hint=_RECREATE)
+            cache.write_data(verdict, _TYPES_OK)
         try:
             options = CompileOptions.from_dict(d.get("options") or {}, regs.options)
         except OptionError as e:

@@ -378,6 +378,19 @@ class Graph:
     def node_list(self) -> list[Node]:
         return list(self._iter())
 
+    def all_constants(self) -> Iterator[Value]:
+        """The constant values of this graph and of every nested subgraph, each array once."""
+        seen: set[int] = set()
+        stack: list[Graph] = [self]
+        while stack:
+            h = stack.pop()
+            for v in h.constants.values():
+                if id(v.const_value) not in seen:
+                    seen.add(id(v.const_value))
+                    yield v
+            for n in h.nodes:
+                stack.extend(n.subgraphs())
+
     def walk(self) -> Iterator[Node]:
         """Every node of this graph and of the subgraphs nested in its nodes (to any depth),
         each node followed by the nodes of its subgraphs."""

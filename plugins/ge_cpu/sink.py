@@ -73,7 +73,7 @@ class SinkCode:
         else:
             self.source, self.line_step, ns = self._generate(sl.steps, sl.waits, sl.records)
         try:
-            code = gensrc.compile_checked(self.source, self.filename, _VOCAB)
+            code = gensrc.compile_checked(self.source, self.filename, _VOCAB, cache=True)
         except gensrc.SourceTokenError as e:
             raise ExecutionError(f"sink mode could not generate the code of graph '{graph.name}': {e}",
                                  hint="run the model with another executor and report this bug") from None

@@ -119,6 +119,11 @@ class Vocabulary:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_compiled", tuple(re.compile(p + r"\Z", re.ASCII) for p in self.patterns))
 
+    def identity(self) -> str:
+        """A text that is the same for equal vocabularies in every process (set order varies)."""
+        return "\0".join([*(",".join(sorted(getattr(self, f))) for f in ("names", "attributes", "keywords", "strings",
+                                                                          "modules")), *self.patterns])
+
     def name_ok(self, n: str) -> bool:
         return _plain(n) and (n in self.names or any(p.match(n) for p in self._compiled))
 
@@ -171,8 +176,39 @@ def check_source(src: str, vocab: Vocabulary, *, mode: str = "exec", what: str =
     return tree
 
 
-def compile_checked(src: str, filename: str, vocab: Vocabulary, *, mode: str = "exec") -> CodeType:
+def compile_checked(src: str, filename: str, vocab: Vocabulary, *, mode: str = "exec", cache: bool = False) -> CodeType:
     """:func:`check_source`, then ``compile``: the only way generated source becomes code.
-    ``filename`` is the generator's own (build it with :func:`label` from anything else)."""
-    check_source(src, vocab, mode=mode, what=f"generated code {filename}")
-    return compile(src, filename, mode)
+    ``filename`` is the generator's own (build it with :func:`label` from anything else).
+
+    ``cache``: keep the compiled code in the user's kernel cache (:mod:`ge_sdk.native`: a folder
+    only this user can write, every entry checked against its SHA-256), keyed by the source, the
+    vocabulary and the interpreter, so a later process compiling the same source reads it back
+    instead of checking and compiling again (a large model's generated executor: ~50 ms). Only
+    source that passed the check is ever stored, and an entry is found only by its source's hash."""
+    key = None
+    if cache:
+        import hashlib
+        import marshal
+        import sys
+
+        from . import native
+
+        ident = "\0".join([src, filename, mode, vocab.identity(), sys.version, str(native.ABI)])
+        key = "code_" + hashlib.sha256(ident.encode()).hexdigest()[:32]
+        data = native.read_data(key)
+        if data is not None:
+            try:
+                code = marshal.loads(data)
+            except (ValueError, EOFError, TypeError):
+                code = None
+            if isinstance(code, CodeType):
+                return code
+    tree = check_source(src, vocab, mode=mode, what=f"generated code {filename}")
+    code = compile(tree, filename, mode)  # type: ignore[call-overload]  # the checked tree, not parsed twice
+    if key is not None:
+        import marshal
+
+        from . import native
+
+        native.write_data(key, marshal.dumps(code))
+    return code

@@ -9,10 +9,10 @@ without importing numba). A call into such a module costs about 0.03 us, and eve
 checks its arrays (type, dtype, contiguity, writability, size against what the loop touches)
 before it runs, so a wrong call raises instead of touching memory it does not own.
 
-The cache is a folder of the user's own (``$GE_CACHE_DIR``, else ``$XDG_CACHE_HOME/ge-python``,
-else ``~/.cache/ge-python``; ``kernels-<abi>`` inside, mode 0700). An entry is
-``<key>.so`` with ``<key>.sum`` (the SHA-256 of the ``.so``) and ``<key>.c`` (its source, for
-reading). The key hashes the source, the compiler (path, size, modification time), the flags,
+The cache is the user's own folder (:mod:`ge_core.cache`: ``$GE_CACHE_DIR``, else
+``$XDG_CACHE_HOME/ge-python``, else ``~/.cache/ge-python``, mode 0700). An entry is
+``ge_<key>.so`` with ``ge_<key>.sum`` (the SHA-256 of the ``.so``) and ``ge_<key>.c`` (its
+source, for reading). The key hashes the source, the compiler (path, size, modification time), the flags,
 the Python ABI, NumPy's version and the CPU's feature flags, so another compiler, interpreter or
 CPU never loads an entry built for a different one. Before an entry is loaded its folder and
 files must be owned by this user and writable by nobody else, and the ``.so`` must hash to its
@@ -35,7 +35,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -46,9 +45,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
+from ge_core.cache import cache_dir, digest, enabled, entry_ok, read_data, write_data
+
 #: bumped when the prelude or the calling convention changes (old entries are then unused)
 ABI = 1
-_OFF = ("0", "false", "off", "no")
 _lock = threading.RLock()
 _modules: dict[str, ModuleType | None] = {}
 _stats = {"compiled": 0, "cached": 0, "rebuilt": 0, "failed": 0, "compile_s": 0.0, "load_s": 0.0}
@@ -63,11 +63,6 @@ def stats() -> dict[str, float]:
     """Modules compiled in this process, loaded from the cache, rebuilt because an entry failed
     its checks, failed to compile; seconds compiling and loading."""
     return dict(_stats)
-
-
-def enabled() -> bool:
-    """False when ``GE_NATIVE`` is 0/false/off/no."""
-    return os.environ.get("GE_NATIVE", "1").strip().lower() not in _OFF
 
 
 def compiler() -> str | None:
@@ -135,68 +130,6 @@ def _flags(openmp: bool) -> list[str]:
     return flags
 
 
-# ------------------------------------------------------------------------------------------------
-# the cache folder and its checks
-# ------------------------------------------------------------------------------------------------
-def cache_root() -> str:
-    """The cache folder of this user (not created here)."""
-    root = os.environ.get("GE_CACHE_DIR")
-    if not root:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        root = os.path.join(base, "ge-python")
-    return os.path.join(os.path.abspath(root), f"kernels-{ABI}")
-
-
-def current_uid() -> int:
-    """The user whose files the cache trusts (this process's effective user)."""
-    return os.geteuid()
-
-
-def _private(st: os.stat_result, kind: int) -> bool:
-    """Owned by this user, of the right kind (not a link), writable by nobody else."""
-    return stat.S_IFMT(st.st_mode) == kind and st.st_uid == current_uid() and not st.st_mode & 0o022
-
-
-def cache_dir() -> str:
-    """The folder entries are read from and written to: the user's cache folder when it passes
-    the checks (created 0700 when missing), else a private temporary folder for this process."""
-    with _lock:
-        d = cache_root()
-        if _state.get("dir_for") == d and os.path.isdir(_state["dir"]):
-            return _state["dir"]
-        _state["dir_for"] = d
-        try:
-            os.makedirs(d, mode=0o700, exist_ok=True)
-            st = os.lstat(d)
-            if stat.S_ISDIR(st.st_mode) and st.st_uid == current_uid() and st.st_mode & 0o077:
-                os.chmod(d, 0o700)  # ours, but readable by others: make it private
-                st = os.lstat(d)
-            if not _private(st, stat.S_IFDIR):
-                raise PermissionError(f"'{d}' is not a folder of this user that only this user can write")
-        except OSError as e:
-            warnings.warn(f"ge: the kernel cache '{d}' is not used ({e}); kernels are built for this process only. "
-                          "Fix its owner and permissions (chmod 700) or set GE_CACHE_DIR.", stacklevel=2)
-            d = tempfile.mkdtemp(prefix="ge-kernels-")
-        _state["dir"] = d
-        return d
-
-
-def _digest(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def _entry_ok(so: str, total: str) -> bool:
-    try:
-        if not (_private(os.lstat(so), stat.S_IFREG) and _private(os.lstat(total), stat.S_IFREG)):
-            return False
-        with open(total, encoding="ascii") as f:
-            want = f.read(200).strip()
-        return bool(re.fullmatch(r"[0-9a-f]{64}", want)) and _digest(so) == want
-    except (OSError, UnicodeDecodeError):
-        return False
-
-
 def key_for(source: str, openmp: bool = False) -> str | None:
     """The cache key of ``source`` on this machine (None when native kernels are unavailable)."""
     if not available():
@@ -216,7 +149,7 @@ def cached(source: str, openmp: bool = False) -> bool:
     if key is None:
         return False
     d = cache_dir()
-    return _entry_ok(os.path.join(d, f"ge_{key}.so"), os.path.join(d, f"ge_{key}.sum"))
+    return entry_ok(os.path.join(d, f"ge_{key}.so"), os.path.join(d, f"ge_{key}.sum"))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -296,7 +229,7 @@ def _load_or_build(key: str, full: str, openmp: bool) -> ModuleType | None:
     so, total = os.path.join(d, modname + ".so"), os.path.join(d, modname + ".sum")
     t0 = time.perf_counter()
     if os.path.lexists(so) or os.path.lexists(total):
-        if _entry_ok(so, total):
+        if entry_ok(so, total):
             try:
                 mod = _load(modname, so)
                 _stats["cached"] += 1
@@ -332,12 +265,12 @@ def _load_or_build(key: str, full: str, openmp: bool) -> ModuleType | None:
             return None
         os.chmod(tmp, 0o600)
         os.chmod(csrc, 0o600)
-        digest = _digest(tmp)
+        sha = digest(tmp)
         os.replace(tmp, so)
         os.replace(csrc, os.path.join(d, modname + ".c"))
         fd, tsum = tempfile.mkstemp(prefix=f".{modname}.", suffix=".sum", dir=d)
         with os.fdopen(fd, "w", encoding="ascii") as f:
-            f.write(digest + "\n")
+            f.write(sha + "\n")
         os.replace(tsum, total)
         mod = _load(modname, so)
     except (OSError, subprocess.SubprocessError, ImportError) as e:
@@ -354,40 +287,8 @@ def _load_or_build(key: str, full: str, openmp: bool) -> ModuleType | None:
 
 
 # ------------------------------------------------------------------------------------------------
-# derived data kept beside the kernels (same folder, same checks)
+# derived data kept beside the kernels (ge_core.cache: the same folder, the same checks)
 # ------------------------------------------------------------------------------------------------
-def read_data(name: str) -> bytes | None:
-    """The bytes stored under ``name`` by :func:`write_data`, or None when there are none or the
-    entry fails the cache's checks (owner, permissions, SHA-256). The caller still validates
-    what it reads as data from a stranger would be."""
-    if not enabled() or not re.fullmatch(r"[a-z0-9_]{1,80}", name):
-        return None
-    d = cache_dir()
-    path, total = os.path.join(d, name + ".dat"), os.path.join(d, name + ".sum")
-    if not _entry_ok(path, total):
-        return None
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def write_data(name: str, data: bytes) -> None:
-    """Keep ``data`` under ``name`` (lower-case letters, digits, ``_``) for later processes."""
-    if not enabled() or not re.fullmatch(r"[a-z0-9_]{1,80}", name):
-        return
-    d = cache_dir()
-    try:
-        for suffix, body in ((".dat", data), (".sum", (hashlib.sha256(data).hexdigest() + "\n").encode())):
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=suffix, dir=d)
-            with os.fdopen(fd, "wb") as f:
-                f.write(body)
-            os.replace(tmp, os.path.join(d, name + suffix))
-    except OSError:
-        pass
-
-
 def memo_json(kind: str, parts: Sequence[str], build: Any, check: Any) -> Any:
     """``build()`` (JSON-serialisable data derived from installed software, such as ONNX's
     schemas) kept for later processes under a key of ``kind`` and ``parts`` (versions, sources):

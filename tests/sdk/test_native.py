@@ -11,6 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from ge_core import cache as ge_cache
 from ge_sdk import native
 
 #: a kernel that scales a float32 vector: out[i] = x[i] * k + 1
@@ -68,7 +69,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def entry_files(root):
-    d = root / f"kernels-{native.ABI}"
+    d = root / f"v{ge_cache.FORMAT}"
     return sorted(p for p in d.iterdir() if p.suffix in (".so", ".sum") and not p.name.startswith("."))
 
 
@@ -79,7 +80,7 @@ def test_a_second_process_loads_the_kernel_without_compiling(cache):
     second = run()
     assert second["stats"]["compiled"] == 0 and second["stats"]["cached"] == 1
     assert second["out"] == first["out"] and second["numba"] is False
-    d = root / f"kernels-{native.ABI}"
+    d = root / f"v{ge_cache.FORMAT}"
     assert stat.S_IMODE(d.stat().st_mode) == 0o700
     for p in entry_files(root):
         assert not p.stat().st_mode & 0o077, p
@@ -128,10 +129,10 @@ def test_a_foreign_owned_entry_is_not_trusted(cache, monkeypatch, tmp_path):
         assert so.stat().st_uid == 0
     # as another user, the whole folder (and so every entry in it) is not this user's: nothing
     # is loaded from it, kernels are built into a private folder for this process
-    monkeypatch.setattr(native, "current_uid", lambda: os.geteuid() + 1)
+    monkeypatch.setattr(ge_cache, "current_uid", lambda: os.geteuid() + 1)
     monkeypatch.setenv("GE_CACHE_DIR", str(root))
     with pytest.warns(UserWarning, match="is not used"):
-        d = native.cache_dir()
+        d = ge_cache.cache_dir()
     assert not d.startswith(str(root))
     mod = native.build((tmp_path / "k.c").read_text(), ["scale"])
     out = np.empty(3, np.float32)
@@ -142,7 +143,7 @@ def test_a_foreign_owned_entry_is_not_trusted(cache, monkeypatch, tmp_path):
 def test_a_world_writable_cache_folder_of_ours_is_made_private(cache):
     root, run = cache
     run()
-    d = root / f"kernels-{native.ABI}"
+    d = root / f"v{ge_cache.FORMAT}"
     os.chmod(d, 0o777)
     assert run()["stats"]["cached"] == 1
     assert stat.S_IMODE(d.stat().st_mode) == 0o700
