@@ -35,9 +35,9 @@ from ge_sdk.jit import enabled as jit_enabled
 #: dtypes the loops are generated for (every operand and the output share one of them)
 DTYPES = ("float32", "float64")
 
-#: A loop over this many output elements or more is split into parts for a run that is more
-#: than one thread wide (one part per this many, at most 8).
-PART_ELEMENTS = 1 << 18
+#: A loop over this many output elements or more is split over the run's threads (OpenMP, in
+#: pieces claimed one at a time) when the run is more than one thread wide.
+PART_ELEMENTS = 1 << 16
 
 _lock = threading.Lock()
 _compiled: dict[tuple, Any] = {}
@@ -167,8 +167,9 @@ _VMATH = {"exp": "exp32", "log": "log32", "log1p": "log1p32", "expm1": "expm1_32
           "erf": "erf32"}
 
 #: the names a generated loop is made of (besides the prelude's and C's own)
-_LOOP_NAMES = frozenset({"kernel", "d0", "d1", "d2", "out", "os0", "os1", "i", "j", "k", "o", "T"})
-_LOOP_PATTERNS = (r"x[0-9]+", r"xs[0-9]+_[01]", r"v[0-9]+", r"r[0-9]+", r"t[0-9]+", r"kernel_a[0-9]+")
+_LOOP_NAMES = frozenset({"kernel", "piece", "d0", "d1", "d2", "out", "os0", "os1", "i", "j", "k", "o", "T", "threads",
+                         "kb", "ke", "per", "np_", "items", "grab", "claims", "c", "end", "t", "rr", "p"})
+_LOOP_PATTERNS = (r"x[0-9]+", r"xs[0-9]+_[01]", r"v[0-9]+", r"r[0-9]+", r"t[0-9]+", r"piece_a[0-9]+")
 #: the largest extent or stride a loop accepts (spans are checked for overflow besides)
 _BIG = (1 << 62) - 1
 
@@ -225,9 +226,10 @@ def loop_kernel(steps: list[tuple[str, list[str], dict[str, Any]]], names: list[
                 in_shapes: Sequence[tuple | None], out_dtype: Any, out_shape: tuple | None,
                 workers: int | None = None) -> Callable[..., np.ndarray] | None:
     """A callable ``fn(*operands, out=None)`` running ``steps`` as one compiled loop, or None when
-    this program/layout has no loop form (the caller then generates NumPy code). ``workers``:
-    the parts a run more than one thread wide splits it into (None: by its size, one part per
-    :data:`PART_ELEMENTS`, at most 8); each element's result is the same however it is split."""
+    this program/layout has no loop form (the caller then generates NumPy code). A loop of
+    :data:`PART_ELEMENTS` elements or more in a run wider than one thread is split over that
+    many OpenMP threads (at most ``workers``); each element's result is the same however it is
+    split."""
     if not available() or out_shape is None or any(sh is None for sh in in_shapes):
         return None
     dt = np.dtype(out_dtype)
@@ -248,13 +250,16 @@ def loop_kernel(steps: list[tuple[str, list[str], dict[str, Any]]], names: list[
     built = _compile(steps, names, dt, inner, alias_ok)
     if built is None:
         return None
-    return _wrap(built, dims, strides, tuple(out_shape), dt, workers, alias_ok=alias_ok)
+    return _wrap(built, dims, strides, tuple(out_shape), dt, workers)
 
 
 def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], aliases: tuple[int, ...] = ()):
-    """The built loop module of ``steps``: ``kernel`` and, for each operand in ``aliases``, the
-    variant ``kernel_a<i>`` for that operand being the output buffer (read through ``out``; the
-    operand argument is passed and checked but not read); None when there is no loop form."""
+    """The built loop of ``steps`` (a :class:`_Built`), or None when there is no loop form. Its
+    one entry ``kernel(d0, d1, d2, out, os0, os1, x0, xs0_0, xs0_1, ..., threads)`` checks its
+    arrays, runs the variant that reads operand ``i`` through ``out`` when that operand *is* the
+    output (for each ``i`` in ``aliases``), and splits the work over ``threads`` OpenMP threads
+    when it is large (claimed piece by piece; every element's result is the same however it
+    is split)."""
     key = (repr(steps), tuple(names), dt.name, inner, aliases)
     with _lock:
         if key in _compiled:
@@ -279,56 +284,90 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alia
         return None
     n = len(names)
     ctype, npy = ("float", "NPY_FLOAT") if dt == np.float32 else ("double", "NPY_DOUBLE")
+    ptrs = "".join(f", const T *x{i}, int64_t xs{i}_0, int64_t xs{i}_1" for i in range(n))
+    args = "".join(f", x{i}, xs{i}_0, xs{i}_1" for i in range(n))
 
-    def entry(fname: str, alias: int) -> list[str]:
-        ints = ["d0", "d1", "d2", "os0", "os1"] + [f"xs{i}_{a}" for i in range(n) for a in (0, 1)]
-        lines = [f"static PyObject *{fname}(PyObject *self, PyObject *const *args, Py_ssize_t n) {{",
-                 f"    int64_t {', '.join(ints)};",
-                 f"    if (ge_nargs(n, {6 + 3 * n})) return NULL;",
-                 f"    if (ge_int(args, 0, 1, {_BIG}, &d0) || ge_int(args, 1, 1, {_BIG}, &d1) || "
-                 f"ge_int(args, 2, 1, {_BIG}, &d2)) return NULL;",
-                 f"    if (ge_int(args, 4, 0, {_BIG}, &os0) || ge_int(args, 5, 0, {_BIG}, &os1)) return NULL;"]
-        for i in range(n):
-            lines.append(f"    if (ge_int(args, {7 + 3 * i}, 0, {_BIG}, &xs{i}_0) || "
-                         f"ge_int(args, {8 + 3 * i}, 0, {_BIG}, &xs{i}_1)) return NULL;")
-        lines.append(f"    T *out = (T *)ge_arr(args, 3, {npy}, 1, ge_span(d0, d1, d2, os0, os1, 1));")
-        lines.append("    if (!out) return NULL;")
-        for i in range(n):
-            lines.append(f"    const T *x{i} = (const T *)ge_arr(args, {6 + 3 * i}, {npy}, 0, "
-                         f"ge_span(d0, d1, d2, xs{i}_0, xs{i}_1, {inner[i]}));")
-            lines.append(f"    if (!x{i}) return NULL;")
-        lines += ["    Py_BEGIN_ALLOW_THREADS",
-                  "    for (int64_t i = 0; i < d0; i++) {",
-                  "        for (int64_t j = 0; j < d1; j++) {",
-                  "            T *o = out + i * os0 + j * os1;"]
+    def piece(fname: str, alias: int) -> list[str]:
+        """Elements [kb, ke) of output row (i, j); operand ``alias`` read through the output."""
+        lines = [f"static inline void {fname}(int64_t i, int64_t j, int64_t kb, int64_t ke, T *out, "
+                 f"int64_t os0, int64_t os1{ptrs}) {{",
+                 "    T *o = out + i * os0 + j * os1;"]
         for i in range(n):
             if i == alias:
-                lines.append(f"            const T *r{i} = o;")
+                lines.append(f"    const T *r{i} = o;")
             elif inner[i] == 0:
-                lines.append(f"            const T v{i} = x{i}[i * xs{i}_0 + j * xs{i}_1];")
+                lines.append(f"    const T v{i} = x{i}[i * xs{i}_0 + j * xs{i}_1];")
             else:
-                lines.append(f"            const T *r{i} = x{i} + i * xs{i}_0 + j * xs{i}_1;")
-        lines.append("            for (int64_t k = 0; k < d2; k++) {")
+                lines.append(f"    const T *r{i} = x{i} + i * xs{i}_0 + j * xs{i}_1;")
+        lines.append("    for (int64_t k = kb; k < ke; k++) {")
         for i in range(n):
             if inner[i] == 1 or i == alias:
-                lines.append(f"                const T v{i} = r{i}[k];")
-        lines += [f"                {s}" for s in body]
-        lines += [f"                o[k] = t{len(steps) - 1};", "            }", "        }", "    }",
-                  "    Py_END_ALLOW_THREADS", "    Py_RETURN_NONE;", "}", ""]
+                lines.append(f"        const T v{i} = r{i}[k];")
+        lines += [f"        {s}" for s in body]
+        lines += [f"        o[k] = t{len(steps) - 1};", "    }", "}", ""]
         return lines
 
-    fnames = ["kernel"] + [f"kernel_a{i}" for i in aliases]
+    def run(fname: str, ind: str) -> list[str]:
+        """The loop nest over ``fname``: in one piece per row, or split over the threads."""
+        return [f"{ind}if (threads > 1 && d0 * d1 * d2 >= {PART_ELEMENTS}) {{",
+                # pieces of at least PART/4 elements; a claim is at least PART/4 elements of rows
+                f"{ind}    int64_t per = d2 < {PART_ELEMENTS // 4} ? d2 : {PART_ELEMENTS // 4};",
+                f"{ind}    int64_t np_ = (d2 + per - 1) / per;",
+                f"{ind}    int64_t items = d0 * d1 * np_;",
+                f"{ind}    int64_t grab = per >= {PART_ELEMENTS // 4} ? 1 : ({PART_ELEMENTS // 4} + per - 1) / per;",
+                f"{ind}    int64_t claims = (items + grab - 1) / grab;",
+                "#pragma omp parallel for schedule(dynamic,1) num_threads(threads)",
+                f"{ind}    for (int64_t c = 0; c < claims; c++) {{",
+                f"{ind}        int64_t end = (c + 1) * grab < items ? (c + 1) * grab : items;",
+                f"{ind}        for (int64_t t = c * grab; t < end; t++) {{",
+                f"{ind}            int64_t rr = t / np_, p = t % np_;",
+                f"{ind}            int64_t kb = p * per, ke = kb + per < d2 ? kb + per : d2;",
+                f"{ind}            {fname}(rr / d1, rr % d1, kb, ke, out, os0, os1{args});",
+                f"{ind}        }}",
+                f"{ind}    }}",
+                f"{ind}}} else {{",
+                f"{ind}    for (int64_t i = 0; i < d0; i++)",
+                f"{ind}        for (int64_t j = 0; j < d1; j++) {fname}(i, j, 0, d2, out, os0, os1{args});",
+                f"{ind}}}"]
+
+    ints = ["d0", "d1", "d2", "os0", "os1", "threads"] + [f"xs{i}_{a}" for i in range(n) for a in (0, 1)]
     lines = [f"typedef {ctype} T;", ""]
-    for fname, alias in zip(fnames, (-1, *aliases)):
-        lines += entry(fname, alias)
+    lines += piece("piece", -1)
+    for a in aliases:
+        lines += piece(f"piece_a{a}", a)
+    lines += ["static PyObject *kernel(PyObject *self, PyObject *const *args, Py_ssize_t n) {",
+              f"    int64_t {', '.join(ints)};",
+              f"    if (ge_nargs(n, {7 + 3 * n})) return NULL;",
+              f"    if (ge_int(args, 0, 1, {_BIG}, &d0) || ge_int(args, 1, 1, {_BIG}, &d1) || "
+              f"ge_int(args, 2, 1, {_BIG}, &d2)) return NULL;",
+              f"    if (ge_int(args, 4, 0, {_BIG}, &os0) || ge_int(args, 5, 0, {_BIG}, &os1) || "
+              f"ge_int(args, {6 + 3 * n}, 1, 4096, &threads)) return NULL;"]
+    for i in range(n):
+        lines.append(f"    if (ge_int(args, {7 + 3 * i}, 0, {_BIG}, &xs{i}_0) || "
+                     f"ge_int(args, {8 + 3 * i}, 0, {_BIG}, &xs{i}_1)) return NULL;")
+    lines.append(f"    T *out = (T *)ge_arr(args, 3, {npy}, 1, ge_span(d0, d1, d2, os0, os1, 1));")
+    lines.append("    if (!out) return NULL;")
+    for i in range(n):
+        lines.append(f"    const T *x{i} = (const T *)ge_arr(args, {6 + 3 * i}, {npy}, 0, "
+                     f"ge_span(d0, d1, d2, xs{i}_0, xs{i}_1, {inner[i]}));")
+        lines.append(f"    if (!x{i}) return NULL;")
+    lines.append("    Py_BEGIN_ALLOW_THREADS")
+    # an operand laid out like the output that *is* the output: its variant (one pointer)
+    for a in aliases:
+        lines.append(f"    if ((const void *)x{a} == (const void *)out) {{")
+        lines += run(f"piece_a{a}", "        ")
+        lines.append("    } else")
+    lines.append("    {")
+    lines += run("piece", "        ")
+    lines += ["    }", "    Py_END_ALLOW_THREADS", "    Py_RETURN_NONE;", "}", ""]
     src = native.check_c("\n".join(lines), _LOOP_NAMES | native.PRELUDE_NAMES, _LOOP_PATTERNS)
     t0 = time.perf_counter()
-    mod = native.build(src, fnames)
+    mod = native.build(src, ["kernel"], openmp=True)
     if mod is None:
         with _lock:
             _compiled[key] = None
         return None
-    built = _Built(mod, src, aliases)
+    built = _Built(mod, src)
     with _lock:
         _stats["compiled"] += 1
         _stats["inplace_variants"] += len(aliases)
@@ -338,83 +377,38 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alia
 
 
 class _Built:
-    """A built loop module: ``fn(alias)`` is the entry for operand ``alias`` being the output
-    (-1: none aliases), ``ge_source`` its C source, ``path`` the shared library."""
+    """A built loop module: ``kernel`` its entry, ``ge_source`` its C source, ``path`` the
+    shared library."""
 
-    def __init__(self, mod: Any, src: str, aliases: tuple[int, ...]) -> None:
+    def __init__(self, mod: Any, src: str) -> None:
         self.kernel = mod.kernel
-        self.variants = {i: getattr(mod, f"kernel_a{i}") for i in aliases}
         self.ge_source = src
         self.path = mod.__file__
 
-    def fn(self, alias: int) -> Any:
-        return self.variants.get(alias, self.kernel)
-
 
 def _wrap(built: _Built, dims: list[int], strides: list[list[int]], out_shape: tuple, dt: np.dtype,
-          workers: int | None, alias_ok: Sequence[int] = ()) -> Callable[..., np.ndarray]:
+          workers: int | None) -> Callable[..., np.ndarray]:
     d0, d1, d2 = dims
     os0, os1 = strides[0][0], strides[0][1]
     xs = [(s[0], s[1]) for s in strides[1:]]
     n_in = len(xs)
-    size = math.prod(out_shape)
-    if workers is None:
-        workers = int(min(8, size // PART_ELEMENTS))
-    # parts for the pool (ge_sdk.parallel): split the outermost dim that has enough rows; a flat
-    # loop (d0 == d1 == 1) is cut into contiguous pieces of the inner dim
-    parts: list[tuple[int, int, int, int, list[int]]] = []  # (d0, d1, d2, out offset, input offsets)
-    if workers > 1:
-        if d0 >= workers or d1 >= workers:
-            ax = 0 if d0 >= workers else 1
-            n = d0 if ax == 0 else d1
-            per = -(-n // workers)
-            for lo in range(0, n, per):
-                cnt = min(per, n - lo)
-                so = (os0 if ax == 0 else os1) * lo
-                offs = [(x[0] if ax == 0 else x[1]) * lo for x in xs]
-                parts.append((cnt if ax == 0 else d0, d1 if ax == 0 else cnt, d2, so, offs))
-        elif d0 == 1 and d1 == 1:
-            per = -(-d2 // workers)
-            for lo in range(0, d2, per):
-                cnt = min(per, d2 - lo)
-                parts.append((1, 1, cnt, lo, [lo if s[2] == 1 else 0 for s in strides[1:]]))
-    casts = dt
-    plain = built.fn(-1)
+    most = 4096 if workers is None else max(1, int(workers))
+    entry = built.kernel
 
     def flat(a):
-        a = a if isinstance(a, np.ndarray) and a.dtype == casts else np.asarray(a, dtype=casts)
-        if not (a.flags.c_contiguous and a.flags.aligned):
-            a = np.require(a, casts, ["C_CONTIGUOUS", "ALIGNED"])  # an unaligned view is copied
-        return a.reshape(-1)
-
-    def run_part(fn, p, o, ins):
-        p0, p1, p2, so, offs = p
-        args: list[Any] = []
-        for (s0, s1), x, off in zip(xs, ins, offs):
-            args += [x[off:] if off else x, s0, s1]
-        fn(p0, p1, p2, o[so:] if so else o, os0, os1, *args)
+        if type(a) is np.ndarray and a.dtype == dt and a.flags.c_contiguous and a.flags.aligned:
+            return a  # the entry reads it as flat memory (it checks dtype, layout and size itself)
+        return np.require(a, dt, ["C_CONTIGUOUS", "ALIGNED"])  # a strided or unaligned view is copied
 
     def kernel(*operands, out=None):
         if len(operands) != n_in:
             raise TypeError(f"fused loop takes {n_in} operands, got {len(operands)}")
-        ins = [flat(a) for a in operands]
-        target = out if (out is not None and out.flags.c_contiguous and out.flags.aligned and out.flags.writeable
-                         and out.dtype == dt and out.shape == out_shape) else np.empty(out_shape, dt)
-        o = target.reshape(-1)
-        fn = plain
-        if alias_ok:
-            base = o.ctypes.data
-            for i in alias_ok:
-                if ins[i].ctypes.data == base:  # laid out like the output: the same elements
-                    fn = built.fn(i)
-                    break
-        if len(parts) < 2 or parallel.threads() < 2:
-            args: list[Any] = []
-            for (s0, s1), x in zip(xs, ins):
-                args += [x, s0, s1]
-            fn(d0, d1, d2, o, os0, os1, *args)
-        else:
-            parallel.parallel_for(len(parts), lambda i: run_part(fn, parts[i], o, ins))
+        target = out if (out is not None and out.shape == out_shape and out.dtype == dt and out.flags.c_contiguous
+                         and out.flags.aligned and out.flags.writeable) else np.empty(out_shape, dt)
+        args: list[Any] = []
+        for (s0, s1), x in zip(xs, operands):
+            args += [flat(x), s0, s1]
+        entry(d0, d1, d2, target, os0, os1, *args, min(most, parallel.threads()))
         if out is not None and target is not out:
             np.copyto(out, target.reshape(out.shape) if out.shape != out_shape else target)
             return out
@@ -471,11 +465,12 @@ static inline void sm_row(const T *r, T *o, int64_t d) {
 
 /* rows, cols and the arrays of one call: x (rows x cols), the vectors, out (x itself in place) */
 static int rows_args(PyObject *const *args, Py_ssize_t n, int nvec, int inplace, int64_t *rows, int64_t *cols,
-                     const T **x, T **out, const T **vec, T *eps) {
+                     int64_t *threads, const T **x, T **out, const T **vec, T *eps) {
     int base = 1 + nvec + (eps ? 1 : 0);
-    if (ge_nargs(n, base + (inplace ? 0 : 1) + 2)) return -1;
+    if (ge_nargs(n, base + (inplace ? 0 : 1) + 3)) return -1;
     int at = base + (inplace ? 0 : 1);
-    if (ge_int(args, at, 0, 1LL << 40, rows) || ge_int(args, at + 1, 1, 1LL << 40, cols)) return -1;
+    if (ge_int(args, at, 0, 1LL << 40, rows) || ge_int(args, at + 1, 1, 1LL << 40, cols)
+        || ge_int(args, at + 2, 1, 4096, threads)) return -1;
     *out = (T *)ge_arr(args, inplace ? 0 : base, NPY_T, 1, *rows * *cols);
     *x = inplace ? *out : (const T *)ge_arr(args, 0, NPY_T, 0, *rows * *cols);
     if (!*out || !*x) return -1;
@@ -492,19 +487,28 @@ static int rows_args(PyObject *const *args, Py_ssize_t n, int nvec, int inplace,
 }
 
 /* one entry: each row's `CALL` with r the input row and o the output row (the same pointer in
-   place, so the compiler sees they alias exactly and vectorises) */
+   place, so the compiler sees they alias exactly and vectorises); rows in blocks of at least
+   16K elements claimed one at a time by `threads` OpenMP threads when there are several */
 #define ENTRY(NAME, NVEC, HAS_EPS, INPLACE, CALL)                                                      \
 static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {                          \
-    int64_t rows, cols; const T *x; T *out; const T *v[2] = {0, 0}; T eps = 0;                        \
-    if (rows_args(args, n, NVEC, INPLACE, &rows, &cols, &x, &out, v, HAS_EPS ? &eps : NULL)) return NULL; \
+    int64_t rows, cols, threads; const T *x; T *out; const T *v[2] = {0, 0}; T eps = 0;               \
+    if (rows_args(args, n, NVEC, INPLACE, &rows, &cols, &threads, &x, &out, v, HAS_EPS ? &eps : NULL)) \
+        return NULL;                                                                                  \
     T inv = ONE / (T)cols;                                                                            \
     (void)inv;                                                                                        \
+    int64_t per = cols >= 16384 ? 1 : 16384 / cols;                                                   \
+    int64_t blocks = (rows + per - 1) / per;                                                          \
+    if (threads > blocks) threads = blocks > 0 ? blocks : 1;                                          \
     Py_BEGIN_ALLOW_THREADS                                                                            \
-    for (int64_t i = 0; i < rows; i++) {                                                              \
-        T *o = out + i * cols;                                                                        \
-        const T *r = INPLACE ? o : x + i * cols;                                                      \
-        (void)r;                                                                                      \
-        CALL;                                                                                         \
+    _Pragma("omp parallel for schedule(dynamic,1) num_threads(threads) if(threads > 1)")              \
+    for (int64_t b = 0; b < blocks; b++) {                                                            \
+        int64_t end = (b + 1) * per < rows ? (b + 1) * per : rows;                                    \
+        for (int64_t i = b * per; i < end; i++) {                                                     \
+            T *o = out + i * cols;                                                                    \
+            const T *r = INPLACE ? o : x + i * cols;                                                  \
+            (void)r;                                                                                  \
+            CALL;                                                                                     \
+        }                                                                                             \
     }                                                                                                 \
     Py_END_ALLOW_THREADS                                                                              \
     Py_RETURN_NONE;                                                                                   \
@@ -544,7 +548,7 @@ def row_kernel(kind: str, dtype: Any) -> Any:
             return _rows[key]
     t0 = time.perf_counter()
     # fixed text of this module (no token from a model): built as it is
-    mod = native.build(_ROW_TYPES[dt.name] + _ROW_SRC, [k + s for k in ROW_KINDS for s in ("", "_ip")])
+    mod = native.build(_ROW_TYPES[dt.name] + _ROW_SRC, [k + s for k in ROW_KINDS for s in ("", "_ip")], openmp=True)
     if mod is None:
         return None
     apart, inplace = getattr(mod, kind), getattr(mod, kind + "_ip")
@@ -552,10 +556,10 @@ def row_kernel(kind: str, dtype: Any) -> Any:
     def fn(x, *args):
         *params, out = args
         rows, cols = x.shape
-        if out.ctypes.data == x.ctypes.data:
-            inplace(out, *params, rows, cols)
+        if out is x or out.ctypes.data == x.ctypes.data:
+            inplace(out, *params, rows, cols, parallel.threads())
         else:
-            apart(x, *params, out, rows, cols)
+            apart(x, *params, out, rows, cols, parallel.threads())
 
     with _lock:
         _stats["compiled"] += 1
@@ -565,11 +569,7 @@ def row_kernel(kind: str, dtype: Any) -> Any:
 
 
 def by_rows(fn: Any, x2: np.ndarray, y2: np.ndarray, *params: Any) -> None:
-    """``fn(x2, *params, y2)`` (a :func:`row_kernel`) over row blocks on GE's pool when the run is
-    wider than one thread (blocks of at least 256K elements; the rows' results do not depend on
-    the split), else in one call."""
-    parts = parallel.chunks(x2.shape[0], x2.shape[1], min_cost=1 << 18, most=8) if parallel.threads() > 1 else []
-    if len(parts) < 2:
-        fn(x2, *params, y2)
-        return
-    parallel.parallel_for(len(parts), lambda i: fn(x2[parts[i][0]:parts[i][1]], *params, y2[parts[i][0]:parts[i][1]]))
+    """``fn(x2, *params, y2)`` (a :func:`row_kernel`): its rows are split over the run's threads
+    inside the kernel (OpenMP, blocks of rows claimed one at a time; the rows' results do not
+    depend on the split)."""
+    fn(x2, *params, y2)

@@ -93,46 +93,45 @@ def blas_decls(integer: Any) -> str:
 
 
 #: one task per column block: C[:, c:c+w] = A @ B_block (+ bias[c:c+w]); the arguments are
-#: (gemm address, m, k, A address, lda, block addresses, ldbs, widths, cols, C address, ldc,
-#: bias, has_bias, threads); the caller checked every array the addresses come from
+#: (gemm address, A, k, block addresses, ldbs, widths, cols, C, bias, has_bias, threads) with A
+#: and C C-contiguous 2-D arrays (checked here: dtype, layout, rows, columns); the block
+#: addresses come from matrices the caller checked (:class:`Blocks`)
 _BLOCKS_SRC = r"""
+/* the bias row b (w values) added to each of `rows` rows of o (row pitch ldc) */
+#define ADD_BIAS(T, o, ldc, rows, w, b)                                                               \
+    for (int64_t r_ = 0; r_ < (rows); r_++) {                                                         \
+        T *row_ = (o) + r_ * (ldc);                                                                   \
+        for (int64_t j_ = 0; j_ < (w); j_++) row_[j_] += (b)[j_];                                     \
+    }
+
 #define BLOCKS(NAME, T, GEMM_T, NPY)                                                                  \
 static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {                          \
-    int64_t fn, m, k, a, lda, outp, ldc, has_bias, width, count, c1, c2, c3;                         \
-    if (ge_nargs(n, 14)) return NULL;                                                                 \
-    if (ge_int(args, 0, 1, INT64_MAX, &fn) || ge_int(args, 1, 0, 1LL << 40, &m)                      \
-        || ge_int(args, 2, 0, 1LL << 40, &k) || ge_int(args, 3, 0, INT64_MAX, &a)                     \
-        || ge_int(args, 4, 0, 1LL << 40, &lda) || ge_int(args, 9, 0, INT64_MAX, &outp)                \
-        || ge_int(args, 10, 0, 1LL << 40, &ldc) || ge_int(args, 12, 0, 1, &has_bias)                  \
-        || ge_int(args, 13, 1, 4096, &width)) return NULL;                                            \
-    const int64_t *ptrs = (const int64_t *)ge_vec(args, 5, NPY_INT64, 0, &count);                       \
-    const int64_t *ldbs = (const int64_t *)ge_vec(args, 6, NPY_INT64, 0, &c1);                          \
-    const int64_t *widths = (const int64_t *)ge_vec(args, 7, NPY_INT64, 0, &c2);                        \
-    const int64_t *cols = (const int64_t *)ge_vec(args, 8, NPY_INT64, 0, &c3);                          \
+    int64_t fn, m, k, ka, mc, ldc, has_bias, width, count, c1, c2, c3;                               \
+    if (ge_nargs(n, 11)) return NULL;                                                                 \
+    if (ge_int(args, 0, 1, INT64_MAX, &fn) || ge_int(args, 2, 0, 1LL << 40, &k)                      \
+        || ge_int(args, 9, 0, 1, &has_bias) || ge_int(args, 10, 1, 4096, &width)) return NULL;        \
+    const T *a = (const T *)ge_mat(args, 1, NPY, 0, &m, &ka);                                         \
+    T *out = a ? (T *)ge_mat(args, 7, NPY, 1, &mc, &ldc) : NULL;                                      \
+    if (!out) return NULL;                                                                            \
+    if (ka != k || mc != m) return ge_fail();                                                         \
+    const int64_t *ptrs = (const int64_t *)ge_vec(args, 3, NPY_INT64, 0, &count);                    \
+    const int64_t *ldbs = (const int64_t *)ge_vec(args, 4, NPY_INT64, 0, &c1);                       \
+    const int64_t *widths = (const int64_t *)ge_vec(args, 5, NPY_INT64, 0, &c2);                     \
+    const int64_t *cols = (const int64_t *)ge_vec(args, 6, NPY_INT64, 0, &c3);                       \
     if (!ptrs || !ldbs || !widths || !cols) return NULL;                                              \
-    if (c1 < count || c2 < count || c3 < count) {                                                     \
-        PyErr_SetString(PyExc_ValueError, "gemm blocks: the tables disagree in length"); return NULL; \
-    }                                                                                                 \
+    if (c1 < count || c2 < count || c3 < count) return ge_fail();                                     \
     for (int64_t i = 0; i < count; i++)                                                               \
-        if (cols[i] < 0 || widths[i] < 0 || cols[i] + widths[i] > ldc) {                              \
-            PyErr_SetString(PyExc_ValueError, "gemm blocks: a block lies outside C"); return NULL;    \
-        }                                                                                             \
-    const T *bias = (const T *)ge_arr(args, 11, NPY, 0, has_bias ? ldc : 0);                          \
+        if (cols[i] < 0 || widths[i] < 0 || cols[i] + widths[i] > ldc) return ge_fail();              \
+    const T *bias = (const T *)ge_arr(args, 8, NPY, 0, has_bias ? ldc : 0);                           \
     if (!bias) return NULL;                                                                           \
     GEMM_T f = (GEMM_T)(intptr_t)fn;                                                                  \
     Py_BEGIN_ALLOW_THREADS                                                                            \
-    _Pragma("omp parallel for schedule(dynamic,1) num_threads(width)")                                \
+    _Pragma("omp parallel for schedule(dynamic,1) num_threads(width) if(width > 1)")                  \
     for (int64_t i = 0; i < count; i++) {                                                             \
         int64_t c = cols[i], w = widths[i];                                                           \
-        T *o = (T *)(intptr_t)outp + c;                                                               \
-        f(101, 111, 111, m, w, k, 1, (const T *)(intptr_t)a, lda, (const T *)(intptr_t)ptrs[i], ldbs[i], \
-          0, o, ldc);                                                                                 \
-        if (has_bias)                                                                                 \
-            for (int64_t r = 0; r < m; r++) {                                                         \
-                T *row = o + r * ldc;                                                                 \
-                const T *b = bias + c;                                                                \
-                for (int64_t j = 0; j < w; j++) row[j] += b[j];                                       \
-            }                                                                                         \
+        T *o = out + c;                                                                               \
+        f(101, 111, 111, m, w, k, 1, a, k, (const T *)(intptr_t)ptrs[i], ldbs[i], 0, o, ldc);          \
+        if (has_bias) ADD_BIAS(T, o, ldc, m, w, bias + c);                                            \
     }                                                                                                 \
     Py_END_ALLOW_THREADS                                                                              \
     Py_RETURN_NONE;                                                                                   \
@@ -140,6 +139,44 @@ static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {    
 
 BLOCKS(blocks_f32, float, gemm_f32_t, NPY_FLOAT)
 BLOCKS(blocks_f64, double, gemm_f64_t, NPY_DOUBLE)
+
+/* one task per row range: C[r:r+c, :] = A[r:r+c, :] @ B (+ bias); the arguments are (gemm
+   address, m, k, n, A address, lda, B address, ldb, C address, ldc, bias, has_bias, starts,
+   counts, threads); the caller checked every array the addresses come from */
+#define ROWS(NAME, T, GEMM_T, NPY)                                                                    \
+static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {                          \
+    int64_t fn, m, k, nn, a, lda, b, ldb, outp, ldc, has_bias, width, count, c1;                     \
+    if (ge_nargs(n, 15)) return NULL;                                                                 \
+    if (ge_int(args, 0, 1, INT64_MAX, &fn) || ge_int(args, 1, 0, 1LL << 40, &m)                      \
+        || ge_int(args, 2, 0, 1LL << 40, &k) || ge_int(args, 3, 0, 1LL << 40, &nn)                    \
+        || ge_int(args, 4, 0, INT64_MAX, &a) || ge_int(args, 5, 0, 1LL << 40, &lda)                   \
+        || ge_int(args, 6, 0, INT64_MAX, &b) || ge_int(args, 7, 0, 1LL << 40, &ldb)                   \
+        || ge_int(args, 8, 0, INT64_MAX, &outp) || ge_int(args, 9, 0, 1LL << 40, &ldc)                \
+        || ge_int(args, 11, 0, 1, &has_bias) || ge_int(args, 14, 1, 4096, &width)) return NULL;       \
+    const int64_t *starts = (const int64_t *)ge_vec(args, 12, NPY_INT64, 0, &count);                 \
+    const int64_t *counts = (const int64_t *)ge_vec(args, 13, NPY_INT64, 0, &c1);                    \
+    if (!starts || !counts) return NULL;                                                              \
+    if (c1 < count) return ge_fail();                                                                 \
+    for (int64_t i = 0; i < count; i++)                                                               \
+        if (starts[i] < 0 || counts[i] < 0 || starts[i] + counts[i] > m) return ge_fail();            \
+    const T *bias = (const T *)ge_arr(args, 10, NPY, 0, has_bias ? nn : 0);                           \
+    if (!bias) return NULL;                                                                           \
+    GEMM_T f = (GEMM_T)(intptr_t)fn;                                                                  \
+    Py_BEGIN_ALLOW_THREADS                                                                            \
+    _Pragma("omp parallel for schedule(dynamic,1) num_threads(width)")                                \
+    for (int64_t i = 0; i < count; i++) {                                                             \
+        int64_t r = starts[i], c = counts[i];                                                         \
+        T *o = (T *)(intptr_t)outp + r * ldc;                                                         \
+        f(101, 111, 111, c, nn, k, 1, (const T *)(intptr_t)a + r * lda, lda, (const T *)(intptr_t)b, ldb, \
+          0, o, ldc);                                                                                 \
+        if (has_bias) ADD_BIAS(T, o, ldc, c, nn, bias);                                               \
+    }                                                                                                 \
+    Py_END_ALLOW_THREADS                                                                              \
+    Py_RETURN_NONE;                                                                                   \
+}
+
+ROWS(rows_f32, float, gemm_f32_t, NPY_FLOAT)
+ROWS(rows_f64, double, gemm_f64_t, NPY_DOUBLE)
 """
 
 
@@ -150,11 +187,13 @@ def _build() -> dict[str, Any] | None:
     if funcs is None:
         return None
     s, d, integer = funcs
-    mod = native.build(blas_decls(integer) + _BLOCKS_SRC, ["blocks_f32", "blocks_f64"], openmp=True)
+    mod = native.build(blas_decls(integer) + _BLOCKS_SRC, ["blocks_f32", "blocks_f64", "rows_f32", "rows_f64"],
+                       openmp=True)
     if mod is None:
         return None
     addr = {"float32": ctypes.cast(s, ctypes.c_void_p).value, "float64": ctypes.cast(d, ctypes.c_void_p).value}
-    return {"blocks": {"float32": mod.blocks_f32, "float64": mod.blocks_f64}, "cblas": (s, d), "addr": addr,
+    return {"blocks": {"float32": mod.blocks_f32, "float64": mod.blocks_f64},
+            "rows": {"float32": mod.rows_f32, "float64": mod.rows_f64}, "cblas": (s, d), "addr": addr,
             "integer": integer, "pid": os.getpid()}
 
 
@@ -222,24 +261,19 @@ class Blocks:
 
 def run_blocks(prep: Blocks, a2: np.ndarray, out2: np.ndarray, bias: np.ndarray | None, width: int) -> bool:
     """``out2[:, c:c+w] = a2 @ block (+ bias[c:c+w])`` for every block of ``prep``, on ``width``
-    threads. Returns False (and does nothing) when this path cannot run these arrays."""
+    threads. Returns False (and does nothing) when this path cannot run these arrays (the
+    kernel checks their dtype, C order, rows and columns itself)."""
     st = _get()
-    dt = prep.dtype
-    kern = None if st is None else st["blocks"].get(dt.name)
-    if st is None or kern is None:
+    if st is None or a2.shape[0] < MIN_ROWS:
         return False
-    item = dt.itemsize
-    m, k = a2.shape
-    if (a2.dtype != dt or k != prep.k or a2.strides[1] != item or a2.strides[0] % item or a2.strides[0] < k * item
-            or not out2.flags.c_contiguous or not out2.flags.writeable or out2.dtype != dt
-            or out2.shape != (m, prep.n)
-            or (bias is not None and (bias.dtype != dt or bias.shape != (prep.n,) or not bias.flags.c_contiguous))):
+    kern = st["blocks"].get(prep.dtype.name)
+    if kern is None:
         return False
-    if m < MIN_ROWS:
-        return False
-    kern(st["addr"][dt.name], m, k, a2.ctypes.data, a2.strides[0] // item, prep.ptrs, prep.widths, prep.widths,
-         prep.cols, out2.ctypes.data, prep.n, bias if bias is not None else prep.no_bias, int(bias is not None),
-         set_width(width))
+    try:
+        kern(st["addr"][prep.dtype.name], a2, prep.k, prep.ptrs, prep.widths, prep.widths, prep.cols, out2,
+             bias if bias is not None else prep.no_bias, int(bias is not None), set_width(width))
+    except (TypeError, ValueError):
+        return False  # not C-contiguous, another dtype or shape: the caller's NumPy path
     return True
 
 
@@ -263,11 +297,46 @@ def run_cols(a2: np.ndarray, b2: np.ndarray, out2: np.ndarray, cuts: list[tuple[
     if not cuts or cuts[0][0] != 0 or cuts[-1][1] != n or any(lo >= hi for lo, hi in cuts) \
             or any(p[1] != q[0] for p, q in zip(cuts, cuts[1:])):
         return False
+    if not (a2.flags.c_contiguous and out2.flags.c_contiguous):
+        return False
     cols = np.array([lo for lo, _ in cuts], np.int64)
     widths = np.array([hi - lo for lo, hi in cuts], np.int64)
     ldb = b2.strides[0] // item
     ptrs = b2.ctypes.data + cols * item
-    kern(st["addr"][dt.name], m, k, a2.ctypes.data, a2.strides[0] // item, ptrs, np.full(len(cuts), ldb, np.int64),
-         widths, cols, out2.ctypes.data, n, np.zeros(1, dt), 0, set_width(width))
+    try:
+        kern(st["addr"][dt.name], a2, k, ptrs, np.full(len(cuts), ldb, np.int64), widths, cols, out2, np.zeros(1, dt), 0,
+             set_width(width))
+    except (TypeError, ValueError):
+        return False
     return True
 
+
+
+def run_rows(a2: np.ndarray, b2: np.ndarray, out2: np.ndarray, cuts: list[tuple[int, int]], width: int,
+             bias: np.ndarray | None = None) -> bool:
+    """``out2 = a2 @ b2 (+ bias)`` with the rows cut at ``cuts``, one task per part, on ``width``
+    threads (``b2`` read in place, whole, by every task). False when this path cannot run them."""
+    st = _get()
+    dt = a2.dtype
+    kern = None if st is None else st["rows"].get(dt.name)
+    if st is None or kern is None or b2.dtype != dt or out2.dtype != dt:
+        return False
+    item = dt.itemsize
+    m, k = a2.shape
+    n = b2.shape[1]
+    if (b2.shape[0] != k or out2.shape != (m, n) or not out2.flags.writeable or out2.strides[1] != item
+            or out2.strides[0] % item or out2.strides[0] < n * item
+            or (bias is not None and (bias.dtype != dt or bias.shape != (n,) or not bias.flags.c_contiguous))):
+        return False
+    for x in (a2, b2):
+        if x.strides[1] != item or x.strides[0] % item or x.strides[0] < x.shape[1] * item:
+            return False
+    if not cuts or cuts[0][0] != 0 or cuts[-1][1] != m or any(lo >= hi for lo, hi in cuts) \
+            or any(p[1] != q[0] for p, q in zip(cuts, cuts[1:])):
+        return False
+    starts = np.array([lo for lo, _ in cuts], np.int64)
+    counts = np.array([hi - lo for lo, hi in cuts], np.int64)
+    kern(st["addr"][dt.name], m, k, n, a2.ctypes.data, a2.strides[0] // item, b2.ctypes.data, b2.strides[0] // item,
+         out2.ctypes.data, out2.strides[0] // item, bias if bias is not None else np.zeros(1, dt),
+         int(bias is not None), starts, counts, set_width(width))
+    return True

@@ -398,17 +398,31 @@ static void *ge_arr(PyObject *const *args, int i, int type, int writable, int64_
     return PyArray_DATA(a);
 }
 
-/* the data and element count of argument i: an aligned C-contiguous 1-D ndarray of dtype
-   number `type` (writable when asked) */
-static void *ge_vec(PyObject *const *args, int i, int type, int writable, int64_t *count) {
+/* the data and the `nd` dims of argument i: an aligned C-contiguous ndarray of `nd` dimensions
+   and dtype number `type` (writable when asked) */
+static void *ge_nd(PyObject *const *args, int i, int type, int writable, int nd, int64_t *dims) {
     void *p = ge_arr(args, i, type, writable, 0);
     if (!p) return 0;
     PyArrayObject *a = (PyArrayObject *)args[i];
-    if (PyArray_NDIM(a) != 1) {
-        PyErr_Format(PyExc_TypeError, "native kernel argument %d: a 1-D array is needed", i);
+    if (PyArray_NDIM(a) != nd) {
+        PyErr_Format(PyExc_TypeError, "native kernel argument %d: a %d-D array is needed", i, nd);
         return 0;
     }
-    *count = PyArray_DIMS(a)[0];
+    for (int d = 0; d < nd; d++) dims[d] = PyArray_DIMS(a)[d];
+    return p;
+}
+
+/* a 1-D array and its length */
+static void *ge_vec(PyObject *const *args, int i, int type, int writable, int64_t *count) {
+    return ge_nd(args, i, type, writable, 1, count);
+}
+
+/* a 2-D array, its rows and columns */
+static void *ge_mat(PyObject *const *args, int i, int type, int writable, int64_t *rows, int64_t *cols) {
+    int64_t dims[2];
+    void *p = ge_nd(args, i, type, writable, 2, dims);
+    *rows = dims[0];
+    *cols = dims[1];
     return p;
 }
 
@@ -558,7 +572,7 @@ static inline float erf32(float x) {
 """
 
 #: the prelude's names a generated kernel may call
-PRELUDE_NAMES = frozenset({"ge_arr", "ge_vec", "ge_prod", "ge_fail", "NPY_INT64", "ge_int", "ge_nargs", "ge_span", "ge_max32", "ge_min32", "ge_max64", "ge_min64",
+PRELUDE_NAMES = frozenset({"ge_arr", "ge_vec", "ge_mat", "ge_prod", "ge_fail", "NPY_INT64", "ge_int", "ge_nargs", "ge_span", "ge_max32", "ge_min32", "ge_max64", "ge_min64",
                            "exp32", "expneg32", "log32", "log1p32", "expm1_32", "tanh32", "erf32", "sqrtf", "sqrt",
                            "fabsf", "fabs", "powf", "pow", "fmaf", "fma", "Py_RETURN_NONE", "Py_BEGIN_ALLOW_THREADS",
                            "Py_END_ALLOW_THREADS", "NPY_FLOAT", "NPY_DOUBLE", "self", "args", "n", "NAN", "INFINITY"})

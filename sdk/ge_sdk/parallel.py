@@ -178,14 +178,18 @@ def parallel_for(n: int, fn: Callable[[int], Any]) -> None:
 
 
 def chunks(size: int, cost_per_item: float, *, min_cost: float = 2.0e5, align: int = 1,
-           most: int = 32) -> list[tuple[int, int]]:
+           most: int = 32, even: bool = False) -> list[tuple[int, int]]:
     """``[(start, stop), ...]`` cutting ``range(size)`` into parts of about ``min_cost`` or more
     (``cost_per_item`` each; any unit, the same as ``min_cost``), each a multiple of ``align``
-    but the last, at most ``most`` of them. Depends on the sizes only, never on the thread
-    count, so a split computation has the same bits at every thread count."""
+    but the last, at most ``most`` of them; ``even``: an even number of parts where there are
+    several (two threads then share them equally). Depends on the sizes only, never on the
+    thread count, so a split computation has the same bits at every thread count."""
     if size <= 0:
         return []
-    parts = int(min(most, max(1, (size * cost_per_item) // max(min_cost, 1e-9)), -(-size // max(align, 1))))
+    limit = -(-size // max(align, 1))
+    parts = int(min(most, max(1, (size * cost_per_item) // max(min_cost, 1e-9)), limit))
+    if even and parts > 1 and parts % 2 and parts + 1 <= min(most, limit):
+        parts += 1
     if parts <= 1:
         return [(0, size)]
     step = -(-size // parts)
@@ -195,7 +199,7 @@ def chunks(size: int, cost_per_item: float, *, min_cost: float = 2.0e5, align: i
 
 #: A GEMM task is at least this many multiply-adds (a few tens of microseconds at one core's
 #: speed, so the per-task cost of a few microseconds stays small).
-GEMM_TASK_MACS = 6_000_000
+GEMM_TASK_MACS = 3_000_000
 
 
 @functools.lru_cache(maxsize=1024)
@@ -206,8 +210,8 @@ def gemm_parts(m: int, k: int, n: int) -> tuple[str, list[tuple[int, int]]]:
     if macs < 2 * GEMM_TASK_MACS:
         return "", []
     if n >= m:
-        return "n", chunks(n, m * k, min_cost=GEMM_TASK_MACS, align=64, most=8)
-    return "m", chunks(m, n * k, min_cost=GEMM_TASK_MACS, align=16, most=8)
+        return "n", chunks(n, m * k, min_cost=GEMM_TASK_MACS, align=32, most=8, even=True)
+    return "m", chunks(m, n * k, min_cost=GEMM_TASK_MACS, align=8, most=8, even=True)
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -272,11 +276,11 @@ def _gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     if len(parts) <= 1 or _in_forked_or_pool():
         np.matmul(a, b, out=out)
         return
-    if axis == "n":
-        from . import gemm
+    from . import gemm
 
-        if gemm.available() and gemm.run_cols(a, b, out, parts, width):
-            return
+    if gemm.available() and (gemm.run_cols(a, b, out, parts, width) if axis == "n"
+                             else gemm.run_rows(a, b, out, parts, width)):
+        return
     if axis == "n":
         parallel_for(len(parts), lambda i: np.matmul(a, b[:, parts[i][0]:parts[i][1]],
                                                      out=out[:, parts[i][0]:parts[i][1]]))
@@ -286,15 +290,16 @@ def _gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
 
 
 class PackedWeight:
-    """A constant ``(k, n)`` GEMM operand cut at build time into contiguous column blocks, one
-    task each: ``a @ W`` runs block by block over the pool, each block's output columns written
-    in place (and its bias added while they are in cache). The blocks depend on the shapes only
-    (``rows``: the rows of ``a`` expected, for sizing), so results have the same bits at every
-    thread count. Contiguous blocks also run faster than column slices of the whole matrix."""
+    """A constant ``(k, n)`` GEMM operand prepared at build time for split products: cut into
+    contiguous column blocks, one task each (each block's output columns written in place and
+    its bias added while they are in cache), or, when the product has many more rows than
+    columns, kept whole with the rows of ``a`` split into tasks. The cuts depend on the shapes
+    only (``rows``: the rows of ``a`` expected, for sizing; row cuts follow the actual rows), so
+    results have the same bits at every thread count above one."""
 
-    #: multiply-adds per block (with ``rows`` rows of ``a``) the cut aims at, and the most
-    #: blocks: four contiguous blocks run as fast as the whole matrix on one thread and let two
-    #: to four threads share the product, claiming blocks as they come free
+    #: multiply-adds per task (with ``rows`` rows of ``a``) the cut aims at, and the most tasks:
+    #: four contiguous blocks run as fast as the whole matrix on one thread and let two to four
+    #: threads share the product, claiming tasks as they come free (an even count of them)
     BLOCK_MACS = 2_000_000
     MOST_BLOCKS = 4
 
@@ -304,12 +309,22 @@ class PackedWeight:
         self.k, self.n = w.shape
         self.dtype = w.dtype
         m = rows if rows and rows > 0 else 128
-        self.cuts = chunks(self.n, m * self.k, min_cost=self.BLOCK_MACS, align=32, most=self.MOST_BLOCKS)
-        if len(self.cuts) <= 1:
+        #: "rows": the matrix is one block and the rows of ``a`` are split (tall products)
+        self.split = "rows" if m >= 2 * self.n else "cols"
+        if self.split == "rows":
             self.cuts = [(0, self.n)]
+        else:
+            self.cuts = chunks(self.n, m * self.k, min_cost=self.BLOCK_MACS, align=16, most=self.MOST_BLOCKS,
+                               even=True)
+            if len(self.cuts) <= 1:
+                self.cuts = [(0, self.n)]
         # the blocks replace the matrix (no second copy is kept)
         self.blocks = [np.ascontiguousarray(w[:, lo:hi]) for lo, hi in self.cuts]
         self._native: Any = None  # ge_sdk.gemm.Blocks, made on first use
+
+    def row_cuts(self, m: int) -> list[tuple[int, int]]:
+        """The row tasks of a product with ``m`` rows (the "rows" split)."""
+        return _row_cuts(m, self.n * self.k, self.BLOCK_MACS, self.MOST_BLOCKS)
 
     @property
     def whole(self) -> np.ndarray:
@@ -331,29 +346,49 @@ class PackedWeight:
         a2 = a.reshape(-1, self.k)
         o2 = res.reshape(-1, self.n)
         cuts, blocks = self.cuts, self.blocks
+        native: Callable[[Any], bool]
+        if self.split == "rows":
+            parts = self.row_cuts(a2.shape[0])
+
+            def native(g: Any) -> bool:
+                return len(parts) > 1 and g.run_rows(a2, blocks[0], o2, parts, _width.get(), bias)
+
+            def task(i: int) -> None:
+                lo, hi = parts[i]
+                np.matmul(a2[lo:hi], blocks[0], out=o2[lo:hi])
+                if bias is not None:
+                    o2[lo:hi] += bias
+        else:
+            parts = cuts
+
+            def native(g: Any) -> bool:
+                if self._native is None:
+                    self._native = g.Blocks(blocks, [lo for lo, _ in cuts])
+                return g.run_blocks(self._native, a2, o2, bias, _width.get())
+
+            def task(i: int) -> None:
+                lo, hi = cuts[i]
+                o = o2[:, lo:hi] if len(cuts) > 1 else o2
+                np.matmul(a2, blocks[i], out=o)
+                if bias is not None:
+                    o += bias[lo:hi]
+
+        ran = False
         if self.dtype.kind == "f" and not _in_forked_or_pool():
             from . import gemm
 
-            if self._native is None:
-                self._native = gemm.Blocks(blocks, [lo for lo, _ in cuts]) if gemm.available() else False
-            if self._native and gemm.run_blocks(self._native, a2, o2, bias, _width.get()):
-                if out is not None and res is not out:
-                    np.copyto(out, res)
-                    return out
-                return res
-
-        def block(i: int) -> None:
-            lo, hi = cuts[i]
-            o = o2[:, lo:hi] if len(cuts) > 1 else o2
-            np.matmul(a2, blocks[i], out=o)
-            if bias is not None:
-                o += bias[lo:hi]
-
-        parallel_for(len(blocks), block)
+            ran = gemm.available() and native(gemm)
+        if not ran:
+            parallel_for(len(parts), task)
         if out is not None and res is not out:
             np.copyto(out, res)
             return out
         return res
+
+
+@functools.lru_cache(maxsize=1024)
+def _row_cuts(m: int, cost: int, min_cost: int, most: int) -> list[tuple[int, int]]:
+    return chunks(m, cost, min_cost=min_cost, align=8, most=most, even=True)
 
 
 def pack_for(spec: Any, w: np.ndarray | None, c: np.ndarray | None = None) -> tuple[PackedWeight | None, np.ndarray | None]:

@@ -108,7 +108,7 @@ LAYOUTS = [
 
 @pytest.mark.parametrize("workers", [1, 3])
 @pytest.mark.parametrize("shapes,out_shape,has_loop", LAYOUTS, ids=[str(s[1]) for s in LAYOUTS])
-def test_broadcast_layouts_and_worker_splits(shapes, out_shape, has_loop, workers):
+def test_broadcast_layouts_and_thread_caps(shapes, out_shape, has_loop, workers):
     rng = np.random.default_rng(3)
     xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     want = np.maximum(xs[0] * xs[1] + xs[2], 0) - xs[1]
@@ -118,11 +118,32 @@ def test_broadcast_layouts_and_worker_splits(shapes, out_shape, has_loop, worker
         assert fn is None
         fn = codegen.compile_program(BN_RELU, ["float32"] * 3, shapes, "float32", out_shape)
         assert fn.mode != "loop"  # generated NumPy code instead
-    with parallel.use_threads(2):  # the parts run on GE's pool (on one core: inline, in order)
+    with parallel.use_threads(2):  # large loops split over OpenMP threads (at most `workers`)
         np.testing.assert_allclose(fn(*xs), want, rtol=1e-6, atol=1e-6)
         out = np.full(out_shape, np.nan, np.float32)
         assert fn(*xs, out=out) is out
     np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("shapes,out_shape", [
+    ([(4, 96, 56, 56), (96, 1, 1), (1, 96, 1, 1)], (4, 96, 56, 56)),   # many rows
+    ([(3, 200000), (200000,), (3, 1)], (3, 200000)),                    # few long rows: split within rows
+    ([(300000,), (300000,), ()], (300000,)),                             # one flat run
+])
+def test_split_loops_give_the_same_bits_at_every_width(shapes, out_shape):
+    rng = np.random.default_rng(7)
+    xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    fn = codegen.compile_program(BN_RELU, ["float32"] * 3, shapes, "float32", out_shape, mode="loop")
+    assert fn.mode == "loop"
+    one = fn(*xs)
+    for width in (2, 3, 4):
+        with parallel.use_threads(width):
+            np.testing.assert_array_equal(fn(*xs), one)
+            inplace = xs[0].copy() if xs[0].shape == out_shape else None
+            if inplace is not None:  # the in-place variant, split too
+                fn(inplace, *xs[1:], out=inplace)
+                np.testing.assert_array_equal(inplace, one)
+    np.testing.assert_allclose(one, np.maximum(xs[0] * xs[1] + xs[2], 0) - xs[1], rtol=1e-6, atol=1e-6)
 
 
 def test_strided_operands_and_output_and_in_place():
@@ -185,7 +206,7 @@ def test_jit_switch_turns_loops_off(monkeypatch):
 
 def test_loop_source_is_inspectable():
     fn = codegen.compile_program(BN_RELU, ["float32"] * 3, [(64, 100), (100,), (64, 1)], "float32", (64, 100))
-    assert "for (int64_t k = 0; k < d2; k++)" in fn.source and "ge_max32(" in fn.source
+    assert "for (int64_t k = kb; k < ke; k++)" in fn.source and "ge_max32(" in fn.source
 
 
 # ------------------------------------------------------------------------------------------------
@@ -391,3 +412,23 @@ def test_row_kernels_in_place_match_their_out_of_place_form(kind):
     y = x.copy()
     call(y, y)
     np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "layernorm", "rmsnorm"])
+def test_row_kernels_split_over_threads_give_the_same_bits(kind):
+    fn = loopgen.row_kernel(kind, np.float32)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((700, 384)).astype(np.float32)
+    g = rng.standard_normal(384).astype(np.float32)
+    b = rng.standard_normal(384).astype(np.float32)
+    params = {"softmax": (), "layernorm": (g, b, np.float32(1e-5)), "rmsnorm": (g, np.float32(1e-6))}[kind]
+    one = np.empty_like(x)
+    fn(x, *params, one)
+    for width in (2, 3):
+        with parallel.use_threads(width):
+            y = np.empty_like(x)
+            loopgen.by_rows(fn, x, y, *params)
+            np.testing.assert_array_equal(y, one)
+            z = x.copy()
+            loopgen.by_rows(fn, z, z, *params)  # in place
+            np.testing.assert_array_equal(z, one)

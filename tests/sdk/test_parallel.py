@@ -77,7 +77,8 @@ def test_native_gemm_is_available_here():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("m,k,n", [(128, 256, 1024), (197, 192, 576), (8, 33, 129), (3, 64, 256), (128, 64, 48)])
+@pytest.mark.parametrize("m,k,n", [(128, 256, 1024), (197, 192, 576), (8, 33, 129), (3, 64, 256), (128, 64, 48),
+                                   (1568, 48, 48), (392, 96, 96)])  # the last three: rows split
 def test_packed_weight_matches_numpy_and_has_the_same_bits_at_every_width(m, k, n, dtype):
     rng = np.random.default_rng(m + k + n)
     a = rng.standard_normal((2, m, k)).astype(dtype)
@@ -85,6 +86,9 @@ def test_packed_weight_matches_numpy_and_has_the_same_bits_at_every_width(m, k, 
     bias = rng.standard_normal(n).astype(dtype)
     pw = parallel.PackedWeight(w, rows=2 * m)
     assert sum(b.shape[1] for b in pw.blocks) == n and all(b.flags.c_contiguous for b in pw.blocks)
+    assert pw.split == ("rows" if 2 * m >= 2 * n else "cols")
+    if pw.split == "rows" and 2 * m * n * k >= 2 * pw.BLOCK_MACS:
+        assert len(pw.row_cuts(2 * m)) % 2 == 0  # an even count of row tasks: two threads share them equally
     want = a @ w + bias
     got1 = pw.matmul(a, bias=bias)
     tol = 1e-4 if dtype == "float32" else 1e-10
