@@ -1,7 +1,7 @@
-"""The fused Attention kernel's parallel form: one task per (batch, head) on native threads.
+"""The fused Attention kernel's parallel form: one task per (batch, head) on the native pool.
 
-``softmax(scale * Q @ K^T + mask) @ V`` for every head is one iteration of an OpenMP loop in a
-native kernel (:mod:`ge_sdk.native`): a BLAS ``gemm`` (single-threaded, :mod:`ge_sdk.gemm`)
+``softmax(scale * Q @ K^T + mask) @ V`` for every head is one task of the process's native pool
+(:mod:`ge_sdk.native`): a BLAS ``gemm`` (single-threaded, :mod:`ge_sdk.gemm`)
 writes the head's scores into its own scratch block (``scale`` rides on ``alpha``), the rows
 get the mask, their max, ``exp`` (the prelude's vectorised ``expneg32``) and their sum in one
 pass each while the block is in cache, and a second ``gemm`` writes ``P @ V`` into the head's
@@ -35,9 +35,36 @@ _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 #: stride, has_mask, the scratch blocks (width x m x n), width); the caller checked every array
 #: the addresses come from
 _HEADS_SRC = r"""
-#include <omp.h>
-
 #define HEADS(NAME, T, GEMM_T, NPY, EXPNEG)                                                            \
+typedef struct {                                                                                      \
+    GEMM_T f; int64_t m, nn, d, dv, qld, qtr, kld, ktr, vld, vtr, old, mrs, has_mask; T alpha;        \
+    const T *q, *k, *v; T *o; const int64_t *qo, *ko, *vo, *oo, *mo; const T *mask; T *scratch;       \
+} NAME##_ctx;                                                                                         \
+static void NAME##_task(void *vc, int64_t i, int slot) {                                              \
+    NAME##_ctx *c = (NAME##_ctx *)vc;                                                                 \
+    int64_t m = c->m, nn = c->nn;                                                                     \
+    T *s = c->scratch + (int64_t)slot * m * nn;  /* one scores block per thread, head after head */   \
+    c->f(101, c->qtr, c->ktr, m, nn, c->d, c->alpha, c->q + c->qo[i], c->qld, c->k + c->ko[i], c->kld,  \
+         0, s, nn);                                                                                   \
+    for (int64_t r = 0; r < m; r++) {                                                                 \
+        T *row = s + r * nn;                                                                          \
+        if (c->has_mask) {                                                                            \
+            const T *mk = c->mask + c->mo[i] + r * c->mrs;                                            \
+            for (int64_t j = 0; j < nn; j++) row[j] += mk[j];                                         \
+        }                                                                                             \
+        /* a NaN anywhere still makes the row NaN: exp(NaN - m) is NaN and so is the sum */           \
+        T mx = row[0];                                                                                \
+        _Pragma("omp simd reduction(max:mx)")                                                         \
+        for (int64_t j = 0; j < nn; j++) mx = row[j] > mx ? row[j] : mx;                              \
+        for (int64_t j = 0; j < nn; j++) row[j] = EXPNEG(row[j] - mx);                                \
+        T sum = 0;                                                                                    \
+        _Pragma("omp simd reduction(+:sum)")                                                          \
+        for (int64_t j = 0; j < nn; j++) sum += row[j];                                               \
+        T inv = (T)1 / sum;                                                                           \
+        for (int64_t j = 0; j < nn; j++) row[j] *= inv;                                               \
+    }                                                                                                 \
+    c->f(101, 111, c->vtr, m, c->dv, nn, 1, s, nn, c->v + c->vo[i], c->vld, 0, c->o + c->oo[i], c->old); \
+}                                                                                                     \
 static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {                          \
     int64_t fn, count, m, nn, d, dv, qa, qld, qtr, ka, kld, ktr, va, vld, vtr, oa, old, mrs, has_mask, width; \
     int64_t cq, ck, cv, co, cm, mlen;                                                                 \
@@ -70,33 +97,11 @@ static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {    
             if (mo[i] < 0 || mo[i] + (m - 1) * mrs + nn > mlen) {                                     \
                 PyErr_SetString(PyExc_ValueError, "attention: a head's mask lies outside the mask"); return NULL; \
             }                                                                                         \
-    GEMM_T f = (GEMM_T)(intptr_t)fn;                                                                  \
+    NAME##_ctx c = {(GEMM_T)(intptr_t)fn, m, nn, d, dv, qld, qtr, kld, ktr, vld, vtr, old, mrs, has_mask,  \
+                    (T)alpha, (const T *)(intptr_t)qa, (const T *)(intptr_t)ka, (const T *)(intptr_t)va,  \
+                    (T *)(intptr_t)oa, qo, ko, vo, oo, mo, mask, scratch};                            \
     Py_BEGIN_ALLOW_THREADS                                                                            \
-    _Pragma("omp parallel for schedule(dynamic,1) num_threads(width)")                                \
-    for (int64_t i = 0; i < count; i++) {                                                             \
-        T *s = scratch + (int64_t)omp_get_thread_num() * m * nn;                                      \
-        f(101, qtr, ktr, m, nn, d, (T)alpha, (const T *)(intptr_t)qa + qo[i], qld,                     \
-          (const T *)(intptr_t)ka + ko[i], kld, 0, s, nn);                                            \
-        for (int64_t r = 0; r < m; r++) {                                                             \
-            T *row = s + r * nn;                                                                      \
-            if (has_mask) {                                                                           \
-                const T *mk = mask + mo[i] + r * mrs;                                                 \
-                for (int64_t j = 0; j < nn; j++) row[j] += mk[j];                                     \
-            }                                                                                         \
-            /* a NaN anywhere still makes the row NaN: exp(NaN - m) is NaN and so is the sum */       \
-            T mx = row[0];                                                                            \
-            _Pragma("omp simd reduction(max:mx)")                                                     \
-            for (int64_t j = 0; j < nn; j++) mx = row[j] > mx ? row[j] : mx;                          \
-            for (int64_t j = 0; j < nn; j++) row[j] = EXPNEG(row[j] - mx);                            \
-            T sum = 0;                                                                                \
-            _Pragma("omp simd reduction(+:sum)")                                                      \
-            for (int64_t j = 0; j < nn; j++) sum += row[j];                                           \
-            T inv = (T)1 / sum;                                                                       \
-            for (int64_t j = 0; j < nn; j++) row[j] *= inv;                                           \
-        }                                                                                             \
-        f(101, 111, vtr, m, dv, nn, 1, s, nn, (const T *)(intptr_t)va + vo[i], vld, 0,                 \
-          (T *)(intptr_t)oa + oo[i], old);                                                            \
-    }                                                                                                 \
+    ge_parallel(NAME##_task, &c, count, width);                                                       \
     Py_END_ALLOW_THREADS                                                                              \
     Py_RETURN_NONE;                                                                                   \
 }
@@ -111,7 +116,7 @@ def _build(dtype: np.dtype):
     if blas is None:
         return None
     addr, integer = blas
-    mod = native.build(gemm.blas_decls(integer) + _HEADS_SRC, ["heads_f32", "heads_f64"], openmp=True)
+    mod = native.build(gemm.blas_decls(integer) + _HEADS_SRC, ["heads_f32", "heads_f64"])
     if mod is None:
         return None
     kern = mod.heads_f32 if dtype == np.float32 else mod.heads_f64

@@ -168,8 +168,10 @@ _VMATH = {"exp": "exp32", "log": "log32", "log1p": "log1p32", "expm1": "expm1_32
 
 #: the names a generated loop is made of (besides the prelude's and C's own)
 _LOOP_NAMES = frozenset({"kernel", "piece", "d0", "d1", "d2", "out", "os0", "os1", "i", "j", "k", "o", "T", "threads",
-                         "kb", "ke", "per", "np_", "items", "grab", "claims", "c", "end", "t", "rr", "p"})
-_LOOP_PATTERNS = (r"x[0-9]+", r"xs[0-9]+_[01]", r"v[0-9]+", r"r[0-9]+", r"t[0-9]+", r"piece_a[0-9]+")
+                         "kb", "ke", "per", "np_", "items", "grab", "c", "end", "t", "rr", "p", "J", "jb", "vc",
+                         "slot", "task_piece"})
+_LOOP_PATTERNS = (r"x[0-9]+", r"xs[0-9]+_[01]", r"v[0-9]+", r"r[0-9]+", r"t[0-9]+", r"piece_a[0-9]+",
+                  r"task_piece_a[0-9]+")
 #: the largest extent or stride a loop accepts (spans are checked for overflow besides)
 _BIG = (1 << 62) - 1
 
@@ -257,9 +259,9 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alia
     """The built loop of ``steps`` (a :class:`_Built`), or None when there is no loop form. Its
     one entry ``kernel(d0, d1, d2, out, os0, os1, x0, xs0_0, xs0_1, ..., threads)`` checks its
     arrays, runs the variant that reads operand ``i`` through ``out`` when that operand *is* the
-    output (for each ``i`` in ``aliases``), and splits the work over ``threads`` OpenMP threads
-    when it is large (claimed piece by piece; every element's result is the same however it
-    is split)."""
+    output (for each ``i`` in ``aliases``), and splits the work over ``threads`` threads of the
+    native pool when it is large (claimed piece by piece; every element's result is the same
+    however it is split)."""
     key = (repr(steps), tuple(names), dt.name, inner, aliases)
     with _lock:
         if key in _compiled:
@@ -307,34 +309,48 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alia
         lines += [f"        o[k] = t{len(steps) - 1};", "    }", "}", ""]
         return lines
 
+    fields = "".join(f" const T *x{i}; int64_t xs{i}_0, xs{i}_1;" for i in range(n))
+    jargs = "".join(f", jb->x{i}, jb->xs{i}_0, jb->xs{i}_1" for i in range(n))
+
+    def task(fname: str) -> list[str]:
+        """One claim of the split loop over ``fname``: ``grab`` pieces of at most ``per`` elements."""
+        return [f"static void task_{fname}(void *vc, int64_t c, int slot) {{",
+                "    J *jb = (J *)vc;",
+                "    (void)slot;",
+                "    int64_t end = (c + 1) * jb->grab < jb->items ? (c + 1) * jb->grab : jb->items;",
+                "    for (int64_t t = c * jb->grab; t < end; t++) {",
+                "        int64_t rr = t / jb->np_, p = t % jb->np_;",
+                "        int64_t kb = p * jb->per, ke = kb + jb->per < jb->d2 ? kb + jb->per : jb->d2;",
+                f"        {fname}(rr / jb->d1, rr % jb->d1, kb, ke, jb->out, jb->os0, jb->os1{jargs});",
+                "    }",
+                "}",
+                ""]
+
     def run(fname: str, ind: str) -> list[str]:
-        """The loop nest over ``fname``: in one piece per row, or split over the threads."""
+        """The loop nest over ``fname``: in one piece per row, or split over the native pool."""
         return [f"{ind}if (threads > 1 && d0 * d1 * d2 >= {PART_ELEMENTS}) {{",
-                # pieces of at least PART/4 elements; a claim is at least PART/4 elements of rows
-                f"{ind}    int64_t per = d2 < {PART_ELEMENTS // 4} ? d2 : {PART_ELEMENTS // 4};",
-                f"{ind}    int64_t np_ = (d2 + per - 1) / per;",
-                f"{ind}    int64_t items = d0 * d1 * np_;",
-                f"{ind}    int64_t grab = per >= {PART_ELEMENTS // 4} ? 1 : ({PART_ELEMENTS // 4} + per - 1) / per;",
-                f"{ind}    int64_t claims = (items + grab - 1) / grab;",
-                "#pragma omp parallel for schedule(dynamic,1) num_threads(threads)",
-                f"{ind}    for (int64_t c = 0; c < claims; c++) {{",
-                f"{ind}        int64_t end = (c + 1) * grab < items ? (c + 1) * grab : items;",
-                f"{ind}        for (int64_t t = c * grab; t < end; t++) {{",
-                f"{ind}            int64_t rr = t / np_, p = t % np_;",
-                f"{ind}            int64_t kb = p * per, ke = kb + per < d2 ? kb + per : d2;",
-                f"{ind}            {fname}(rr / d1, rr % d1, kb, ke, out, os0, os1{args});",
-                f"{ind}        }}",
-                f"{ind}    }}",
+                # pieces of at most PART/4 elements; a claim is at least PART/4 elements of rows
+                f"{ind}    J jb;",
+                f"{ind}    jb.d0 = d0; jb.d1 = d1; jb.d2 = d2; jb.out = out; jb.os0 = os0; jb.os1 = os1;",
+                *(f"{ind}    jb.x{i} = x{i}; jb.xs{i}_0 = xs{i}_0; jb.xs{i}_1 = xs{i}_1;" for i in range(n)),
+                f"{ind}    jb.per = d2 < {PART_ELEMENTS // 4} ? d2 : {PART_ELEMENTS // 4};",
+                f"{ind}    jb.np_ = (d2 + jb.per - 1) / jb.per;",
+                f"{ind}    jb.items = d0 * d1 * jb.np_;",
+                f"{ind}    jb.grab = jb.per >= {PART_ELEMENTS // 4} ? 1 : ({PART_ELEMENTS // 4} + jb.per - 1) / jb.per;",
+                f"{ind}    ge_parallel(task_{fname}, &jb, (jb.items + jb.grab - 1) / jb.grab, threads);",
                 f"{ind}}} else {{",
                 f"{ind}    for (int64_t i = 0; i < d0; i++)",
                 f"{ind}        for (int64_t j = 0; j < d1; j++) {fname}(i, j, 0, d2, out, os0, os1{args});",
                 f"{ind}}}"]
 
     ints = ["d0", "d1", "d2", "os0", "os1", "threads"] + [f"xs{i}_{a}" for i in range(n) for a in (0, 1)]
-    lines = [f"typedef {ctype} T;", ""]
+    lines = [f"typedef {ctype} T;",
+             f"typedef struct {{ int64_t d0, d1, d2, os0, os1, per, np_, items, grab; T *out;{fields} }} J;", ""]
     lines += piece("piece", -1)
+    lines += task("piece")
     for a in aliases:
         lines += piece(f"piece_a{a}", a)
+        lines += task(f"piece_a{a}")
     lines += ["static PyObject *kernel(PyObject *self, PyObject *const *args, Py_ssize_t n) {",
               f"    int64_t {', '.join(ints)};",
               f"    if (ge_nargs(n, {7 + 3 * n})) return NULL;",
@@ -362,7 +378,7 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alia
     lines += ["    }", "    Py_END_ALLOW_THREADS", "    Py_RETURN_NONE;", "}", ""]
     src = native.check_c("\n".join(lines), _LOOP_NAMES | native.PRELUDE_NAMES, _LOOP_PATTERNS)
     t0 = time.perf_counter()
-    mod = native.build(src, ["kernel"], openmp=True)
+    mod = native.build(src, ["kernel"])
     if mod is None:
         with _lock:
             _compiled[key] = None
@@ -486,30 +502,34 @@ static int rows_args(PyObject *const *args, Py_ssize_t n, int nvec, int inplace,
     return 0;
 }
 
+typedef struct { const T *x; T *out; const T *v[2]; T eps, inv; int64_t rows, cols, per; } R;
+
 /* one entry: each row's `CALL` with r the input row and o the output row (the same pointer in
    place, so the compiler sees they alias exactly and vectorises); rows in blocks of at least
-   16K elements claimed one at a time by `threads` OpenMP threads when there are several */
+   16K elements claimed one at a time by `threads` threads of the native pool */
 #define ENTRY(NAME, NVEC, HAS_EPS, INPLACE, CALL)                                                      \
-static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {                          \
-    int64_t rows, cols, threads; const T *x; T *out; const T *v[2] = {0, 0}; T eps = 0;               \
-    if (rows_args(args, n, NVEC, INPLACE, &rows, &cols, &threads, &x, &out, v, HAS_EPS ? &eps : NULL)) \
-        return NULL;                                                                                  \
-    T inv = ONE / (T)cols;                                                                            \
-    (void)inv;                                                                                        \
-    int64_t per = cols >= 16384 ? 1 : 16384 / cols;                                                   \
-    int64_t blocks = (rows + per - 1) / per;                                                          \
-    if (threads > blocks) threads = blocks > 0 ? blocks : 1;                                          \
-    Py_BEGIN_ALLOW_THREADS                                                                            \
-    _Pragma("omp parallel for schedule(dynamic,1) num_threads(threads) if(threads > 1)")              \
-    for (int64_t b = 0; b < blocks; b++) {                                                            \
-        int64_t end = (b + 1) * per < rows ? (b + 1) * per : rows;                                    \
-        for (int64_t i = b * per; i < end; i++) {                                                     \
-            T *o = out + i * cols;                                                                    \
-            const T *r = INPLACE ? o : x + i * cols;                                                  \
-            (void)r;                                                                                  \
-            CALL;                                                                                     \
-        }                                                                                             \
+static void task_##NAME(void *vc, int64_t b, int slot) {                                              \
+    R *q = (R *)vc;                                                                                   \
+    const T *x = q->x; T *out = q->out; const T *const *v = q->v; T eps = q->eps, inv = q->inv;       \
+    int64_t cols = q->cols, end = (b + 1) * q->per < q->rows ? (b + 1) * q->per : q->rows;           \
+    (void)slot; (void)x; (void)v; (void)eps; (void)inv;                                               \
+    for (int64_t i = b * q->per; i < end; i++) {                                                      \
+        T *o = out + i * cols;                                                                        \
+        const T *r = INPLACE ? o : x + i * cols;                                                      \
+        (void)r;                                                                                      \
+        CALL;                                                                                         \
     }                                                                                                 \
+}                                                                                                     \
+static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {                          \
+    int64_t rows, cols, threads; R q = {0};                                                           \
+    if (rows_args(args, n, NVEC, INPLACE, &rows, &cols, &threads, &q.x, &q.out, q.v, HAS_EPS ? &q.eps : NULL)) \
+        return NULL;                                                                                  \
+    q.inv = ONE / (T)cols; q.rows = rows; q.cols = cols;                                              \
+    q.per = cols >= 16384 ? 1 : 16384 / cols;                                                         \
+    int64_t blocks = (rows + q.per - 1) / q.per;                                                      \
+    if (rows * cols < 65536) threads = 1;  /* too small to share */                                   \
+    Py_BEGIN_ALLOW_THREADS                                                                            \
+    ge_parallel(task_##NAME, &q, blocks, threads);                                                    \
     Py_END_ALLOW_THREADS                                                                              \
     Py_RETURN_NONE;                                                                                   \
 }
@@ -548,7 +568,7 @@ def row_kernel(kind: str, dtype: Any) -> Any:
             return _rows[key]
     t0 = time.perf_counter()
     # fixed text of this module (no token from a model): built as it is
-    mod = native.build(_ROW_TYPES[dt.name] + _ROW_SRC, [k + s for k in ROW_KINDS for s in ("", "_ip")], openmp=True)
+    mod = native.build(_ROW_TYPES[dt.name] + _ROW_SRC, [k + s for k in ROW_KINDS for s in ("", "_ip")])
     if mod is None:
         return None
     apart, inplace = getattr(mod, kind), getattr(mod, kind + "_ip")

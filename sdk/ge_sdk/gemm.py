@@ -3,14 +3,13 @@
 :mod:`ge_sdk.parallel` owns the engine's threading; this module is its fast path for matrix
 products. A Python thread pool pays tens of microseconds per job to wake a worker and to learn
 that it finished (futexes; more in a VM), which is the whole time of a transformer's small
-GEMMs. Here a split GEMM is one call into a native kernel (:mod:`ge_sdk.native`, C with OpenMP)
-whose parallel loop calls BLAS's own single-threaded ``sgemm``/``dgemm`` on one block of
-columns per iteration:
+GEMMs. Here a split GEMM is one call into a native kernel (:mod:`ge_sdk.native`) whose tasks
+call BLAS's own single-threaded ``sgemm``/``dgemm`` on one block of columns (or rows) each:
 
-- the loop's threads are OpenMP's: they spin briefly and then sleep, and the blocks are
-  *claimed* one at a time (``schedule(dynamic,1)``), so a descheduled worker delays the product
-  by one block, not by a share fixed in advance (OpenBLAS's own threads split every GEMM into
-  equal fixed parts and wait for all);
+- the tasks run on the process's one native pool: its workers look for work for about a
+  millisecond and then sleep, and the blocks are *claimed* one at a time, so a descheduled
+  worker delays the product by at most the block it holds, never by a share fixed in advance
+  (OpenBLAS's own threads split every GEMM into equal fixed parts and wait for all);
 - BLAS is the library NumPy uses (found through threadpoolctl), called through its CBLAS entry
   with pointers and sizes this module derives from NumPy arrays it has checked (dtype, C order,
   strides). Nothing from a model reaches it but array shapes;
@@ -20,8 +19,8 @@ Call it inside a run of ``parallel=engine`` (the cpu backend sets BLAS to one th
 with BLAS at one thread: at more, every block's call would split again over BLAS's own threads.
 
 :func:`available` says whether the path works here (native kernels build, a CBLAS ``sgemm`` in
-NumPy's BLAS, and not in a process forked after the pool started: GNU OpenMP is not
-fork-safe); without it callers use :mod:`ge_sdk.parallel`'s Python pool. Set
+NumPy's BLAS, and not in a process forked after the pool started: its threads do not survive
+a fork); without it callers use :mod:`ge_sdk.parallel`'s Python pool. Set
 ``GE_NATIVE_GEMM=0`` to turn it off.
 """
 
@@ -105,6 +104,18 @@ _BLOCKS_SRC = r"""
     }
 
 #define BLOCKS(NAME, T, GEMM_T, NPY)                                                                  \
+typedef struct {                                                                                      \
+    GEMM_T f; int64_t m, k, ldc, has_bias; const T *a; T *out; const T *bias;                        \
+    const int64_t *ptrs, *ldbs, *widths, *cols;                                                       \
+} NAME##_ctx;                                                                                         \
+static void NAME##_task(void *vc, int64_t i, int slot) {                                              \
+    NAME##_ctx *q = (NAME##_ctx *)vc;                                                                 \
+    int64_t c = q->cols[i], w = q->widths[i];                                                         \
+    T *o = q->out + c;                                                                                \
+    (void)slot;                                                                                       \
+    q->f(101, 111, 111, q->m, w, q->k, 1, q->a, q->k, (const T *)(intptr_t)q->ptrs[i], q->ldbs[i], 0, o, q->ldc); \
+    if (q->has_bias) ADD_BIAS(T, o, q->ldc, q->m, w, q->bias + c);                                    \
+}                                                                                                     \
 static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {                          \
     int64_t fn, m, k, ka, mc, ldc, has_bias, width, count, c1, c2, c3;                               \
     if (ge_nargs(n, 11)) return NULL;                                                                 \
@@ -124,15 +135,9 @@ static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {    
         if (cols[i] < 0 || widths[i] < 0 || cols[i] + widths[i] > ldc) return ge_fail();              \
     const T *bias = (const T *)ge_arr(args, 8, NPY, 0, has_bias ? ldc : 0);                           \
     if (!bias) return NULL;                                                                           \
-    GEMM_T f = (GEMM_T)(intptr_t)fn;                                                                  \
+    NAME##_ctx q = {(GEMM_T)(intptr_t)fn, m, k, ldc, has_bias, a, out, bias, ptrs, ldbs, widths, cols};  \
     Py_BEGIN_ALLOW_THREADS                                                                            \
-    _Pragma("omp parallel for schedule(dynamic,1) num_threads(width) if(width > 1)")                  \
-    for (int64_t i = 0; i < count; i++) {                                                             \
-        int64_t c = cols[i], w = widths[i];                                                           \
-        T *o = out + c;                                                                               \
-        f(101, 111, 111, m, w, k, 1, a, k, (const T *)(intptr_t)ptrs[i], ldbs[i], 0, o, ldc);          \
-        if (has_bias) ADD_BIAS(T, o, ldc, m, w, bias + c);                                            \
-    }                                                                                                 \
+    ge_parallel(NAME##_task, &q, count, width);                                                       \
     Py_END_ALLOW_THREADS                                                                              \
     Py_RETURN_NONE;                                                                                   \
 }
@@ -144,6 +149,18 @@ BLOCKS(blocks_f64, double, gemm_f64_t, NPY_DOUBLE)
    address, m, k, n, A address, lda, B address, ldb, C address, ldc, bias, has_bias, starts,
    counts, threads); the caller checked every array the addresses come from */
 #define ROWS(NAME, T, GEMM_T, NPY)                                                                    \
+typedef struct {                                                                                      \
+    GEMM_T f; int64_t k, nn, lda, ldb, ldc, has_bias; const T *a, *b; T *out; const T *bias;          \
+    const int64_t *starts, *counts;                                                                   \
+} NAME##_ctx;                                                                                         \
+static void NAME##_task(void *vc, int64_t i, int slot) {                                              \
+    NAME##_ctx *q = (NAME##_ctx *)vc;                                                                 \
+    int64_t r = q->starts[i], c = q->counts[i];                                                       \
+    T *o = q->out + r * q->ldc;                                                                       \
+    (void)slot;                                                                                       \
+    q->f(101, 111, 111, c, q->nn, q->k, 1, q->a + r * q->lda, q->lda, q->b, q->ldb, 0, o, q->ldc);     \
+    if (q->has_bias) ADD_BIAS(T, o, q->ldc, c, q->nn, q->bias);                                       \
+}                                                                                                     \
 static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {                          \
     int64_t fn, m, k, nn, a, lda, b, ldb, outp, ldc, has_bias, width, count, c1;                     \
     if (ge_nargs(n, 15)) return NULL;                                                                 \
@@ -161,16 +178,10 @@ static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {    
         if (starts[i] < 0 || counts[i] < 0 || starts[i] + counts[i] > m) return ge_fail();            \
     const T *bias = (const T *)ge_arr(args, 10, NPY, 0, has_bias ? nn : 0);                           \
     if (!bias) return NULL;                                                                           \
-    GEMM_T f = (GEMM_T)(intptr_t)fn;                                                                  \
+    NAME##_ctx q = {(GEMM_T)(intptr_t)fn, k, nn, lda, ldb, ldc, has_bias, (const T *)(intptr_t)a,     \
+                    (const T *)(intptr_t)b, (T *)(intptr_t)outp, bias, starts, counts};               \
     Py_BEGIN_ALLOW_THREADS                                                                            \
-    _Pragma("omp parallel for schedule(dynamic,1) num_threads(width)")                                \
-    for (int64_t i = 0; i < count; i++) {                                                             \
-        int64_t r = starts[i], c = counts[i];                                                         \
-        T *o = (T *)(intptr_t)outp + r * ldc;                                                         \
-        f(101, 111, 111, c, nn, k, 1, (const T *)(intptr_t)a + r * lda, lda, (const T *)(intptr_t)b, ldb, \
-          0, o, ldc);                                                                                 \
-        if (has_bias) ADD_BIAS(T, o, ldc, c, nn, bias);                                               \
-    }                                                                                                 \
+    ge_parallel(NAME##_task, &q, count, width);                                                       \
     Py_END_ALLOW_THREADS                                                                              \
     Py_RETURN_NONE;                                                                                   \
 }
@@ -187,8 +198,7 @@ def _build() -> dict[str, Any] | None:
     if funcs is None:
         return None
     s, d, integer = funcs
-    mod = native.build(blas_decls(integer) + _BLOCKS_SRC, ["blocks_f32", "blocks_f64", "rows_f32", "rows_f64"],
-                       openmp=True)
+    mod = native.build(blas_decls(integer) + _BLOCKS_SRC, ["blocks_f32", "blocks_f64", "rows_f32", "rows_f64"])
     if mod is None:
         return None
     addr = {"float32": ctypes.cast(s, ctypes.c_void_p).value, "float64": ctypes.cast(d, ctypes.c_void_p).value}
@@ -206,7 +216,7 @@ def _get() -> dict[str, Any] | None:
                 st = _build()
                 _state["native"] = st
     if st is not None and st["pid"] != os.getpid():
-        return None  # a forked child: GNU OpenMP's threads did not survive the fork
+        return None  # a forked child: the native pool's threads did not survive the fork
     return st
 
 

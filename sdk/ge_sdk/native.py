@@ -203,7 +203,7 @@ def build(source: str, functions: Sequence[str], *, openmp: bool = False) -> Mod
 def _module_table(functions: Sequence[str]) -> str:
     rows = "".join(f'    {{"{f}", (PyCFunction)(void (*)(void)){f}, METH_FASTCALL, 0}},\n' for f in functions)
     return ("\nstatic PyMethodDef ge_methods[] = {\n" + rows
-            + '    {"setup", (PyCFunction)(void (*)(void))ge_setup, METH_O, 0},\n    {0, 0, 0, 0}\n};\n')
+            + '    {"setup", (PyCFunction)(void (*)(void))ge_setup, METH_FASTCALL, 0},\n    {0, 0, 0, 0}\n};\n')
 
 
 def _init_src(modname: str) -> str:
@@ -219,7 +219,7 @@ def _load(modname: str, so: str) -> ModuleType:
     assert spec is not None
     mod = importlib.util.module_from_spec(spec)
     loader.exec_module(mod)
-    mod.setup(np.ndarray)
+    mod.setup(np.ndarray, None if modname == _state.get("pool_name") else pool_capsule())
     return mod
 
 
@@ -287,6 +287,161 @@ def _load_or_build(key: str, full: str, openmp: bool) -> ModuleType | None:
 
 
 # ------------------------------------------------------------------------------------------------
+# the process's one native thread pool
+# ------------------------------------------------------------------------------------------------
+#: A job is claimed task by task by the caller and the workers (an atomic counter); the caller
+#: then waits only for the tasks workers hold, never for a worker that has not woken: on a core
+#: another process is using, a descheduled worker costs at most one task (an OpenMP region
+#: instead waits at its closing barrier for every thread of its team). Workers look for the next
+#: job for about 1 ms, yielding the core between looks, then sleep. One job runs at a time: a
+#: second caller, or a task that starts a loop of its own, runs its loop inline.
+_POOL_SRC = r"""
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#define GE_MAX_WORKERS 63
+/* how long an idle worker looks for the next job (yielding the core to anyone who wants it)
+   before it sleeps: a run's parallel kernels come tens to hundreds of microseconds apart */
+#define GE_SPIN_US 1000.0
+static struct {
+    ge_task_t fn; void *ctx; int64_t n; int64_t cap;
+    atomic_llong next, done;
+    atomic_int open, active, joined;
+    atomic_uint seq;
+} job;
+static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t sleep_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t sleep_cv = PTHREAD_COND_INITIALIZER;
+static atomic_int sleepers;
+static int nworkers;
+static _Thread_local int in_task;
+
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
+}
+
+static void *worker(void *arg) {
+    (void)arg;
+    unsigned seen = atomic_load(&job.seq);
+    in_task = 1;
+    for (;;) {
+        double t0 = now_us();
+        while (atomic_load_explicit(&job.seq, memory_order_acquire) == seen) {
+            if (now_us() - t0 > GE_SPIN_US) {
+                pthread_mutex_lock(&sleep_mu);
+                atomic_fetch_add(&sleepers, 1);
+                while (atomic_load(&job.seq) == seen) pthread_cond_wait(&sleep_cv, &sleep_mu);
+                atomic_fetch_sub(&sleepers, 1);
+                pthread_mutex_unlock(&sleep_mu);
+                break;
+            }
+            sched_yield();
+        }
+        seen = atomic_load(&job.seq);
+        atomic_fetch_add(&job.active, 1);
+        if (atomic_load(&job.open)) {
+            int slot = 1 + atomic_fetch_add(&job.joined, 1);
+            if (slot < job.cap) {
+                for (;;) {
+                    int64_t i = atomic_fetch_add(&job.next, 1);
+                    if (i >= job.n) break;
+                    job.fn(job.ctx, i, slot);
+                    atomic_fetch_add_explicit(&job.done, 1, memory_order_release);
+                }
+            }
+        }
+        atomic_fetch_sub(&job.active, 1);
+    }
+    return 0;
+}
+
+static void pool_parallel(ge_task_t fn, void *ctx, int64_t n, int64_t threads) {
+    if (in_task || threads <= 1 || n <= 1 || pthread_mutex_trylock(&call_mu) != 0) {
+        for (int64_t i = 0; i < n; i++) fn(ctx, i, 0);
+        return;
+    }
+    int want = (int)(threads - 1 < GE_MAX_WORKERS ? threads - 1 : GE_MAX_WORKERS);
+    while (nworkers < want) {
+        pthread_t t;
+        if (pthread_create(&t, 0, worker, 0) != 0) break;
+        pthread_detach(t);
+        nworkers++;
+    }
+    job.fn = fn; job.ctx = ctx; job.n = n; job.cap = threads;
+    atomic_store(&job.next, 0);
+    atomic_store(&job.done, 0);
+    atomic_store(&job.joined, 0);
+    atomic_store(&job.open, 1);
+    atomic_fetch_add_explicit(&job.seq, 1, memory_order_release);
+    if (atomic_load(&sleepers) > 0) {
+        pthread_mutex_lock(&sleep_mu);
+        pthread_cond_broadcast(&sleep_cv);
+        pthread_mutex_unlock(&sleep_mu);
+    }
+    in_task = 1;
+    for (;;) {
+        int64_t i = atomic_fetch_add(&job.next, 1);
+        if (i >= n) break;
+        fn(ctx, i, 0);
+        atomic_fetch_add_explicit(&job.done, 1, memory_order_release);
+    }
+    in_task = 0;
+    while (atomic_load_explicit(&job.done, memory_order_acquire) < n) sched_yield();  /* tasks workers hold */
+    atomic_store(&job.open, 0);
+    while (atomic_load(&job.active) > 0) sched_yield();  /* a worker between waking and its first look */
+    pthread_mutex_unlock(&call_mu);
+}
+
+static ge_parallel_t pool_entry = pool_parallel;
+
+/* a forked child has none of the workers: it starts from an empty pool */
+static void child_reset(void) {
+    nworkers = 0;
+    in_task = 0;
+    atomic_store(&job.open, 0);
+    atomic_store(&job.active, 0);
+    atomic_store(&sleepers, 0);
+    pthread_mutex_init(&call_mu, 0);
+    pthread_mutex_init(&sleep_mu, 0);
+    pthread_cond_init(&sleep_cv, 0);
+}
+
+static PyObject *capsule(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    static int registered = 0;
+    if (ge_nargs(n, 0)) return NULL;
+    if (!registered) {
+        pthread_atfork(0, 0, child_reset);
+        registered = 1;
+    }
+    return PyCapsule_New((void *)&pool_entry, "ge_native_pool", 0);
+}
+"""
+
+
+def pool_capsule() -> Any:
+    """The capsule of the process's native pool (its module is built once, like a kernel), given
+    to every native module at load; None when it cannot be built (modules then run inline)."""
+    if "pool" not in _state:
+        full = _POOL_SRC + _module_table(["capsule"])
+        _state["pool_name"] = f"ge_{key_for(full, False)}"
+        if _probe.get() is not None and not cached(full):
+            return None  # a probe compiles nothing (and the pool is no model's kernel)
+        counts = dict(_stats)
+        token = _probe.set(None)
+        try:
+            mod = build(_POOL_SRC, ["capsule"])
+        finally:
+            _probe.reset(token)
+        _stats.update(counts)  # the pool is the runtime, not a kernel: stats() counts kernels
+        _state["pool"] = mod.capsule() if mod is not None else None
+    return _state["pool"]
+
+
+# ------------------------------------------------------------------------------------------------
 # derived data kept beside the kernels (ge_core.cache: the same folder, the same checks)
 # ------------------------------------------------------------------------------------------------
 def memo_json(kind: str, parts: Sequence[str], build: Any, check: Any) -> Any:
@@ -320,13 +475,13 @@ _C_TOKEN = re.compile(r"""
     (?P<ws>\s+)
   | (?P<num>(?:0[xX][0-9a-fA-F]+(?:\.[0-9a-fA-F]*)?[pP][+-]?[0-9]+|[0-9]+\.[0-9]*(?:[eE][+-]?[0-9]+)?|[0-9]+)[fFlL]?)
   | (?P<id>[A-Za-z_][A-Za-z0-9_]*)
-  | (?P<op>\+\+|--|<<=|>>=|<<|>>|<=|>=|==|!=|&&|\|\||[-+*/%]=|[-+*/%<>=!&|^~?:;,.(){}\[\]])
+  | (?P<op>->|\+\+|--|<<=|>>=|<<|>>|<=|>=|==|!=|&&|\|\||[-+*/%]=|[-+*/%<>=!&|^~?:;,.(){}\[\]])
 """, re.VERBOSE)
 
 _PRAGMA = re.compile(r"^[ \t]*#pragma omp (?:simd|parallel for)(?: (?:reduction\(\+:[a-z][a-z0-9]*\)|schedule\((?:static|dynamic)(?:,[0-9]+)?\)|num_threads\([a-z][a-z0-9]*\)))*[ \t]*$", re.M)
 
 #: C keywords and types a generated kernel may use
-C_WORDS = frozenset({"typedef", "static", "inline", "const", "void", "int", "float", "double", "int64_t", "int32_t", "uint32_t",
+C_WORDS = frozenset({"typedef", "struct", "static", "inline", "const", "void", "int", "float", "double", "int64_t", "int32_t", "uint32_t",
                      "for", "if", "else", "return", "restrict", "sizeof", "PyObject", "Py_ssize_t", "NULL"})
 
 
@@ -366,10 +521,31 @@ PRELUDE = r"""
 
 static PyTypeObject *ge_ndarray = 0;
 
-static PyObject *ge_setup(PyObject *self, PyObject *t) {
-    if (!PyType_Check(t)) { PyErr_SetString(PyExc_TypeError, "setup takes numpy.ndarray"); return 0; }
-    Py_INCREF(t);
-    ge_ndarray = (PyTypeObject *)t;
+/* a task of a parallel loop: fn(ctx, index, slot), slot < threads (a thread's scratch index) */
+typedef void (*ge_task_t)(void *ctx, int64_t i, int slot);
+typedef void (*ge_parallel_t)(ge_task_t fn, void *ctx, int64_t n, int64_t threads);
+static ge_parallel_t ge_pool = 0;
+
+/* run fn over [0, n) on up to `threads` threads of the process's one native pool (the caller
+   takes part; tasks are claimed one at a time, so a descheduled worker costs at most the task
+   it holds); inline without the pool */
+static void ge_parallel(ge_task_t fn, void *ctx, int64_t n, int64_t threads) {
+    if (ge_pool && threads > 1 && n > 1) {
+        ge_pool(fn, ctx, n, threads);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) fn(ctx, i, 0);
+}
+
+static PyObject *ge_setup(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 2 || !PyType_Check(args[0])) { PyErr_SetString(PyExc_TypeError, "setup takes numpy.ndarray and the pool"); return 0; }
+    Py_INCREF(args[0]);
+    ge_ndarray = (PyTypeObject *)args[0];
+    if (args[1] != Py_None) {
+        ge_parallel_t *p = (ge_parallel_t *)PyCapsule_GetPointer(args[1], "ge_native_pool");
+        if (!p) return 0;
+        ge_pool = *p;
+    }
     Py_RETURN_NONE;
 }
 
@@ -572,7 +748,7 @@ static inline float erf32(float x) {
 """
 
 #: the prelude's names a generated kernel may call
-PRELUDE_NAMES = frozenset({"ge_arr", "ge_vec", "ge_mat", "ge_prod", "ge_fail", "NPY_INT64", "ge_int", "ge_nargs", "ge_span", "ge_max32", "ge_min32", "ge_max64", "ge_min64",
+PRELUDE_NAMES = frozenset({"ge_parallel", "ge_task_t", "ge_arr", "ge_vec", "ge_mat", "ge_prod", "ge_fail", "NPY_INT64", "ge_int", "ge_nargs", "ge_span", "ge_max32", "ge_min32", "ge_max64", "ge_min64",
                            "exp32", "expneg32", "log32", "log1p32", "expm1_32", "tanh32", "erf32", "sqrtf", "sqrt",
                            "fabsf", "fabs", "powf", "pow", "fmaf", "fma", "Py_RETURN_NONE", "Py_BEGIN_ALLOW_THREADS",
                            "Py_END_ALLOW_THREADS", "NPY_FLOAT", "NPY_DOUBLE", "self", "args", "n", "NAN", "INFINITY"})

@@ -16,7 +16,7 @@ So during a run BLAS executes at one thread and the kernels split their own work
   :func:`matmul` and :class:`PackedWeight` split a GEMM that way. A result therefore has the
   same bits at every width above one: the parts are the same, only who computes them changes.
   A one-thread run makes NumPy's single call (fastest there; it may differ in the last bit).
-- :mod:`ge_sdk.gemm` runs split GEMMs on native (OpenMP) threads without the GIL (BLAS at one thread
+- :mod:`ge_sdk.gemm` runs split GEMMs on the native pool (:mod:`ge_sdk.native`) without the GIL (BLAS at one thread
   per block); this module's Python pool serves everything else and is the fallback.
 - :func:`use_threads` sets the width for the current run (a context variable, so the worker
   threads of the stream executors and nested runs see their run's width); the cpu backend sets

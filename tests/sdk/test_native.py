@@ -3,6 +3,7 @@ user's own and intact, and giving the same results warm and cold."""
 
 import json
 import os
+import pathlib
 import stat
 import subprocess
 import sys
@@ -89,8 +90,9 @@ def test_a_second_process_loads_the_kernel_without_compiling(cache):
 @pytest.mark.parametrize("damage", ["truncated", "garbled", "sum-garbled", "sum-missing"])
 def test_a_corrupt_entry_is_rebuilt_not_loaded(cache, damage):
     root, run = cache
-    want = run()["out"]
-    so = next(p for p in entry_files(root) if p.suffix == ".so")
+    first = run()
+    want = first["out"]
+    so = pathlib.Path(first["file"])  # this test's kernel (the cache also holds the native pool)
     total = so.with_suffix(".sum")
     if damage == "truncated":
         so.write_bytes(so.read_bytes()[:100])
@@ -110,8 +112,7 @@ def test_a_corrupt_entry_is_rebuilt_not_loaded(cache, damage):
 
 def test_a_world_writable_entry_is_rebuilt(cache):
     root, run = cache
-    run()
-    so = next(p for p in entry_files(root) if p.suffix == ".so")
+    so = pathlib.Path(run()["file"])
     os.chmod(so, 0o666)
     again = run()
     assert again["stats"]["rebuilt"] == 1 and again["stats"]["cached"] == 0
@@ -120,8 +121,7 @@ def test_a_world_writable_entry_is_rebuilt(cache):
 
 def test_a_foreign_owned_entry_is_not_trusted(cache, monkeypatch, tmp_path):
     root, run = cache
-    run()
-    so = next(p for p in entry_files(root) if p.suffix == ".so")
+    so = pathlib.Path(run()["file"])
     if os.geteuid() == 0:
         os.chown(so, 4242, 4242)  # another user's file in the cache folder
         again = run()
@@ -199,3 +199,31 @@ def test_a_source_the_compiler_refuses_warns_once_and_returns_none():
     bad = "static PyObject *oops(PyObject *self, PyObject *const *args, Py_ssize_t n) { return undefined_thing; }\n"
     with pytest.warns(RuntimeWarning, match="did not compile"):
         assert native.build(bad, ["oops"]) is None
+
+
+def test_the_native_pool_survives_a_fork():
+    # a forked child (multiprocessing's default on Linux) has none of the pool's workers: its
+    # parallel loops run on the caller alone, with the same results, and never wait for them
+    import multiprocessing as mp
+
+    from ge_fusion import codegen
+    from ge_sdk import parallel
+
+    prog = codegen.dumps([("Mul", ["a0", "a1"], {}), ("Add", ["t0", "a1"], {})])
+    fn = codegen.compile_program(prog, ["float32"] * 2, [(512, 1024), (1024,)], "float32", (512, 1024), mode="loop")
+    x = np.random.default_rng(0).standard_normal((512, 1024)).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal(1024).astype(np.float32)
+    with parallel.use_threads(2):
+        want = fn(x, b)  # the parent's pool has started its worker
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe()
+
+    def work(conn):
+        with parallel.use_threads(2):
+            conn.send(bool(np.array_equal(fn(x, b), want)))
+
+    p = ctx.Process(target=work, args=(child,))
+    p.start()
+    assert parent.poll(60), "the forked child hung in the native pool"
+    assert parent.recv() is True
+    p.join(10)
