@@ -120,6 +120,9 @@ def _inline(graph: Graph, node: Node, body: Graph) -> bool:
     body_nodes = body.node_list()
     if body.inputs or len(body.outputs) != len(node.outputs) or any(n.subgraphs() for n in body_nodes):
         return False
+    inside = set(body_nodes)
+    if any(u not in inside for n in body_nodes for o in n.outputs for u in o.users):
+        return False  # a value of the branch is read elsewhere (another scope): leave the If as it is
     mapping: dict[Value, Value] = {}
     for c in body.constants.values():
         if c.const_value is not None:

@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 
 import ge_core as ge
-from tests.conftest import LIGHT_MODELS, light_model_path
+from tests.conftest import LIGHT_MODELS, assert_light_outputs_match, light_model_path
 
 RTOL, ATOL = 1e-3, 1e-4
 
@@ -52,10 +52,9 @@ def test_cli_compile_run_matches_onnxruntime(name, tmp_path):
     rep = json.loads(report.read_text())
     assert rep["nodes_before"] == len(onnx.load(path).graph.node)
     assert rep["kernels"] > 0 and rep["memory"]["arena_bytes"] >= rep["memory"]["lower_bound_bytes"]
-    for k, v in want.items():
-        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in k)
-        got = np.load(tmp_path / "out" / f"{safe}.npy")
-        np.testing.assert_allclose(got, v, rtol=RTOL, atol=ATOL, err_msg=f"{name}:{k}")
+    got = {k: np.load(tmp_path / "out" / ("".join(c if c.isalnum() or c in "._-" else "_" for c in k) + ".npy"))
+           for k in want}
+    assert_light_outputs_match(name, path, feeds, got, list(want.values()), RTOL, ATOL)
 
 
 @pytest.mark.parametrize("name", LIGHT_MODELS)
@@ -65,11 +64,11 @@ def test_python_api_and_backend_match_onnxruntime(name):
     model = ge.compile(ge.load(path))
     got = model.run(feeds)
     assert list(got) == list(want)
-    for k in want:
-        np.testing.assert_allclose(got[k], want[k], rtol=RTOL, atol=ATOL)
+    # squeezenet's constant weights make logits of ~1e10 equal to 1e-7: its softmax is compared
+    # at the logits (tests/conftest.py ill_conditioned), the others at their outputs
+    assert_light_outputs_match(name, path, feeds, got, list(want.values()), RTOL, ATOL)
     import ge_onnx.backend as backend
 
     rep = backend.prepare(onnx.load(path), device="CPU")
     outs = rep.run([feeds[k] for k in model.input_names])
-    for got_b, k in zip(outs, want):
-        np.testing.assert_allclose(got_b, want[k], rtol=RTOL, atol=ATOL)
+    assert_light_outputs_match(name, path, feeds, dict(zip(want, outs)), list(want.values()), RTOL, ATOL)
