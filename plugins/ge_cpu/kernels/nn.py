@@ -263,9 +263,9 @@ def conv_factory(spec: KernelSpec):
                 y = parallel.matmul(wk[0], xs, out=out[0].reshape(n, m, p))
             else:
                 y = np.matmul(wk, xs) if group > 1 else parallel.matmul(wk[0], xs)
-        elif cg == 1 and group == c:
+        elif cg == 1 and group == c and group > 1:
             y = _depthwise(x, w, pb, pe, out_sp, k)
-        else:
+        else:  # (one input channel and one group, wav2vec2's first conv: a K=taps GEMM, not 128 passes)
             xp = _pad_spatial(x, pb, pe)
             eff = [(k[i] - 1) * dilations[i] + 1 for i in range(nd)]
             v = sliding_window_view(xp, eff, axis=tuple(range(2, 2 + nd)))
