@@ -188,6 +188,37 @@ static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {    
 
 ROWS(rows_f32, float, gemm_f32_t, NPY_FLOAT)
 ROWS(rows_f64, double, gemm_f64_t, NPY_DOUBLE)
+
+/* one task per batch entry: C[i] = A[i] @ B[i]; the arguments are (gemm address, A, B, C,
+   threads) with A (batch, m, k), B (batch, k, n) and C (batch, m, n) C-contiguous 3-D arrays,
+   checked here */
+#define BATCH(NAME, T, GEMM_T, NPY)                                                                   \
+typedef struct { GEMM_T f; int64_t m, k, n; const T *a, *b; T *c; } NAME##_ctx;                       \
+static void NAME##_task(void *vc, int64_t i, int slot) {                                              \
+    NAME##_ctx *q = (NAME##_ctx *)vc;                                                                 \
+    (void)slot;                                                                                       \
+    q->f(101, 111, 111, q->m, q->n, q->k, 1, q->a + i * q->m * q->k, q->k, q->b + i * q->k * q->n, q->n, \
+         0, q->c + i * q->m * q->n, q->n);                                                            \
+}                                                                                                     \
+static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {                          \
+    int64_t fn, width, da[3], db[3], dc[3];                                                           \
+    if (ge_nargs(n, 5)) return NULL;                                                                  \
+    if (ge_int(args, 0, 1, INT64_MAX, &fn) || ge_int(args, 4, 1, 4096, &width)) return NULL;          \
+    const T *a = (const T *)ge_nd(args, 1, NPY, 0, 3, da);                                            \
+    const T *b = a ? (const T *)ge_nd(args, 2, NPY, 0, 3, db) : NULL;                                 \
+    T *c = b ? (T *)ge_nd(args, 3, NPY, 1, 3, dc) : NULL;                                             \
+    if (!c) return NULL;                                                                              \
+    if (db[0] != da[0] || dc[0] != da[0] || db[1] != da[2] || dc[1] != da[1] || dc[2] != db[2])      \
+        return ge_fail();                                                                             \
+    NAME##_ctx q = {(GEMM_T)(intptr_t)fn, da[1], da[2], db[2], a, b, c};                              \
+    Py_BEGIN_ALLOW_THREADS                                                                            \
+    ge_parallel(NAME##_task, &q, da[0], width);                                                       \
+    Py_END_ALLOW_THREADS                                                                              \
+    Py_RETURN_NONE;                                                                                   \
+}
+
+BATCH(batch_f32, float, gemm_f32_t, NPY_FLOAT)
+BATCH(batch_f64, double, gemm_f64_t, NPY_DOUBLE)
 """
 
 
@@ -198,12 +229,14 @@ def _build() -> dict[str, Any] | None:
     if funcs is None:
         return None
     s, d, integer = funcs
-    mod = native.build(blas_decls(integer) + _BLOCKS_SRC, ["blocks_f32", "blocks_f64", "rows_f32", "rows_f64"])
+    mod = native.build(blas_decls(integer) + _BLOCKS_SRC, ["blocks_f32", "blocks_f64", "rows_f32", "rows_f64",
+                                                            "batch_f32", "batch_f64"])
     if mod is None:
         return None
     addr = {"float32": ctypes.cast(s, ctypes.c_void_p).value, "float64": ctypes.cast(d, ctypes.c_void_p).value}
     return {"blocks": {"float32": mod.blocks_f32, "float64": mod.blocks_f64},
-            "rows": {"float32": mod.rows_f32, "float64": mod.rows_f64}, "cblas": (s, d), "addr": addr,
+            "rows": {"float32": mod.rows_f32, "float64": mod.rows_f64},
+            "batch": {"float32": mod.batch_f32, "float64": mod.batch_f64}, "cblas": (s, d), "addr": addr,
             "integer": integer, "pid": os.getpid()}
 
 
@@ -349,4 +382,19 @@ def run_rows(a2: np.ndarray, b2: np.ndarray, out2: np.ndarray, cuts: list[tuple[
     kern(st["addr"][dt.name], m, k, n, a2.ctypes.data, a2.strides[0] // item, b2.ctypes.data, b2.strides[0] // item,
          out2.ctypes.data, out2.strides[0] // item, bias if bias is not None else np.zeros(1, dt),
          int(bias is not None), starts, counts, set_width(width))
+    return True
+
+
+def run_batched(a3: np.ndarray, b3: np.ndarray, o3: np.ndarray, width: int) -> bool:
+    """``o3[i] = a3[i] @ b3[i]`` for every batch entry, one task each, on ``width`` threads
+    (C-contiguous 3-D arrays of one dtype; the kernel checks them). False when this path cannot
+    run them."""
+    st = _get()
+    kern = None if st is None else st["batch"].get(a3.dtype.name)
+    if st is None or kern is None:
+        return False
+    try:
+        kern(st["addr"][a3.dtype.name], a3, b3, o3, set_width(width))
+    except (TypeError, ValueError):
+        return False
     return True

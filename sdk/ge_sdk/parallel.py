@@ -264,6 +264,11 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
     if res.shape != shape or not res.flags.c_contiguous:
         return np.matmul(a, b, out=out)
     a3, b3, o3 = a.reshape(batch, m, k), b.reshape(batch, k, n), res.reshape(batch, m, n)
+    if not _in_forked_or_pool() and a3.dtype.kind == "f":
+        from . import gemm
+
+        if gemm.available() and gemm.run_batched(a3, b3, o3, _width.get()):
+            return res
     parallel_for(batch, lambda i: np.matmul(a3[i], b3[i], out=o3[i]))
     return res
 

@@ -281,7 +281,9 @@ def conv_factory(spec: KernelSpec):
             step = max(1, _COLS_BLOCK // max(1, n * c * math.prod(k) * row_p))
             if step >= rows:
                 cols = v.transpose(perm).reshape(n, group, kdim, p)
-                if group > 1:
+                if group > 1 and n == 1:
+                    y = parallel.matmul(wk, cols[0])[None]  # a task per group on the run's threads
+                elif group > 1:
                     y = np.matmul(wk, cols)
                 elif out is not None:
                     y = parallel.matmul(wk[0], cols[:, 0], out=out[0].reshape(n, m, p))
