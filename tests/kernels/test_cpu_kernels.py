@@ -887,3 +887,25 @@ def test_conv_blocked_im2col(monkeypatch, xs, ws, attrs):
 
     monkeypatch.setattr(nn, "_COLS_BLOCK", 64)
     check("Conv", [rand(*xs), rand(*ws), rand(ws[0])], attrs, const=(1, 2))
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 50, 50), (1, 128, 3199), (1, 3, 7)])
+def test_instance_norm_native_rows_match_onnxruntime_at_every_width(shape):
+    import onnxruntime as ort
+
+    import ge_core as ge
+
+    rng = np.random.default_rng(5)
+    c = shape[1]
+    g = helper.make_graph(
+        [helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"], epsilon=1e-5)], "inorm",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, shape)],
+        [numpy_helper.from_array(rng.standard_normal(c).astype(np.float32), "s"),
+         numpy_helper.from_array(rng.standard_normal(c).astype(np.float32), "b")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    outs = [ge.compile(ge.load(model), {"threads": t}).run({"x": x})["y"] for t in (1, 2)]
+    np.testing.assert_allclose(outs[0], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(outs[1], outs[0])  # rows are tasks: the bits do not depend on the width
