@@ -1,7 +1,7 @@
 """ATC's ``--precision_mode``, ``--keep_dtype`` and ``--modify_mixlist`` on this engine.
 
 GE chooses, per op, the precision the NPU computes in. On this engine's cpu backend the fast
-kernels are float32 ones (BLAS sgemm for Conv/MatMul/Gemm, numba/NumPy float32 loops); NumPy's
+kernels are float32 ones (BLAS sgemm for Conv/MatMul/Gemm, native/NumPy float32 loops); NumPy's
 float16 arithmetic is emulated per element and many times slower, and its float16 matmul has no
 BLAS. So a reduced precision is *storage* here: the weights an op reads are stored in float16 (or
 bfloat16) in the .om — the weights partition halves — and a Cast back to float32 runs in front of
