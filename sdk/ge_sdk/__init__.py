@@ -10,29 +10,55 @@
 * :mod:`ge_sdk.testing` and the pytest plugin — graph builders and semantic checks for tests.
 """
 
-from ge_core.passes import Pass, PassContext, graph_pass
+from typing import TYPE_CHECKING, Any
 
-from .bases import MemoryPlanner, OpMapper, StreamAllocator
-from .kit import Plugin, broadcast_inputs, same_as_input, simple_kernel
-from .rewrite import (
-    Alt,
-    AnyOf,
-    Const,
-    Match,
-    Op,
-    OpRule,
-    Optional,
-    Repeat,
-    RewritePass,
-    Rewriter,
-    Rule,
-    RulePass,
-    RuleSet,
-    Var,
-    apply_rules,
-    explain,
-)
-from .testing import GraphBuilder, assert_pass_preserves_semantics, run_pass, temporary_plugin
+#: public name -> the module it comes from; imported on first use (PEP 562), so that importing
+#: a submodule (``ge_sdk.native``, the pytest plugin) does not import the whole kit
+_EXPORTS = {
+    "Pass": "ge_core.passes", "PassContext": "ge_core.passes", "graph_pass": "ge_core.passes",
+    "MemoryPlanner": "ge_sdk.bases", "OpMapper": "ge_sdk.bases", "StreamAllocator": "ge_sdk.bases",
+    "Plugin": "ge_sdk.kit", "broadcast_inputs": "ge_sdk.kit", "same_as_input": "ge_sdk.kit", "simple_kernel": "ge_sdk.kit",
+    **{n: "ge_sdk.rewrite" for n in ("Alt", "AnyOf", "Const", "Match", "Op", "OpRule", "Optional", "Repeat", "RewritePass",
+                                     "Rewriter", "Rule", "RulePass", "RuleSet", "Var", "apply_rules", "explain")},
+    **{n: "ge_sdk.testing" for n in ("GraphBuilder", "assert_pass_preserves_semantics", "run_pass", "temporary_plugin")},
+}
+
+
+def __getattr__(name: str) -> Any:
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'ge_sdk' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from ge_core.passes import Pass, PassContext, graph_pass
+
+    from .bases import MemoryPlanner, OpMapper, StreamAllocator
+    from .kit import Plugin, broadcast_inputs, same_as_input, simple_kernel
+    from .rewrite import (
+        Alt,
+        AnyOf,
+        Const,
+        Match,
+        Op,
+        OpRule,
+        Optional,
+        Repeat,
+        RewritePass,
+        Rewriter,
+        Rule,
+        RulePass,
+        RuleSet,
+        Var,
+        apply_rules,
+        explain,
+    )
+    from .testing import GraphBuilder, assert_pass_preserves_semantics, run_pass, temporary_plugin
 
 __all__ = [
     "Plugin", "Pass", "PassContext", "graph_pass", "same_as_input", "broadcast_inputs", "simple_kernel",
