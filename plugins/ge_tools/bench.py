@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +14,7 @@ import numpy as np
 
 from ge_core.errors import OptionError
 
-from .common import add_model_flags, is_om, make_feeds, open_model, ort_session, source_onnx, to_json
+from .common import add_model_flags, emit, is_om, make_feeds, open_model, ort_session, source_onnx
 
 #: Timed blocks per engine when --against interleaves them.
 BLOCKS = 5
@@ -229,10 +228,5 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = bench(args)
-    if args.json:
-        print(to_json(result))
-    else:
-        print(format_table(result))
-    sys.stdout.flush()
+    emit(bench(args), args, format_table)
     return 0

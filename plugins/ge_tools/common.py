@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -308,3 +309,9 @@ def to_json(data: Any) -> str:
         return x
 
     return json.dumps(clean(data), indent=1, allow_nan=False, default=str)
+
+
+def emit(result: Any, args: argparse.Namespace, text: Callable[[Any], str]) -> None:
+    """Print ``result`` as JSON (``--json``) or as ``text(result)``, flushed (a pipe sees it at once)."""
+    print(to_json(result) if args.json else text(result))
+    sys.stdout.flush()

@@ -19,7 +19,6 @@ a repro to attach to a bug report.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 import numpy as np
@@ -33,6 +32,7 @@ from .common import (
     check_tolerances,
     compile_options,
     diff,
+    emit,
     export_graph,
     is_om,
     make_feeds,
@@ -40,7 +40,6 @@ from .common import (
     open_model,
     run_reference,
     source_onnx,
-    to_json,
     with_outputs,
 )
 
@@ -289,9 +288,5 @@ def format_text(r: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     r = compare(args)
-    if args.json:
-        print(to_json(r))
-    else:
-        print(format_text(r))
-    sys.stdout.flush()
+    emit(r, args, format_text)
     return 0 if r["ok"] else 1
