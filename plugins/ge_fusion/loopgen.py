@@ -480,15 +480,14 @@ static inline void sm_row(const T *r, T *o, int64_t d) {
 }
 
 /* rows, cols and the arrays of one call: x (rows x cols), the vectors, out (x itself in place) */
-static int rows_args(PyObject *const *args, Py_ssize_t n, int nvec, int inplace, int64_t *rows, int64_t *cols,
+static int rows_args(PyObject *const *args, Py_ssize_t n, int nvec, int64_t *rows, int64_t *cols,
                      int64_t *threads, const T **x, T **out, const T **vec, T *eps) {
     int base = 1 + nvec + (eps ? 1 : 0);
-    if (ge_nargs(n, base + (inplace ? 0 : 1) + 3)) return -1;
-    int at = base + (inplace ? 0 : 1);
-    if (ge_int(args, at, 0, 1LL << 40, rows) || ge_int(args, at + 1, 1, 1LL << 40, cols)
-        || ge_int(args, at + 2, 1, 4096, threads)) return -1;
-    *out = (T *)ge_arr(args, inplace ? 0 : base, NPY_T, 1, *rows * *cols);
-    *x = inplace ? *out : (const T *)ge_arr(args, 0, NPY_T, 0, *rows * *cols);
+    if (ge_nargs(n, base + 4)) return -1;
+    if (ge_int(args, base + 1, 0, 1LL << 40, rows) || ge_int(args, base + 2, 1, 1LL << 40, cols)
+        || ge_int(args, base + 3, 1, 4096, threads)) return -1;
+    *out = (T *)ge_arr(args, base, NPY_T, 1, *rows * *cols);
+    *x = (const T *)ge_arr(args, 0, NPY_T, 0, *rows * *cols);
     if (!*out || !*x) return -1;
     for (int i = 0; i < nvec; i++) {
         vec[i] = (const T *)ge_arr(args, 1 + i, NPY_T, 0, *cols);
@@ -504,10 +503,9 @@ static int rows_args(PyObject *const *args, Py_ssize_t n, int nvec, int inplace,
 
 typedef struct { const T *x; T *out; const T *v[2]; T eps, inv; int64_t rows, cols, per; } R;
 
-/* one entry: each row's `CALL` with r the input row and o the output row (the same pointer in
-   place, so the compiler sees they alias exactly and vectorises); rows in blocks of at least
-   16K elements claimed one at a time by `threads` threads of the native pool */
-#define ENTRY(NAME, NVEC, HAS_EPS, INPLACE, CALL)                                                      \
+/* the rows of one task: each row's `CALL` with r the input row and o the output row (the same
+   pointer in place, so the compiler sees they alias exactly and vectorises) */
+#define TASK(NAME, INPLACE, CALL)                                                                      \
 static void task_##NAME(void *vc, int64_t b, int slot) {                                              \
     R *q = (R *)vc;                                                                                   \
     const T *x = q->x; T *out = q->out; const T *const *v = q->v; T eps = q->eps, inv = q->inv;       \
@@ -519,27 +517,35 @@ static void task_##NAME(void *vc, int64_t b, int slot) {                        
         (void)r;                                                                                      \
         CALL;                                                                                         \
     }                                                                                                 \
-}                                                                                                     \
+}
+
+/* one entry (x, vectors, eps, out, rows, cols, threads): the in-place task when out is x; rows in
+   blocks of at least 16K elements claimed one at a time by `threads` threads of the native pool */
+#define ENTRY(NAME, NVEC, HAS_EPS)                                                                     \
 static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {                          \
     int64_t rows, cols, threads; R q = {0};                                                           \
-    if (rows_args(args, n, NVEC, INPLACE, &rows, &cols, &threads, &q.x, &q.out, q.v, HAS_EPS ? &q.eps : NULL)) \
+    if (rows_args(args, n, NVEC, &rows, &cols, &threads, &q.x, &q.out, q.v, HAS_EPS ? &q.eps : NULL)) \
         return NULL;                                                                                  \
     q.inv = ONE / (T)cols; q.rows = rows; q.cols = cols;                                              \
     q.per = cols >= 16384 ? 1 : 16384 / cols;                                                         \
     int64_t blocks = (rows + q.per - 1) / q.per;                                                      \
     if (rows * cols < 65536) threads = 1;  /* too small to share */                                   \
+    ge_task_t task = (const void *)q.x == (const void *)q.out ? task_##NAME##_ip : task_##NAME;       \
     Py_BEGIN_ALLOW_THREADS                                                                            \
-    ge_parallel(task_##NAME, &q, blocks, threads);                                                    \
+    ge_parallel(task, &q, blocks, threads);                                                           \
     Py_END_ALLOW_THREADS                                                                              \
     Py_RETURN_NONE;                                                                                   \
 }
 
-ENTRY(layernorm, 2, 1, 0, ln_row(r, o, v[0], v[1], eps, inv, cols))
-ENTRY(layernorm_ip, 2, 1, 1, ln_row(o, o, v[0], v[1], eps, inv, cols))
-ENTRY(rmsnorm, 1, 1, 0, rms_row(r, o, v[0], eps, inv, cols))
-ENTRY(rmsnorm_ip, 1, 1, 1, rms_row(o, o, v[0], eps, inv, cols))
-ENTRY(softmax, 0, 0, 0, sm_row(r, o, cols))
-ENTRY(softmax_ip, 0, 0, 1, sm_row(o, o, cols))
+TASK(layernorm, 0, ln_row(r, o, v[0], v[1], eps, inv, cols))
+TASK(layernorm_ip, 1, ln_row(o, o, v[0], v[1], eps, inv, cols))
+TASK(rmsnorm, 0, rms_row(r, o, v[0], eps, inv, cols))
+TASK(rmsnorm_ip, 1, rms_row(o, o, v[0], eps, inv, cols))
+TASK(softmax, 0, sm_row(r, o, cols))
+TASK(softmax_ip, 1, sm_row(o, o, cols))
+ENTRY(layernorm, 2, 1)
+ENTRY(rmsnorm, 1, 1)
+ENTRY(softmax, 0, 0)
 """
 
 #: per dtype: the typedefs the row source is built with
@@ -568,18 +574,14 @@ def row_kernel(kind: str, dtype: Any) -> Any:
             return _rows[key]
     t0 = time.perf_counter()
     # fixed text of this module (no token from a model): built as it is
-    mod = native.build(_ROW_TYPES[dt.name] + _ROW_SRC, [k + s for k in ROW_KINDS for s in ("", "_ip")])
+    mod = native.build(_ROW_TYPES[dt.name] + _ROW_SRC, list(ROW_KINDS))
     if mod is None:
         return None
-    apart, inplace = getattr(mod, kind), getattr(mod, kind + "_ip")
+    entry = getattr(mod, kind)
 
     def fn(x, *args):
-        *params, out = args
-        rows, cols = x.shape
-        if out is x or out.ctypes.data == x.ctypes.data:
-            inplace(out, *params, rows, cols, parallel.threads())
-        else:
-            apart(x, *params, out, rows, cols, parallel.threads())
+        # out may be x: the entry sees the same pointer and runs the in-place rows
+        entry(x, *args, x.shape[0], x.shape[1], parallel.threads())
 
     with _lock:
         _stats["compiled"] += 1

@@ -120,17 +120,16 @@ def _compiler_id(cc: str) -> str:
     return f"{cc}|{st.st_size}|{st.st_mtime_ns}"
 
 
-def _flags(openmp: bool) -> list[str]:
+def _flags() -> list[str]:
+    # OpenMP only for its simd pragmas: threads come from the native pool (below)
     flags = ["-O3", "-march=native", "-fPIC", "-shared", "-std=c11", "-fno-math-errno", "-ffp-contract=off",
              "-fopenmp-simd", "-fvisibility=hidden"]
-    if openmp:
-        flags.append("-fopenmp")
     if sys.platform == "darwin":
         flags += ["-undefined", "dynamic_lookup"]
     return flags
 
 
-def key_for(source: str, openmp: bool = False) -> str | None:
+def key_for(source: str) -> str | None:
     """The cache key of ``source`` on this machine (None when native kernels are unavailable)."""
     if not available():
         return None
@@ -138,14 +137,14 @@ def key_for(source: str, openmp: bool = False) -> str | None:
     assert cc is not None
     import numpy as np
 
-    parts = [str(ABI), source, _compiler_id(cc), " ".join(_flags(openmp)), sys.implementation.cache_tag or "",
+    parts = [str(ABI), source, _compiler_id(cc), " ".join(_flags()), sys.implementation.cache_tag or "",
              sys.version, np.__version__, _cpu_flags()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
-def cached(source: str, openmp: bool = False) -> bool:
+def cached(source: str) -> bool:
     """Whether ``source``'s module is in the cache and passes the checks (nothing is built)."""
-    key = key_for(source, openmp)
+    key = key_for(source)
     if key is None:
         return False
     d = cache_dir()
@@ -172,7 +171,7 @@ def probe() -> Iterator[list[tuple[str, bool]]]:
         _probe.reset(token)
 
 
-def build(source: str, functions: Sequence[str], *, openmp: bool = False) -> ModuleType | None:
+def build(source: str, functions: Sequence[str], *, count: bool = True) -> ModuleType | None:
     """The extension module of C ``source`` (after :data:`PRELUDE`) exporting ``functions``
     (each ``static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n)``),
     loaded from the cache or compiled into it; None when native kernels are unavailable or the
@@ -181,7 +180,7 @@ def build(source: str, functions: Sequence[str], *, openmp: bool = False) -> Mod
         if not re.fullmatch(r"[a-z][a-z0-9_]*", f):
             raise NativeSourceError(f"{f!r} is not a kernel function name")
     full = source + _module_table(functions)
-    key = key_for(full, openmp)
+    key = key_for(full)
     if key is None:
         return None
     probing = _probe.get()
@@ -191,11 +190,11 @@ def build(source: str, functions: Sequence[str], *, openmp: bool = False) -> Mod
                 probing.append((key, _modules[key] is not None))
             return _modules[key]
         if probing is not None:
-            ok = cached(full, openmp)
+            ok = cached(full)
             probing.append((key, ok))
             if not ok:
                 return None
-        mod = _load_or_build(key, full, openmp)
+        mod = _load_or_build(key, full, _stats if count else dict(_stats))
         _modules[key] = mod
         return mod
 
@@ -223,7 +222,7 @@ def _load(modname: str, so: str) -> ModuleType:
     return mod
 
 
-def _load_or_build(key: str, full: str, openmp: bool) -> ModuleType | None:
+def _load_or_build(key: str, full: str, stats: dict[str, Any]) -> ModuleType | None:
     d = cache_dir()
     modname = f"ge_{key}"
     so, total = os.path.join(d, modname + ".so"), os.path.join(d, modname + ".sum")
@@ -232,12 +231,12 @@ def _load_or_build(key: str, full: str, openmp: bool) -> ModuleType | None:
         if entry_ok(so, total):
             try:
                 mod = _load(modname, so)
-                _stats["cached"] += 1
-                _stats["load_s"] += time.perf_counter() - t0
+                stats["cached"] += 1
+                stats["load_s"] += time.perf_counter() - t0
                 return mod
             except ImportError:
                 pass
-        _stats["rebuilt"] += 1
+        stats["rebuilt"] += 1
         for p in (so, total):
             try:
                 os.unlink(p)
@@ -253,13 +252,13 @@ def _load_or_build(key: str, full: str, openmp: bool) -> ModuleType | None:
     try:
         with open(csrc, "w", encoding="ascii") as f:
             f.write(src)
-        cmd = [cc, *_flags(openmp), *(f"-I{p}" for p in inc), csrc, "-o", tmp, "-lm"]
+        cmd = [cc, *_flags(), *(f"-I{p}" for p in inc), csrc, "-o", tmp, "-lm"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
         if r.returncode != 0 and "-march=native" in cmd:  # a compiler without -march=native
             cmd.remove("-march=native")
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
         if r.returncode != 0:
-            _stats["failed"] += 1
+            stats["failed"] += 1
             _warn_once(f"ge: a native kernel did not compile ({cc}); its NumPy form runs instead:\n"
                        + "\n".join(r.stderr.splitlines()[:12]))
             return None
@@ -274,15 +273,15 @@ def _load_or_build(key: str, full: str, openmp: bool) -> ModuleType | None:
         os.replace(tsum, total)
         mod = _load(modname, so)
     except (OSError, subprocess.SubprocessError, ImportError) as e:
-        _stats["failed"] += 1
+        stats["failed"] += 1
         _warn_once(f"ge: a native kernel could not be built ({type(e).__name__}: {e}); its NumPy form runs instead")
         return None
     finally:
         for p in (tmp, csrc):
             if os.path.exists(p):
                 os.unlink(p)
-    _stats["compiled"] += 1
-    _stats["compile_s"] += time.perf_counter() - t0
+    stats["compiled"] += 1
+    stats["compile_s"] += time.perf_counter() - t0
     return mod
 
 
@@ -427,16 +426,14 @@ def pool_capsule() -> Any:
     to every native module at load; None when it cannot be built (modules then run inline)."""
     if "pool" not in _state:
         full = _POOL_SRC + _module_table(["capsule"])
-        _state["pool_name"] = f"ge_{key_for(full, False)}"
+        _state["pool_name"] = f"ge_{key_for(full)}"
         if _probe.get() is not None and not cached(full):
             return None  # a probe compiles nothing (and the pool is no model's kernel)
-        counts = dict(_stats)
         token = _probe.set(None)
         try:
-            mod = build(_POOL_SRC, ["capsule"])
+            mod = build(_POOL_SRC, ["capsule"], count=False)  # the runtime, not a kernel: stats() counts kernels
         finally:
             _probe.reset(token)
-        _stats.update(counts)  # the pool is the runtime, not a kernel: stats() counts kernels
         _state["pool"] = mod.capsule() if mod is not None else None
     return _state["pool"]
 
@@ -478,7 +475,7 @@ _C_TOKEN = re.compile(r"""
   | (?P<op>->|\+\+|--|<<=|>>=|<<|>>|<=|>=|==|!=|&&|\|\||[-+*/%]=|[-+*/%<>=!&|^~?:;,.(){}\[\]])
 """, re.VERBOSE)
 
-_PRAGMA = re.compile(r"^[ \t]*#pragma omp (?:simd|parallel for)(?: (?:reduction\(\+:[a-z][a-z0-9]*\)|schedule\((?:static|dynamic)(?:,[0-9]+)?\)|num_threads\([a-z][a-z0-9]*\)))*[ \t]*$", re.M)
+_PRAGMA = re.compile(r"^[ \t]*#pragma omp simd(?: reduction\((?:\+|max):[a-z][a-z0-9]*\))?[ \t]*$", re.M)
 
 #: C keywords and types a generated kernel may use
 C_WORDS = frozenset({"typedef", "struct", "static", "inline", "const", "void", "int", "float", "double", "int64_t", "int32_t", "uint32_t",
@@ -492,7 +489,7 @@ def check_c(src: str, names: Iterable[str], patterns: Sequence[str] = ()) -> str
     allowed = set(names) | C_WORDS
     pats = [re.compile(p + r"\Z") for p in patterns]
     src_checked = src
-    # the one preprocessor form a kernel may hold: an OpenMP simd/parallel pragma with fixed words
+    # the one preprocessor form a kernel may hold: an OpenMP simd pragma (a reduction at most)
     src = _PRAGMA.sub(" ", src)
     pos = 0
     while pos < len(src):

@@ -21,6 +21,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ge_core.kernel import KernelSpec
 from ge_sdk import native, parallel
+from ge_sdk.jit import enabled as jit_enabled
 
 from . import _window
 from ._util import as_str, cast_like, const_input, has_input, in_dtype, ints, kernel_table, norm_axis, unsupported
@@ -887,7 +888,7 @@ _instnorm: dict[str, Any] = {}
 
 def _instnorm_kernel(dt: np.dtype):
     """The native instance-norm rows for float32/float64, or None (no native kernels)."""
-    if dt.name not in ("float32", "float64") or not _window.available():
+    if dt.name not in ("float32", "float64") or not jit_enabled("GE_CPU_JIT") or not native.available():
         return None
     if "mod" not in _instnorm:
         _instnorm["mod"] = native.build(_INSTNORM_SRC, ["instnorm_f32", "instnorm_f64"])
