@@ -146,40 +146,40 @@ BLOCKS(blocks_f32, float, gemm_f32_t, NPY_FLOAT)
 BLOCKS(blocks_f64, double, gemm_f64_t, NPY_DOUBLE)
 
 /* one task per row range: C[r:r+c, :] = A[r:r+c, :] @ B (+ bias); the arguments are (gemm
-   address, m, k, n, A address, lda, B address, ldb, C address, ldc, bias, has_bias, starts,
-   counts, threads); the caller checked every array the addresses come from */
+   address, A, B, C, bias, has_bias, starts, counts, threads) with A (m, k), B (k, n) and C (m, n)
+   C-contiguous 2-D arrays, checked here */
 #define ROWS(NAME, T, GEMM_T, NPY)                                                                    \
 typedef struct {                                                                                      \
-    GEMM_T f; int64_t k, nn, lda, ldb, ldc, has_bias; const T *a, *b; T *out; const T *bias;          \
+    GEMM_T f; int64_t k, nn, has_bias; const T *a, *b; T *out; const T *bias;                         \
     const int64_t *starts, *counts;                                                                   \
 } NAME##_ctx;                                                                                         \
 static void NAME##_task(void *vc, int64_t i, int slot) {                                              \
     NAME##_ctx *q = (NAME##_ctx *)vc;                                                                 \
     int64_t r = q->starts[i], c = q->counts[i];                                                       \
-    T *o = q->out + r * q->ldc;                                                                       \
+    T *o = q->out + r * q->nn;                                                                        \
     (void)slot;                                                                                       \
-    q->f(101, 111, 111, c, q->nn, q->k, 1, q->a + r * q->lda, q->lda, q->b, q->ldb, 0, o, q->ldc);     \
-    if (q->has_bias) ADD_BIAS(T, o, q->ldc, c, q->nn, q->bias);                                       \
+    q->f(101, 111, 111, c, q->nn, q->k, 1, q->a + r * q->k, q->k, q->b, q->nn, 0, o, q->nn);          \
+    if (q->has_bias) ADD_BIAS(T, o, q->nn, c, q->nn, q->bias);                                        \
 }                                                                                                     \
 static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {                          \
-    int64_t fn, m, k, nn, a, lda, b, ldb, outp, ldc, has_bias, width, count, c1;                     \
-    if (ge_nargs(n, 15)) return NULL;                                                                 \
-    if (ge_int(args, 0, 1, INT64_MAX, &fn) || ge_int(args, 1, 0, 1LL << 40, &m)                      \
-        || ge_int(args, 2, 0, 1LL << 40, &k) || ge_int(args, 3, 0, 1LL << 40, &nn)                    \
-        || ge_int(args, 4, 0, INT64_MAX, &a) || ge_int(args, 5, 0, 1LL << 40, &lda)                   \
-        || ge_int(args, 6, 0, INT64_MAX, &b) || ge_int(args, 7, 0, 1LL << 40, &ldb)                   \
-        || ge_int(args, 8, 0, INT64_MAX, &outp) || ge_int(args, 9, 0, 1LL << 40, &ldc)                \
-        || ge_int(args, 11, 0, 1, &has_bias) || ge_int(args, 14, 1, 4096, &width)) return NULL;       \
-    const int64_t *starts = (const int64_t *)ge_vec(args, 12, NPY_INT64, 0, &count);                 \
-    const int64_t *counts = (const int64_t *)ge_vec(args, 13, NPY_INT64, 0, &c1);                    \
+    int64_t fn, m, k, kb, nn, mc, nc, has_bias, width, count, c1;                                     \
+    if (ge_nargs(n, 9)) return NULL;                                                                  \
+    if (ge_int(args, 0, 1, INT64_MAX, &fn) || ge_int(args, 5, 0, 1, &has_bias)                       \
+        || ge_int(args, 8, 1, 4096, &width)) return NULL;                                             \
+    const T *a = (const T *)ge_mat(args, 1, NPY, 0, &m, &k);                                          \
+    const T *b = a ? (const T *)ge_mat(args, 2, NPY, 0, &kb, &nn) : NULL;                             \
+    T *out = b ? (T *)ge_mat(args, 3, NPY, 1, &mc, &nc) : NULL;                                       \
+    if (!out) return NULL;                                                                            \
+    if (kb != k || mc != m || nc != nn) return ge_fail();                                             \
+    const int64_t *starts = (const int64_t *)ge_vec(args, 6, NPY_INT64, 0, &count);                  \
+    const int64_t *counts = (const int64_t *)ge_vec(args, 7, NPY_INT64, 0, &c1);                     \
     if (!starts || !counts) return NULL;                                                              \
     if (c1 < count) return ge_fail();                                                                 \
     for (int64_t i = 0; i < count; i++)                                                               \
         if (starts[i] < 0 || counts[i] < 0 || starts[i] + counts[i] > m) return ge_fail();            \
-    const T *bias = (const T *)ge_arr(args, 10, NPY, 0, has_bias ? nn : 0);                           \
+    const T *bias = (const T *)ge_arr(args, 4, NPY, 0, has_bias ? nn : 0);                            \
     if (!bias) return NULL;                                                                           \
-    NAME##_ctx q = {(GEMM_T)(intptr_t)fn, k, nn, lda, ldb, ldc, has_bias, (const T *)(intptr_t)a,     \
-                    (const T *)(intptr_t)b, (T *)(intptr_t)outp, bias, starts, counts};               \
+    NAME##_ctx q = {(GEMM_T)(intptr_t)fn, k, nn, has_bias, a, b, out, bias, starts, counts};          \
     Py_BEGIN_ALLOW_THREADS                                                                            \
     ge_parallel(NAME##_task, &q, count, width);                                                       \
     Py_END_ALLOW_THREADS                                                                              \
@@ -358,30 +358,21 @@ def run_cols(a2: np.ndarray, b2: np.ndarray, out2: np.ndarray, cuts: list[tuple[
 def run_rows(a2: np.ndarray, b2: np.ndarray, out2: np.ndarray, cuts: list[tuple[int, int]], width: int,
              bias: np.ndarray | None = None) -> bool:
     """``out2 = a2 @ b2 (+ bias)`` with the rows cut at ``cuts``, one task per part, on ``width``
-    threads (``b2`` read in place, whole, by every task). False when this path cannot run them."""
+    threads (``b2`` read whole by every task; the kernel checks the three C-contiguous matrices
+    and the cuts). False when this path cannot run them."""
     st = _get()
-    dt = a2.dtype
-    kern = None if st is None else st["rows"].get(dt.name)
-    if st is None or kern is None or b2.dtype != dt or out2.dtype != dt:
+    kern = None if st is None else st["rows"].get(a2.dtype.name)
+    if st is None or kern is None:
         return False
-    item = dt.itemsize
-    m, k = a2.shape
-    n = b2.shape[1]
-    if (b2.shape[0] != k or out2.shape != (m, n) or not out2.flags.writeable or out2.strides[1] != item
-            or out2.strides[0] % item or out2.strides[0] < n * item
-            or (bias is not None and (bias.dtype != dt or bias.shape != (n,) or not bias.flags.c_contiguous))):
-        return False
-    for x in (a2, b2):
-        if x.strides[1] != item or x.strides[0] % item or x.strides[0] < x.shape[1] * item:
-            return False
-    if not cuts or cuts[0][0] != 0 or cuts[-1][1] != m or any(lo >= hi for lo, hi in cuts) \
-            or any(p[1] != q[0] for p, q in zip(cuts, cuts[1:])):
+    if not cuts or cuts[0][0] != 0 or cuts[-1][1] != a2.shape[0] or any(p[1] != q[0] for p, q in zip(cuts, cuts[1:])):
         return False
     starts = np.array([lo for lo, _ in cuts], np.int64)
     counts = np.array([hi - lo for lo, hi in cuts], np.int64)
-    kern(st["addr"][dt.name], m, k, n, a2.ctypes.data, a2.strides[0] // item, b2.ctypes.data, b2.strides[0] // item,
-         out2.ctypes.data, out2.strides[0] // item, bias if bias is not None else np.zeros(1, dt),
-         int(bias is not None), starts, counts, set_width(width))
+    try:
+        kern(st["addr"][a2.dtype.name], a2, b2, out2, bias if bias is not None else np.zeros(1, a2.dtype),
+             int(bias is not None), starts, counts, set_width(width))
+    except (TypeError, ValueError):
+        return False  # not C-contiguous, another dtype, or shapes that disagree: the caller's NumPy path
     return True
 
 

@@ -173,3 +173,17 @@ def test_batched_matmul_runs_a_task_per_entry_with_the_same_bits_at_every_width_
     assert gemm.run_batched(a, b, np.empty((16, 16, 49), dtype), 2)
     assert not gemm.run_batched(a, b[:, :, :48], np.empty((16, 16, 49), dtype), 2)  # shapes disagree
     assert not gemm.run_batched(a[:, :, ::2], b[:, :256], np.empty((16, 16, 49), dtype), 2)  # strided
+
+
+def test_run_rows_checks_its_matrices_and_cuts():
+    rng = np.random.default_rng(12)
+    a = rng.standard_normal((64, 32)).astype(np.float32)
+    b = rng.standard_normal((32, 48)).astype(np.float32)
+    bias = rng.standard_normal(48).astype(np.float32)
+    out = np.empty((64, 48), np.float32)
+    assert gemm.run_rows(a, b, out, [(0, 32), (32, 64)], 2, bias)
+    np.testing.assert_allclose(out, a @ b + bias, rtol=1e-5, atol=1e-5)
+    assert not gemm.run_rows(a, b[:, ::2], np.empty((64, 24), np.float32), [(0, 64)], 2)  # strided B
+    assert not gemm.run_rows(a, b, np.empty((64, 47), np.float32), [(0, 64)], 2)  # C of the wrong width
+    assert not gemm.run_rows(a, b, out, [(0, 30), (32, 64)], 2)  # cuts with a gap
+    assert not gemm.run_rows(a, b, out, [(0, 64)], 2, bias[:40])  # a bias too short
