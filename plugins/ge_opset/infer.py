@@ -9,9 +9,14 @@ Everything that can be cached is: schemas per (op, opset), attribute types per s
 serialized input types per :class:`TensorType`, dtypes per ONNX element type.
 
 Policy: when ONNX cannot tell (missing input types, an op it cannot infer, a conversion it
-does not support) the result is ``None`` (unknown). When every input type is fully known and
-ONNX still reports a type or shape error, the node is genuinely inconsistent and
-:class:`ShapeInferenceError` names it.
+does not support) the result is ``None`` (unknown). A node's inputs are *complete* when every
+input has a dtype and a shape whose every dim is known (a number or a named symbolic dim) and
+every shape-like input (:data:`SHAPE_INPUTS`: Reshape's shape, Resize's sizes, Slice's starts...)
+has a known value. When the inputs are incomplete, an error of ONNX's means "cannot tell yet":
+the result is unknown and inference waits for folding (``fold_shapes`` / ``fold_constants``
+turn a computed ``Shape -> Slice -> Concat`` into a constant; inference runs again then).
+When the inputs are complete and ONNX still reports a type or shape error, the node is
+genuinely inconsistent and :class:`ShapeInferenceError` names it.
 """
 
 from __future__ import annotations
@@ -31,9 +36,24 @@ from ge_sdk.onnx_types import dtype_to_elem, elem_to_dtype, type_from_proto  # n
 #: Constant inputs up to this many elements are handed to ONNX as input data.
 CONST_DATA_LIMIT = 1 << 16
 
+#: Inputs whose *value* steers the output shape, by op type and the schema's input name
+#: (names, not positions: Resize-10 has scales at 1, Resize-11 at 2). Every ``Reduce*`` op's
+#: ``axes`` input is one too. A computed (non-constant) value here makes inference incomplete.
+SHAPE_INPUTS: dict[str, frozenset[str]] = {k: frozenset(v) for k, v in {
+    "Reshape": ("shape",), "Expand": ("shape",), "Tile": ("repeats", "tiles", "axis"),
+    "Pad": ("pads", "axes"), "Slice": ("starts", "ends", "axes", "steps"), "ConstantOfShape": ("input",),
+    "Range": ("start", "limit", "delta"), "TopK": ("K",), "Upsample": ("scales",),
+    "Resize": ("roi", "scales", "sizes"), "OneHot": ("depth",), "Squeeze": ("axes",), "Unsqueeze": ("axes",),
+    "Split": ("split",), "SplitToSequence": ("split",), "CenterCropPad": ("shape",),
+    "Col2Im": ("image_shape", "block_shape"), "DFT": ("dft_length", "axis"), "STFT": ("frame_step", "frame_length"),
+    "AffineGrid": ("size",), "MaxUnpool": ("output_shape",), "HannWindow": ("size",), "HammingWindow": ("size",),
+    "BlackmanWindow": ("size",), "MelWeightMatrix": ("num_mel_bins", "dft_length"),
+}.items()}
+
 _lock = threading.Lock()
 _schema_cache: dict[tuple[str, str, int], Any] = {}
 _attr_type_cache: dict[int, dict[str, int]] = {}
+_shape_input_cache: dict[int, frozenset[int]] = {}
 
 
 class _Skip(Exception):
@@ -87,6 +107,20 @@ def _attr_types(schema) -> dict[str, int]:
                 pass
         _attr_type_cache[key] = t
     return t
+
+
+def shape_input_positions(op_type: str, schema) -> frozenset[int]:
+    """Positions of ``schema``'s shape-like inputs (see :data:`SHAPE_INPUTS`), cached per schema."""
+    key = id(schema)
+    pos = _shape_input_cache.get(key)
+    if pos is None:
+        names = SHAPE_INPUTS.get(op_type) or (frozenset(("axes",)) if op_type.startswith("Reduce") else frozenset())
+        try:
+            pos = frozenset(i for i, p in enumerate(schema.inputs) if p.name in names)
+        except Exception:
+            pos = frozenset()
+        _shape_input_cache[key] = pos
+    return pos
 
 
 # ------------------------------------------------------------------------------------------
@@ -225,23 +259,24 @@ def onnx_infer(node: Node, opset: int) -> Sequence[TensorType | None] | None:
         return None
     types: dict[str, bytes] = {}
     data: dict[str, bytes] = {}
-    complete = True
-    for v in node.inputs:
+    shape_like = shape_input_positions(node.op_type, schema) if not domain else frozenset()
+    complete = True  # every input type fully known, every shape-like input's value known
+    for i, v in enumerate(node.inputs):
         if v is None:
             continue
         t = v.type
-        if t.dtype is None or t.shape is None:
+        if t.dtype is None or t.shape is None or None in t.shape:
             complete = False
-            if t.dtype is None and t.shape is None:
-                continue
-            if t.dtype is None:
-                continue  # ONNX rejects a tensor type without element type
-        if v.name not in types:
-            types[v.name] = _type_bytes(t)
         if v.const_value is not None and v.name not in data:
             b = _const_bytes(v.const_value)
             if b is not None:
                 data[v.name] = b
+        if i in shape_like and v.name not in data:
+            complete = False  # computed: its value is known only once folding made it a constant
+        if t.dtype is None:
+            continue  # ONNX rejects a tensor type without element type
+        if v.name not in types:
+            types[v.name] = _type_bytes(t)
     try:
         out = schema._infer_node_outputs(node_bytes, types, data, {}, {domain: opset if opset > 0 else schema.since_version}, _ir_version())
     except Exception as e:
