@@ -288,7 +288,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     model = ge.load_om(args.model)
     feeds = dict(_load_feed(s) for s in args.input or [])
     if args.random or not feeds and model.input_names:
-        rnd = random_feeds(model, args.seed)
+        rnd = random_feeds(_random_gear(model, args), args.seed)
         for k, v in rnd.items():
             feeds.setdefault(k, v)
     if args.repeat < 1:
@@ -328,6 +328,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         con.print(f"ran in {dt * 1000:.2f} ms (a first, cold run: --repeat N shows the warm time per run)")
     return 0
+
+
+def _random_gear(model, args: argparse.Namespace):
+    """The model whose input types random inputs follow: of a gear model, the gear ``--gear``
+    (default 0), said on stderr; a run still takes the gear of the feeds' shapes."""
+    gear = getattr(args, "gear", None)
+    if not hasattr(model, "gear"):
+        if gear is not None:
+            raise OptionError(f"--gear {gear}: '{args.model}' is not a gear model",
+                              hint="gear models come from atc --dynamic_batch_size, --dynamic_image_size or --dynamic_dims")
+        return model
+    chosen = model.gear(0 if gear is None else gear)
+    i = model.models.index(chosen)
+    print(f"note: random inputs of {model.table.gear_text(i)}; the gears are {model.table.describe()}; "
+          f"--gear N (0..{len(model.models) - 1}) picks another", file=sys.stderr)
+    return chosen
 
 
 def dump_tensors(model, feeds: dict[str, Any], folder: str) -> str:
@@ -408,12 +424,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     con.print(f"inputs:  {_plain(ins)}")
     outs = ", ".join(f"{o.get('name')} {o.get('dtype')}{o.get('shape')}" for o in (m.get("output_types") or []))
     con.print(f"outputs: {_plain(outs)}")
+    if info.get("gears"):
+        _print_gears(info["gears"], con)
     con.print(f"nodes: {m.get('nodes')}  constants: {m.get('constants')}  soc_version: {_plain(m.get('soc_version'))}")
     t = table("partitions", ("kind", "offset", "size", "alignment", "crc32"))
     for p in f.get("partitions", []):
         t.add_row(_plain(p.get("kind")), str(p.get("offset")), f"{p.get('size'):,}", str(p.get("alignment")), str(p.get('crc32')))
     con.print(t)
-    if info.get("report"):
+    if info.get("gears"):  # the model's report holds the largest arena; each gear has its own report
+        con.print("compile report of gear 0 (every gear's: --json, gears.list[i].report):")
+        _print_report(info["gears"]["list"][0]["report"], con)
+    elif info.get("report"):
         _print_report(info["report"], con)
     if kc is not None:
         state = ("all in the kernel cache" if not kc["missing"] else
@@ -422,6 +443,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if info.get("memory_plot"):
         con.print(f"memory plot: {_plain(info['memory_plot'])}")
     return 0
+
+
+def _print_gears(gears: dict[str, Any], con) -> None:
+    """The gears of a gear model (``atc --dynamic_batch_size`` ...): one static model each."""
+    con.print(f"gears:   {_plain(gears.get('text'))}; a run takes the gear of its feed's shapes")
+    t = table("gears", ("gear", "value", "input shapes", "nodes", "kernels", "arena bytes"))
+    for g in gears.get("list", []):
+        shapes = ", ".join(f"{n}{s}" for n, s in (g.get("shapes") or {}).items())
+        t.add_row(str(g.get("index")), _plain(g.get("label")), _plain(shapes), str(g.get("nodes")),
+                  str(g.get("kernels")), f"{g.get('arena_bytes') or 0:,}")
+    con.print(t)
 
 
 def kernel_cache_state(path: str) -> dict[str, int] | None:
@@ -434,20 +466,25 @@ def kernel_cache_state(path: str) -> dict[str, int] | None:
 
     if "native_kernels" not in get_host().registries.options:
         return None
-    exe = ge.load_om(path, native_kernels="probe").executable
-    state = getattr(exe, "native_kernels", None)
-    return dict(state) if isinstance(state, dict) and "missing" in state else None
+    model = ge.load_om(path, native_kernels="probe")
+    total: dict[str, int] | None = None
+    for m in getattr(model, "models", [model]):  # a gear model: every gear's kernels
+        state = getattr(m.executable, "native_kernels", None)
+        if not (isinstance(state, dict) and "missing" in state):
+            return None
+        total = {k: (total or {}).get(k, 0) + int(state.get(k) or 0) for k in ("modules", "in_cache", "missing")}
+    return total
 
 
 def output_types(path: str, names: Sequence[Any]) -> list[dict[str, Any]]:
     """``[{"name", "dtype", "shape"}]`` of the outputs ``names`` of the .om at ``path``, read
     from the stored graph's node outputs (dtype and shape None where the file does not say)."""
-    from .om import read_model_definition
+    from .om import stored_definition
     from .om_container import read_container
 
     types: dict[str, dict[str, Any]] = {}
     with read_container(path) as c:
-        d = read_model_definition(path, c)
+        d = stored_definition(path, c)
     stored = d.get("graph")
     graph: dict[str, Any] = stored if isinstance(stored, dict) else {}
     for v in list(graph.get("inputs") or []) + [o for n in graph.get("nodes") or [] if isinstance(n, dict)
@@ -602,6 +639,8 @@ def build_parser(with_plugins: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--input", action="append", metavar="NAME=FILE.npy", help="feed an input from a .npy file (repeatable)")
     p.add_argument("--random", action="store_true", help="fill inputs not given with random data")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--gear", type=int, help="a gear model (atc --dynamic_batch_size ...): the gear whose shapes "
+                   "the random inputs take (default 0, the first)")
     p.add_argument("--repeat", type=int, default=1,
                    help="run N times; the cold first run and the warm runs are reported apart")
     p.add_argument("--output-dir", help="save outputs as NAME.npy here")

@@ -14,7 +14,7 @@ import hashlib
 import os
 import re
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from .ir.graph import Graph
 from .ir.verify import verify_graph
 from .memory import MemoryPlan, verify_plan
 from .model import CompiledModel
+
+if TYPE_CHECKING:
+    from .gears import GearModel
 from .om_container import map_readonly, read_container, write_container, write_file_atomic
 from .options import CompileOptions
 from .schedule import StreamAssignment, verify_streams
@@ -35,8 +38,10 @@ MAX_MODEL_JSON = LIMITS.model_json_bytes
 _RECREATE = "re-create it with `ge compile`"
 
 
-def model_definition(model: CompiledModel) -> tuple[dict[str, Any], WeightWriter]:
-    weights = WeightWriter()
+def model_definition(model: CompiledModel, weights: WeightWriter | None = None) -> tuple[dict[str, Any], WeightWriter]:
+    """The JSON definition of ``model`` and the writer holding its constants (``weights``: one
+    shared by several models, as a gear model's gears share theirs)."""
+    weights = weights if weights is not None else WeightWriter()
     graph = graph_to_dict(model.graph, weights)
     opts = model.options.as_dict()
     opts.pop("dump_ir", None)
@@ -124,17 +129,7 @@ def save_om(model: CompiledModel, path: str, *, external_weight: int = 0) -> str
         raise OptionError("no output path given for the .om file", hint="pass a file name (--output / save(path))")
     from .plugins import get_host
 
-    conflict = type_conflict(model.graph, get_host().registries.ops)
-    if conflict:  # the loader would refuse it: say so now, naming the node
-        raise GraphError(f"cannot save '{path}': {conflict}",
-                         hint="a pass or plugin set a wrong output type; run with verify_each_pass to find which")
-    try:
-        d, weights = model_definition(model)
-    except MemoryError:
-        raise GraphError(f"cannot save '{path}': the model's constants do not fit in memory",
-                      hint="a pass may have folded a huge constant; disable constant folding") from None
-    except GraphError as e:
-        raise GraphError(f"cannot save '{path}': {e.detail}", hint=e.hint) from None
+    d, weights = checked_definition(model, path)
     data: Any = weights.chunks()
     if external_weight:
         d["external_weights"] = write_external_weights(path, weights, external_weight)
@@ -145,9 +140,33 @@ def save_om(model: CompiledModel, path: str, *, external_weight: int = 0) -> str
         [("model", blob, 8), ("weights", data, 4096)],
         producer=f"ge-python {__version__}",
     )
-    # its types were just checked: a load of these bytes on this machine need not do it again
-    cache.write_data(types_verdict_key(memoryview(blob), model.graph, get_host()), _TYPES_OK)
+    remember_types_checked(blob, model.graph, get_host())
     return path
+
+
+def checked_definition(model: CompiledModel, path: str,
+                       weights: WeightWriter | None = None) -> tuple[dict[str, Any], WeightWriter]:
+    """:func:`model_definition` of a model about to be saved at ``path``, its stored types first
+    checked against inference (the loader would refuse a conflict: say so now, naming the node)."""
+    from .plugins import get_host
+
+    conflict = type_conflict(model.graph, get_host().registries.ops)
+    if conflict:
+        raise GraphError(f"cannot save '{path}': {conflict}",
+                         hint="a pass or plugin set a wrong output type; run with verify_each_pass to find which")
+    try:
+        return model_definition(model, weights)
+    except MemoryError:
+        raise GraphError(f"cannot save '{path}': the model's constants do not fit in memory",
+                      hint="a pass may have folded a huge constant; disable constant folding") from None
+    except GraphError as e:
+        raise GraphError(f"cannot save '{path}': {e.detail}", hint=e.hint) from None
+
+
+def remember_types_checked(blob: bytes, graph: Graph, host) -> None:
+    """Record that the definition ``blob`` of ``graph`` was just type-checked (by its save): a
+    load of these bytes on this machine need not do it again."""
+    cache.write_data(types_verdict_key(memoryview(blob), graph, host), _TYPES_OK)
 
 
 #: The folder beside an .om that holds its external weight files, and how many files one may name.
@@ -245,10 +264,11 @@ _SECTIONS: dict[str, tuple[type, ...]] = {
 }
 
 
-def read_model_definition(path: str, container) -> dict[str, Any]:
-    """The model definition of an open container: JSON within the .om limits, known format and
-    version, each section of its JSON type and the report well typed; else OmFormatError."""
-    d = load_definition(container.partition("model"), f"'{path}'")
+def read_model_definition(path: str, container, raw: Any = None) -> dict[str, Any]:
+    """The model definition of an open container (or the bytes ``raw``: one gear's definition):
+    JSON within the .om limits, known format and version, each section of its JSON type and the
+    report well typed; else OmFormatError."""
+    d = load_definition(container.partition("model") if raw is None else raw, f"'{path}'")
     if not isinstance(d, dict) or d.get("format") != MODEL_FORMAT:
         raise OmFormatError(f"'{path}': the model partition is not a ge model definition", hint=_RECREATE)
     v = d.get("version")
@@ -316,7 +336,7 @@ def _stored(what: str, path: str, e: GEError) -> OmFormatError:
 
 
 def load_om(path: str | os.PathLike, *, host=None, verify_checksums: bool = True,
-            run_options: dict[str, Any] | None = None) -> CompiledModel:
+            run_options: dict[str, Any] | None = None) -> CompiledModel | GearModel:
     """Load an .om file; everything is validated before use. Weights stay memory-mapped.
     ``run_options`` (threads, executor, ...) replace the stored ones before the executable is
     built (once).
@@ -326,69 +346,85 @@ def load_om(path: str | os.PathLike, *, host=None, verify_checksums: bool = True
     assignment (:func:`verify_streams`) and the memory plan (:func:`verify_plan` against the
     memory problem rebuilt from the loaded graph, as the compiler builds it).
     """
-    from .compiler import memory_problem
     from .plugins import get_host
 
     path = os.fspath(path)
     container = read_container(path, verify_checksums=verify_checksums)
     try:
+        host = host or get_host()
+        if GEARS_PARTITION in container:  # one static model per gear (atc --dynamic_batch_size ...)
+            from .gears import load_gears
+
+            return load_gears(path, container, host, verify_checksums, run_options)
         d = read_model_definition(path, container)
         if "weights" not in container:
             raise OmFormatError(f"'{path}' has no weights partition", hint=_RECREATE)
         blob = weight_buffers(path, d, container, verify_checksums)
-        graph = read_graph(d.get("graph"), d.get("weights", []), blob, f"'{path}'")
-        host = host or get_host()
-        regs = host.registries
-        try:  # every node names a registered op with a valid arity, before a backend sees it
-            verify_graph(graph, op_registry=regs.ops)
-        except UnsupportedOpError:
-            raise  # the op's plugin is missing here, or a node has the wrong number of inputs
-        except GEError as e:
-            raise OmFormatError(f"'{path}': the stored graph is invalid: {e}",
-                                hint="re-create it with `ge compile` (with the plugins it needs installed)") from None
-        verdict = types_verdict_key(container.partition("model"), graph, host)
-        if cache.read_data(verdict) != _TYPES_OK:
-            conflict = type_conflict(graph, regs.ops)
-            if conflict:
-                raise OmFormatError(f"'{path}': the stored graph is invalid: {conflict}", hint=_RECREATE)
-            cache.write_data(verdict, _TYPES_OK)
-        try:
-            options = CompileOptions.from_dict(d.get("options") or {}, regs.options)
-        except OptionError as e:
-            raise OmFormatError(f"'{path}': the stored compile options are invalid: {e.detail}",
-                                hint="re-create it with `ge compile` (with the plugins whose options it uses installed)") from None
-        order = graph.node_list()
-        streams = read_streams(d.get("streams"), len(order), path)
-        try:
-            verify_streams(order, streams)
-        except GEError as e:
-            raise _stored("stream assignment", path, e) from None
-        plan = read_plan(d.get("memory_plan"), path)
-        if plan is not None:
-            try:
-                problem = memory_problem(graph, order, streams, options, regs)
-                verify_plan(problem, plan)
-            except GEError as e:
-                raise _stored("memory plan", path, e) from None
-        model = CompiledModel(graph, options, streams=streams, memory_plan=plan, report=d.get("report", {}), host=host)
-        model.source = path
-        model._keepalive = container
-        if run_options:  # applied before the one build (threads, executor, ...): checked like set_run_options
-            try:
-                model.options = model.merged_run_options(**run_options)
-            except OptionError as e:
-                raise OptionError(f"load_om('{path}'): {e.detail}", hint=e.hint) from None
-        try:
-            _ = model.executable  # build now so a broken model fails at load, not at first run
-        except OptionError as e:  # e.g. a stored plugin option the backend refuses
-            if run_options:  # or one the caller gave
-                raise OptionError(f"load_om('{path}'): {e.detail}", hint=e.hint) from None
-            raise OmFormatError(f"'{path}': the stored compile options are invalid: {e.detail}",
-                                hint=e.hint or _RECREATE) from None
-        return model
+        return model_from_definition(path, d, container.partition("model"), blob, container, host, run_options)
     except BaseException:
         container.close()
         raise
+
+
+#: The partition of a gear model's per-gear definitions (:mod:`ge_core.gears`).
+GEARS_PARTITION = "gears"
+
+
+def model_from_definition(path: str, d: dict[str, Any], raw: Any, blob: Any, container, host,
+                          run_options: dict[str, Any] | None = None) -> CompiledModel:
+    """The model of the definition ``d`` (read from the bytes ``raw``, its constants in ``blob``
+    of the open ``container``), verified as :func:`load_om` says, its executable built."""
+    from .compiler import memory_problem
+
+    graph = read_graph(d.get("graph"), d.get("weights", []), blob, f"'{path}'")
+    regs = host.registries
+    try:  # every node names a registered op with a valid arity, before a backend sees it
+        verify_graph(graph, op_registry=regs.ops)
+    except UnsupportedOpError:
+        raise  # the op's plugin is missing here, or a node has the wrong number of inputs
+    except GEError as e:
+        raise OmFormatError(f"'{path}': the stored graph is invalid: {e}",
+                            hint="re-create it with `ge compile` (with the plugins it needs installed)") from None
+    verdict = types_verdict_key(raw, graph, host)
+    if cache.read_data(verdict) != _TYPES_OK:
+        conflict = type_conflict(graph, regs.ops)
+        if conflict:
+            raise OmFormatError(f"'{path}': the stored graph is invalid: {conflict}", hint=_RECREATE)
+        cache.write_data(verdict, _TYPES_OK)
+    try:
+        options = CompileOptions.from_dict(d.get("options") or {}, regs.options)
+    except OptionError as e:
+        raise OmFormatError(f"'{path}': the stored compile options are invalid: {e.detail}",
+                            hint="re-create it with `ge compile` (with the plugins whose options it uses installed)") from None
+    order = graph.node_list()
+    streams = read_streams(d.get("streams"), len(order), path)
+    try:
+        verify_streams(order, streams)
+    except GEError as e:
+        raise _stored("stream assignment", path, e) from None
+    plan = read_plan(d.get("memory_plan"), path)
+    if plan is not None:
+        try:
+            problem = memory_problem(graph, order, streams, options, regs)
+            verify_plan(problem, plan)
+        except GEError as e:
+            raise _stored("memory plan", path, e) from None
+    model = CompiledModel(graph, options, streams=streams, memory_plan=plan, report=d.get("report", {}), host=host)
+    model.source = path
+    model._keepalive = container
+    if run_options:  # applied before the one build (threads, executor, ...): checked like set_run_options
+        try:
+            model.options = model.merged_run_options(**run_options)
+        except OptionError as e:
+            raise OptionError(f"load_om('{path}'): {e.detail}", hint=e.hint) from None
+    try:
+        _ = model.executable  # build now so a broken model fails at load, not at first run
+    except OptionError as e:  # e.g. a stored plugin option the backend refuses
+        if run_options:  # or one the caller gave
+            raise OptionError(f"load_om('{path}'): {e.detail}", hint=e.hint) from None
+        raise OmFormatError(f"'{path}': the stored compile options are invalid: {e.detail}",
+                            hint=e.hint or _RECREATE) from None
+    return model
 
 
 def read_streams(d: Any, n: int, path: str) -> StreamAssignment:
@@ -443,12 +479,36 @@ def inspect_om(path: str) -> dict[str, Any]:
 
     info: dict[str, Any] = {"file": describe(path)}
     with read_container(path) as c:
+        if GEARS_PARTITION in c:
+            from .gears import inspect_gears
+
+            info.update(inspect_gears(path, c))
+            return info
         d = read_model_definition(path, c)
         if "weights" not in c:
             raise OmFormatError(f"'{path}' has no weights partition", hint=_RECREATE)
-        g: Graph = read_graph(d.get("graph"), d.get("weights", []), weight_buffers(path, d, c), f"'{path}'")
-        n = len(g.node_list())
-        g = None  # type: ignore[assignment]  # its weights are views of the mapping about to close
+        info.update(definition_summary(path, d, weight_buffers(path, d, c)))
+    return info
+
+
+def stored_definition(path: str, container) -> dict[str, Any]:
+    """The model definition an .om stores (checked as :func:`read_model_definition` checks it);
+    of a gear model, its first gear's."""
+    if GEARS_PARTITION in container:
+        from .gears import read_gear_definitions
+
+        return read_gear_definitions(path, container)[2][0][1]
+    return read_model_definition(path, container)
+
+
+def definition_summary(path: str, d: dict[str, Any], blob: Any) -> dict[str, Any]:
+    """``{"model", "report", "streams"}`` of :func:`inspect_om` for the definition ``d`` (its
+    constants in ``blob``), validated as :func:`load_om` validates it without plugins: the graph
+    is rebuilt, the stream assignment and memory plan are read, the options are checked."""
+    info: dict[str, Any] = {}
+    g: Graph = read_graph(d.get("graph"), d.get("weights", []), blob, f"'{path}'")
+    n = len(g.node_list())
+    g = None  # type: ignore[assignment]  # its weights are views of a mapping about to close
     read_streams(d.get("streams"), n, path)
     read_plan(d.get("memory_plan"), path)
     try:

@@ -177,16 +177,20 @@ def run(args: argparse.Namespace) -> int:
         return _precheck(args, opts)
     if not args.output:
         raise OptionError("atc needs --output=NAME (the .om path without or with .om)")
-    import ge_core as ge
     from ge_core.om import save_om
 
+    from .gears import gear_flag, gear_plan
+
+    flag = gear_flag(args)
+    plan = gear_plan(flag[0], flag[1], args.input_shape, args.input_format) if flag else None
     try:
-        model = compile_with_progress(ge, args.model, opts)
+        models = _compile(args.model, opts, plan)
     except UnsupportedOpError:
         # GE: when --mode=0 fails to parse the model, the pre-check report says which ops (--check_report)
         path = _write_check_report(args, opts)
         print(f"note: the pre-check report of the unsupported ops is in {path}", file=sys.stderr)
         raise
+    model = models[0]  # the precision check and its note look at the first gear
     precision = model.report.get("precision")
     if opts.get("precision_mode") == "force_fp32" and not (precision or {}).get("nodes"):
         print("note: --precision_mode=force_fp32 has no effect on this model: it computes in float32 already",
@@ -200,12 +204,21 @@ def run(args: argparse.Namespace) -> int:
               f"{summary(precision['accuracy'])}", file=sys.stderr)
     argv = getattr(args, "atc_argv", None)
     argv = argv if argv is not None else sys.argv[2:]  # `ge atc ...`: after the sub-command
-    model.report["atc"] = {"command_line": " ".join(["atc", *map(str, argv)]),
-                           "framework": model.options.framework}
+    atc = {"command_line": " ".join(["atc", *map(str, argv)]), "framework": model.options.framework}
     out = args.output if args.output.endswith(".om") else args.output + ".om"
-    save_om(model, out, external_weight=int(args.external_weight or 0))
+    if plan:
+        from ge_core.gears import GearModel
+
+        gm = GearModel(models, plan[0], {"atc": atc})
+        gm.save(out, external_weight=int(args.external_weight or 0))
+        print(f"note: {len(models)} gears compiled: {plan[0].describe()}", file=sys.stderr)
+        report = gm.report
+    else:
+        model.report["atc"] = atc
+        save_om(model, out, external_weight=int(args.external_weight or 0))
+        report = model.report
     if args.report:
-        write_json_atomic(args.report, model.report)
+        write_json_atomic(args.report, report)
     print(f"ATC run success: wrote {out}")
     if args.display_model_info == "1":
         from ge_core.om import inspect_om
@@ -214,6 +227,27 @@ def run(args: argparse.Namespace) -> int:
 
         print(model_info_text(inspect_om(out)))
     return 0
+
+
+def _compile(source: str, opts: dict[str, Any], plan) -> list:
+    """The compiled model, or with gears (``plan``: table and each gear's --input_shape) one
+    static model per gear; an error of a gear's compile names the gear."""
+    import ge_core as ge
+    from ge_core.errors import GraphError, ShapeInferenceError
+
+    if plan is None:
+        return [compile_with_progress(ge, source, opts)]
+    table, shapes = plan
+    models = []
+    for i, shape in enumerate(shapes):
+        try:
+            models.append(compile_with_progress(ge, source, {**opts, "input_shape": shape}))
+        except (OptionError, GraphError, ShapeInferenceError) as e:
+            if type(e) not in (OptionError, GraphError, ShapeInferenceError):
+                raise
+            raise type(e)(f"atc --{table.flag}: gear {i} ({table.label(i)}, --input_shape=\"{shape}\"): {e.detail}",
+                          hint=e.hint) from None
+    return models
 
 
 def _write_check_report(args: argparse.Namespace, opts: dict[str, Any]) -> str:

@@ -37,9 +37,19 @@ def model_info_text(info: dict[str, Any]) -> str:
         f"resource info: memory_size[{int(memory.get('arena_bytes') or 0)} B], "
         f"weight_size[{int(memory.get('weights_bytes') or 0)} B], stream_num[{int(streams.get('count') or 1)}], "
         f"event_num[{int(streams.get('events') or 0)}].",
+        *_gear_lines(info),
         "============ Display Model Info end   ============",
     ]
     return "\n".join(lines)
+
+
+def _gear_lines(info: dict[str, Any]) -> list[str]:
+    """A gear model's gears (memory_size above is the largest gear's arena)."""
+    gears = _table(info, "gears")
+    if not gears:
+        return []
+    listed = ", ".join(f"{g.get('label')}[{int(g.get('arena_bytes') or 0)} B]" for g in gears.get("list") or [])
+    return [f"dynamic  info: --{gears.get('flag')} gears {listed}."]
 
 
 def _table(d: dict[str, Any], key: str) -> dict[str, Any]:

@@ -19,6 +19,10 @@ IMPLEMENTED: dict[str, str] = {
     "check_report": "with --mode=3: where the pre-check report goes (default check_result.json)",
     "soc_version": "the backend (cpu); Ascend names are accepted and run on the default backend",
     "input_shape": "\"name:n,c,h,w;name2:...\" (-1 keeps a dim dynamic)",
+    "dynamic_batch_size": "\"1,2,4,8\": batch gears for the -1 batch dims of --input_shape; one static model "
+                          "per gear in one .om, a run takes the gear of its feed",
+    "dynamic_image_size": "\"224,224;320,320\": height,width gears for the -1 H and W of a 4-D --input_shape",
+    "dynamic_dims": "\"1,16;2,32\": gears giving every -1 dim of --input_shape a value, in order across inputs",
     "input_format": "NCHW or NHWC: the layout of the model's image input (with --insert_op_conf "
                     "AIPP it says how the model's input is laid out)",
     "out_nodes": "\"node:index;...\" or tensor names: the outputs to keep",
@@ -92,9 +96,6 @@ IGNORED: dict[str, dict[str, str]] = {
 
 #: ATC flags refused with a reason (accepting them would silently build a different model).
 REFUSED: dict[str, str] = {
-    "dynamic_batch_size": "multi-batch gear models are not built: use --input_shape with -1 (shapes stay dynamic)",
-    "dynamic_image_size": "multi-size gear models are not built: use --input_shape with -1 (shapes stay dynamic)",
-    "dynamic_dims": "gear models are not built: use --input_shape with -1 (shapes stay dynamic)",
     "input_shape_range": "shape ranges are not built: use --input_shape with -1 (shapes stay dynamic)",
     "singleop": "single-op models from a JSON op list are not built",
     "cal_conf": "calibration (quantisation) configs are not supported",

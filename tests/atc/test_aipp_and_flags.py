@@ -153,8 +153,8 @@ def test_help_lists_implemented_flags_first_and_ignored_ones_print_their_note_on
     rc, _, err = atc(f"--model={net}", f"--output={tmp_path / 'h'}", "--op_select_implmode=high_precision",
                      "--enable_small_channel=1")
     assert rc == 0 and err.count("--op_select_implmode has no effect") == 1 and "--enable_small_channel" in err
-    rc, _, err = atc(f"--model={net}", f"--output={tmp_path / 'h'}", "--dynamic_batch_size=1,2")
-    assert rc == 2 and "dynamic_batch_size" in err and "not supported" in err
+    rc, _, err = atc(f"--model={net}", f"--output={tmp_path / 'h'}", "--singleop=ops.json")
+    assert rc == 2 and "singleop" in err and "not supported" in err
     assert set(IMPLEMENTED).isdisjoint(REFUSED) and all(set(IMPLEMENTED).isdisjoint(g) for g in IGNORED.values())
 
 
