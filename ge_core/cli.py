@@ -12,7 +12,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -271,13 +271,36 @@ def _load_feed(spec: str) -> tuple[str, np.ndarray]:
     return name, read_feed_file(name, path)
 
 
-def random_feeds(model, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random inputs matching the model's input types (symbolic/unknown dims become 1); an input
-    with a default (an ONNX initializer listed as an input) keeps its default."""
+def random_feeds(model, seed: int = 0, shapes: Mapping[str, Sequence[int]] | None = None, *,
+                 known: Mapping[str, Any] | None = None, strict: bool = False,
+                 option: str = "--input-shape") -> dict[str, np.ndarray]:
+    """Random inputs matching the model's input types; an input with a default (an ONNX
+    initializer listed as an input) keeps its default, one in ``known`` (fed already) is left out.
+
+    ``shapes`` (``--input-shape``) sizes inputs by name, and a symbolic dim shared by several
+    inputs takes the size given (or fed) for one of them. Other symbolic/unknown dims become 1;
+    with ``strict`` they are an :class:`InputError` naming the input and its dims (``ge run``).
+    """
     from .inputs import random_inputs
 
-    feeds = random_inputs(model.graph, seed)
-    return {v.name: feeds[v.name] for v in model.graph.inputs if v.default is None}
+    defaults = {v.name: v.default for v in model.graph.inputs if v.default is not None}
+    feeds = random_inputs(model.graph, seed, shapes=shapes, known={**defaults, **(known or {})},
+                          default_dim=None if strict else 1, option=option)
+    return {v.name: feeds[v.name] for v in model.graph.inputs
+            if v.default is None and v.name not in (known or {})}
+
+
+def random_input_shapes(spec: str | None, feeds: Mapping[str, Any]) -> dict[str, tuple]:
+    """``--input-shape`` of ``ge run`` / ``ge bench``: the sizes of random inputs by input, parsed
+    as compile's ``input_shape`` (OptionError for a bad spec or an input fed from a file)."""
+    from .options import parse_input_shape
+
+    shapes = parse_input_shape(spec)
+    for name in shapes:
+        if name in feeds:
+            raise OptionError(f"--input-shape names '{name}', which --input feeds from a file",
+                              hint="--input-shape sizes random inputs only: the file's array has its own shape")
+    return shapes
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -287,8 +310,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     model = ge.load_om(args.model)
     feeds = dict(_load_feed(s) for s in args.input or [])
-    if args.random or not feeds and model.input_names:
-        rnd = random_feeds(_random_gear(model, args), args.seed)
+    shapes = random_input_shapes(args.input_shape, feeds)
+    if args.random or shapes or not feeds and model.input_names:
+        rnd = random_feeds(_random_gear(model, args), args.seed, shapes, known=feeds, strict=True)
         for k, v in rnd.items():
             feeds.setdefault(k, v)
     if args.repeat < 1:
@@ -639,6 +663,10 @@ def build_parser(with_plugins: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--input", action="append", metavar="NAME=FILE.npy", help="feed an input from a .npy file (repeatable)")
     p.add_argument("--random", action="store_true", help="fill inputs not given with random data")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--input-shape", dest="input_shape", metavar='"NAME:D1,D2,...;..."',
+                   help='shapes of random inputs, as compile takes them, e.g. "x:2,3,224,224;y:2,7": needed for '
+                        "inputs with symbolic or unknown dims (a symbol shared by inputs, such as the batch, "
+                        "takes the size given for one of them); implies --random for the inputs it names")
     p.add_argument("--gear", type=int, help="a gear model (atc --dynamic_batch_size ...): the gear whose shapes "
                    "the random inputs take (default 0, the first)")
     p.add_argument("--repeat", type=int, default=1,

@@ -7,11 +7,12 @@ import os
 import stat
 import struct
 import tokenize
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from .errors import GEError, InputError
+from .errors import GEError, InputError, OptionError
 from .ir.graph import Graph
 
 #: The largest feed file read (data bytes), and the largest ``.npy`` header (NumPy's own default).
@@ -126,19 +127,132 @@ def _read_npy(f, size: int, what: str) -> np.ndarray:
     return arr.reshape(shape, order="F" if fortran else "C")
 
 
-def random_inputs(graph: Graph, seed: int = 0, dims: Mapping[str, int] | None = None, *, default_dim: int = 1,
-                  strict: bool = False) -> dict[str, np.ndarray]:
+def _dims_text(shape: tuple | None) -> str:
+    return "[*] (unknown rank)" if shape is None else "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def input_shapes(graph: Graph, shapes: Mapping[str, Sequence[Any]] | None = None,
+                 dims: Mapping[str, int] | None = None, *, default_dim: int | None = 1,
+                 known: Mapping[str, Any] | None = None, option: str = "shapes") -> dict[str, tuple[int, ...]]:
+    """A concrete shape for every input of ``graph`` (what random feeds for it take).
+
+    ``shapes`` gives whole shapes by input name (``ge run --input-shape``): each must name an input,
+    have the input's rank and agree with its static dims (:class:`InputError` otherwise). A
+    symbolic dim takes one value wherever it appears: what ``dims`` gives it, what a given shape
+    holds at its place, or (softly, never an error: the run checks feeds) the shape of a ``known``
+    feed there; two different values for one symbol are an InputError naming both inputs. A known
+    feed keeps its own shape. What is left (a symbol nothing sized, an unknown dim, an unknown
+    rank) takes ``default_dim`` (unknown rank: a scalar), or, with ``default_dim=None``, is an
+    InputError that names each such input and its dims and says to give its shape with ``option``.
+    """
+    by_name = {v.name: v for v in graph.inputs}
+    given: dict[str, tuple[int, ...]] = {}
+    for name, shape in (shapes or {}).items():
+        if name not in by_name:
+            from .registry import close_matches
+
+            raise InputError(f"{option} names '{name}', which is not an input of the model{close_matches(name, by_name)}",
+                             hint="inputs: " + ", ".join(f"{v.name} {_dims_text(v.type.shape)}" for v in graph.inputs))
+        if not isinstance(shape, (list, tuple)) or not all(
+                isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise OptionError(f"{option} gives input '{name}' the dims {list(shape) if isinstance(shape, (list, tuple)) else shape!r}: "
+                              "a run needs a size (an integer, at least 0) for every dim",
+                              hint=f'for example {option} "{name}:{_example(by_name[name].type.shape)}"')
+        given[name] = tuple(int(d) for d in shape)
+    binding: dict[str, int] = {}
+    where: dict[str, str] = {}
+    for k, n in (dims or {}).items():
+        binding[str(k)], where[str(k)] = int(n), "the given dims"
+    for name, shape in given.items():
+        model = by_name[name].type.shape
+        if model is None:
+            continue
+        if len(model) != len(shape):
+            raise InputError(f"{option} gives input '{name}' {len(shape)} dim(s) {list(shape)}; the model's input has "
+                             f"{len(model)}: {_dims_text(model)}",
+                             hint=f'give all its dims, e.g. {option} "{name}:{_example(model, shape)}"')
+        for i, (m, d) in enumerate(zip(model, shape)):
+            if isinstance(m, int) and m != d:
+                raise InputError(f"{option} gives input '{name}' dim {i} = {d}; the model's input has {m} there "
+                                 f"({_dims_text(model)})", hint=f'for example {option} "{name}:{_example(model, shape)}"')
+            if isinstance(m, str):
+                if m in binding and binding[m] != d:
+                    raise InputError(f"symbolic dim '{m}' is {binding[m]} in {where[m]} but {d} in input '{name}' "
+                                     f"({option}): one symbol takes one size", hint=f"give '{m}' the same size everywhere")
+                binding[m], where[m] = d, f"input '{name}'"
+    for name, arr in (known or {}).items():
+        model = by_name[name].type.shape if name in by_name else None
+        got = np.shape(arr)
+        if model is not None and len(model) == len(got):
+            for m, d in zip(model, got):
+                if isinstance(m, str):
+                    binding.setdefault(m, int(d))
+    out: dict[str, tuple[int, ...]] = {}
+    missing: list[Any] = []  # the inputs nothing sized (with default_dim None)
+    for v in graph.inputs:
+        if v.name in given:
+            out[v.name] = given[v.name]
+            continue
+        if v.name in (known or {}):  # fed already: its own shape
+            out[v.name] = tuple(int(d) for d in np.shape((known or {})[v.name]))
+            continue
+        model = v.type.shape
+        if model is None:
+            if default_dim is None:
+                missing.append(v)
+            out[v.name] = ()
+            continue
+        shape = []
+        for d in model:
+            if isinstance(d, int):
+                shape.append(d)
+            elif isinstance(d, str) and d in binding:
+                shape.append(binding[d])
+            elif default_dim is not None:
+                shape.append(default_dim)
+            else:
+                missing.append(v)
+                break
+        out[v.name] = tuple(shape)
+    if missing:
+        many = len(missing) > 1
+        raise InputError(f"random inputs need a size for every dim: input{'s' if many else ''} "
+                         + ", ".join(f"'{v.name}' {_dims_text(v.type.shape)}" for v in missing)
+                         + f" {'have' if many else 'has'} symbolic or unknown dims that nothing sized",
+                         hint=f"pass {option} with {'their' if many else 'its'} shape, e.g. {option} \""
+                              + ";".join(f"{v.name}:{_example(v.type.shape)}" for v in missing) + '"'
+                              + (" (a symbol shared by several inputs takes the size given for one of them)"
+                                 if many else ""))
+    return out
+
+
+def _example(model: tuple | None, shape: Sequence[int] | None = None) -> str:
+    """``2,3,224,224``-style text of a shape: the model's static dims, given sizes, else 1."""
+    if model is None:
+        return ",".join(str(d) for d in shape) if shape else "1"
+    given = list(shape) if shape is not None and len(shape) == len(model) else None
+    return ",".join(str(d) if isinstance(d, int) else str(given[i]) if given else "1" for i, d in enumerate(model))
+
+
+def random_inputs(graph: Graph, seed: int = 0, dims: Mapping[str, int] | None = None, *, default_dim: int | None = 1,
+                  strict: bool = False, shapes: Mapping[str, Sequence[Any]] | None = None,
+                  known: Mapping[str, Any] | None = None, option: str = "shapes") -> dict[str, np.ndarray]:
     """Random feeds: floats standard normal, integers in [0, 4), booleans, strings ``"a"``.
 
-    A symbolic dim takes ``dims[name]`` or ``default_dim``. ``strict`` refuses inputs of unknown
-    rank or string dtype (a test wants to say so) instead of guessing a scalar or a string.
+    Their shapes are :func:`input_shapes`'s (``shapes`` by input, ``dims`` by symbol, sizes of
+    ``known`` feeds; else ``default_dim``, or an InputError naming the input when that is None).
+    ``strict`` refuses inputs of unknown rank or string dtype (a test wants to say so) instead
+    of guessing a scalar or a string.
     """
+    if strict:
+        for v in graph.inputs:
+            if v.type.shape is None and v.name not in (shapes or {}):
+                raise GEError(f"input '{v.name}' has an unknown rank; give feeds= explicitly")
+    sized = input_shapes(graph, shapes, dims, default_dim=default_dim, known=known, option=option)
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for v in graph.inputs:
-        if v.type.shape is None and strict:
-            raise GEError(f"input '{v.name}' has an unknown rank; give feeds= explicitly")
-        shape = tuple(d if isinstance(d, int) else (dims or {}).get(str(d), default_dim) for d in (v.type.shape or ()))
+        shape = sized[v.name]
         dt = v.type.dtype or np.dtype("float32")
         if dt.kind == "f":
             feeds[v.name] = rng.standard_normal(shape).astype(dt)

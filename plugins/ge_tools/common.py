@@ -31,6 +31,9 @@ def add_model_flags(p: argparse.ArgumentParser, *, compile_flags: bool = True) -
                    help="size of the first symbolic dim of the inputs (the batch); other symbolic dims are 1")
     p.add_argument("--dim", action="append", metavar="NAME=SIZE",
                    help="size of a symbolic dim by name, e.g. --dim seq=128 (repeatable)")
+    p.add_argument("--input-shape", dest="input_shape", metavar='"NAME:D1,D2,...;..."',
+                   help='shapes of the random inputs, as ge run takes them, e.g. "x:2,3,224,224;y:2,7" (a symbol '
+                        "shared by inputs takes the size given for one of them)")
     if compile_flags:
         p.add_argument("--framework", help="frontend of a source model: name or ATC number (5 ONNX, 3 TensorFlow)")
         p.add_argument("--config", help="pipeline config (TOML) used when compiling a source model")
@@ -124,7 +127,9 @@ def symbolic_dims(model, args: argparse.Namespace) -> dict[str, int]:
 
 
 def make_feeds(model, args: argparse.Namespace) -> dict[str, np.ndarray]:
-    """Feeds from ``--input`` files, the rest random (seeded) with symbolic dims from ``--batch``/``--dim``."""
+    """Feeds from ``--input`` files, the rest random (seeded): shapes from ``--input-shape``,
+    symbolic dims from ``--batch``/``--dim`` and the files' shapes, other symbolic dims 1."""
+    from ge_core.cli import random_input_shapes
     from ge_core.inputs import random_inputs, read_feed_file
 
     feeds: dict[str, np.ndarray] = {}
@@ -139,7 +144,10 @@ def make_feeds(model, args: argparse.Namespace) -> dict[str, np.ndarray]:
             raise InputError(f"--input names '{name}', which is not an input of the model{close_matches(name, names)}",
                              hint=f"inputs: {', '.join(model.input_names)}")
         feeds[name] = read_feed_file(name, path)
-    rnd = random_inputs(model.graph, getattr(args, "seed", 0) or 0, symbolic_dims(model, args))
+    shapes = random_input_shapes(getattr(args, "input_shape", None), feeds)
+    defaults = {v.name: v.default for v in model.graph.inputs if v.default is not None}
+    rnd = random_inputs(model.graph, getattr(args, "seed", 0) or 0, symbolic_dims(model, args), shapes=shapes,
+                        known={**defaults, **feeds}, option="--input-shape")
     for v in model.graph.inputs:
         if v.name not in feeds and v.default is None:
             feeds[v.name] = rnd[v.name]

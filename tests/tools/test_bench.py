@@ -90,10 +90,10 @@ def test_text_output_and_usage_errors(chain, capsys, tmp_path):
 def test_run_repeat_reports_the_warm_time_apart(chain, capsys):
     src, om = chain
     capsys.readouterr()
-    assert main(["run", str(om), "--repeat", "5", "--json"]) == 0
+    assert main(["run", str(om), "--repeat", "5", "--input-shape", "x:4,384", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["warm_runs"] == 4 and 0 < r["warm_seconds_min"] <= r["warm_seconds_median"]
     assert r["cold_seconds"] == r["seconds"]
-    assert main(["run", str(om), "--repeat", "3"]) == 0
+    assert main(["run", str(om), "--repeat", "3", "--input-shape", "x:4,384"]) == 0
     out = capsys.readouterr().out
     assert "first run (cold)" in out and "2 warm run(s): median" in out
