@@ -18,6 +18,7 @@ import numpy as np
 
 from .errors import GEError, GraphError, OmFormatError
 from .ir.graph import Graph, Value
+from .ir.symbolic import SymExpr, from_json, to_json
 from .ir.types import TensorType, dtype_name, parse_dtype
 from .memory import MAX_ARENA_BYTES
 from .om_container import MAX_PARTITIONS
@@ -284,7 +285,7 @@ def graph_to_dict(graph: Graph, weights: WeightWriter, depth: int = 0) -> dict[s
         if t.shape is not None:
             _check_shape(t.shape, what)
         return {"dtype": None if t.dtype is None else dtype_name(t.dtype),
-                "shape": None if t.shape is None else list(t.shape)}
+                "shape": None if t.shape is None else [to_json(d) if isinstance(d, SymExpr) else d for d in t.shape]}
 
     def value(v) -> dict[str, Any]:
         return {"name": _check_name(v.name, f"value '{v.name[:80]}' of {where}"), **vtype(v.type, f"value '{v.name[:80]}'")}
@@ -342,7 +343,15 @@ def _check_shape(shape: tuple, what: str) -> None:
     for dim in shape:
         if dim is None:
             continue
-        if isinstance(dim, str):
+        if isinstance(dim, SymExpr):
+            if any(len(x) > LIMITS.symbol_length for x in dim.symbols()):
+                raise GraphError(f"{what} has a symbolic dim naming a symbol of more than {LIMITS.symbol_length} "
+                                 "characters (limit symbol_length)")
+            try:
+                from_json(to_json(dim))
+            except ValueError as e:
+                raise GraphError(f"{what} has a dim expression an .om cannot hold: {e}") from None
+        elif isinstance(dim, str):
             if not 0 < len(dim) <= LIMITS.symbol_length:
                 raise GraphError(f"{what} has a symbolic dim of {len(dim)} characters; an .om holds names of 1 to "
                                  f"{LIMITS.symbol_length} (limit symbol_length)")
@@ -471,10 +480,18 @@ class GraphReader:
         x = self._list(x, what)
         if len(x) > LIMITS.rank:
             self.fail(f"{what} has rank {len(x)} (more than {LIMITS.rank})")
-        out: list[int | str | None] = []
+        out: list[Any] = []
         for d in x:
             if d is None or (isinstance(d, str) and 0 < len(d) <= LIMITS.symbol_length):
                 out.append(d)
+            elif isinstance(d, dict):
+                try:
+                    e = from_json(d)
+                except ValueError as err:
+                    self.fail(f"{what} has an invalid dim expression: {err}")
+                if any(len(s) > LIMITS.symbol_length for s in e.symbols()):
+                    self.fail(f"{what} has a dim expression naming a symbol longer than {LIMITS.symbol_length}")
+                out.append(e)
             else:
                 out.append(self._int(d, what, 0, LIMITS.dim))
         return tuple(out)

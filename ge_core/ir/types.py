@@ -7,8 +7,11 @@ from typing import Union
 
 import numpy as np
 
-#: One dimension: a static size, a symbolic name such as ``"N"``, or ``None`` (unknown).
-Dim = Union[int, str, None]
+from .symbolic import SymExpr, evaluate, norm
+
+#: One dimension: a static size, a symbolic name such as ``"N"``, an expression of symbols
+#: (:class:`~ge_core.ir.symbolic.SymExpr`, e.g. ``N*S*64``), or ``None`` (unknown).
+Dim = Union[int, str, SymExpr, None]
 #: A shape: a tuple of dims, or ``None`` when even the rank is unknown.
 Shape = Union[tuple, None]
 
@@ -82,6 +85,24 @@ class TensorType:
     def with_shape(self, shape: Shape) -> TensorType:
         return TensorType(self.dtype, shape)
 
+    @property
+    def symbols(self) -> set[str]:
+        """The symbol names the dims read (a symbolic dim, or inside an expression)."""
+        out: set[str] = set()
+        for d in self.shape or ():
+            if isinstance(d, str):
+                out.add(d)
+            elif isinstance(d, SymExpr):
+                out |= d.symbols()
+        return out
+
+    def bind(self, binding) -> TensorType:
+        """The type with every symbolic dim evaluated under ``binding`` (symbol -> int);
+        KeyError for a symbol it does not bind, TypeError for an unknown dim or rank."""
+        if self.shape is None:
+            raise TypeError("a type of unknown rank has no bound shape")
+        return TensorType(self.dtype, tuple(evaluate(d, binding) for d in self.shape))
+
     def __str__(self) -> str:
         if self.shape is None:
             dims = "*"
@@ -98,9 +119,13 @@ class TensorType:
 def _norm_dim(d):
     if d is None or isinstance(d, str):
         return d
+    if isinstance(d, SymExpr):
+        d = norm(d)
+        if not isinstance(d, int):
+            return d
     if isinstance(d, (int, np.integer)):
         d = int(d)
         if d < 0:
             return None
         return d
-    raise TypeError(f"a dim must be int, str or None, not {type(d).__name__}")
+    raise TypeError(f"a dim must be int, str, SymExpr or None, not {type(d).__name__}")

@@ -31,7 +31,7 @@ import numpy as np
 from ge_core.errors import ShapeInferenceError
 from ge_core.ir.graph import Graph, Node
 from ge_core.ir.types import TensorType
-from ge_sdk.onnx_types import dtype_to_elem, elem_to_dtype, type_from_proto  # noqa: F401 - re-exported
+from ge_sdk.onnx_types import dim_param, dtype_to_elem, elem_to_dtype, type_from_proto  # noqa: F401 - re-exported
 
 #: Constant inputs up to this many elements are handed to ONNX as input data.
 CONST_DATA_LIMIT = 1 << 16
@@ -141,8 +141,8 @@ def _type_bytes(t: TensorType) -> bytes:
             dim = shape.dim.add()
             if isinstance(d, int):
                 dim.dim_value = d
-            elif isinstance(d, str):
-                dim.dim_param = d
+            elif d is not None:
+                dim.dim_param = dim_param(d)  # a name, or an expression's token
     return tp.SerializeToString()
 
 

@@ -8,10 +8,41 @@ plugins reach each other only through registries, so the conversions they share 
 from __future__ import annotations
 
 import functools
+import secrets
+import threading
 
 import numpy as np
 
+from ge_core.ir.symbolic import SymExpr
 from ge_core.ir.types import TensorType
+
+#: A symbolic dim expression travels through ONNX's inference as an opaque ``dim_param``: this
+#: process's random prefix plus a serial number, so no name in a model can be taken for one.
+_TOKEN_PREFIX = "\u00a7" + secrets.token_hex(6) + ":"
+_tokens: dict[str, SymExpr] = {}
+_token_of: dict[SymExpr, str] = {}
+_token_lock = threading.Lock()
+
+
+def dim_param(d: str | SymExpr) -> str:
+    """The ``dim_param`` that stands for a symbolic dim (a name is itself)."""
+    if isinstance(d, str):
+        return d
+    t = _token_of.get(d)
+    if t is None:
+        with _token_lock:
+            t = _token_of.setdefault(d, f"{_TOKEN_PREFIX}{len(_token_of)}")
+            _tokens[t] = d
+    return t
+
+
+def from_dim_param(s: str) -> str | SymExpr | None:
+    """The dim a ``dim_param`` stands for (an expression's token, else the name; "" is unknown)."""
+    if not s:
+        return None
+    if s.startswith(_TOKEN_PREFIX):
+        return _tokens.get(s)
+    return s
 
 #: ONNX ``TensorProto`` element types -> NumPy dtype names, as ONNX names them (8 is "string";
 #: the float8/int4/float4 ones need ml_dtypes). The one table: no onnx import needed.
@@ -65,7 +96,7 @@ def type_from_proto(tp) -> TensorType | None:
         if which == "dim_value":
             dims.append(int(d.dim_value) if d.dim_value >= 0 else None)
         elif which == "dim_param":
-            dims.append(d.dim_param or None)
+            dims.append(from_dim_param(d.dim_param))
         else:
             dims.append(None)
     return TensorType(dtype, tuple(dims))
