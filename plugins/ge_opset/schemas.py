@@ -11,8 +11,8 @@ import numpy as np
 from ge_core.ops import OpDef
 from ge_sdk import native
 
-from .infer import onnx_infer
 from .kinds import RANDOM_OPS, op_alias, op_kind
+from .symbolic import infer as symbolic_infer
 
 #: The ONNX domains whose ops this op set defines ("" is the default domain).
 ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview")
@@ -142,7 +142,7 @@ def _opdef(r: dict) -> OpDef:
     name, dom = r["op_type"], r["domain"]
     return OpDef(op_type=name, domain=dom, min_inputs=r["min_inputs"], max_inputs=r["max_inputs"],
                  min_outputs=r["min_outputs"], max_outputs=r["max_outputs"], kind=op_kind(name),
-                 alias=op_alias(name) if dom == "" else None, infer=onnx_infer, since_version=r["since_version"],
+                 alias=op_alias(name) if dom == "" else None, infer=symbolic_infer, since_version=r["since_version"],
                  deprecated_after=r["deprecated_after"], deterministic=name not in RANDOM_OPS,
                  attrs={k: _decode_default(v) for k, v in r["attrs"].items()}, doc=r["doc"])
 
