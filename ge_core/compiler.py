@@ -9,22 +9,26 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .errors import GEError, OptionError, reraise_interrupt
+from .errors import GEError, GraphError, OptionError, reraise_interrupt
 from .ir.graph import Graph, Value
 from .memory import (
     DEFAULT_ALIGNMENT,
     MemoryPlan,
     MemoryProblem,
+    SymbolicPlan,
     build_problem,
     check_alignment,
     expand_plan,
     lower_bound,
     no_reuse_bytes,
+    order_of,
+    reference_bindings,
     verify_plan,
+    verify_symbolic_plan,
 )
 from .model import CompiledModel
 from .ops import unknown_ops_error
-from .options import CompileOptions
+from .options import CompileOptions, DimRange
 from .passes import PassContext, PassManager, resolve_pipeline
 from .registry import close_matches
 from .schedule import StreamAssignment, verify_streams
@@ -64,8 +68,10 @@ def compile_graph(graph: Graph, options: CompileOptions, host, progress: Callabl
     streams = _allocate_streams(g, options, regs)
     say("memory plan")
     problem = memory_problem(g, order, streams, options, regs)
-    plan = _plan_memory(problem, options, regs)
+    plan = _plan_memory(problem, options, regs, dim_ranges(g))
     weights_bytes = sum(int(a.nbytes) for v in g.all_constants() if (a := v.const_value) is not None)
+    # a symbolic problem's bounds are shown at the largest reference binding
+    shown = problem.bind(plan.references[0]) if isinstance(plan, SymbolicPlan) and plan.references else problem
     report: dict[str, Any] = {
         "nodes_before": nodes_before,
         "nodes_after": len(g),
@@ -74,8 +80,8 @@ def compile_graph(graph: Graph, options: CompileOptions, host, progress: Callabl
         "passes": [r.as_dict() for r in records],
         "memory": {
             "arena_bytes": plan.arena_bytes if plan else 0,
-            "lower_bound_bytes": lower_bound(problem),
-            "no_reuse_bytes": no_reuse_bytes(problem),
+            "lower_bound_bytes": lower_bound(shown) if not shown.symbolic else None,
+            "no_reuse_bytes": no_reuse_bytes(shown) if not shown.symbolic else None,
             "weights_bytes": weights_bytes,
             "planner": plan.planner if plan else None,
             "alignment": problem.alignment,
@@ -87,6 +93,14 @@ def compile_graph(graph: Graph, options: CompileOptions, host, progress: Callabl
         "backend": None,
         "compile_seconds": 0.0,
     }
+    if isinstance(plan, SymbolicPlan):
+        report["memory"]["symbolic"] = {
+            "symbols": {k: list(dim_ranges(g).get(k, (1, None))) for k in sorted(problem.symbols())},
+            "planned_buffers": len(problem.buffers), "orders": len(plan.orders),
+            "at_references": plan.stats.get("at_references", []),
+            "strategy": "one symbolic plan: placement orders fixed at compile time, offsets evaluated per "
+                        "distinct shape and verified before use",
+        }
     if pm.failures:
         report["pass_failures"] = pm.failures
     model = CompiledModel(g, options, streams=streams, memory_plan=plan, report=report, host=host)
@@ -130,11 +144,17 @@ def _set_log_level(level: str) -> None:
 
 
 def apply_input_shapes(g: Graph, shapes: dict[str, tuple]) -> None:
-    """Override input shapes (ATC ``--input_shape``); unknown names raise OptionError."""
-    if not shapes:
-        return
+    """Override input shapes (ATC ``--input_shape``) and name every unknown input dim.
+
+    Unknown names, ranks and static dims that conflict with the model raise OptionError. A range
+    (``lo~hi``) or an unknown dim (``-1``) makes the dim a symbol: the model's name for it when it
+    has one, else ``<input>_<axis>``; the ranges go to ``graph.metadata`` (:func:`dim_ranges`)."""
     by_name = {v.name: v for v in g.inputs}
-    for name, dims in shapes.items():
+    try:  # a compiled graph compiled again keeps its ranges (a malformed table is not ours: dropped)
+        ranges: dict[str, list] = {k: list(r) for k, r in dim_ranges(g).items()}
+    except GEError:
+        ranges = {}
+    for name, dims in (shapes or {}).items():
         v = by_name.get(name)
         if v is None:
             raise OptionError(
@@ -142,15 +162,73 @@ def apply_input_shapes(g: Graph, shapes: dict[str, tuple]) -> None:
                 hint=f"inputs: {', '.join(by_name)}",
             )
         if v.type.shape is not None and len(v.type.shape) != len(dims):
-            raise OptionError(f"input_shape gives '{name}' rank {len(dims)}, the model says {v.type}")
-        if v.type.shape is not None:
-            for i, (old, new) in enumerate(zip(v.type.shape, dims)):
-                if isinstance(old, int) and isinstance(new, int) and old != new:
-                    raise OptionError(f"input_shape gives '{name}' dim {i} = {new}, the model fixes it to {old}")
-        v.type = v.type.with_shape(dims)
-        if v.type.shape is not None:
-            # Values derived from this input get re-inferred by the prepare stage.
+            raise OptionError(f"input_shape gives '{name}' rank {len(dims)}, the model says {v.type}",
+                              hint=f"give {len(v.type.shape)} dims for '{name}'")
+        new = []
+        for i, d in enumerate(dims):
+            old = v.type.shape[i] if v.type.shape is not None else None
+            if isinstance(old, int) and d is not None and (isinstance(d, DimRange) or (isinstance(d, int) and d != old)):
+                raise OptionError(f"input_shape gives '{name}' dim {i} = {d}, the model fixes it to {old}",
+                                  hint=f"give {old} (or leave the dim out of a range)")
+            if isinstance(d, DimRange) or d is None:
+                sym = old if isinstance(old, str) else None
+                if sym is None:
+                    sym = _fresh_symbol(g, name, i)
+                if isinstance(d, DimRange):
+                    if sym in ranges and tuple(ranges[sym]) != (d.lo, d.hi):
+                        raise OptionError(f"input_shape gives dim '{sym}' two ranges, {ranges[sym][0]}~"
+                                          f"{ranges[sym][1] or -1} and {d}", hint="give a shared dim one range")
+                    ranges[sym] = [d.lo, d.hi]
+                new.append(sym)
+            else:
+                new.append(d)
+        if tuple(new) != v.type.shape:
+            v.type = v.type.with_shape(tuple(new))
+            _forget_shapes_from(v)  # values derived from this input get re-inferred by the prepare stage
+    for v in g.inputs:  # every other unknown dim of an input is a symbol of its own
+        if v.type.shape is not None and None in v.type.shape:
+            v.type = v.type.with_shape(tuple(_fresh_symbol(g, v.name, i) if d is None else d
+                                             for i, d in enumerate(v.type.shape)))
             _forget_shapes_from(v)
+    g.metadata.pop(DIM_RANGES, None)
+    if ranges:
+        g.metadata[DIM_RANGES] = ranges
+
+
+#: ``graph.metadata`` key of the input symbols' ranges (``{symbol: [lo, hi or None]}``).
+DIM_RANGES = "ge.dim_ranges"
+
+
+def dim_ranges(g: Graph) -> dict[str, tuple[int, int | None]]:
+    """The ranges of the input symbols (:func:`apply_input_shapes`), checked as data from outside:
+    GraphError for anything but ``{symbol: [lo >= 0, hi >= lo or None]}`` of the graph's symbols."""
+    raw = g.metadata.get(DIM_RANGES)
+    if raw is None:
+        return {}
+    ok = isinstance(raw, dict) and len(raw) <= 1024
+    out: dict[str, tuple[int, int | None]] = {}
+    for k, r in (raw.items() if ok else ()):
+        good = (isinstance(k, str) and isinstance(r, (list, tuple)) and len(r) == 2
+                and all(x is None or (isinstance(x, int) and not isinstance(x, bool)) for x in r)
+                and isinstance(r[0], int) and r[0] >= 0 and (r[1] is None or r[1] >= r[0]))
+        if not good:
+            ok = False
+            break
+        out[k] = (r[0], r[1])
+    if not ok:
+        raise GraphError(f"graph '{g.name}': metadata '{DIM_RANGES}' is not a table of dim ranges",
+                         hint="recompile the model; ranges come from --input_shape (x:1~8,...)")
+    return out
+
+
+def _fresh_symbol(g: Graph, name: str, axis: int) -> str:
+    taken = {d for v in g.inputs for d in (v.type.shape or ()) if isinstance(d, str)}
+    base = f"{name[:64]}_{axis}"
+    sym, k = base, 1
+    while sym in taken:
+        k += 1
+        sym = f"{base}_{k}"
+    return sym
 
 
 def _forget_shapes_from(v: Value) -> None:
@@ -241,7 +319,7 @@ def memory_problem(g: Graph, order, streams: StreamAssignment, options: CompileO
     return build_problem(g, order, alignment, streams=streams, alias=alias, share=_reuse_enabled(options))
 
 
-def _plan_memory(problem, options: CompileOptions, regs) -> MemoryPlan | None:
+def _plan_memory(problem, options: CompileOptions, regs, ranges: dict | None = None) -> MemoryPlan | SymbolicPlan | None:
     if not _reuse_enabled(options):
         name = "none"
     else:
@@ -251,6 +329,12 @@ def _plan_memory(problem, options: CompileOptions, regs) -> MemoryPlan | None:
     if name not in regs.memory_planners and options.memory_planner is None:
         name = next(iter(regs.memory_planners))
     planner = regs.memory_planners.require(name, OptionError, " (option memory_planner)")
+    if problem.symbolic:
+        return _plan_symbolic(problem, options, regs, name, planner, ranges or {})
+    return _plan_concrete(problem, options, regs, name, planner)
+
+
+def _plan_concrete(problem, options, regs, name: str, planner) -> MemoryPlan:
     try:
         plan = planner(problem, options)
     except GEError:
@@ -264,3 +348,24 @@ def _plan_memory(problem, options: CompileOptions, regs) -> MemoryPlan | None:
     expand_plan(problem, plan)
     verify_plan(problem, plan)
     return plan
+
+
+def _plan_symbolic(problem: MemoryProblem, options, regs, name: str, planner, ranges: dict) -> SymbolicPlan:
+    """The planner run at reference values of the symbols; its plans become placement orders
+    (:class:`ge_core.memory.SymbolicPlan`), valid at every value."""
+    refs = reference_bindings(sorted(problem.symbols()), ranges)
+    orders: list[list[str]] = []
+    planned: list[int] = []
+    for b in refs:
+        concrete = problem.bind(b)
+        plan = _plan_concrete(concrete, options, regs, name, planner)
+        planned.append(plan.arena_bytes)
+        order = order_of(plan, concrete)
+        if order not in orders:
+            orders.append(order)
+    sp = SymbolicPlan(orders, name, refs)
+    verify_symbolic_plan(problem, sp)
+    at = [sp.at(b).arena_bytes for b in refs]
+    sp.stats = {"arena_at_largest": at[0], "at_references": [{"binding": b, "arena_bytes": a, "planner_bytes": p}
+                                                             for b, a, p in zip(refs, at, planned)]}
+    return sp

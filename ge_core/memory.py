@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import GEError, SecurityError
+from .ir import symbolic as sym
 from .ir.graph import Graph, Node, Value
 from .schedule import HappensBefore, StreamAssignment
 
@@ -60,10 +61,11 @@ def check_alignment(a: Any) -> int:
 
 @dataclass
 class Buffer:
-    """One intermediate tensor to place: alive from node ``start`` to node ``end`` (inclusive)."""
+    """One intermediate tensor to place: alive from node ``start`` to node ``end`` (inclusive).
+    ``size`` is bytes, or in a symbolic problem an expression of the input symbols."""
 
     name: str
-    size: int
+    size: Any
     start: int
     end: int
 
@@ -83,6 +85,35 @@ class MemoryProblem:
     #: How each alias came about: ``member -> "view" | "inplace" | "concat"``.
     alias_kinds: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def symbolic(self) -> bool:
+        """True when some size is an expression of the input symbols (see :meth:`bind`)."""
+        return any(not isinstance(b.size, int) for b in self.buffers) or any(
+            not isinstance(n, int) for _, _, n in self.aliases.values())
+
+    def symbols(self) -> set[str]:
+        out: set[str] = set()
+        for b in self.buffers:
+            out |= sym.symbols_of(b.size)
+        return out
+
+    def bind(self, binding: dict[str, int]) -> MemoryProblem:
+        """The problem at one value of every symbol: every size in bytes (GEError for a size that
+        is negative there, or too large for an arena)."""
+        def size(name: str, e: Any) -> int:
+            n = sym.evaluate(e, binding)
+            if not 0 <= n < MAX_ARENA_BYTES:
+                raise GEError(f"buffer '{name}' takes {n} bytes at {_binding_text(binding)}, outside 0..{MAX_ARENA_BYTES}",
+                              hint="check the input shapes against the model")
+            return n
+        return MemoryProblem([Buffer(b.name, size(b.name, b.size), b.start, b.end) for b in self.buffers],
+                             self.alignment, dict(self.streams), list(self.dynamic),
+                             {m: (r, off, size(m, n)) for m, (r, off, n) in self.aliases.items()}, dict(self.alias_kinds))
+
+
+def _binding_text(binding: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(binding.items())) or "no symbols"
+
 
 @dataclass
 class MemoryPlan:
@@ -101,12 +132,24 @@ class MemoryPlan:
         return d
 
 
-def value_size(v: Value) -> int | None:
-    """Bytes of a value that can live in an arena (fixed-size dtype, static shape), else None."""
+def value_size(v: Value, symbols: set[str] | None = None) -> Any:
+    """Bytes of a value that can live in an arena (fixed-size dtype, static shape), else None.
+
+    With ``symbols`` (the symbols a run binds: the graph inputs' symbolic dims) a shape whose dims
+    are expressions of those symbols has a size too: an expression (:mod:`ge_core.ir.symbolic`)."""
     t = v.type
     if t is None or t.dtype is None or t.dtype.kind in "OUSV":
         return None
-    return t.nbytes
+    if symbols is None or t.shape is None or t.is_static:
+        return t.nbytes
+    if None in t.shape or not t.symbols <= symbols:
+        return None
+    return sym.mul(sym.prod(t.shape), t.dtype.itemsize)
+
+
+def input_symbols(graph: Graph) -> set[str]:
+    """The symbols a run binds: symbolic dims of the graph's inputs (plain names, each a dim)."""
+    return {d for v in graph.inputs for d in (v.type.shape or ()) if isinstance(d, str)}
 
 
 def build_problem(
@@ -133,7 +176,8 @@ def build_problem(
             owner[sub] = i
             owner.update((s, i) for m in sub.walk() for s in m.subgraphs())
     outputs = set(graph.outputs)
-    sizes: dict[str, int] = {}
+    bound = input_symbols(graph)
+    sizes: dict[str, Any] = {}
     start: dict[str, int] = {}
     end: dict[str, int] = {}
     readers: dict[str, list[int]] = {}
@@ -143,11 +187,11 @@ def build_problem(
         for v in node.outputs:
             if v in outputs:
                 continue
-            size = value_size(v)
+            size = value_size(v, bound)
             if size is None:
                 dynamic.append(v.name)
                 continue
-            if size >= MAX_ARENA_BYTES:
+            if isinstance(size, int) and size >= MAX_ARENA_BYTES:
                 raise SecurityError(
                     f"output '{v.name}' of {node.describe()} is {v.type}: {size} bytes, too large for a memory "
                     f"arena (less than {MAX_ARENA_BYTES} bytes, 256 TiB)",
@@ -377,6 +421,9 @@ def verify_plan(problem: MemoryProblem, plan: MemoryPlan) -> None:
     its arena is no larger than every buffer side by side. The compiler checks each planner's
     plan with it, and the .om loader each stored plan, against the problem rebuilt from the graph.
     """
+    if problem.symbolic:
+        raise GEError(f"the memory plan by '{plan.planner}' gives fixed offsets to buffers whose sizes depend on "
+                      "the input shapes (a symbolic problem needs a symbolic plan)")
     if plan.arena_bytes >= MAX_ARENA_BYTES:
         raise SecurityError(
             f"the memory plan by '{plan.planner}' needs an arena of {plan.arena_bytes} bytes; an arena must be "
@@ -431,3 +478,151 @@ def verify_plan(problem: MemoryProblem, plan: MemoryPlan) -> None:
                     f"'{b.name}' [{ob}, {ob + b.size}) while both are alive"
                 )
         heapq.heappush(alive, (b.end, i, b))
+
+
+# ------------------------------------------------------------------------------------------------
+# symbolic plans: one plan for every value of the input symbols
+# ------------------------------------------------------------------------------------------------
+#: At most this many placement orders in a symbolic plan (and reference bindings planned).
+MAX_ORDERS = 8
+#: The largest value a reference binding gives an unbounded symbol.
+UNBOUNDED_REFERENCE = 256
+
+
+@dataclass
+class SymbolicPlan:
+    """A memory plan for a problem whose sizes are expressions of the input symbols.
+
+    It is a few *placement orders* (each a permutation of the buffers), planned once at compile
+    time by a concrete planner at reference values of the symbols. At a run's values each order
+    places every buffer, in turn, just above the buffers before it in the order that are alive
+    at the same time (:func:`place_in_order`); the plan takes the order with the smallest arena.
+    That placement never overlaps two live buffers whatever the sizes are, so the plan holds for
+    every value of the symbols: the loader checks only that each order is a permutation, and a
+    run checks its concrete plan (:meth:`at`). At a reference binding the order reproduces its
+    planner's arena or better.
+    """
+
+    orders: list[list[str]]
+    planner: str = ""
+    #: The bindings the orders were planned at, and the arena each reached there.
+    references: list[dict[str, int]] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+    #: The problem the plan places (set by the compiler and the loader; not stored).
+    problem: MemoryProblem | None = None
+    _below: list[list[list[int]]] | None = field(default=None, repr=False)
+
+    @property
+    def arena_bytes(self) -> int:
+        """The arena at the largest reference binding (what a report shows)."""
+        return int(self.stats.get("arena_at_largest", 0))
+
+    @property
+    def offsets(self) -> dict[str, int]:
+        return {}
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"planner": self.planner, "symbolic": True, "orders": [list(o) for o in self.orders],
+                             "references": [dict(r) for r in self.references]}
+        if self.stats:
+            d["stats"] = dict(self.stats)
+        return d
+
+    def at(self, binding: dict[str, int]) -> MemoryPlan:
+        """The concrete plan at ``binding`` (every input symbol bound to its run's value), verified."""
+        problem = self.problem
+        if problem is None:
+            raise GEError("a symbolic memory plan was used without its problem")
+        concrete = problem.bind(binding)
+        if self._below is None:
+            self._below = [_below_lists(problem.buffers, order) for order in self.orders]
+        best: MemoryPlan | None = None
+        for k, order in enumerate(self.orders):
+            plan = place_in_order(concrete, order, self._below[k], f"{self.planner} (order {k})")
+            if best is None or plan.arena_bytes < best.arena_bytes:
+                best = plan
+        assert best is not None
+        expand_plan(concrete, best)
+        verify_plan(concrete, best)
+        return best
+
+
+def _below_lists(buffers: Sequence[Buffer], order: Sequence[str]) -> list[list[int]]:
+    """Per position in ``order``, the earlier positions whose buffers are alive at the same time."""
+    by_name = {b.name: b for b in buffers}
+    spans = [(by_name[n].start, by_name[n].end) for n in order]
+    out: list[list[int]] = []
+    for i, (s, e) in enumerate(spans):
+        out.append([j for j in range(i) if spans[j][0] <= e and s <= spans[j][1]])
+    return out
+
+
+def place_in_order(problem: MemoryProblem, order: Sequence[str], below: Sequence[Sequence[int]] | None = None,
+                   name: str = "order") -> MemoryPlan:
+    """Place the buffers of a concrete problem in ``order``, each just above (aligned) every
+    earlier buffer of the order alive at the same time; ``below`` is :func:`_below_lists`."""
+    if below is None:
+        below = _below_lists(problem.buffers, order)
+    size = {b.name: b.size for b in problem.buffers}
+    a = problem.alignment
+    top = [0] * len(order)
+    offsets: dict[str, int] = {}
+    arena = 0
+    for i, n in enumerate(order):
+        off = 0
+        for j in below[i]:
+            if top[j] > off:
+                off = top[j]
+        off = align_up(off, a)
+        offsets[n] = off
+        top[i] = off + size[n]
+        arena = max(arena, align_up(top[i], a))
+    return MemoryPlan(offsets, arena, name)
+
+
+def order_of(plan: MemoryPlan, problem: MemoryProblem) -> list[str]:
+    """The placement order a concrete plan implies: its buffers by offset (then by start)."""
+    return [b.name for b in sorted(problem.buffers, key=lambda b: (plan.offsets[b.name], b.start, b.name))]
+
+
+def reference_bindings(symbols: Sequence[str], ranges: dict[str, tuple[int, int | None]]) -> list[dict[str, int]]:
+    """Bindings a symbolic problem is planned at: every symbol at its least, largest and middle
+    value, and for several symbols each one large with the others small (at most
+    :data:`MAX_ORDERS`). An unbounded symbol's largest is :data:`UNBOUNDED_REFERENCE`."""
+    lo: dict[str, int] = {}
+    hi: dict[str, int] = {}
+    for s in symbols:
+        a, b = ranges.get(s, (1, None))
+        lo[s] = max(1, a)
+        hi[s] = max(lo[s], b if b is not None else max(UNBOUNDED_REFERENCE, lo[s]))
+    mid = {s: max(lo[s], round(math.sqrt(lo[s] * hi[s]))) for s in symbols}
+    out = [dict(hi), dict(mid), dict(lo)]
+    if len(symbols) > 1:
+        for s in symbols:
+            out.append({t: hi[t] if t == s else lo[t] for t in symbols})
+            out.append({t: lo[t] if t == s else hi[t] for t in symbols})
+    seen: list[dict[str, int]] = []
+    for ref in out:
+        if ref not in seen:
+            seen.append(ref)
+    return seen[:MAX_ORDERS]
+
+
+def verify_symbolic_plan(problem: MemoryProblem, plan: SymbolicPlan) -> None:
+    """Raise GEError unless every order of ``plan`` is a permutation of the problem's buffers
+    (which makes the placement valid at every binding) and the plan is valid at each reference."""
+    names = [b.name for b in problem.buffers]
+    want = set(names)
+    if not 1 <= len(plan.orders) <= MAX_ORDERS:
+        raise GEError(f"symbolic memory plan by '{plan.planner}' has {len(plan.orders)} orders (1..{MAX_ORDERS})")
+    for k, order in enumerate(plan.orders):
+        if len(order) != len(names) or set(order) != want:
+            raise GEError(f"symbolic memory plan by '{plan.planner}': order {k} is not a permutation of the "
+                          f"{len(names)} buffers of the schedule")
+    symbols = problem.symbols()
+    for b in plan.references:
+        if set(b) != symbols:
+            raise GEError(f"symbolic memory plan by '{plan.planner}': a reference binding names {sorted(b)[:8]}, "
+                          f"the problem's symbols are {sorted(symbols)[:8]}")
+        plan.problem = problem
+        plan.at(b)

@@ -15,7 +15,7 @@ import numpy as np
 
 from .errors import InputError, OptionError
 from .ir.graph import Graph
-from .memory import MemoryPlan
+from .memory import MemoryPlan, SymbolicPlan
 from .options import CompileOptions
 from .schedule import StreamAssignment
 
@@ -65,7 +65,7 @@ class CompiledModel:
         options: CompileOptions,
         *,
         streams: StreamAssignment,
-        memory_plan: MemoryPlan | None,
+        memory_plan: MemoryPlan | SymbolicPlan | None,
         report: dict[str, Any],
         host=None,
     ) -> None:
@@ -77,6 +77,7 @@ class CompiledModel:
         self.source: str | None = None
         self._host = host
         self._executable = None
+        self._dim_ranges: dict[str, tuple[int, int | None]] | None = None
         self._lock = threading.Lock()
         self._keepalive: Any = None  # the mapped .om file whose weights the graph uses
         self._async_runner: AsyncRunner | None = None
@@ -311,8 +312,40 @@ class CompiledModel:
                     if isinstance(want, str):
                         if sym.setdefault(want, dim) != dim:
                             raise InputError(f"input '{v.name}' dim {i} ('{want}') is {dim}, but another input set it to {sym[want]}")
+                        r = self.dim_ranges.get(want)
+                        if r is not None and not (r[0] <= dim and (r[1] is None or dim <= r[1])):
+                            raise InputError(
+                                f"input '{v.name}' has shape {list(a.shape)}: dim {i} ('{want}') is {dim}, outside the "
+                                f"range {r[0]}~{'-1' if r[1] is None else r[1]} the model was compiled for",
+                                hint="feed a shape inside the range, or compile again with a wider range "
+                                     "(--input_shape x:lo~hi,...)")
             out[v.name] = a
         return out
+
+    @property
+    def dim_ranges(self) -> dict[str, tuple[int, int | None]]:
+        """The ranges of the input symbols (``--input_shape x:1~8,...``): symbol -> (lo, hi or None)."""
+        r = self._dim_ranges
+        if r is None:
+            from .compiler import dim_ranges
+
+            r = self._dim_ranges = dim_ranges(self.graph)
+        return r
+
+    def arena_bytes_at(self, dims: Mapping[str, int]) -> int:
+        """The arena a run whose input symbols take the values ``dims`` uses (a symbolic plan,
+        evaluated there); the planned arena of a model with static shapes."""
+        from .memory import SymbolicPlan
+
+        plan = self.memory_plan
+        if isinstance(plan, SymbolicPlan):
+            want = plan.problem.symbols() if plan.problem is not None else set()
+            missing = sorted(want - set(dims))
+            if missing:
+                raise InputError(f"arena_bytes_at needs a value for the symbol(s) {_listed(missing)}",
+                                 hint=f"the model's symbols: {_listed(sorted(want))}")
+            return plan.at({k: int(dims[k]) for k in want}).arena_bytes
+        return int(plan.arena_bytes) if plan is not None else 0
 
     @property
     def input_defaults(self) -> dict[str, np.ndarray]:

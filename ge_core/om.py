@@ -22,7 +22,7 @@ from . import __version__, cache
 from .errors import GEError, GraphError, ModelFileError, OmFormatError, OptionError, UnsupportedOpError
 from .ir.graph import Graph
 from .ir.verify import verify_graph
-from .memory import MemoryPlan, verify_plan
+from .memory import MAX_ORDERS, MemoryPlan, SymbolicPlan, verify_plan, verify_symbolic_plan
 from .model import CompiledModel
 
 if TYPE_CHECKING:
@@ -374,7 +374,7 @@ def model_from_definition(path: str, d: dict[str, Any], raw: Any, blob: Any, con
                           run_options: dict[str, Any] | None = None) -> CompiledModel:
     """The model of the definition ``d`` (read from the bytes ``raw``, its constants in ``blob``
     of the open ``container``), verified as :func:`load_om` says, its executable built."""
-    from .compiler import memory_problem
+    from .compiler import dim_ranges, memory_problem
 
     graph = read_graph(d.get("graph"), d.get("weights", []), blob, f"'{path}'")
     regs = host.registries
@@ -406,7 +406,11 @@ def model_from_definition(path: str, d: dict[str, Any], raw: Any, blob: Any, con
     if plan is not None:
         try:
             problem = memory_problem(graph, order, streams, options, regs)
-            verify_plan(problem, plan)
+            dim_ranges(graph)  # the input symbols' ranges: a table of ints, or refused
+            if isinstance(plan, SymbolicPlan):
+                verify_symbolic_plan(problem, plan)
+            else:
+                verify_plan(problem, plan)
         except GEError as e:
             raise _stored("memory plan", path, e) from None
     model = CompiledModel(graph, options, streams=streams, memory_plan=plan, report=d.get("report", {}), host=host)
@@ -452,14 +456,31 @@ def read_streams(d: Any, n: int, path: str) -> StreamAssignment:
     return StreamAssignment(streams, ev)
 
 
-def read_plan(d: Any, path: str) -> MemoryPlan | None:
-    """The stored memory plan, well formed (integer offsets inside the arena); :func:`verify_plan`
-    then checks it against the memory problem of the loaded graph."""
+def read_plan(d: Any, path: str) -> MemoryPlan | SymbolicPlan | None:
+    """The stored memory plan, well formed (integer offsets inside the arena; a symbolic plan's
+    orders lists of names, its references bindings of ints); :func:`verify_plan` (or
+    :func:`verify_symbolic_plan`) then checks it against the memory problem of the loaded graph."""
     if d is None:
         return None
     bad = OmFormatError(f"'{path}': the memory plan is invalid", hint=_RECREATE)
     if not isinstance(d, dict):
         raise bad
+    if d.get("symbolic") is True:
+        orders, refs, planner = d.get("orders"), d.get("references", []), d.get("planner", "")
+        if (not isinstance(orders, list) or not 1 <= len(orders) <= MAX_ORDERS or not isinstance(planner, str)
+                or not isinstance(refs, list) or len(refs) > MAX_ORDERS):
+            raise bad
+        for o in orders:
+            if not isinstance(o, list) or not all(isinstance(n, str) for n in o):
+                raise bad
+        for r in refs:
+            if not isinstance(r, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                                                  and 1 <= v <= LIMITS.dim for k, v in r.items()):
+                raise bad
+        stats = d.get("stats")
+        arena = stats.get("arena_at_largest", 0) if isinstance(stats, dict) else 0
+        shown = {"arena_at_largest": arena} if isinstance(arena, int) and not isinstance(arena, bool) else {}
+        return SymbolicPlan([list(o) for o in orders], planner[:200], [dict(r) for r in refs], shown)
     offsets, arena, planner = d.get("offsets", {}), d.get("arena_bytes", 0), d.get("planner", "")
     if (not isinstance(offsets, dict) or isinstance(arena, bool) or not isinstance(arena, int)
             or not 0 <= arena < LIMITS.arena_bytes or not isinstance(planner, str)):

@@ -274,7 +274,7 @@ class CompileOptions:
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["input_shape"] = {k: list(v) for k, v in self.input_shape.items()}
+        d["input_shape"] = {k: [str(x) if isinstance(x, DimRange) else x for x in v] for k, v in self.input_shape.items()}
         return d
 
 
@@ -368,10 +368,53 @@ def parse_framework(v: Any) -> str | None:
     raise OptionError(f"option framework must be a number or name, not {v!r}")
 
 
+class DimRange(tuple):
+    """A dim of ``--input_shape`` given as a range, ``lo~hi`` (GE's syntax; ``hi`` None: no upper
+    bound, written ``lo~-1``): the input's dim becomes a symbol whose run-time values must lie in it."""
+
+    def __new__(cls, lo: Any, hi: int | None = None):
+        if not isinstance(lo, int):  # dataclasses.asdict rebuilds tuples from an iterable
+            lo, hi = tuple(lo)
+        return super().__new__(cls, (lo, hi))
+
+    @property
+    def lo(self) -> int:
+        return self[0]
+
+    @property
+    def hi(self) -> int | None:
+        return self[1]
+
+    def __str__(self) -> str:
+        return f"{self[0]}~{-1 if self[1] is None else self[1]}"
+
+
+def frontend_dims(old: tuple | None, new: tuple) -> tuple:
+    """The dims a frontend gives an input from ``--input_shape`` ``new``: static sizes and names
+    as given; an unknown dim or a range keeps the model's dim (the compiler makes it a symbol
+    with its range, :func:`ge_core.compiler.apply_input_shapes`)."""
+    keep = old if old is not None and len(old) == len(new) else (None,) * len(new)
+    return tuple(k if d is None or isinstance(d, DimRange) else d for d, k in zip(new, keep))
+
+
+def _parse_range(name: str, d: str) -> DimRange:
+    lo_s, _, hi_s = d.partition("~")
+    lo_s, hi_s = lo_s.strip(), hi_s.strip()
+    if not _is_int(lo_s) or not _is_int(hi_s):
+        raise OptionError(f"input_shape of '{name}': range {d!r} must be lo~hi with integers",
+                          hint='for example --input_shape="x:1~8,3,224,224" (lo~-1: no upper bound)')
+    lo, hi = int(lo_s), int(hi_s)
+    if lo < 1 or (hi != -1 and hi < lo) or hi < -1:
+        raise OptionError(f"input_shape of '{name}': range {d!r} needs 1 <= lo <= hi (or hi -1 for no upper bound)",
+                          hint='for example --input_shape="x:1~8,3,224,224"')
+    return DimRange(lo, None if hi == -1 else hi)
+
+
 def parse_input_shape(v: Any) -> dict[str, tuple]:
     """``"x:1,3,224,224;y:-1,8"`` or ``{"x": [1, 3, 224, 224]}`` -> ``{"x": (1, 3, 224, 224)}``.
 
-    ``-1`` or ``?`` keep a dim unknown; a name keeps it symbolic.
+    ``-1`` or ``?`` keep a dim unknown (a symbol of its own at compile time); a name keeps it
+    symbolic; ``lo~hi`` is a :class:`DimRange` (GE's shape range).
     """
     if v is None or v == "":
         return {}
@@ -403,7 +446,11 @@ def parse_input_shape(v: Any) -> dict[str, tuple]:
                     d = int(d)
                 elif d in ("?", ""):
                     d = None
-            if isinstance(d, bool) or not isinstance(d, (int, str, type(None))):
+                elif "~" in d:
+                    d = _parse_range(name, d)
+            if isinstance(d, (list, tuple)) and not isinstance(d, DimRange) and len(d) == 2:
+                d = _parse_range(name, f"{d[0]}~{-1 if d[1] is None else d[1]}")  # [lo, hi] in a config file
+            if isinstance(d, bool) or not isinstance(d, (int, str, type(None), DimRange)):
                 raise OptionError(f"input_shape of '{name}': bad dim {d!r}")
             if isinstance(d, int) and d < 0:
                 d = None if d == -1 else _raise(OptionError(f"input_shape of '{name}': dim {d} is negative"))

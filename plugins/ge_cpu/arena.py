@@ -38,9 +38,9 @@ import numpy as np
 from ge_core.errors import ExecutionError
 from ge_core.ir.graph import Graph, Node
 from ge_core.kernel import accepts_out
-from ge_core.memory import MemoryPlan, value_size
+from ge_core.memory import MemoryPlan, SymbolicPlan
 
-from .executable import CpuExecutable
+from .executable import CpuExecutable, run_threads
 from .program import Program, Step, call_step
 from .values import as_output
 
@@ -52,10 +52,28 @@ NOOP, OUT, CALL = 0, 1, 2
 
 
 class Layout:
-    """Where a program's values live in one arena (planned views), and each step's mode."""
+    """Where a program's values live in one arena (planned views), and each step's mode.
 
-    def __init__(self, program: Program, plan: MemoryPlan) -> None:
+    ``binding`` (symbol -> int) gives the sizes of a symbolic program's values at one run's shapes
+    (:class:`ShapedLayouts`); a value whose type it cannot evaluate keeps its own array."""
+
+    def __init__(self, program: Program, plan: MemoryPlan, binding: Mapping[str, int] | None = None) -> None:
         self.arena_bytes = int(plan.arena_bytes)
+
+        def typed(v) -> Any:
+            if binding is None or v.type.shape is None or v.type.is_static:
+                return v.type
+            try:
+                return v.type.bind(binding)
+            except (KeyError, TypeError):
+                return None
+
+        def size(v) -> int | None:
+            t = typed(v)
+            if t is None or t.dtype is None or t.dtype.kind in "OUSV":
+                return None
+            return t.nbytes
+
         slot: dict[Any, int] = {}
         for st in program.steps:
             for v, s in zip(st.node.inputs, st.ins):
@@ -69,12 +87,12 @@ class Layout:
         for v, s in slot.items():
             if v in outputs or v.producer is None or v.name not in plan.offsets:
                 continue
-            n = value_size(v)
+            n = size(v)
             off = plan.offsets[v.name]
             if n is None or not isinstance(off, int) or off < 0 or off + n > self.arena_bytes or off % v.type.dtype.itemsize:
                 continue  # not placeable (or a hostile plan): the value keeps its own array
             where[s] = (off, n)
-            planned.append((s, off, n, v.type.dtype, tuple(v.type.shape)))
+            planned.append((s, off, n, v.type.dtype, tuple(typed(v).shape)))
         #: (slot, offset, nbytes, dtype, shape) of every planned value
         self.planned = planned
         #: slot -> (offset, nbytes) of every planned value
@@ -92,7 +110,7 @@ class Layout:
         self.kernel_count = sum(m != NOOP for m in self.modes)
         self.noop_steps = len(program.steps) - self.kernel_count
         #: per step, per output: (dtype, shape) when the value has a static size, else None
-        self.out_types = [[(v.type.dtype, tuple(v.type.shape)) if value_size(v) is not None else None
+        self.out_types = [[(v.type.dtype, tuple(typed(v).shape)) if size(v) is not None else None
                            for v in st.node.outputs] for st in program.steps]
 
 
@@ -275,3 +293,77 @@ class ArenaExecutable(CpuExecutable):
         layout = Layout(program, plan)
         super().__init__(program, ArenaInterpreter(program, layout), options, layout=layout,
                          contexts=ContextPool(program, layout), plan=plan)
+
+
+class ShapedLayouts:
+    """A symbolic plan's layouts: per distinct binding of the input symbols (one run's shapes),
+    the concrete plan (:meth:`ge_core.memory.SymbolicPlan.at`, verified), its :class:`Layout`,
+    interpreter and contexts, made on the first run at those shapes and kept for the last
+    :data:`KEEP` bindings. A binding with a symbol below 1 (an empty dim) runs unplanned."""
+
+    #: Bindings whose layouts (and pooled arenas) are kept.
+    KEEP = 8
+
+    def __init__(self, program: Program, plan: SymbolicPlan, streams: Any = None) -> None:
+        self.program, self.plan, self.streams = program, plan, streams
+        #: (input slot, axis, symbol) of every symbolic input dim
+        self.dims = [(name, i, d) for name, _ in program.input_slots
+                     for v in [_input(program.graph, name)] for i, d in enumerate(v.type.shape or ())
+                     if isinstance(d, str)]
+        self._cache: dict[tuple, tuple[Layout, ArenaInterpreter, ContextPool]] = {}
+        self._lock = threading.Lock()
+
+    def binding(self, feeds: Mapping[str, Any]) -> dict[str, int]:
+        return {d: int(np.shape(feeds[name])[i]) for name, i, d in self.dims}
+
+    def entry(self, binding: dict[str, int]) -> tuple[Layout, ArenaInterpreter, ContextPool]:
+        key = tuple(sorted(binding.items()))
+        with self._lock:
+            hit = self._cache.pop(key, None)
+            if hit is not None:
+                self._cache[key] = hit  # most recent last
+                return hit
+        if all(v >= 1 for v in binding.values()):
+            plan = self.plan.at(binding)
+        else:
+            plan = MemoryPlan({}, 0, "none")
+        layout = Layout(self.program, plan, binding)
+        made = (layout, ArenaInterpreter(self.program, layout, self.streams), ContextPool(self.program, layout))
+        with self._lock:
+            self._cache[key] = made
+            while len(self._cache) > self.KEEP:
+                self._cache.pop(next(iter(self._cache)))
+        return made
+
+    def arena_bytes(self, binding: dict[str, int]) -> int:
+        return self.entry(binding)[0].arena_bytes
+
+
+def _input(graph: Graph, name: str):
+    return next(v for v in graph.inputs if v.name == name)
+
+
+class SymbolicArenaExecutable(CpuExecutable):
+    """A model with symbolic dims interpreted inside the arena its symbolic plan gives each run's
+    shapes (:class:`ShapedLayouts`): planned once at compile time, evaluated per distinct shape."""
+
+    def __init__(self, graph: Graph, kernels, options, plan: SymbolicPlan, assignment: Any = None) -> None:
+        program = Program(graph, kernels, options)
+        runner = sl = None
+        if assignment is not None:  # several streams: each on its thread, as MultiStreamExecutable
+            from .streams import StreamLayout, StreamRunner
+
+            sl = StreamLayout(program, assignment)
+            runner = StreamRunner(sl, "ge-stream")
+        super().__init__(program, ArenaInterpreter(program, Layout(program, MemoryPlan({}, 0, "none"))), options,
+                         plan=plan, streams=sl)
+        self.shapes = ShapedLayouts(program, plan, runner)
+
+    def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        layout, interp, pool = self.shapes.entry(self.shapes.binding(feeds))
+        ctx = pool.acquire()
+        try:
+            with run_threads(self.threads, self.parallel, self.width):
+                return interp.execute(ctx, feeds)
+        finally:
+            pool.release(ctx)

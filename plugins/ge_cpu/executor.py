@@ -16,10 +16,10 @@ from __future__ import annotations
 from ge_core.backend import Backend, Executable
 from ge_core.errors import OptionError
 from ge_core.ir.graph import Graph
-from ge_core.memory import MemoryPlan
+from ge_core.memory import MemoryPlan, SymbolicPlan
 from ge_sdk import native
 
-from .arena import ArenaExecutable
+from .arena import ArenaExecutable, SymbolicArenaExecutable
 from .blas import BLAS, WAIT_SLICE_S, BlasThreads, blas_threads
 from .checked import checked_kernel
 from .executable import CpuExecutable
@@ -76,6 +76,9 @@ class CpuBackend(Backend):
         if plan is None:
             plan = MemoryPlan({}, 0, "none")  # nothing planned: every value keeps its own array
         multi = streams is not None and streams.count > 1
+        if isinstance(plan, SymbolicPlan):  # interpreted in the arena each run's shapes give
+            return SymbolicArenaExecutable(model.graph, kernels, options, plan,
+                                           streams if multi and choice != "arena" else None)
         if multi and streams is not None:
             if choice == "streams":  # interpreted, one thread per stream
                 return MultiStreamExecutable(model.graph, kernels, options, plan, streams)

@@ -12,7 +12,7 @@ from typing import Any
 
 from ge_core.errors import GEError
 from ge_core.ir.graph import Graph
-from ge_core.memory import MemoryPlan, build_problem
+from ge_core.memory import MemoryPlan, SymbolicPlan, build_problem
 
 
 def _pyplot() -> Any:
@@ -26,10 +26,13 @@ def _pyplot() -> Any:
     return plt
 
 
-def plan_rectangles(graph: Graph, plan: MemoryPlan) -> list[tuple[str, int, int, int, int]]:
-    """``(value, first step, last step, offset, bytes)`` for every value the plan places."""
+def plan_rectangles(graph: Graph, plan: MemoryPlan, binding: dict[str, int] | None = None) -> list[tuple[str, int, int, int, int]]:
+    """``(value, first step, last step, offset, bytes)`` for every value the plan places (sizes
+    at ``binding`` for a graph with symbolic dims)."""
     order = graph.node_list()
     problem = build_problem(graph, order)  # one buffer per value: its own lifetime
+    if binding is not None and problem.symbolic:
+        problem = problem.bind(binding)
     rects = []
     for b in problem.buffers:
         off = plan.offsets.get(b.name)
@@ -38,12 +41,13 @@ def plan_rectangles(graph: Graph, plan: MemoryPlan) -> list[tuple[str, int, int,
     return rects
 
 
-def plot_plan(graph: Graph, plan: MemoryPlan, path: str | os.PathLike, *, title: str | None = None) -> str:
+def plot_plan(graph: Graph, plan: MemoryPlan, path: str | os.PathLike, *, title: str | None = None,
+              binding: dict[str, int] | None = None) -> str:
     """Draw ``plan`` for ``graph`` (in its schedule order) to an image file; returns the path."""
     plt = _pyplot()
     from matplotlib.patches import Rectangle
 
-    rects = plan_rectangles(graph, plan)
+    rects = plan_rectangles(graph, plan, binding)
     mib = 1 << 20
     fig, ax = plt.subplots(figsize=(12, 6), dpi=120)
     cmap = plt.get_cmap("tab20")
@@ -74,10 +78,17 @@ def plot_om(om_path: str | os.PathLike, out: str | os.PathLike) -> str:
     from ge_core.om import load_om
 
     model = load_om(om_path)
-    if model.memory_plan is None:
+    plan = model.memory_plan
+    if plan is None:
         raise GEError(f"'{os.fspath(om_path)}' has no memory plan to draw", hint="compile it with a memory planner plugin")
-    return plot_plan(model.graph, model.memory_plan, out, title=f"{os.path.basename(os.fspath(om_path))}: "
-                     f"{model.memory_plan.arena_bytes:,} bytes ({model.memory_plan.planner})")
+    name = os.path.basename(os.fspath(om_path))
+    if isinstance(plan, SymbolicPlan):  # drawn at its largest reference shapes
+        binding = plan.references[0] if plan.references else {}
+        at = plan.at(binding)
+        shapes = ", ".join(f"{k}={v}" for k, v in sorted(binding.items()))
+        return plot_plan(model.graph, at, out, binding=binding,
+                         title=f"{name} at {shapes}: {at.arena_bytes:,} bytes (symbolic plan, {plan.planner})")
+    return plot_plan(model.graph, plan, out, title=f"{name}: {plan.arena_bytes:,} bytes ({plan.planner})")
 
 
 def configure(parser: Any) -> None:

@@ -33,6 +33,7 @@ from ge_core.errors import GEError, GraphError, ModelFileError, OptionError, Uns
 from ge_core.frontend import Frontend
 from ge_core.ir.graph import Graph, Node, Value
 from ge_core.ir.types import TensorType
+from ge_core.options import frontend_dims
 from ge_core.registry import close_matches
 from ge_sdk.onnx_types import type_from_proto as _type_from_proto
 
@@ -247,7 +248,7 @@ class _Builder:
                 sc.claim(i.name, "graph input")
             t = type_from_proto(i.type if i.HasField("type") else None)
             if main and input_shape and i.name in input_shape:
-                t = TensorType(t.dtype, tuple(input_shape[i.name]))
+                t = TensorType(t.dtype, frontend_dims(t.shape, tuple(input_shape[i.name])))
             if default is not None:
                 t = _default_type(self.name, i.name, t, default)
             v = self._track(g.add_input(self._name(g, i.name, main), t, default=default), main)

@@ -101,6 +101,7 @@ def _graph_name(source: Any) -> str:
 
 def _apply_input_shape(graph: Graph, shapes: Mapping[str, tuple], label: str) -> None:
     from ge_core.ir.types import TensorType
+    from ge_core.options import frontend_dims
 
     names = {v.name: v for v in graph.inputs}
     for k, dims in shapes.items():
@@ -108,7 +109,7 @@ def _apply_input_shape(graph: Graph, shapes: Mapping[str, tuple], label: str) ->
             raise OptionError(f"input_shape names '{k}', which is not an input of {label}",
                               hint=f"the model's inputs: {', '.join(names) or 'none'}")
         v = names[k]
-        v.type = TensorType(v.type.dtype, tuple(dims))
+        v.type = TensorType(v.type.dtype, frontend_dims(v.type.shape, tuple(dims)))
 
 
 # ------------------------------------------------------------------------------------------
