@@ -421,16 +421,20 @@ def _loops_on() -> bool:
 
 
 def compile_program(program: str, in_dtypes: Sequence[Any], in_shapes: Sequence[tuple | None], out_dtype: Any,
-                    out_shape: tuple | None, *, anchor: bool = False, mode: str = "auto") -> Callable[..., np.ndarray]:
+                    out_shape: tuple | None, *, anchor: bool = False, mode: str = "auto",
+                    symbolic: tuple[Sequence[tuple | None], tuple | None] | None = None) -> Callable[..., np.ndarray]:
     """A callable ``fn(*operands, out=None) -> array`` for ``program``, cached by signature.
 
     ``operands`` are the values of ``y`` (first, when ``anchor``) and ``a0, a1, ...``; scalars
     among them may be passed as 0-d arrays. ``mode``: ``"loop"`` (a compiled loop, see
     :mod:`ge_fusion.loopgen`; generated NumPy code where there is none), ``"numexpr"``,
-    ``"numpy"`` or ``"auto"``.
+    ``"numpy"`` or ``"auto"``. ``symbolic`` (input shapes, output shape) with symbolic dims, where
+    the static shapes are unknown: the loop is built for their layout class
+    (:func:`ge_fusion.loopgen.loop_kernel_dynamic`), the NumPy code serves the other calls.
     """
     key = (program, tuple(str(np.dtype(d)) for d in in_dtypes), tuple(in_shapes), str(np.dtype(out_dtype)), out_shape,
-           anchor, mode, mode in ("auto", "loop") and _loops_on())
+           anchor, mode, mode in ("auto", "loop") and _loops_on(),
+           None if symbolic is None else (tuple(symbolic[0]), symbolic[1]))
     with _cache_lock:
         fn = _cache.get(key)
         if fn is not None:
@@ -458,6 +462,13 @@ def compile_program(program: str, in_dtypes: Sequence[Any], in_shapes: Sequence[
         fn = _numpy_kernel(steps, names, np.dtype(out_dtype), dict(zip(names, in_shapes)))
         if use_ne and mode != "numpy" and out_shape is not None and size is not None and size >= CHUNK_ELEMENTS * 2:
             fn = _chunked(fn, in_shapes, out_shape, np.dtype(out_dtype))
+        sym_in, sym_out = symbolic if symbolic is not None else ((), None)
+        if (size is None and mode in ("auto", "loop") and sym_out is not None and _loops_on()
+                and all(sh is not None for sh in sym_in) and len(sym_in) == len(in_dtypes)):
+            from . import loopgen
+
+            fn = loopgen.loop_kernel_dynamic(steps, names, in_dtypes, [tuple(sh) for sh in sym_in if sh is not None],
+                                             out_dtype, tuple(sym_out), fallback=fn) or fn
     with _cache_lock:
         _cache[key] = fn
     return fn

@@ -51,8 +51,10 @@ def _epilogue(spec: KernelSpec, first_extra: int):
     dt, shape = _out_type(spec)
     dtypes = [dt] + [_type_of(spec, i)[0] for i in range(first_extra, len(spec.inputs))]
     shapes = [shape] + [_static(_type_of(spec, i)[1]) for i in range(first_extra, len(spec.inputs))]
+    sym_out = spec.outputs[0].shape
+    sym = ([sym_out] + [_type_of(spec, i)[1] for i in range(first_extra, len(spec.inputs))], sym_out)
     try:
-        return codegen.compile_program(program, dtypes, shapes, dt, shape, anchor=True)
+        return codegen.compile_program(program, dtypes, shapes, dt, shape, anchor=True, symbolic=sym)
     except ValueError as e:
         raise _refuse(spec, f"bad epilogue program: {e}") from None
 
@@ -71,8 +73,9 @@ def elemwise_factory(spec: KernelSpec):
     dt, shape = _out_type(spec)
     dtypes = [_type_of(spec, i)[0] for i in range(len(spec.inputs))]
     shapes = [_static(_type_of(spec, i)[1]) for i in range(len(spec.inputs))]
+    sym = ([_type_of(spec, i)[1] for i in range(len(spec.inputs))], spec.outputs[0].shape)
     try:
-        fn = codegen.compile_program(program, dtypes, shapes, dt, shape)
+        fn = codegen.compile_program(program, dtypes, shapes, dt, shape, symbolic=sym)
     except ValueError as e:
         raise _refuse(spec, f"bad program: {e}") from None
 

@@ -255,6 +255,76 @@ def loop_kernel(steps: list[tuple[str, list[str], dict[str, Any]]], names: list[
     return _wrap(built, dims, strides, tuple(out_shape), dt, workers)
 
 
+#: Values a symbolic dim takes to choose a dynamic loop's layout class (distinct, none 1).
+_REPRESENTATIVE = (7, 11, 13, 17, 19, 23, 29, 31)
+#: Concrete shapes a dynamic loop keeps its call setup for.
+_DYNAMIC_KEEP = 16
+
+
+def loop_kernel_dynamic(steps, names: list[str], in_dtypes: Sequence[Any], in_shapes: Sequence[tuple],
+                        out_dtype: Any, out_shape: tuple, workers: int | None = None,
+                        fallback: Callable[..., np.ndarray] | None = None) -> Callable[..., np.ndarray] | None:
+    """:func:`loop_kernel` for shapes with symbolic dims (names or expressions, no unknowns): the
+    loop is compiled once for the layout class the shapes have when every symbol is large (which
+    operands are full, broadcast along rows, or scalars); a call computes its concrete layout and
+    runs the loop when it has that class, else ``fallback`` (the generated NumPy code)."""
+    from ge_core.ir import symbolic
+
+    if not available() or any(d is None for sh in [out_shape, *in_shapes] for d in sh):
+        return None
+    syms = sorted({x for sh in [out_shape, *in_shapes] for d in sh for x in symbolic.symbols_of(d)})
+    if not syms or len(syms) > len(_REPRESENTATIVE):
+        return None
+    rep = dict(zip(syms, _REPRESENTATIVE))
+    try:
+        rep_in = [tuple(symbolic.evaluate(d, rep) for d in sh) for sh in in_shapes]
+        rep_out = tuple(symbolic.evaluate(d, rep) for d in out_shape)
+    except (KeyError, TypeError):
+        return None
+    dt = np.dtype(out_dtype)
+    if dt.name not in DTYPES or any(np.dtype(d) != dt for d in in_dtypes):
+        return None
+    lay = _layout(rep_in, rep_out)
+    if lay is None:
+        return None
+    inner = tuple(st[2] for st in lay[1][1:])
+    alias_ok = tuple(i for i, st in enumerate(lay[1][1:]) if st == lay[1][0])
+    built = _compile(steps, names, dt, inner, alias_ok)
+    if built is None:
+        return None
+    calls: dict[tuple, Callable[..., np.ndarray] | None] = {}
+    ranks = [len(sh) for sh in in_shapes]
+    out_rank = len(out_shape)
+
+    def kernel(*operands, out=None):
+        shapes = tuple(np.shape(x) for x in operands)
+        fn = calls.get(shapes)
+        if fn is None and shapes not in calls:
+            fn = None
+            try:
+                full = np.broadcast_shapes(*shapes) if shapes else ()
+            except ValueError:
+                full = None
+            if full is not None and len(full) == out_rank and [len(x) for x in shapes] == ranks:
+                got = _layout(list(shapes), tuple(full))
+                if got is not None and tuple(st[2] for st in got[1][1:]) == inner \
+                        and tuple(i for i, st in enumerate(got[1][1:]) if st == got[1][0]) == alias_ok:
+                    fn = _wrap(built, got[0], got[1], tuple(full), dt, workers)
+            if len(calls) >= _DYNAMIC_KEEP:
+                calls.pop(next(iter(calls)))
+            calls[shapes] = fn
+        if fn is None:
+            if fallback is None:
+                raise ValueError(f"fused loop: operand shapes {list(shapes)} do not have the layout it was built for")
+            return fallback(*operands, out=out)
+        return fn(*operands, out=out)
+
+    kernel.mode = "loop"  # type: ignore[attr-defined]
+    kernel.source = built.ge_source  # type: ignore[attr-defined]
+    kernel.library = built.path  # type: ignore[attr-defined]
+    return kernel
+
+
 def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], aliases: tuple[int, ...] = ()):
     """The built loop of ``steps`` (a :class:`_Built`), or None when there is no loop form. Its
     one entry ``kernel(d0, d1, d2, out, os0, os1, x0, xs0_0, xs0_1, ..., threads)`` checks its

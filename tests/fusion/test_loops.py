@@ -434,3 +434,22 @@ def test_row_kernels_split_over_threads_give_the_same_bits(kind):
             z = x.copy()
             loopgen.by_rows(fn, z, z, *params)  # in place
             np.testing.assert_array_equal(z, one)
+
+
+def test_a_loop_with_symbolic_dims_is_compiled_once_and_serves_every_shape():
+    """Shapes known only as symbols (batch, seq): one loop for their layout class (a full operand,
+    a row vector, a column), NumPy's code for a call whose layout differs (a symbol at 1)."""
+    from ge_core.ir import symbolic as S
+
+    full, row, col = ("n", S.mul("s", 2), 64), (64,), ("n", S.mul("s", 2), 1)
+    fn = codegen.compile_program(BN_RELU, ["float32"] * 3, [None, (64,), None], "float32", None,
+                                 symbolic=([full, row, col], full))
+    assert getattr(fn, "mode", "") == "loop"
+    ref = codegen.compile_program(BN_RELU, ["float32"] * 3, [None, (64,), None], "float32", None, mode="numpy")
+    rng = np.random.default_rng(0)
+    for n, s in [(2, 3), (5, 40), (1, 7), (3, 1)]:  # n = 1 changes the layout class: NumPy's code runs
+        xs = [rng.standard_normal(sh).astype(np.float32) for sh in [(n, 2 * s, 64), (64,), (n, 2 * s, 1)]]
+        np.testing.assert_allclose(fn(*xs), ref(*xs), rtol=1e-6)
+        out = np.empty((n, 2 * s, 64), np.float32)
+        assert fn(*xs, out=out) is out
+        np.testing.assert_allclose(out, ref(*xs), rtol=1e-6)
