@@ -275,6 +275,12 @@ def time_model(blob: bytes, feeds: dict, threads: int, rounds: int, gap: float):
     for k, o in outs.items():
         if k in runs and ref is not None:
             diffs[k] = float(np.max(np.abs(o.astype(np.float64) - ref))) if o.shape == ref.shape else float("inf")
+    return interleaved(runs, feeds, rounds, gap), diffs, errors
+
+
+def interleaved(runs: dict, feeds: dict, rounds: int, gap: float) -> dict[str, float]:
+    """Median ms per call of each engine: ``rounds`` rounds, the engines in turn, each timed block
+    (3 calls) after ``gap`` idle seconds (spin-waiting workers of the last engine go quiet)."""
     times: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(rounds):
         for k, fn in runs.items():
@@ -283,8 +289,7 @@ def time_model(blob: bytes, feeds: dict, threads: int, rounds: int, gap: float):
             for _ in range(3):
                 fn(feeds)
             times[k].append((time.perf_counter() - t0) / 3)
-    med = {k: statistics.median(v) * 1e3 for k, v in times.items() if v}
-    return med, diffs, errors
+    return {k: statistics.median(v) * 1e3 for k, v in times.items() if v}
 
 
 def run_table(onnx_models: dict, thread_counts: list[int], rounds: int, gap: float, title: str = "") -> dict:

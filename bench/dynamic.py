@@ -1,0 +1,265 @@
+"""Dynamic shapes: one compiled model with symbolic dims against onnxruntime, shape by shape.
+
+Two real architectures built from code with random weights, exported once with dynamic axes
+(``torch.onnx.export(dynamo=False, opset 17, dynamic_axes=...)``):
+
+* a BERT encoder (``transformers.BertConfig``: hidden 384, 4 layers, 6 heads) with dynamic batch
+  and sequence;
+* a ResNet-style CNN (``timm``'s resnet18 at 112x112 when timm imports, else torchvision-free
+  code of the same layout) with a dynamic batch.
+
+GE compiles each once (symbolic plan); onnxruntime plans each shape on its first run (its
+arena grows to the largest shape seen). For every shape the bench prints:
+
+* latency: median ms of GE and onnxruntime at the same thread count, runs interleaved with an
+  idle gap before each timed block, and the ratio;
+* memory: GE's arena at that shape from the one symbolic plan, next to the arena of the best
+  static plan for exactly that shape (the same model compiled with ``--input_shape`` fixed to
+  it) and their ratio (the target is <= 1.05), and each engine's peak RSS growth while running
+  that shape in a fresh process.
+
+Run: ``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/dynamic.py --threads 1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from transformer_models import interleaved  # noqa: E402 - the bench folder's shared timing loop
+
+BERT_SHAPES = [(1, 16), (2, 64), (4, 128), (3, 77), (8, 256)]
+CNN_BATCHES = [1, 2, 5, 8]
+
+
+def bert_onnx(hidden: int = 384, layers: int = 4, heads: int = 6, vocab: int = 8000) -> bytes:
+    """A BERT encoder (``input_ids``, ``attention_mask`` -> ``out``) with dynamic batch and sequence."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                        intermediate_size=4 * hidden, vocab_size=vocab, max_position_embeddings=512,
+                        attn_implementation="eager")
+    model = tf.BertModel(cfg).eval()
+
+    class Wrap(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, ids, mask):
+            return self.m(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    ids = torch.randint(0, vocab, (2, 16))
+    return _export(Wrap().eval(), (ids, torch.ones_like(ids)), ["input_ids", "attention_mask"],
+                   {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
+                    "out": {0: "batch", 1: "seq"}})
+
+
+def cnn_onnx() -> tuple[bytes, str]:
+    import torch
+
+    torch.manual_seed(0)
+    try:
+        torch.library.define("torchvision::nms", "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        torch.library.define("torchvision::qnms", "(Tensor qdets, Tensor qscores, float iou_threshold) -> Tensor")
+    except Exception:  # noqa: BLE001 - already defined
+        pass
+    try:
+        import timm
+
+        net, name = timm.create_model("resnet18", pretrained=False, num_classes=100).eval(), "timm resnet18"
+    except Exception:  # noqa: BLE001 - timm missing or not importable here
+        from torch import nn
+
+        def block(c_in, c_out, stride):
+            return nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(),
+                                 nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU())
+
+        net = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1),
+                            block(64, 64, 1), block(64, 128, 2), block(128, 256, 2), block(256, 512, 2),
+                            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 100)).eval()
+        name = "resnet18-layout CNN"
+    return _export(net, (torch.zeros(1, 3, 112, 112),), ["x"], {"x": {0: "n"}, "out": {0: "n"}}), name
+
+
+def _export(module, args, names, dynamic) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, args, buf, input_names=names, output_names=["out"], opset_version=17,
+                          dynamo=False, dynamic_axes=dynamic)
+    return buf.getvalue()
+
+
+def bert_feeds(shape, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"input_ids": rng.integers(0, 8000, shape).astype(np.int64), "attention_mask": np.ones(shape, np.int64)}
+
+
+def cnn_feeds(n, seed=0):
+    return {"x": np.random.default_rng(seed).standard_normal((n, 3, 112, 112)).astype(np.float32)}
+
+
+def ge_model(blob: bytes, threads: int, input_shape: str | None = None):
+    import onnx
+
+    import ge_core as ge
+
+    opts = {"threads": threads}
+    if input_shape:
+        opts["input_shape"] = input_shape
+    return ge.compile(ge.load(onnx.load_from_string(blob)), opts)
+
+
+def ort_session(blob: bytes, threads: int):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    return ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"])
+
+
+def time_pair(runs: dict, feeds: dict, rounds: int, gap: float) -> dict[str, float]:
+    for fn in runs.values():  # first run at this shape (plans it) and a warm-up, untimed
+        fn(feeds)
+        fn(feeds)
+    return interleaved(runs, feeds, rounds, gap)
+
+
+# -- peak memory, each (engine, shape) in a fresh process -------------------------------------------
+def _peak_child(argv: list[str]) -> int:
+    import resource
+
+    engine, path, kind, shape, threads = argv[0], argv[1], argv[2], json.loads(argv[3]), int(argv[4])
+    with open(path, "rb") as f:
+        blob = f.read()
+    feeds = bert_feeds(tuple(shape)) if kind == "bert" else cnn_feeds(shape[0])
+    if engine == "ge":
+        m = ge_model(blob, threads)
+        m.run(feeds)  # kernels built, first shape seen
+        fn = m.run
+    else:
+        s = ort_session(blob, threads)
+        fn = lambda f: s.run(None, f)  # noqa: E731
+    small = bert_feeds((1, 8)) if kind == "bert" else cnn_feeds(1)
+    fn(small)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for _ in range(3):
+        fn(feeds)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"kib": peak - base}))
+    return 0
+
+
+def peak_growth(engine: str, path: str, kind: str, shape, threads: int) -> float:
+    r = subprocess.run([sys.executable, __file__, "--peak-child", engine, path, kind, json.dumps(list(shape)),
+                        str(threads)], capture_output=True, text=True, timeout=600)
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])["kib"] / 1024
+    except (IndexError, ValueError, KeyError):
+        return float("nan")
+
+
+def geomean(v):
+    v = [x for x in v if x == x and x > 0]
+    return math.exp(sum(math.log(x) for x in v) / len(v)) if v else float("nan")
+
+
+def bench(kind: str, blob: bytes, shapes, threads: int, rounds: int, gap: float, memory: bool) -> dict:
+    sym_model = ge_model(blob, threads)
+    sess = ort_session(blob, threads)
+    runs = {"ge": sym_model.run, "onnxruntime": lambda f: sess.run(None, f)}
+    print(f"  symbolic plan: {sym_model.report['memory'].get('symbolic', {}).get('symbols')}, "
+          f"dynamic buffers {sym_model.report['memory']['dynamic_buffers']}, "
+          f"{sym_model.report['memory'].get('symbolic', {}).get('orders')} placement orders")
+    print(f"  {'shape':>10s} {'ge ms':>9s} {'ort ms':>9s} {'ge/ort':>7s} {'|diff|':>9s} {'arena sym':>12s} "
+          f"{'arena static':>12s} {'sym/static':>10s}" + (f" {'ge peak MiB':>11s} {'ort peak MiB':>12s}" if memory else ""))
+    rows = []
+    path = None
+    if memory:
+        fd, path = tempfile.mkstemp(suffix=".onnx")
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+    try:
+        for shape in shapes:
+            feeds = bert_feeds(shape, 1) if kind == "bert" else cnn_feeds(shape[0], 1)
+            diff = float(np.max(np.abs(sym_model.run(feeds)["out"] - sess.run(None, feeds)[0])))
+            med = time_pair(runs, feeds, rounds, gap)
+            if kind == "bert":
+                dims = {"batch": shape[0], "seq": shape[1]}
+                fixed = f"input_ids:{shape[0]},{shape[1]};attention_mask:{shape[0]},{shape[1]}"
+            else:
+                dims = {"n": shape[0]}
+                fixed = f"x:{shape[0]},3,112,112"
+            sym_arena = sym_model.arena_bytes_at(dims)
+            static_arena = ge_model(blob, threads, fixed).report["memory"]["arena_bytes"]
+            row = {"shape": list(shape), "ge_ms": med["ge"], "ort_ms": med["onnxruntime"],
+                   "ratio": med["ge"] / med["onnxruntime"], "diff": diff, "arena_symbolic": sym_arena,
+                   "arena_static": static_arena, "arena_ratio": sym_arena / static_arena if static_arena else float("nan")}
+            line = (f"  {str(tuple(shape)):>10s} {med['ge']:9.2f} {med['onnxruntime']:9.2f} {row['ratio']:7.2f} "
+                    f"{diff:9.1e} {sym_arena:12,d} {static_arena:12,d} {row['arena_ratio']:10.3f}")
+            if memory:
+                assert path is not None
+                row["ge_peak_mib"] = peak_growth("ge", path, kind, shape, threads)
+                row["ort_peak_mib"] = peak_growth("onnxruntime", path, kind, shape, threads)
+                line += f" {row['ge_peak_mib']:11.1f} {row['ort_peak_mib']:12.1f}"
+            print(line, flush=True)
+            rows.append(row)
+    finally:
+        if path:
+            os.unlink(path)
+    print(f"  geomean ge/ort {geomean([r['ratio'] for r in rows]):.2f}; symbolic/static arena worst "
+          f"{max(r['arena_ratio'] for r in rows):.3f}")
+    return {"rows": rows}
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--peak-child":
+        return _peak_child(argv[1:])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", default="1", help="comma-separated thread counts (default 1)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--gap", type=float, default=0.3, help="idle seconds before each timed block")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-RSS child processes")
+    ap.add_argument("--quick", action="store_true", help="three shapes per model")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    import threadpoolctl
+
+    blas = [f"{i.get('internal_api')} {i.get('architecture')}" for i in threadpoolctl.threadpool_info()]
+    print(f"BLAS: {', '.join(blas)}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE')!r}")
+    results = {}
+    bert = bert_onnx()
+    cnn, cnn_name = cnn_onnx()
+    shapes_b = BERT_SHAPES[:3] if args.quick else BERT_SHAPES
+    shapes_c = [(n,) for n in (CNN_BATCHES[:3] if args.quick else CNN_BATCHES)]
+    for threads in [int(t) for t in args.threads.split(",")]:
+        print(f"\nBERT encoder (384 wide, 4 layers), dynamic batch and sequence, threads={threads}")
+        results[f"bert@{threads}"] = bench("bert", bert, shapes_b, threads, args.rounds, args.gap, not args.no_memory)
+        print(f"\n{cnn_name} at 112x112, dynamic batch, threads={threads}")
+        results[f"cnn@{threads}"] = bench("cnn", cnn, shapes_c, threads, args.rounds, args.gap, not args.no_memory)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
