@@ -11,6 +11,7 @@ behaviour):
 ``streams``                       + Layout + ArenaInterpreter + :class:`~ge_cpu.streams.StreamRunner`
 ``sink`` (one stream)             + Layout + :class:`~ge_cpu.sink.SinkCode` (generated code)
 ``sink`` / ``auto`` (several)     + Layout + SinkCode + StreamRunner
+symbolic dims (any ``executor``)  + :class:`~ge_cpu.shaped.ShapedLayouts` (a Layout per run shape) + ArenaInterpreter
 ================================  ==========================================================
 
 A run takes an arena context from the pool (when the executor has a layout), and runs the

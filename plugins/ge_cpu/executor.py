@@ -19,11 +19,12 @@ from ge_core.ir.graph import Graph
 from ge_core.memory import MemoryPlan, SymbolicPlan
 from ge_sdk import native
 
-from .arena import ArenaExecutable, SymbolicArenaExecutable
+from .arena import ArenaExecutable
 from .blas import BLAS, WAIT_SLICE_S, BlasThreads, blas_threads
 from .checked import checked_kernel
 from .executable import CpuExecutable
 from .program import PlainInterpreter, Program, SubProgram, call_step, graph_captures
+from .shaped import SymbolicArenaExecutable
 from .sink import SinkExecutable, StreamSinkExecutable
 from .streams import MultiStreamExecutable
 
