@@ -132,6 +132,8 @@ def compile_options(args: argparse.Namespace) -> dict[str, Any]:
         v = getattr(args, k, None)
         if v is not None:
             opts[k] = v
+    if getattr(args, "input_shape_range", None):
+        opts["input_shape"] = input_shape_from_range(args.input_shape_range, args.input_shape)
     if args.oo_constant_folding is not None:
         opts["constant_folding"] = args.oo_constant_folding
     if args.oo_level is not None:
@@ -145,6 +147,26 @@ def compile_options(args: argparse.Namespace) -> dict[str, Any]:
 
         opts.update(switch_options(args.optimization_switch, opts))
     return opts
+
+
+def input_shape_from_range(text: str, input_shape: str | None) -> str:
+    """``--input_shape_range="x:[1~8,3,224,224];y:[1~8,-1]"`` as ``--input_shape`` (ranges are one
+    of its dim forms); OptionError with --input_shape too, or for an entry without brackets."""
+    if input_shape:
+        raise OptionError("atc --input_shape_range and --input_shape are exclusive",
+                          hint='give the ranges in --input_shape, e.g. --input_shape="x:1~8,3,224,224"')
+    parts = []
+    for part in str(text).split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        name, sep, dims = part.rpartition(":")
+        dims = dims.strip()
+        if not sep or not name or not (dims.startswith("[") and dims.endswith("]")):
+            raise OptionError(f"atc --input_shape_range entry '{part}' must look like name:[d1,d2,...]",
+                              hint='for example --input_shape_range="x:[1~8,3,224,224]"')
+        parts.append(f"{name}:{dims[1:-1]}")
+    return ";".join(parts)
 
 
 def run(args: argparse.Namespace) -> int:

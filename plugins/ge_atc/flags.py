@@ -18,7 +18,9 @@ IMPLEMENTED: dict[str, str] = {
     "json": "with --mode=1: write the JSON here instead of printing it",
     "check_report": "with --mode=3: where the pre-check report goes (default check_result.json)",
     "soc_version": "the backend (cpu); Ascend names are accepted and run on the default backend",
-    "input_shape": "\"name:n,c,h,w;name2:...\" (-1 keeps a dim dynamic)",
+    "input_shape": "\"name:n,c,h,w;name2:...\" (-1 keeps a dim dynamic; lo~hi a range, e.g. x:1~8,3,224,224)",
+    "input_shape_range": "GE's older range syntax \"name:[1~8,3,224,224];name2:[...]\" (the same as ranges in "
+                         "--input_shape; not with it)",
     "dynamic_batch_size": "\"1,2,4,8\": batch gears for the -1 batch dims of --input_shape; one static model "
                           "per gear in one .om, a run takes the gear of its feed",
     "dynamic_image_size": "\"224,224;320,320\": height,width gears for the -1 H and W of a 4-D --input_shape",
@@ -96,7 +98,6 @@ IGNORED: dict[str, dict[str, str]] = {
 
 #: ATC flags refused with a reason (accepting them would silently build a different model).
 REFUSED: dict[str, str] = {
-    "input_shape_range": "shape ranges are not built: use --input_shape with -1 (shapes stay dynamic)",
     "singleop": "single-op models from a JSON op list are not built",
     "cal_conf": "calibration (quantisation) configs are not supported",
 }
