@@ -87,8 +87,41 @@ class TorchFrontend(Frontend):
             )
         if getattr(options, "input_shape", None):
             _apply_input_shape(graph, options.input_shape, label)
+        ranges = _dim_ranges(ep, dim_names, graph)
+        if ranges:
+            graph.metadata["ge.dim_ranges"] = ranges  # the compiler checks and keeps them (compiler.dim_ranges)
         graph.metadata["producer"] = f"torch {_torch().__version__}"
         return graph
+
+
+def _finite_int(x: Any) -> int | None:
+    if not getattr(x, "is_finite", True):
+        return None
+    try:
+        return int(x)
+    except Exception:  # noqa: BLE001 - a sympy value that is no integer: no bound
+        return None
+
+
+def _dim_ranges(ep: Any, dim_names: Mapping[str, str], graph: Graph) -> dict[str, list]:
+    """The ranges ``torch.export`` keeps for the input symbols (``Dim("seq", max=64)``), by the
+    graph's names for them. A lower bound up to 2 becomes 1: torch's 0 or 2 (its 0/1
+    specialisation) is not the model's, and a run with a dim below 1 is not planned anyway."""
+    used = {d for v in graph.inputs for d in (v.type.shape or ()) if isinstance(d, str)}
+    out: dict[str, list] = {}
+    for sym, vr in (getattr(ep, "range_constraints", None) or {}).items():
+        name = dim_names.get(str(sym), str(sym))
+        if name not in used:
+            continue
+        lo = _finite_int(vr.lower)
+        hi = _finite_int(vr.upper)  # sympy's oo: no upper bound
+        if hi is not None and hi >= 1 << 62:
+            hi = None
+        lo = 1 if lo is None or lo <= 2 else lo
+        if hi is None and lo <= 1:
+            continue
+        out[name] = [lo, hi if hi is None or hi >= lo else lo]
+    return out
 
 
 def _graph_name(source: Any) -> str:

@@ -14,7 +14,7 @@ from torch.export import Dim
 from torch_zoo import MODELS, WithMystery
 
 import ge_core as ge
-from ge_core.errors import OptionError, UnsupportedOpError
+from ge_core.errors import InputError, OptionError, UnsupportedOpError
 from ge_core.hookspecs import hookimpl
 from ge_core.plugins import get_host
 
@@ -65,6 +65,10 @@ def test_dynamic_dims_stay_symbolic(zoo):
     assert [v.type.shape for v in graph.inputs] == [("batch", "seq"), ("batch", "seq")]
     assert graph.outputs[0].type.shape == ("batch", "seq", 3)
     compiled = ge.compile(graph)
+    assert compiled.dim_ranges == {"seq": (1, 64)}  # Dim("seq", max=64); batch is unbounded
+    assert compiled.report["memory"]["dynamic_buffers"] == 0  # one symbolic plan holds every tensor
+    with pytest.raises(InputError, match="outside the range"):
+        compiled.run({"tokens": np.zeros((1, 65), np.int64), "pad_mask": np.zeros((1, 65), bool)})
     for b, s in ((1, 3), (4, 12)):
         tokens = torch.randint(0, 50, (b, s))
         mask = torch.zeros(b, s, dtype=torch.bool)
