@@ -55,10 +55,15 @@ class Layout:
     """Where a program's values live in one arena (planned views), and each step's mode.
 
     ``binding`` (symbol -> int) gives the sizes of a symbolic program's values at one run's shapes
-    (:class:`ShapedLayouts`); a value whose type it cannot evaluate keeps its own array."""
+    (:class:`ge_cpu.shaped.ShapedLayouts`); a value whose type it cannot evaluate keeps its own
+    array. ``fixed`` (slot -> array) are values known for every run of the layout (a symbolic
+    program's shape computations at one binding): their steps are no-ops, the arrays constants."""
 
-    def __init__(self, program: Program, plan: MemoryPlan, binding: Mapping[str, int] | None = None) -> None:
+    def __init__(self, program: Program, plan: MemoryPlan, binding: Mapping[str, int] | None = None,
+                 fixed: Mapping[int, Any] | None = None) -> None:
         self.arena_bytes = int(plan.arena_bytes)
+        #: (slot, array) of every value fixed for the layout's runs
+        self.fixed = list((fixed or {}).items())
 
         def typed(v) -> Any:
             if binding is None or v.type.shape is None or v.type.is_static:
@@ -85,7 +90,7 @@ class Layout:
         where: dict[int, tuple[int, int]] = {}  # slot -> (offset, nbytes)
         planned = []
         for v, s in slot.items():
-            if v in outputs or v.producer is None or v.name not in plan.offsets:
+            if v in outputs or v.producer is None or v.name not in plan.offsets or (fixed and s in fixed):
                 continue
             n = size(v)
             off = plan.offsets[v.name]
@@ -102,6 +107,10 @@ class Layout:
         #: per step, the slots whose planned views must hold the inputs for a no-op to be valid
         self.noop_reads: list[tuple[int, ...]] = []
         for st in program.steps:
+            if fixed and st.outs and all(o in fixed for o in st.outs):
+                self.modes.append(NOOP)  # its results are the layout's constants
+                self.noop_reads.append(())
+                continue
             kind = op_alias(st.node)
             self.modes.append(step_mode(st, where, kind))
             reads = st.ins[:1] if kind == "view" else st.ins
@@ -174,6 +183,8 @@ class Context:
             t[s] = a
         for s, off, n, dtype, shape in layout.planned:
             t[s] = self.arena[off:off + n].view(dtype).reshape(shape)
+        for s, a in layout.fixed:
+            t[s] = a
         self.template = t
         self.bound: Any = None
 
@@ -235,11 +246,18 @@ class ArenaInterpreter:
     def __init__(self, program: Program, layout: Layout, streams: Streams | None = None) -> None:
         self.program, self.layout, self.streams = program, layout, streams
 
-    def execute(self, ctx: Context, feeds: Mapping[str, Any]) -> list[Any]:
+    def execute(self, ctx: Context, feeds: Mapping[str, Any], capture: dict[int, Any] | None = None) -> list[Any]:
+        """The run's outputs; ``capture`` (slot -> None) gets the value of each of its slots."""
         p = self.program
         env = ctx.start(p, feeds)
         streams = self.streams
-        if streams is None:
+        if capture is not None:  # one stream, in order, keeping the values asked for
+            for i, st in enumerate(p.steps):
+                self.step(i, env, ctx, free=False)
+                for s in st.outs:
+                    if s in capture:  # a copy now: an arena view's bytes are reused later in the run
+                        capture[s] = np.array(env[s]) if isinstance(env[s], np.ndarray) else env[s]
+        elif streams is None:
             for i in range(len(p.steps)):
                 self.step(i, env, ctx, free=True)
         else:

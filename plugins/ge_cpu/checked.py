@@ -32,7 +32,9 @@ def checked_kernel(fn: Any, node: Node, who: Any) -> Any:
         return fn  # the executor reports it when the run calls it
     outs = node.outputs
     n = len(outs)
-    # per output: None (anything), (dtype, shape) for a static type (fast check), False (partial)
+    # per output: None (anything), (dtype, shape) for a static type (fast check), (dtype, rank,
+    # ((axis, size), ...)) for a known rank with symbolic dims (fast check of the static ones),
+    # False (partial: the slow path)
     fast: list[Any] = []
     for v in outs:
         t = v.type
@@ -40,6 +42,8 @@ def checked_kernel(fn: Any, node: Node, who: Any) -> Any:
             fast.append(None)
         elif t.dtype is not None and t.dtype != np.dtype(object) and t.shape is not None and t.is_static:
             fast.append((t.dtype, tuple(t.shape)))
+        elif t.dtype is not None and t.dtype != np.dtype(object) and t.shape is not None and None not in t.shape:
+            fast.append((t.dtype, len(t.shape), tuple((i, d) for i, d in enumerate(t.shape) if isinstance(d, int))))
         else:
             fast.append(False)
     nd = np.ndarray
@@ -50,7 +54,12 @@ def checked_kernel(fn: Any, node: Node, who: Any) -> Any:
             for r, f in zip(res, fast):
                 if f is None:
                     continue
-                if f is False or type(r) is not nd or r.shape != f[1] or r.dtype != f[0]:
+                if f is False or type(r) is not nd or r.dtype != f[0]:
+                    break
+                if len(f) == 2:
+                    if r.shape != f[1]:
+                        break
+                elif r.ndim != f[1] or any(r.shape[i] != d for i, d in f[2]):
                     break
             else:
                 return res

@@ -141,3 +141,19 @@ def test_an_image_size_range_plans_the_windows_symbolically():
     for h, w in [(16, 16), (33, 47), (64, 20)]:
         x = rng.standard_normal((1, 3, h, w)).astype(np.float32)
         np.testing.assert_allclose(model.run({"x": x})["out"], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+def test_shape_steps_are_kept_per_shape_and_runs_alternate_between_shapes(bert_blob):
+    """The exporter's shape arithmetic (Shape -> Gather -> Concat -> Reshape, position ids) runs
+    once per shape; later runs at that shape take its results as constants. Alternating shapes
+    (and more shapes than the layouts kept) never mixes them up."""
+    model = ge.compile(ge.load(onnx.load_from_string(bert_blob)), {"threads": 1})
+    sess = ort.InferenceSession(bert_blob, providers=["CPUExecutionProvider"])
+    shapes = model.executable.shapes
+    assert len(shapes.shape_slots) >= 10
+    cycle = [(1, 16), (2, 9), (1, 16), (3, 5), (2, 9)] + [(1, k) for k in range(20, 20 + shapes.KEEP + 1)] + [(1, 16)]
+    for k, shape in enumerate(cycle):
+        feeds = _feeds(shape, k)
+        np.testing.assert_allclose(model.run(feeds)["out"], sess.run(None, feeds)[0], rtol=1e-4, atol=1e-5)
+    layout = shapes.entry({"batch": 1, "seq": 16})[0]
+    assert {s for s, _ in layout.fixed} and all(not a.flags.writeable for _, a in layout.fixed)
