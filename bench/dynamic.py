@@ -12,7 +12,8 @@ GE compiles each once (symbolic plan); onnxruntime plans each shape on its first
 arena grows to the largest shape seen). For every shape the bench prints:
 
 * latency: median ms of GE and onnxruntime at the same thread count, runs interleaved with an
-  idle gap before each timed block, and the ratio;
+  idle gap before each timed block, and the ratio; and GE's model compiled statically for exactly
+  that shape (what the symbolic model costs over a static one);
 * memory: GE's arena at that shape from the one symbolic plan, next to the arena of the best
   static plan for exactly that shape (the same model compiled with ``--input_shape`` fixed to
   it) and their ratio (the target is <= 1.05), and each engine's peak RSS growth while running
@@ -143,27 +144,42 @@ def time_pair(runs: dict, feeds: dict, rounds: int, gap: float) -> dict[str, flo
 
 
 # -- peak memory, each (engine, shape) in a fresh process -------------------------------------------
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def _peak_child(argv: list[str]) -> int:
-    import resource
+    """Peak resident memory above the process's level after loading the model and one run at a
+    small shape: sampled every millisecond while the engine runs the shape 3 times."""
+    import threading
 
     engine, path, kind, shape, threads = argv[0], argv[1], argv[2], json.loads(argv[3]), int(argv[4])
     with open(path, "rb") as f:
         blob = f.read()
     feeds = bert_feeds(tuple(shape)) if kind == "bert" else cnn_feeds(shape[0])
     if engine == "ge":
-        m = ge_model(blob, threads)
-        m.run(feeds)  # kernels built, first shape seen
-        fn = m.run
+        fn = ge_model(blob, threads).run
     else:
         s = ort_session(blob, threads)
         fn = lambda f: s.run(None, f)  # noqa: E731
-    small = bert_feeds((1, 8)) if kind == "bert" else cnn_feeds(1)
-    fn(small)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    fn(bert_feeds((1, 8)) if kind == "bert" else cnn_feeds(1))
+    base = _rss()
+    peak = [base]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.001):
+            peak[0] = max(peak[0], _rss())
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
     for _ in range(3):
         fn(feeds)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"kib": peak - base}))
+    done.set()
+    t.join()
+    peak[0] = max(peak[0], _rss())
+    print(json.dumps({"bytes": peak[0] - base}))
     return 0
 
 
@@ -171,7 +187,7 @@ def peak_growth(engine: str, path: str, kind: str, shape, threads: int) -> float
     r = subprocess.run([sys.executable, __file__, "--peak-child", engine, path, kind, json.dumps(list(shape)),
                         str(threads)], capture_output=True, text=True, timeout=600)
     try:
-        return json.loads(r.stdout.strip().splitlines()[-1])["kib"] / 1024
+        return json.loads(r.stdout.strip().splitlines()[-1])["bytes"] / (1 << 20)
     except (IndexError, ValueError, KeyError):
         return float("nan")
 
@@ -188,8 +204,9 @@ def bench(kind: str, blob: bytes, shapes, threads: int, rounds: int, gap: float,
     print(f"  symbolic plan: {sym_model.report['memory'].get('symbolic', {}).get('symbols')}, "
           f"dynamic buffers {sym_model.report['memory']['dynamic_buffers']}, "
           f"{sym_model.report['memory'].get('symbolic', {}).get('orders')} placement orders")
-    print(f"  {'shape':>10s} {'ge ms':>9s} {'ort ms':>9s} {'ge/ort':>7s} {'|diff|':>9s} {'arena sym':>12s} "
-          f"{'arena static':>12s} {'sym/static':>10s}" + (f" {'ge peak MiB':>11s} {'ort peak MiB':>12s}" if memory else ""))
+    print(f"  {'shape':>10s} {'ge ms':>9s} {'ort ms':>9s} {'ge/ort':>7s} {'static ms':>9s} {'|diff|':>9s} "
+          f"{'arena sym':>12s} {'arena static':>12s} {'sym/static':>10s}"
+          + (f" {'ge peak MiB':>11s} {'ort peak MiB':>12s}" if memory else ""))
     rows = []
     path = None
     if memory:
@@ -200,20 +217,21 @@ def bench(kind: str, blob: bytes, shapes, threads: int, rounds: int, gap: float,
         for shape in shapes:
             feeds = bert_feeds(shape, 1) if kind == "bert" else cnn_feeds(shape[0], 1)
             diff = float(np.max(np.abs(sym_model.run(feeds)["out"] - sess.run(None, feeds)[0])))
-            med = time_pair(runs, feeds, rounds, gap)
             if kind == "bert":
                 dims = {"batch": shape[0], "seq": shape[1]}
                 fixed = f"input_ids:{shape[0]},{shape[1]};attention_mask:{shape[0]},{shape[1]}"
             else:
                 dims = {"n": shape[0]}
                 fixed = f"x:{shape[0]},3,112,112"
+            static = ge_model(blob, threads, fixed)  # the same model compiled for exactly this shape
+            med = time_pair({**runs, "static": static.run}, feeds, rounds, gap)
             sym_arena = sym_model.arena_bytes_at(dims)
-            static_arena = ge_model(blob, threads, fixed).report["memory"]["arena_bytes"]
-            row = {"shape": list(shape), "ge_ms": med["ge"], "ort_ms": med["onnxruntime"],
+            static_arena = static.report["memory"]["arena_bytes"]
+            row = {"shape": list(shape), "ge_ms": med["ge"], "ort_ms": med["onnxruntime"], "static_ms": med["static"],
                    "ratio": med["ge"] / med["onnxruntime"], "diff": diff, "arena_symbolic": sym_arena,
                    "arena_static": static_arena, "arena_ratio": sym_arena / static_arena if static_arena else float("nan")}
             line = (f"  {str(tuple(shape)):>10s} {med['ge']:9.2f} {med['onnxruntime']:9.2f} {row['ratio']:7.2f} "
-                    f"{diff:9.1e} {sym_arena:12,d} {static_arena:12,d} {row['arena_ratio']:10.3f}")
+                    f"{med['static']:9.2f} {diff:9.1e} {sym_arena:12,d} {static_arena:12,d} {row['arena_ratio']:10.3f}")
             if memory:
                 assert path is not None
                 row["ge_peak_mib"] = peak_growth("ge", path, kind, shape, threads)
@@ -224,7 +242,8 @@ def bench(kind: str, blob: bytes, shapes, threads: int, rounds: int, gap: float,
     finally:
         if path:
             os.unlink(path)
-    print(f"  geomean ge/ort {geomean([r['ratio'] for r in rows]):.2f}; symbolic/static arena worst "
+    print(f"  geomean ge/ort {geomean([r['ratio'] for r in rows]):.2f}, symbolic/static latency "
+          f"{geomean([r['ge_ms'] / r['static_ms'] for r in rows]):.2f}; symbolic/static arena worst "
           f"{max(r['arena_ratio'] for r in rows):.3f}")
     return {"rows": rows}
 
