@@ -170,7 +170,7 @@ def build(name: str, size: str = "bench"):
     raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
 
 
-def to_onnx(model, feeds: dict) -> bytes:
+def to_onnx(model, feeds: dict, dynamic_axes: dict | None = None) -> bytes:
     import torch
 
     buf = io.BytesIO()
@@ -178,7 +178,7 @@ def to_onnx(model, feeds: dict) -> bytes:
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(model, args, buf, input_names=list(feeds), output_names=["last_hidden_state"],
-                          opset_version=17, dynamo=False)
+                          opset_version=17, dynamo=False, dynamic_axes=dynamic_axes)
     return buf.getvalue()
 
 

@@ -72,6 +72,8 @@ def compile_graph(graph: Graph, options: CompileOptions, host, progress: Callabl
     weights_bytes = sum(int(a.nbytes) for v in g.all_constants() if (a := v.const_value) is not None)
     # a symbolic problem's bounds are shown at the largest reference binding
     shown = problem.bind(plan.references[0]) if isinstance(plan, SymbolicPlan) and plan.references else problem
+    if shown.symbolic:  # no reference binding: bounds not shown
+        shown = MemoryProblem([], problem.alignment)
     report: dict[str, Any] = {
         "nodes_before": nodes_before,
         "nodes_after": len(g),
@@ -352,8 +354,18 @@ def _plan_concrete(problem, options, regs, name: str, planner) -> MemoryPlan:
 
 def _plan_symbolic(problem: MemoryProblem, options, regs, name: str, planner, ranges: dict) -> SymbolicPlan:
     """The planner run at reference values of the symbols; its plans become placement orders
-    (:class:`ge_core.memory.SymbolicPlan`), valid at every value."""
-    refs = reference_bindings(sorted(problem.symbols()), ranges)
+    (:class:`ge_core.memory.SymbolicPlan`), valid at every value. A reference at which the model
+    has no valid shapes (a size below 0: an audio model's convolutions need a longer input) is
+    skipped, larger ones are tried; with none, the schedule order serves (valid too)."""
+    symbols = sorted(problem.symbols())
+    refs: list[dict[str, int]] = []
+    for scale in (1, 16, 256):
+        widened = {s: (max(ranges.get(s, (1, None))[0], scale), ranges.get(s, (1, None))[1]) for s in symbols}
+        if any(hi is not None and lo > hi for lo, hi in widened.values()):
+            break
+        refs = [b for b in reference_bindings(symbols, widened) if _valid_binding(problem, b)]
+        if refs:
+            break
     orders: list[list[str]] = []
     planned: list[int] = []
     for b in refs:
@@ -363,9 +375,20 @@ def _plan_symbolic(problem: MemoryProblem, options, regs, name: str, planner, ra
         order = order_of(plan, concrete)
         if order not in orders:
             orders.append(order)
+    if not orders:
+        orders = [[b.name for b in sorted(problem.buffers, key=lambda b: (b.start, b.name))]]
     sp = SymbolicPlan(orders, name, refs)
     verify_symbolic_plan(problem, sp)
     at = [sp.at(b).arena_bytes for b in refs]
-    sp.stats = {"arena_at_largest": at[0], "at_references": [{"binding": b, "arena_bytes": a, "planner_bytes": p}
-                                                             for b, a, p in zip(refs, at, planned)]}
+    sp.stats = {"arena_at_largest": at[0] if at else 0,
+                "at_references": [{"binding": b, "arena_bytes": a, "planner_bytes": p}
+                                  for b, a, p in zip(refs, at, planned)]}
     return sp
+
+
+def _valid_binding(problem: MemoryProblem, binding: dict[str, int]) -> bool:
+    try:
+        problem.bind(binding)
+    except GEError:
+        return False
+    return True

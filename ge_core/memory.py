@@ -620,6 +620,7 @@ def verify_symbolic_plan(problem: MemoryProblem, plan: SymbolicPlan) -> None:
             raise GEError(f"symbolic memory plan by '{plan.planner}': order {k} is not a permutation of the "
                           f"{len(names)} buffers of the schedule")
     symbols = problem.symbols()
+    plan.problem = problem
     for b in plan.references:
         if set(b) != symbols:
             raise GEError(f"symbolic memory plan by '{plan.planner}': a reference binding names {sorted(b)[:8]}, "

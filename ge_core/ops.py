@@ -33,6 +33,10 @@ class OpKind(enum.IntEnum):
 ALIAS_KINDS = ("view", "inplace", "concat")
 
 
+#: The key of ``value.meta`` where an op set's inference keeps what it knows of a value beyond its
+#: type (ge_opset: the symbolic contents of a shape vector); a change of it is a change of the node.
+INFERRED_META = "shape_data"
+
 #: ``infer(node, opset) -> list[TensorType]``: output types from the node's input types (and
 #: constant inputs, ``value.const_value``). May return None when it cannot tell.
 InferFn = Callable[[Node, int], "Sequence[TensorType | None] | None"]
@@ -123,11 +127,13 @@ class OpRegistry(Registry[OpDef]):
         return {d.domain for d in self.values() if d.internal and self.norm_domain(d.domain)}
 
     def infer_node(self, node: Node, opset_imports: dict[str, int]) -> bool:
-        """Infer and set output types of one node; True if any output type changed."""
+        """Infer and set output types of one node; True if any output type changed (or what the
+        inference keeps in an output's ``meta[INFERRED_META]``: the op set's symbolic shape data)."""
         d = self.lookup(node.domain, node.op_type)
         if d is None or d.infer is None:
             return False
         opset = opset_imports.get(self.norm_domain(node.domain), opset_imports.get(node.domain, 0))
+        facts = [v.meta.get(INFERRED_META) for v in node.outputs]
         try:
             types = d.infer(node, opset)
         except GEError:
@@ -135,9 +141,9 @@ class OpRegistry(Registry[OpDef]):
         except BaseException as e:  # noqa: BLE001 - inference code of a plugin: name the node
             reraise_interrupt(e)
             raise ShapeInferenceError(f"type/shape inference failed at {node.describe()}: {e}") from e
+        changed = facts != [v.meta.get(INFERRED_META) for v in node.outputs]
         if not types:
-            return False
-        changed = False
+            return changed
         for v, t in zip(node.outputs, types):
             if t is None:
                 continue

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ge_core.errors import GEError
 from ge_core.ir.graph import Graph
 from ge_core.memory import MemoryPlan, SymbolicPlan
 
@@ -52,10 +53,12 @@ class ShapedLayouts:
             if hit is not None:
                 self._cache[key] = hit  # most recent last
                 return hit
+        plan = MemoryPlan({}, 0, "none")  # unplanned: an empty dim, or shapes the model cannot take
         if all(v >= 1 for v in binding.values()):
-            plan = self.plan.at(binding)
-        else:
-            plan = MemoryPlan({}, 0, "none")
+            try:
+                plan = self.plan.at(binding)
+            except GEError:  # a size below 0 at these shapes: the kernels say what is wrong
+                pass
         layout = Layout(self.program, plan, binding)
         made = (layout, ArenaInterpreter(self.program, layout, self.streams), ContextPool(self.program, layout))
         with self._lock:

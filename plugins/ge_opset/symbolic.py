@@ -8,7 +8,8 @@ dynamic tensor) leaves the Reshape's output unknown, and so everything after it.
 adds, as onnxruntime's ``symbolic_shape_infer`` does:
 
 * **shape data**: the symbolic contents of small integer tensors (what ``Shape`` returns and the
-  ops that slice, gather, concatenate and compute with it), kept in ``value.meta["shape_data"]``
+  ops that slice, gather, concatenate and compute with it), kept in ``value.meta`` (key
+  :data:`ge_core.ops.INFERRED_META`)
   as ``(dims, scalar)``;
 * **rules** for the ops whose output shape is a computation: Reshape (``0`` and ``-1``), Expand,
   ConstantOfShape, Tile, Slice, Range, Resize, Concat, Flatten, convolution and pooling windows,
@@ -29,6 +30,7 @@ import numpy as np
 from ge_core.ir import symbolic as S
 from ge_core.ir.graph import Node, Value
 from ge_core.ir.types import TensorType
+from ge_core.ops import INFERRED_META
 
 from .infer import onnx_infer
 
@@ -53,7 +55,7 @@ def infer(node: Node, opset: int) -> Sequence[TensorType | None] | None:
         _propagate_data(node)
     except (TypeError, ValueError, KeyError, IndexError, OverflowError):
         _clear_data(node)
-    data = node.outputs[0].meta.get("shape_data") if node.outputs else None
+    data = node.outputs[0].meta.get(INFERRED_META) if node.outputs else None
     if data is not None:  # a shape vector's own shape: its length
         known = TensorType(None, () if data[1] else (len(data[0]),))
         types = [_fill(types[0] if types else None, known), *(types[1:] if types else ())]
@@ -99,7 +101,7 @@ def data_of(v: Value | None) -> tuple[tuple, bool] | None:
         if c.dtype.kind == "b" and c.ndim <= 1 and c.size <= DATA_LIMIT:
             return tuple(bool(x) for x in c.reshape(-1)), c.ndim == 0
         return None
-    return v.meta.get("shape_data")
+    return v.meta.get(INFERRED_META)
 
 
 def _ints(v: Value | None) -> tuple | None:
@@ -109,14 +111,14 @@ def _ints(v: Value | None) -> tuple | None:
 
 def _clear_data(node: Node) -> None:
     for o in node.outputs:
-        o.meta.pop("shape_data", None)
+        o.meta.pop(INFERRED_META, None)
 
 
 def _set(node: Node, dims: Any, scalar: bool = False) -> None:
     if dims is None or len(dims) > DATA_LIMIT:
         _clear_data(node)
         return
-    node.outputs[0].meta["shape_data"] = (tuple(dims), scalar)
+    node.outputs[0].meta[INFERRED_META] = (tuple(dims), scalar)
 
 
 def _propagate_data(node: Node) -> None:

@@ -157,3 +157,44 @@ def test_shape_steps_are_kept_per_shape_and_runs_alternate_between_shapes(bert_b
         np.testing.assert_allclose(model.run(feeds)["out"], sess.run(None, feeds)[0], rtol=1e-4, atol=1e-5)
     layout = shapes.entry({"batch": 1, "seq": 16})[0]
     assert {s for s, _ in layout.fixed} and all(not a.flags.writeable for _, a in layout.fixed)
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    # the transformers bench's architectures (bench/transformer_models.py), loaded by path
+    path = os.path.join(os.path.dirname(BENCH), "transformer_models.py")
+    spec = importlib.util.spec_from_file_location("ge_bench_transformers_dyn", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+#: per architecture (tiny config): its dynamic axes and three shapes of its input
+REAL = {
+    "bert": ({0: "batch", 1: "seq"}, [(1, 16), (3, 5), (2, 40)]),
+    "distilbert": ({0: "batch", 1: "seq"}, [(1, 16), (3, 5), (2, 40)]),
+    "gpt2": ({0: "batch", 1: "seq"}, [(1, 16), (3, 5), (2, 40)]),
+    "llama": ({0: "batch", 1: "seq"}, [(1, 16), (3, 5), (2, 40)]),
+    "t5enc": ({0: "batch", 1: "seq"}, [(1, 16), (3, 5), (2, 40)]),
+    "vit": ({0: "batch"}, [(1, 3, 32, 32), (3, 3, 32, 32)]),
+    "swin": ({0: "batch"}, [(1, 3, 32, 32), (3, 3, 32, 32)]),
+    "whisper_enc": ({0: "batch"}, [(1, 80, 32), (3, 80, 32)]),
+    "wav2vec2": ({0: "batch", 1: "samples"}, [(1, 1600), (3, 800), (2, 2400)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_real_architectures_with_dynamic_axes_run_every_shape_from_one_plan(zoo, name):
+    axes, shapes = REAL[name]
+    model, feeds = zoo.build(name, "tiny")
+    (key, x), = feeds.items()
+    blob = zoo.to_onnx(model, feeds, {key: axes})
+    compiled = ge.compile(ge.load(onnx.load_from_string(blob)), {"threads": 1})
+    assert compiled.report["memory"]["dynamic_buffers"] == 0, "every intermediate is planned symbolically"
+    sess = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    for shape in shapes:
+        feed = rng.integers(0, 1000, shape) if x.dtype.kind == "i" else rng.standard_normal(shape)
+        feed = {key: feed.astype(x.dtype)}
+        np.testing.assert_allclose(compiled.run(feed)["last_hidden_state"], sess.run(None, feed)[0],
+                                   rtol=1e-4, atol=1e-4)
