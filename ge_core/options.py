@@ -389,11 +389,19 @@ class DimRange(tuple):
         return f"{self[0]}~{-1 if self[1] is None else self[1]}"
 
 
-def frontend_dims(old: tuple | None, new: tuple) -> tuple:
-    """The dims a frontend gives an input from ``--input_shape`` ``new``: static sizes and names
-    as given; an unknown dim or a range keeps the model's dim (the compiler makes it a symbol
-    with its range, :func:`ge_core.compiler.apply_input_shapes`)."""
-    keep = old if old is not None and len(old) == len(new) else (None,) * len(new)
+def frontend_dims(old: tuple | None, new: tuple, name: str = "") -> tuple:
+    """The dims a frontend gives input ``name`` from ``--input_shape`` ``new``: static sizes and
+    names as given; an unknown dim or a range keeps the model's dim (the compiler makes it a symbol
+    with its range, :func:`ge_core.compiler.apply_input_shapes`). OptionError for a rank or a static
+    size that conflicts with the model's (the compiler checks the rest)."""
+    if old is not None and len(old) != len(new):
+        raise OptionError(f"input_shape gives '{name}' rank {len(new)}, the model's input has rank {len(old)}",
+                          hint=f"give {len(old)} dims for '{name}'")
+    keep = old if old is not None else (None,) * len(new)
+    for i, (d, k) in enumerate(zip(new, keep)):
+        if isinstance(k, int) and d is not None and (isinstance(d, DimRange) or (isinstance(d, int) and d != k)):
+            raise OptionError(f"input_shape gives '{name}' dim {i} = {d}, the model fixes it to {k}",
+                              hint=f"give {k} (a static dim of the model cannot change)")
     return tuple(k if d is None or isinstance(d, DimRange) else d for d, k in zip(new, keep))
 
 

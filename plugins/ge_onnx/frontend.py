@@ -248,7 +248,7 @@ class _Builder:
                 sc.claim(i.name, "graph input")
             t = type_from_proto(i.type if i.HasField("type") else None)
             if main and input_shape and i.name in input_shape:
-                t = TensorType(t.dtype, frontend_dims(t.shape, tuple(input_shape[i.name])))
+                t = TensorType(t.dtype, frontend_dims(t.shape, tuple(input_shape[i.name]), i.name))
             if default is not None:
                 t = _default_type(self.name, i.name, t, default)
             v = self._track(g.add_input(self._name(g, i.name, main), t, default=default), main)

@@ -142,7 +142,7 @@ def _apply_input_shape(graph: Graph, shapes: Mapping[str, tuple], label: str) ->
             raise OptionError(f"input_shape names '{k}', which is not an input of {label}",
                               hint=f"the model's inputs: {', '.join(names) or 'none'}")
         v = names[k]
-        v.type = TensorType(v.type.dtype, frontend_dims(v.type.shape, tuple(dims)))
+        v.type = TensorType(v.type.dtype, frontend_dims(v.type.shape, tuple(dims), k))
 
 
 # ------------------------------------------------------------------------------------------

@@ -445,3 +445,10 @@ def test_out_nodes_unknown(onnx_host):
 def test_errors_are_ge_errors(onnx_host, tmp_path):
     with pytest.raises(GEError):
         load(12345)
+
+
+def test_input_shape_cannot_change_a_static_dim_or_the_rank(onnx_host):
+    with pytest.raises(OptionError, match="fixes it to 3"):
+        load(_add_model(), input_shape="x:2,4")  # the model's x is [N, 3]
+    with pytest.raises(OptionError, match="rank"):
+        load(_add_model(), input_shape="x:2,3,1")
