@@ -163,8 +163,19 @@ def _print_report(report: dict[str, Any], console) -> None:
     t.add_row("nodes before / after", f"{n(report.get('nodes_before'))} / {n(report.get('nodes_after'))}")
     t.add_row("kernels per inference", n(report.get("kernels")))
     t.add_row("streams / events", f"{n(st.get('count'))} / {n(st.get('events'))}")
-    t.add_row("arena bytes", f"{n(mem.get('arena_bytes', 0))} (lower bound {n(mem.get('lower_bound_bytes', 0))}, "
-              f"no reuse {n(mem.get('no_reuse_bytes', 0))})")
+    sym = mem.get("symbolic")
+    if isinstance(sym, dict):  # one plan for every shape: the symbols and the arena at the references
+        syms = sym.get("symbols") if isinstance(sym.get("symbols"), dict) else {}
+        ranges = ", ".join(f"{_plain(k)} {_plain(r[0])}~{'-1' if r[1] is None else _plain(r[1])}"
+                           for k, r in syms.items() if isinstance(r, list) and len(r) == 2)
+        at = [r for r in sym.get("at_references", []) if isinstance(r, dict) and isinstance(r.get("binding"), dict)]
+        shown = "; ".join(f"{n(r.get('arena_bytes'))} at " + ",".join(f"{_plain(k)}={_plain(v)}" for k, v in r["binding"].items())
+                          for r in at[:3])
+        t.add_row("arena bytes", f"symbolic plan over {ranges} ({n(sym.get('planned_buffers'))} buffers, "
+                  f"{n(sym.get('orders'))} orders, {n(mem.get('dynamic_buffers', 0))} outside): {shown}")
+    else:
+        t.add_row("arena bytes", f"{n(mem.get('arena_bytes', 0))} (lower bound {n(mem.get('lower_bound_bytes', 0))}, "
+                  f"no reuse {n(mem.get('no_reuse_bytes', 0))})")
     t.add_row("weights bytes", n(mem.get("weights_bytes", 0)))
     t.add_row("compile seconds", _plain(report.get("compile_seconds")))
     ops = report.get("op_counts", {})

@@ -69,6 +69,18 @@ def test_bert_with_dynamic_batch_and_sequence_compiles_once_and_plans_every_buff
     assert arenas[(2, 64)] < arenas[(3, 77)] < arenas[(4, 128)]
 
 
+def test_ge_inspect_shows_the_symbolic_plan(bert_blob, tmp_path):
+    from tests.e2e.test_cli import ge as ge_cli
+
+    src = tmp_path / "bert.onnx"
+    src.write_bytes(bert_blob)
+    r = ge_cli("compile", src, "-o", tmp_path / "b.om", "--input-shape",
+               "input_ids:1~4,1~64;attention_mask:1~4,1~64", check=True)
+    r = ge_cli("inspect", tmp_path / "b.om", check=True)
+    line = next(x for x in r.stdout.splitlines() if "arena bytes" in x)
+    assert "symbolic plan over batch 1~4, seq 1~64" in line and "0 outside" in line and "at batch=4,seq=64" in line
+
+
 def test_a_range_is_part_of_the_input_type_and_checked_at_run_time(bert_blob):
     model = ge.compile(ge.load(onnx.load_from_string(bert_blob)),
                        {"threads": 1, "input_shape": "input_ids:1~4,8~128;attention_mask:1~4,8~128"})
