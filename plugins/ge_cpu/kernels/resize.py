@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from ge_core.errors import ExecutionError
 from ge_core.kernel import KernelSpec
 
 from ._util import as_str, ints, norm_axes, unsupported
@@ -132,6 +133,19 @@ def _floats(a):
     return [float(v) for v in a] if a.size else None
 
 
+def _check_lengths(spec, rank, ax, axes, given, what):
+    """``sizes`` / ``scales`` hold one entry per resized axis: the input's rank, or ``len(axes)``
+    (onnxruntime refuses anything else; zipping them silently resized the wrong axes)."""
+    if given is None or len(given) == len(ax):
+        return
+    per = f"the {len(ax)} entries of 'axes' {list(axes)}" if axes else f"the input's rank {rank}"
+    raise ExecutionError(
+        f"{spec.describe()}: '{what}' has {len(given)} element(s) {list(given)}, but it needs one per resized "
+        f"axis: {per}",
+        hint=f"give '{what}' with {len(ax)} entries (one per axis of the input, or per entry of 'axes')",
+    )
+
+
 def _make(spec, mode, coord_mode, nearest_mode, cubic_a=-0.75, exclude_outside=0,
           antialias=0, axes=None, policy="stretch", scales_index=None, sizes_index=None,
           attr_scales=None):
@@ -162,6 +176,10 @@ def _make(spec, mode, coord_mode, nearest_mode, cubic_a=-0.75, exclude_outside=0
         sizes = ints(arg(sizes_index)) if sizes_index is not None and arg(sizes_index) is not None else None
         if sizes is not None and len(sizes) == 0:
             sizes = None
+        _check_lengths(spec, r, ax, axes, scales if sizes is None else sizes, "scales" if sizes is None else "sizes")
+        if sizes is not None and any(sz < 0 for sz in sizes):
+            raise ExecutionError(f"{spec.describe()}: 'sizes' {list(sizes)} has a negative size",
+                                 hint="every output size is at least 0")
         full_scales = [1.0] * r
         out = list(x.shape)
         if sizes is not None:
