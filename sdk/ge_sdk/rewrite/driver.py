@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ge_core.errors import GEError
+from ge_core.errors import GEError, ShapeInferenceError
 from ge_core.ir.graph import Graph, Node, Value
 from ge_core.ir.types import TensorType
 from ge_core.passes import Pass, PassContext
@@ -70,6 +70,17 @@ def _root(g: Graph) -> Graph:
     while g.parent is not None:
         g = g.parent
     return g
+
+
+def _inputs_complete(node: Node) -> bool:
+    """Every input of ``node`` (absent optional ones aside) has a dtype and a shape with every dim known."""
+    for v in node.inputs:
+        if v is None:
+            continue
+        t = v.type
+        if t.dtype is None or t.shape is None or any(d is None for d in t.shape):
+            return False
+    return True
 
 
 def _pure(node: Node) -> bool:
@@ -214,7 +225,13 @@ class Rewriter:
         return n
 
     def reinfer(self, node: Node) -> None:
-        """Re-run type inference of ``node``; when its outputs learn more, revisit their readers."""
+        """Re-run type inference of ``node``; when its outputs learn more, revisit their readers.
+
+        A :class:`ShapeInferenceError` at a node whose inputs are complete (every input typed with
+        every dim known) is raised: the rewrite made that node inconsistent, and hiding it would
+        leave wrong types for the memory plan and the kernels to trip over. Where inputs are still
+        incomplete, an inference failure only means "cannot tell yet" and the known types stay.
+        """
         g = node.graph
         if g is None or self.ops is None:
             return
@@ -225,7 +242,12 @@ class Rewriter:
             n = stack.pop()
             try:
                 changed = self.ops.infer_node(n, opsets)
-            except Exception as e:  # noqa: BLE001 - inference failure leaves the known types as they are
+            except ShapeInferenceError:
+                if _inputs_complete(n):
+                    raise
+                log.debug("re-inference of %s waits for complete inputs", n.describe())
+                continue
+            except Exception as e:  # noqa: BLE001 - another failure leaves the known types as they are
                 log.debug("re-inference of %s failed: %s", n.describe(), e)
                 continue
             if changed:
