@@ -42,6 +42,7 @@ from .common import (
     source_onnx,
     with_outputs,
 )
+from .frameworks import FRAMEWORK_REFERENCES, run_framework
 
 #: Diverging intermediate values listed after the first (per-node).
 MORE = 5
@@ -49,8 +50,10 @@ MORE = 5
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_model_flags(p)
-    p.add_argument("--reference", choices=REFERENCES, default="onnxruntime",
-                   help="what computes the expected outputs from the source ONNX (default onnxruntime)")
+    p.add_argument("--reference", choices=REFERENCES + FRAMEWORK_REFERENCES, default="onnxruntime",
+                   help="what computes the expected outputs: onnxruntime or onnx.reference on the source as ONNX "
+                        "(default onnxruntime), or the source's own framework: tensorflow (.pb, SavedModel, "
+                        "Keras file) or torch (.pt2)")
     p.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance (default 1e-3)")
     p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance (default 1e-4)")
     p.add_argument("--threads", type=int, metavar="T", help="threads per run for both sides")
@@ -233,8 +236,16 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     model = opened.model
     feeds = make_feeds(model, args)
     got = model.run(feeds)  # first: its feed checks name a wrong input better than the reference would
-    src = source_onnx(opened)
-    ref = run_reference(args.reference, src, feeds, args.threads)
+    src = b""
+    if args.reference in FRAMEWORK_REFERENCES:
+        if args.per_node:
+            raise OptionError(f"--per-node compares intermediate tensors by their ONNX names, which --reference "
+                              f"{args.reference} does not give", hint="use --reference onnxruntime with --per-node")
+        ref = run_framework(args.reference, opened.source, model, feeds,
+                            signature=compile_options(args).get("signature"))
+    else:
+        src = source_onnx(opened)
+        ref = run_reference(args.reference, src, feeds, args.threads)
     diffs = compare_outputs(got, ref, args.rtol, args.atol)
     result: dict[str, Any] = {
         "model": opened.path, "source": opened.source, "reference": args.reference,

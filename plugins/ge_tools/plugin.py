@@ -10,7 +10,8 @@ from ge_core.hookspecs import hookimpl
 _COMMANDS = (
     ("bench", "time a model (.om, or a source model compiled first): warm-up, latency percentiles, "
               "throughput, the cold first run apart; optionally beside onnxruntime"),
-    ("compare", "check a model's outputs against a reference (onnxruntime or onnx.reference); "
+    ("compare", "check a model's outputs against a reference (onnxruntime, onnx.reference, or the source's "
+                "own framework: tensorflow, torch); "
                 "--per-node names the first diverging node, --bisect-passes the first diverging pass"),
     ("export", "write a compiled .om as ONNX (fused ops in the custom domain ge.fused) for Netron"),
 )
