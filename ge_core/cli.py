@@ -165,7 +165,8 @@ def _print_report(report: dict[str, Any], console) -> None:
     t.add_row("streams / events", f"{n(st.get('count'))} / {n(st.get('events'))}")
     sym = mem.get("symbolic")
     if isinstance(sym, dict):  # one plan for every shape: the symbols and the arena at the references
-        syms = sym.get("symbols") if isinstance(sym.get("symbols"), dict) else {}
+        syms = sym.get("symbols")
+        syms = syms if isinstance(syms, dict) else {}
         ranges = ", ".join(f"{_plain(k)} {_plain(r[0])}~{'-1' if r[1] is None else _plain(r[1])}"
                            for k, r in syms.items() if isinstance(r, list) and len(r) == 2)
         at = [r for r in sym.get("at_references", []) if isinstance(r, dict) and isinstance(r.get("binding"), dict)]

@@ -6,13 +6,16 @@ resolved, input/output types, constant inputs) and returns a callable that runs 
 ``kernel(*inputs) -> sequence of arrays`` (one per output). All attribute parsing and
 specialisation happen in the factory, so the returned callable does only the arithmetic.
 
-Preallocated outputs. A kernel that can write into memory the executor planned sets
-``kernel.accepts_out = True``; the executor may then call ``kernel(*inputs, out=(a0, a1, ...))``
-with one C-contiguous array per output (exact dtype and shape). Such a kernel writes its results
-there and returns those same arrays. ``kernel.inplace_ok = True`` additionally allows an ``out``
-array to be the memory of an input that dies at this node (elementwise ops). Kernels without
-these attributes return fresh arrays (or views of their inputs), which the executor copies into
-its plan where it needs to. Kernels never write into their inputs otherwise.
+Capabilities. What an executor may do with a kernel is its :class:`KernelCaps`, declared by the
+factory with :func:`with_caps` and read with :func:`caps` (one attribute, ``kernel.caps``, that
+wrappers copy as a whole). A kernel with ``accepts_out`` writes into memory the executor planned:
+the executor may call ``kernel(*inputs, out=(a0, a1, ...))`` with one C-contiguous array per
+output (exact dtype and shape), and the kernel writes its results there and returns those same
+arrays. ``inplace_ok`` additionally allows an ``out`` array to be the memory of an input that
+dies at this node (elementwise ops). Kernels without them return fresh arrays (or views of their
+inputs), which the executor copies into its plan where it needs to. Kernels never write into
+their inputs otherwise. (The attributes ``kernel.accepts_out`` / ``inplace_ok`` / ``mode`` /
+``kernel_kind`` of plugins written before KernelCaps are still read.)
 
 Run limits. ``model.run(feeds, timeout=s)`` sets a per-run deadline; executors call
 :func:`check_deadline` between nodes and kernels that loop (Loop, Scan) call it every iteration,
@@ -23,6 +26,7 @@ their iteration count to :func:`max_loop_iterations` (``GE_MAX_LOOP_ITERATIONS``
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -38,9 +42,46 @@ from .ir.types import TensorType
 Kernel = Callable[..., Sequence[np.ndarray]]
 
 
+@dataclass(frozen=True)
+class KernelCaps:
+    """What an executor may do with a kernel (or, for ``kind``, what a factory builds)."""
+
+    #: takes preallocated outputs through ``out=`` (see the module docstring)
+    accepts_out: bool = False
+    #: an ``out`` array may be the memory of an input that dies at the node
+    inplace_ok: bool = False
+    #: how it computes, for the report's ``kernel_modes`` ("loop", "numpy", "numexpr"...)
+    mode: str = ""
+    #: the kind of kernel: "native", "onnx.reference" (a fallback), or "" (a plugin's own)
+    kind: str = ""
+
+
+def caps(kernel: Any) -> KernelCaps:
+    """The capabilities of a kernel or factory (none declared: all off)."""
+    c = getattr(kernel, "caps", None)
+    if isinstance(c, KernelCaps):
+        return c
+    if kernel is None:
+        return KernelCaps()
+    return KernelCaps(bool(getattr(kernel, "accepts_out", False)), bool(getattr(kernel, "inplace_ok", False)),
+                      str(getattr(kernel, "mode", "") or ""), str(getattr(kernel, "kernel_kind", "") or ""))
+
+
+def with_caps(kernel: Any, **changes: Any) -> Any:
+    """``kernel`` with its capabilities changed as given (``with_caps(k, accepts_out=True)``); returns it."""
+    kernel.caps = dataclasses.replace(caps(kernel), **changes)
+    return kernel
+
+
+def copy_caps(wrapper: Any, kernel: Any) -> Any:
+    """``wrapper`` (a function wrapping ``kernel``) with the capabilities of ``kernel``; returns it."""
+    wrapper.caps = caps(kernel)
+    return wrapper
+
+
 def accepts_out(kernel: Kernel) -> bool:
     """True if ``kernel`` takes preallocated outputs through ``out=``."""
-    return bool(getattr(kernel, "accepts_out", False))
+    return caps(kernel).accepts_out
 KernelFactory = Callable[["KernelSpec"], Kernel]
 
 

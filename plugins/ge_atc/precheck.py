@@ -21,13 +21,13 @@ from typing import Any
 
 from ge_core.errors import GEError, UnsupportedOpError, reraise_interrupt
 from ge_core.ir.graph import Graph, Node
-from ge_core.kernel import KernelSpec
+from ge_core.kernel import KernelSpec, caps
 from ge_core.ops import OpRegistry
 from ge_core.options import CompileOptions
 
 SUCCESS, FAILED = "success", "failed"
 NATIVE, REFERENCE, NONE = "native", "reference", "none"
-#: ge_cpu's ``kernel_kind`` of its onnx.reference fallback.
+#: ge_cpu's ``caps(factory).kind`` of its onnx.reference fallback.
 _REFERENCE_KIND = "onnx.reference"
 
 
@@ -138,7 +138,7 @@ def _unknown_ops_report(name: str, listed: list[tuple[str, str, str]], regs, opt
             if f is None:
                 _fail(entry, "TYPE_UNSUPPORTED", f"The type is not supported: no kernel for {op_type}", NONE)
             else:
-                entry["support"] = REFERENCE if getattr(f, "kernel_kind", "") == _REFERENCE_KIND else NATIVE
+                entry["support"] = REFERENCE if caps(f).kind == _REFERENCE_KIND else NATIVE
                 entry["cause"].append({"code": "OK", "message": "dtypes and attributes not checked: the model "
                                                                 "has ops no plugin registers"})
         ops.append(entry)
@@ -178,7 +178,7 @@ def _check_kernel(node: Node, entry: dict[str, Any], kernels, options: CompileOp
         _fail(entry, "TYPE_UNSUPPORTED", f"The type is not supported: backend '{backend}' has no kernel for "
                                          f"{node.op_type}", NONE)
         return
-    kind = getattr(factory, "kernel_kind", "native")
+    kind = caps(factory).kind or "native"
     if node.subgraphs():  # a control-flow kernel builds its bodies, whose nodes are checked one by one
         entry["support"] = REFERENCE if kind == _REFERENCE_KIND else NATIVE
         return
@@ -209,7 +209,7 @@ def _check_kernel(node: Node, entry: dict[str, Any], kernels, options: CompileOp
         reraise_interrupt(e)
         _fail(entry, "PARAM_INVALID", native_reason or f"building the kernel failed: {type(e).__name__}: {e}", NONE)
         return
-    if getattr(kernel, "kernel_kind", kind) == _REFERENCE_KIND or kind == _REFERENCE_KIND:
+    if caps(kernel).kind == _REFERENCE_KIND or kind == _REFERENCE_KIND:
         entry["support"] = REFERENCE
         why = f"the native kernel refuses it ({native_reason})" if native_reason else "no native kernel"
         entry["cause"].append({"code": "OK", "message": f"runs through the onnx.reference fallback (slow): {why}"})

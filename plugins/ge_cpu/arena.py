@@ -12,8 +12,9 @@ Each step runs one of three ways (its *mode*), chosen at build time:
 * :data:`NOOP`: a view op (Reshape, Flatten, Squeeze, Unsqueeze, Identity) whose output shares
   its input's bytes, or a Concat whose inputs the plan laid out back to back inside its output:
   the planned view already holds the result;
-* :data:`OUT` (into the plan): the kernel declares ``accepts_out`` and gets ``out=`` views of the
-  arena (an output over a dying input also needs ``inplace_ok``);
+* :data:`OUT` (into the plan): the kernel's capabilities (:func:`ge_core.kernel.caps`) declare
+  ``accepts_out`` and it gets ``out=`` views of the arena (an output over a dying input also
+  needs ``inplace_ok``);
 * :data:`CALL` (copy): the kernel returns arrays, which are copied into their planned views
   (``np.copyto``) unless they already are those views.
 
@@ -37,7 +38,7 @@ import numpy as np
 
 from ge_core.errors import ExecutionError
 from ge_core.ir.graph import Graph, Node
-from ge_core.kernel import accepts_out
+from ge_core.kernel import accepts_out, caps
 from ge_core.memory import MemoryPlan
 
 from .executable import CpuExecutable
@@ -156,7 +157,7 @@ def step_mode(st: Step, where: Mapping[int, tuple[int, int]], alias: str = "") -
             w is not None and o[0] < w[0] + w[1] and w[0] < o[0] + o[1]
             for o in outs if o is not None for w in (where.get(s) for s in st.ins if s >= 0)
         )
-        if not overlap or getattr(st.fn, "inplace_ok", False):
+        if not overlap or caps(st.fn).inplace_ok:
             return OUT
     return CALL
 

@@ -9,11 +9,9 @@ import numpy as np
 from ge_core.errors import ExecutionError
 from ge_core.ir.graph import Node
 from ge_core.ir.types import TensorType
+from ge_core.kernel import copy_caps
 
 from .values import describe_value
-
-#: Attributes of a kernel that executors read (the out= protocol, the report's kernel modes).
-KERNEL_ATTRS = ("accepts_out", "inplace_ok", "mode", "kernel_kind")
 
 
 def checked_kernel(fn: Any, node: Node, who: Any) -> Any:
@@ -65,9 +63,7 @@ def checked_kernel(fn: Any, node: Node, who: Any) -> Any:
                 return res
         return _conform(res, node, who)
 
-    for a in KERNEL_ATTRS:
-        if hasattr(fn, a):
-            setattr(kernel, a, getattr(fn, a))
+    copy_caps(kernel, fn)  # the out= protocol, the report's kernel modes
     kernel.__wrapped__ = fn  # type: ignore[attr-defined]
     return kernel
 

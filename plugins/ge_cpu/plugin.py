@@ -8,8 +8,9 @@ import sys
 
 from ge_core.errors import UnsupportedOpError
 from ge_core.hookspecs import hookimpl
+from ge_core.kernel import caps, with_caps
 
-#: ``factory.kernel_kind`` values.
+#: ``caps(factory).kind`` values.
 NATIVE, REFERENCE = "native", "onnx.reference"
 
 
@@ -28,11 +29,9 @@ def _native_first(factory, reference):
                 kernel = reference(spec)
             except Exception:  # noqa: BLE001 - report the native refusal, it is the clearer one
                 raise native from None
-            kernel.kernel_kind = REFERENCE
-            return kernel
+            return with_caps(kernel, kind=REFERENCE)
 
-    build.kernel_kind = NATIVE  # type: ignore[attr-defined]
-    return build
+    return with_caps(build, kind=NATIVE)
 
 
 @hookimpl
@@ -60,8 +59,7 @@ def _reference_kind(reference):
     def build(spec):
         return reference(spec)
 
-    build.kernel_kind = REFERENCE  # type: ignore[attr-defined]
-    return build
+    return with_caps(build, kind=REFERENCE)
 
 
 # ------------------------------------------------------------------------------------------
@@ -77,7 +75,7 @@ def op_table(backend: str = "cpu") -> list[dict]:
     keys = {tuple(k) for k in regs.ops.keys()} | {tuple(k) for k in kernels.keys()}
     for domain, op_type in sorted(keys):
         f = kernels.get((domain, op_type))
-        kind = "none" if f is None else getattr(f, "kernel_kind", "plugin")
+        kind = "none" if f is None else caps(f).kind or "plugin"
         opdef = regs.ops.get((domain, op_type))
         rows.append({
             "op": op_type,

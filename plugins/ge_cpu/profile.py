@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from ge_core.kernel import copy_caps
+
 
 def profile(model, feeds: dict[str, np.ndarray], runs: int = 5) -> dict[str, Any]:
     """Time every kernel over ``runs`` runs; returns rows per op type, per node, and trace events."""
@@ -51,10 +53,7 @@ def profile(model, feeds: dict[str, np.ndarray], runs: int = 5) -> dict[str, Any
                     events.append((i, t0, t1))
             return r
 
-        for attr in ("accepts_out", "inplace_ok"):
-            if hasattr(fn, attr):
-                setattr(call, attr, getattr(fn, attr))
-        return call
+        return copy_caps(call, fn)
 
     for i, st in enumerate(exe.steps):
         st.fn = timed(i, st.fn)

@@ -31,6 +31,7 @@ from typing import Any
 from ge_core.errors import ExecutionError, GEError, UnsupportedOpError
 from ge_core.ir.graph import Graph, Node, Value, graph_captures
 from ge_core.kernel import KernelSpec, check_deadline
+from ge_core.kernel import caps as kernel_caps
 from ge_core.ops import OpRegistry
 from ge_sdk import native, parallel
 
@@ -149,7 +150,7 @@ class Program:
         self.output_slots = [slot_of(v) for v in graph.outputs]
         self.output_types = [v.type for v in graph.outputs]
         self.kernel_count = len(steps)
-        modes = collections.Counter(m for st in steps for m in [getattr(st.fn, "mode", "")] if isinstance(m, str) and m)
+        modes = collections.Counter(m for st in steps for m in [kernel_caps(st.fn).mode] if m)
         self.kernel_modes = dict(sorted(modes.items()))
         after = native.stats()
         #: the native kernel modules this build needed: compiled now, or loaded from the cache

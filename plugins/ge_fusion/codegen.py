@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ge_core.kernel import with_caps
 from ge_sdk import gensrc, parallel
 
 Step = tuple[str, list[str], dict[str, Any]]
@@ -549,7 +550,7 @@ def _numexpr_kernel(steps: list[Step], names: list[str], dtypes: Sequence[Any], 
                 return out
         raise AssertionError(n_in)  # pragma: no cover
 
-    kernel.mode = "numexpr"  # type: ignore[attr-defined]
+    with_caps(kernel, mode="numexpr")
     kernel.source = "; ".join(f"{t or 'out'} = {e}" for _, _, _, e in compiled_stages for t in [""])  # type: ignore[attr-defined]
     kernel.stages = len(compiled_stages)  # type: ignore[attr-defined]
     return kernel
@@ -668,7 +669,7 @@ def _numpy_kernel(steps: list[Step], names: list[str], out_dtype: np.dtype,
     code = gensrc.compile_checked(src, "<ge_fusion generated>", _NP_VOCAB)
     exec(code, env)  # noqa: S102 - checked generated code (gensrc)
     kernel = env["kernel"]
-    kernel.mode = "numpy"
+    with_caps(kernel, mode="numpy")
     kernel.source = src
     return kernel
 
@@ -706,7 +707,7 @@ def _chunked(body, in_shapes: Sequence[tuple | None], out_shape: tuple, out_dtyp
         parallel.parallel_for(len(starts), lambda i: run_block(i, args, out))
         return out
 
-    kernel.mode = "numpy-blocked"  # type: ignore[attr-defined]
+    with_caps(kernel, mode="numpy-blocked")
     kernel.source = getattr(body, "source", "")  # type: ignore[attr-defined]
     return kernel
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ge_core.errors import UnsupportedOpError
-from ge_core.kernel import KernelSpec
+from ge_core.kernel import KernelSpec, caps, with_caps
 from ge_sdk import parallel
 
 from . import codegen, loopgen
@@ -60,8 +60,7 @@ def _epilogue(spec: KernelSpec, first_extra: int):
 
 
 def _mark_out(kernel, inplace: bool = False):
-    kernel.accepts_out = True
-    kernel.inplace_ok = inplace
+    with_caps(kernel, accepts_out=True, inplace_ok=inplace)
     return kernel
 
 
@@ -96,7 +95,7 @@ def elemwise_factory(spec: KernelSpec):
         def kernel(*args, out=None):
             return (fn(*args, out=None if out is None else out[0]),)
 
-    kernel.mode = getattr(fn, "mode", "")  # type: ignore[attr-defined]
+    with_caps(kernel, mode=caps(fn).mode)
     return _mark_out(kernel, inplace=True)
 
 

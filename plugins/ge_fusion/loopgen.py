@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ge_core.kernel import with_caps
 from ge_sdk import native, parallel
 from ge_sdk.jit import enabled as jit_enabled
 
@@ -319,7 +320,7 @@ def loop_kernel_dynamic(steps, names: list[str], in_dtypes: Sequence[Any], in_sh
             return fallback(*operands, out=out)
         return fn(*operands, out=out)
 
-    kernel.mode = "loop"  # type: ignore[attr-defined]
+    with_caps(kernel, mode="loop")
     kernel.source = built.ge_source  # type: ignore[attr-defined]
     kernel.library = built.path  # type: ignore[attr-defined]
     return kernel
@@ -500,7 +501,7 @@ def _wrap(built: _Built, dims: list[int], strides: list[list[int]], out_shape: t
             return out
         return target
 
-    kernel.mode = "loop"  # type: ignore[attr-defined]
+    with_caps(kernel, mode="loop")
     kernel.source = built.ge_source  # type: ignore[attr-defined]
     kernel.library = built.path  # type: ignore[attr-defined]
     return kernel

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from ge_core.kernel import with_caps
+
 from . import loopgen
 
 
@@ -74,6 +76,5 @@ def rmsnorm_factory(spec):
             y = out[0]
         return (y if y.dtype == dt else y.astype(dt),)
 
-    kernel.accepts_out = True
-    kernel.inplace_ok = True
+    with_caps(kernel, accepts_out=True, inplace_ok=True)
     return kernel

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import ge_core as ge
+from ge_core.kernel import caps
 from ge_fusion import codegen, loopgen
 from ge_sdk import parallel
 from ge_sdk.testing import GraphBuilder, random_inputs, run_onnxruntime, run_reference
@@ -57,7 +58,7 @@ def test_every_op_as_a_loop_matches_its_numpy_form(op, attrs, dtype):
     ref = codegen.compile_program(prog, [dtype] * len(xs), shapes, dtype, xs[0].shape, mode="numpy")
     # libm per element does not vectorise: those programs keep NumPy's SIMD ufuncs
     scalar_only = op in ("Sin", "Cos") or (dtype == "float64" and op in TRANSCENDENTAL)
-    assert loop.mode == ("numpy" if scalar_only else "loop") and ref.mode == "numpy"
+    assert caps(loop).mode == ("numpy" if scalar_only else "loop") and caps(ref).mode == "numpy"
     with np.errstate(all="ignore"):
         want = ref(*xs)
         got = loop(*xs)
@@ -71,7 +72,7 @@ def test_transcendental_loops_vectorise():
     # the loop inlines vmath: its machine code uses vector registers, not a libm call per element
     fn = codegen.compile_program(codegen.dumps([("Tanh", ["a0"], {}), ("Sigmoid", ["t0"], {}), ("Erf", ["t1"], {})]),
                                  ["float32"], [(4096,)], "float32", (4096,), mode="loop")
-    assert fn.mode == "loop"
+    assert caps(fn).mode == "loop"
     asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", fn.library], capture_output=True, text=True,
                          check=True).stdout
     assert not re.search(r"call.*<(tanhf|expf|erff|exp|tanh|erf)(@plt)?>", asm)
@@ -119,7 +120,7 @@ def test_broadcast_layouts_and_thread_caps(shapes, out_shape, has_loop, workers)
     if not has_loop:
         assert fn is None
         fn = codegen.compile_program(BN_RELU, ["float32"] * 3, shapes, "float32", out_shape)
-        assert fn.mode != "loop"  # generated NumPy code instead
+        assert caps(fn).mode != "loop"  # generated NumPy code instead
     with parallel.use_threads(2):  # large loops split over OpenMP threads (at most `workers`)
         np.testing.assert_allclose(fn(*xs), want, rtol=1e-6, atol=1e-6)
         out = np.full(out_shape, np.nan, np.float32)
@@ -136,7 +137,7 @@ def test_split_loops_give_the_same_bits_at_every_width(shapes, out_shape):
     rng = np.random.default_rng(7)
     xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     fn = codegen.compile_program(BN_RELU, ["float32"] * 3, shapes, "float32", out_shape, mode="loop")
-    assert fn.mode == "loop"
+    assert caps(fn).mode == "loop"
     one = fn(*xs)
     for width in (2, 3, 4):
         with parallel.use_threads(width):
@@ -175,7 +176,7 @@ def test_one_compiled_loop_serves_every_shape_of_a_program():
     for c, hw in [(8, 5), (16, 9), (32, 3)]:
         fn = codegen.compile_program(prog, ["float32"] * 3, [(1, c, hw, hw), (c, 1, 1), (c, 1, 1)], "float32",
                                      (1, c, hw, hw))
-        assert fn.mode == "loop"
+        assert caps(fn).mode == "loop"
     after = loopgen.stats()
     assert after["compiled"] - before["compiled"] == 1
     assert after["reused"] - before["reused"] == 2
@@ -184,26 +185,26 @@ def test_one_compiled_loop_serves_every_shape_of_a_program():
 def test_integer_programs_and_mixed_dtypes_use_numpy_code():
     prog = codegen.dumps([("Add", ["a0", "a1"], {}), ("Mul", ["t0", "a0"], {})])
     fn = codegen.compile_program(prog, ["int64", "int64"], [(4096,), (4096,)], "int64", (4096,))
-    assert fn.mode != "loop"
+    assert caps(fn).mode != "loop"
     a = np.arange(4096, dtype=np.int64)
     np.testing.assert_array_equal(fn(a, a), (a + a) * a)
     fn = codegen.compile_program(prog, ["float32", "float64"], [(4096,), (4096,)], "float64", (4096,))
-    assert fn.mode != "loop"
+    assert caps(fn).mode != "loop"
 
 
 def test_symbolic_shapes_use_numpy_code():
     prog = codegen.dumps([("Add", ["a0", "a1"], {}), ("Relu", ["t0"], {})])
     fn = codegen.compile_program(prog, ["float32"] * 2, [("N", 8), (8,)], "float32", None)
-    assert fn.mode != "loop"
+    assert caps(fn).mode != "loop"
     a = np.ones((3, 8), np.float32)
     np.testing.assert_array_equal(fn(a, -a[0]), np.zeros((3, 8), np.float32))
 
 
 def test_jit_switch_turns_loops_off(monkeypatch):
     prog = codegen.dumps([("Exp", ["a0"], {}), ("Neg", ["t0"], {})])
-    assert codegen.compile_program(prog, ["float32"], [(5000,)], "float32", (5000,)).mode == "loop"
+    assert caps(codegen.compile_program(prog, ["float32"], [(5000,)], "float32", (5000,))).mode == "loop"
     monkeypatch.setenv("GE_FUSION_JIT", "0")
-    assert codegen.compile_program(prog, ["float32"], [(5000,)], "float32", (5000,)).mode != "loop"
+    assert caps(codegen.compile_program(prog, ["float32"], [(5000,)], "float32", (5000,))).mode != "loop"
 
 
 def test_loop_source_is_inspectable():
@@ -382,7 +383,7 @@ def test_in_place_loops_read_the_operand_through_the_output():
     prog = codegen.dumps([("Mul", ["a0", "a1"], {}), ("Gelu", ["t0"], {"approximate": "none"})])
     before = loopgen.stats()["inplace_variants"]
     fn = codegen.compile_program(prog, ["float32"] * 2, [(64, 300), (300,)], "float32", (64, 300), mode="loop")
-    assert fn.mode == "loop"
+    assert caps(fn).mode == "loop"
     assert loopgen.stats()["inplace_variants"] == before + 1  # a0 is laid out like the output; a1 is not
     rng = np.random.default_rng(3)
     x = rng.standard_normal((64, 300)).astype(np.float32)
@@ -444,7 +445,7 @@ def test_a_loop_with_symbolic_dims_is_compiled_once_and_serves_every_shape():
     full, row, col = ("n", S.mul("s", 2), 64), (64,), ("n", S.mul("s", 2), 1)
     fn = codegen.compile_program(BN_RELU, ["float32"] * 3, [None, (64,), None], "float32", None,
                                  symbolic=([full, row, col], full))
-    assert getattr(fn, "mode", "") == "loop"
+    assert caps(fn).mode == "loop"
     ref = codegen.compile_program(BN_RELU, ["float32"] * 3, [None, (64,), None], "float32", None, mode="numpy")
     rng = np.random.default_rng(0)
     for n, s in [(2, 3), (5, 40), (1, 7), (3, 1)]:  # n = 1 changes the layout class: NumPy's code runs

@@ -18,7 +18,7 @@ import ge_core as ge
 from ge_core.errors import UnsupportedOpError
 from ge_core.ir.graph import Graph
 from ge_core.ir.types import TensorType
-from ge_core.kernel import KernelSpec
+from ge_core.kernel import KernelSpec, caps
 
 
 def _vi(name, shape, elem=TensorProto.FLOAT):
@@ -179,7 +179,7 @@ def _kernel(op, inputs, attrs=None, const=(), opset=17):
 ])
 def test_out_protocol(op, inputs, attrs, const):
     k = _kernel(op, inputs, attrs, const)
-    assert getattr(k, "accepts_out", False), f"{op} should accept out="
+    assert caps(k).accepts_out, f"{op} should accept out="
     want = k(*inputs)[0]
     out = np.full(want.shape, np.nan, want.dtype)
     got = k(*inputs, out=(out,))

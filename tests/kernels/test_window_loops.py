@@ -18,7 +18,7 @@ from onnx import helper, numpy_helper
 
 import ge_core as ge
 from ge_core.ir.types import TensorType
-from ge_core.kernel import KernelSpec
+from ge_core.kernel import KernelSpec, caps
 from ge_cpu.kernels import KERNELS, _window
 
 RNG = np.random.default_rng(7)
@@ -72,7 +72,7 @@ def check(op, inputs, attrs, const=(1, 2), opset=17):
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_allclose(got, want, **TOL[want.dtype.type])
     # the out= protocol: the result lands in the caller's array
-    if getattr(kernel, "accepts_out", False):
+    if caps(kernel).accepts_out:
         buf = np.full(want.shape, np.nan, want.dtype)
         res = kernel(*inputs, out=(buf,))
         assert res[0] is buf
@@ -284,7 +284,7 @@ def test_maxpool_indices_unchanged():
     spec = KernelSpec(name="mp", op_type="MaxPool", attrs=attrs, inputs=[TensorType.of(x)],
                       outputs=[TensorType.of(want[0]), TensorType.of(want[1])], const_inputs=[None], opset=17)
     kernel = KERNELS[("", "MaxPool")](spec)
-    assert not getattr(kernel, "accepts_out", False)
+    assert not caps(kernel).accepts_out
     got = kernel(x)
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])

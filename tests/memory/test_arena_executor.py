@@ -23,7 +23,7 @@ def _scale_factory(spec):
         np.multiply(x, 2.0, out=out[0])
         return out
 
-    kernel.accepts_out = True
+    kernel.accepts_out = True  # the attributes of plugins older than KernelCaps still count
     kernel.inplace_ok = spec.attrs.get("inplace", 1) == 1
     return kernel
 

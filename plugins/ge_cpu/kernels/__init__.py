@@ -24,7 +24,7 @@ import functools
 
 import numpy as np
 
-from ge_core.kernel import KernelFactory, KernelSpec
+from ge_core.kernel import KernelFactory, KernelSpec, caps, copy_caps
 
 from . import (
     activations,
@@ -50,15 +50,14 @@ def _arrays_out(factory: KernelFactory) -> KernelFactory:
     @functools.wraps(factory)
     def build(spec: KernelSpec):
         kernel = factory(spec)
-        if getattr(kernel, "accepts_out", False):
+        if caps(kernel).accepts_out:
             def run_out(*inputs, out=None):
                 if out is not None:
                     return kernel(*inputs, out=out)
                 return tuple(o if type(o) is np.ndarray or type(o) is list or o is None else np.asarray(o)
                              for o in kernel(*inputs))
 
-            run_out.accepts_out = True  # type: ignore[attr-defined]
-            run_out.inplace_ok = bool(getattr(kernel, "inplace_ok", False))  # type: ignore[attr-defined]
+            copy_caps(run_out, kernel)
             run_out.__wrapped__ = kernel  # type: ignore[attr-defined]
             run_out.__name__ = f"{spec.op_type}_kernel"
             return run_out
@@ -68,6 +67,7 @@ def _arrays_out(factory: KernelFactory) -> KernelFactory:
             return tuple(o if type(o) is np.ndarray or type(o) is list or o is None else np.asarray(o)
                          for o in outs)
 
+        copy_caps(run, kernel)
         run.__wrapped__ = kernel  # type: ignore[attr-defined]
         run.__name__ = f"{spec.op_type}_kernel"
         return run

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ge_core.errors import ExecutionError
-from ge_core.kernel import KernelSpec
+from ge_core.kernel import KernelSpec, with_caps
 
 from ._util import in_dtype, kernel_table, unsupported
 
@@ -59,7 +59,7 @@ def swish_factory(spec: KernelSpec):
         return (_swish(x.astype(np.float32), alpha).astype(x.dtype),)
 
     if _native(dt):
-        kernel.accepts_out = True  # type: ignore[attr-defined]
+        with_caps(kernel, accepts_out=True)
     return kernel
 
 
@@ -81,5 +81,5 @@ def swiglu_factory(spec: KernelSpec):
         return (y.astype(a.dtype),)
 
     if _native(dt):
-        kernel.accepts_out = True  # type: ignore[attr-defined]
+        with_caps(kernel, accepts_out=True)
     return kernel

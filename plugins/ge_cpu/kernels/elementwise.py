@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ge_core.kernel import KernelSpec
+from ge_core.kernel import KernelSpec, with_caps
 from ge_sdk import native
 from ge_sdk.jit import enabled as jit_enabled
 
@@ -135,8 +135,7 @@ def _binary_out(fn: Callable) -> Callable:
             fn(a, b, out=out[0])
             return out
 
-        kernel.accepts_out = True  # type: ignore[attr-defined]
-        kernel.inplace_ok = True  # type: ignore[attr-defined]
+        with_caps(kernel, accepts_out=True, inplace_ok=True)
         return kernel
 
     return factory
@@ -266,8 +265,7 @@ def _unary(fn: Callable, keep_dtype: bool = True) -> Callable:
                 fn(x, out=out[0])
                 return out
 
-            kernel_out.accepts_out = True  # type: ignore[attr-defined]
-            kernel_out.inplace_ok = True  # type: ignore[attr-defined]
+            with_caps(kernel_out, accepts_out=True, inplace_ok=True)
             return kernel_out
         if keep_dtype:
             def kernel(x):
@@ -295,8 +293,7 @@ def relu_factory(spec: KernelSpec):
         np.maximum(x, x.dtype.type(0), out=out[0])
         return out
 
-    kernel.accepts_out = True  # type: ignore[attr-defined]
-    kernel.inplace_ok = True  # type: ignore[attr-defined]
+    with_caps(kernel, accepts_out=True, inplace_ok=True)
     return kernel
 
 

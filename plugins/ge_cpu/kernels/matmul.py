@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ge_core.kernel import KernelSpec
+from ge_core.kernel import KernelSpec, with_caps
 from ge_sdk import parallel
 
 from ._util import as_str, cast_like, const_input, has_input
@@ -40,7 +40,7 @@ def matmul_factory(spec: KernelSpec):
         o = _fits(o, a, b)
         return (cast_like(parallel.matmul(a, b, out=o), a.dtype),)
 
-    kernel.accepts_out = True  # type: ignore[attr-defined]
+    with_caps(kernel, accepts_out=True)
     return kernel
 
 
@@ -96,7 +96,7 @@ def gemm_factory(spec: KernelSpec):
                 y = y + c
         return (cast_like(y, a.dtype),)
 
-    kernel.accepts_out = True  # type: ignore[attr-defined]
+    with_caps(kernel, accepts_out=True)
     return kernel
 
 

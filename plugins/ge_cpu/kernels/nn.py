@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ge_core.kernel import KernelSpec
+from ge_core.kernel import KernelSpec, with_caps
 from ge_sdk import native, parallel
 from ge_sdk.jit import enabled as jit_enabled
 
@@ -378,7 +378,7 @@ def conv_factory(spec: KernelSpec):
 
     dt = in_dtype(spec, 0)
     if dt is not None and dt.kind == "f" and dt.name != "bfloat16" and out_dtype_ok(spec, dt):
-        kernel.accepts_out = True  # type: ignore[attr-defined]
+        with_caps(kernel, accepts_out=True)
     return kernel
 
 
@@ -583,7 +583,7 @@ def _pool_out(spec: KernelSpec, kernel, want_idx: bool = False):
     """Let the executor hand a float pool its output array (the loop writes it directly)."""
     dt = in_dtype(spec, 0)
     if not want_idx and dt is not None and dt in _window.NP_DTYPES and out_dtype_ok(spec, dt):
-        kernel.accepts_out = True
+        with_caps(kernel, accepts_out=True)
     return kernel
 
 
@@ -834,8 +834,7 @@ def batchnorm_factory(spec: KernelSpec):
         return (y, *extra)
 
     if out_ok:
-        kernel.accepts_out = True  # type: ignore[attr-defined]
-        kernel.inplace_ok = True  # type: ignore[attr-defined]
+        with_caps(kernel, accepts_out=True, inplace_ok=True)
     return kernel
 
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from ge_core.errors import ExecutionError
 from ge_core.ir.types import TensorType
-from ge_core.kernel import KernelSpec
+from ge_core.kernel import KernelSpec, with_caps
 
 from ._util import const_input, has_input, in_dtype, in_rank, kernel_table, onnx_dtype, out_dtype, unsupported
 
@@ -184,7 +184,7 @@ def quantize_factory(spec: KernelSpec):
         return (q.astype(qdt),)
 
     if name in ("uint8", "int8", "uint16", "int16"):
-        kernel.accepts_out = True  # type: ignore[attr-defined]
+        with_caps(kernel, accepts_out=True)
     return kernel
 
 
@@ -240,7 +240,7 @@ def dequantize_factory(spec: KernelSpec):
         return (y.astype(want, copy=False),)
 
     if odt is not None and odt.name in ("float32", "float16", "float64"):
-        kernel.accepts_out = True  # type: ignore[attr-defined]
+        with_caps(kernel, accepts_out=True)
     return kernel
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ge_core.errors import ExecutionError
-from ge_core.kernel import KernelSpec
+from ge_core.kernel import KernelSpec, with_caps
 from ge_sdk.jit import numba_if_enabled
 
 from ._util import as_str, const_input, has_input, in_dtype, kernel_table, unsupported
@@ -717,7 +717,7 @@ def _make_factory(op: str) -> Callable[[KernelSpec], Any]:
             return tuple(outs[:n_out])
 
         if odt == cdt and all(want[i] for i in range(n_out)):
-            kernel.accepts_out = True  # type: ignore[attr-defined]
+            with_caps(kernel, accepts_out=True)
         return kernel
 
     return factory

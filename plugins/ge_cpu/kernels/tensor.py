@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ge_core.kernel import KernelSpec
+from ge_core.kernel import KernelSpec, with_caps
 
 from ._util import as_str, const_input, has_input, ints, kernel_table, norm_axes, norm_axis, unsupported
 
@@ -160,7 +160,7 @@ def concat_factory(spec: KernelSpec):
 
     dts = {t.dtype for t in list(spec.inputs) + list(spec.outputs) if t is not None}
     if len(dts) == 1 and None not in dts and np.dtype(object) not in dts:
-        kernel.accepts_out = True  # type: ignore[attr-defined]
+        with_caps(kernel, accepts_out=True)
     return kernel
 
 
