@@ -238,12 +238,18 @@ def with_outputs(onnx_bytes: bytes, names: list[str]) -> bytes:
     return m.SerializeToString()
 
 
-def onnx_value_names(onnx_bytes: bytes) -> set[str]:
-    """Names of the values the source graph's nodes compute (top level)."""
+def onnx_node_outputs(onnx_bytes: bytes) -> dict[str, list[str]]:
+    """``{node name: the names of the values it computes}`` of the source graph (top level; a
+    node without a name is listed under its first output's name)."""
     import onnx
 
     m = onnx.load_from_string(onnx_bytes)
-    return {o for n in m.graph.node for o in n.output if o}
+    out: dict[str, list[str]] = {}
+    for n in m.graph.node:
+        outs = [o for o in n.output if o]
+        if outs:
+            out.setdefault(n.name or outs[0], outs)
+    return out
 
 
 @dataclass

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ge_core.errors import GEError, OptionError
+from ge_sdk.rewrite.driver import REPLACES_META
 
 from .common import (
     REFERENCES,
@@ -36,7 +37,7 @@ from .common import (
     export_graph,
     is_om,
     make_feeds,
-    onnx_value_names,
+    onnx_node_outputs,
     open_model,
     run_reference,
     source_onnx,
@@ -78,14 +79,43 @@ def compare_outputs(got: dict[str, np.ndarray], ref: dict[str, np.ndarray], rtol
     return out
 
 
+def source_names(node, names: set[str], outputs_of: dict[str, list[str]]) -> list[str | None]:
+    """For each output of a compiled ``node``: the source model's tensor it stands for, or None.
+
+    A value that kept its source name is itself. A node a pattern fusion made (FusedConv,
+    FusedMatMul, LayerNorm, Attention, ...) stands for the output of the last node it replaced,
+    which the rewrite driver records in ``node.meta[REPLACES_META]``; a group the automatic fusion
+    made lists its members in ``node.meta["fusion_group"]`` (its last member, before the anchor
+    conv or matmul, is the group's root). The meta comes from an .om too: checked, not trusted."""
+    out: list[str | None] = []
+    replaced = node.meta.get(REPLACES_META)
+    if not (isinstance(replaced, list) and len(replaced) == len(node.outputs)):
+        replaced = [None] * len(node.outputs)
+    root = None
+    group = node.meta.get("fusion_group")
+    if isinstance(group, list) and group and all(isinstance(g, str) for g in group) and len(node.outputs) == 1:
+        members = group if node.op_type == "FusedElemwise" else group[:-1]  # the anchor comes last
+        root_outs = outputs_of.get(members[-1], []) if members else []
+        root = root_outs[0] if root_outs else None
+    for i, o in enumerate(node.outputs):
+        cand = [o.name, replaced[i], root if i == 0 else None]
+        out.append(next((c for c in cand if isinstance(c, str) and c in names), None))
+    return out
+
+
 def per_node(model, src: bytes, feeds: dict[str, np.ndarray], kind: str, rtol: float, atol: float,
              threads: int | None) -> dict[str, Any]:
     """Intermediate tensors of both sides; the first node (schedule order) whose output diverges."""
 
-    names = onnx_value_names(src)
+    outputs_of = onnx_node_outputs(src)
+    names = {o for outs in outputs_of.values() for o in outs}
     shown = set(model.output_names)
-    extra = [o.name for n in model.graph.node_list() for o in n.outputs
-             if o.name in names and o.name not in shown and o.type.dtype is not None]
+    pairs: dict[str, str] = {}  # compiled value -> source tensor
+    for n in model.graph.node_list():
+        for o, s in zip(n.outputs, source_names(n, names, outputs_of)):
+            if s is not None and o.type.dtype is not None:
+                pairs[o.name] = s
+    extra = [c for c in pairs if c not in shown]
     run_opts: dict[str, Any] = {"executor": "sequential"}
     if threads:
         run_opts["threads"] = threads
@@ -95,26 +125,30 @@ def per_node(model, src: bytes, feeds: dict[str, np.ndarray], kind: str, rtol: f
         raise GEError(f"--per-node: the compiled graph cannot be run with its intermediate values exposed: {e}") from None
     g = exposed.graph
     got = exposed.run(feeds)
-    ref = run_reference(kind, with_outputs(src, extra), feeds, threads, optimize=False)
+    ref = run_reference(kind, with_outputs(src, list(dict.fromkeys(pairs.values()))), feeds, threads, optimize=False)
     diverged: list[dict[str, Any]] = []
     agreed: set[str] = set()
     first_node = None
-    compared = 0
+    compared = fused = 0
     for node in g.node_list():
         for o in node.outputs:
-            if o.name not in ref or o.name not in got:
+            s = pairs.get(o.name)
+            if s is None or s not in ref or o.name not in got:
                 continue
             compared += 1
-            d = diff(o.name, got[o.name], ref[o.name], rtol, atol)
+            fused += s != o.name
+            d = diff(o.name, got[o.name], ref[s], rtol, atol)
             if d.ok:
                 agreed.add(o.name)
             else:
                 first_node = first_node or node
-                diverged.append({"node": node.name, "op": node.qualified_op, **d.as_dict(), "output": o.name})
+                seen = {"value": o.name} if s != o.name else {}
+                diverged.append({"node": node.name, "op": node.qualified_op, **d.as_dict(), "output": s, **seen})
     first = diverged[0] if diverged else None
     if first is not None and first_node is not None:
         first["suspects"] = [f"{n.name} ({n.qualified_op})" for n in suspects(g, first_node, agreed)]
-    return {"compared": compared, "first": first, "diverged": len(diverged), "next": diverged[1:1 + MORE]}
+    return {"compared": compared, "renamed": fused, "first": first, "diverged": len(diverged),
+            "next": diverged[1:1 + MORE]}
 
 
 def suspects(graph, node, agreed: set[str]) -> list:
@@ -273,12 +307,15 @@ def format_text(r: dict[str, Any]) -> str:
     pn = r.get("per_node")
     if pn is not None:
         f = pn["first"]
+        counted = f"per node: {pn['compared']} intermediate values compared"
+        if pn.get("renamed"):
+            counted += f" ({pn['renamed']} of them fused nodes' outputs, matched to the source tensor each replaced)"
         if f is None:
-            lines.append(f"per node: {pn['compared']} intermediate values compared, all within tolerance")
+            lines.append(f"{counted}, all within tolerance")
         else:
-            lines.append(f"per node: {pn['compared']} intermediate values compared, {pn['diverged']} diverge; the "
-                         f"first is node '{f['node']}' ({f['op']}), output '{f['output']}': max abs err "
-                         f"{f['max_abs']:.3g}, max rel err {f['max_rel']:.3g}")
+            lines.append(f"{counted}, {pn['diverged']} diverge; the first is node '{f['node']}' ({f['op']}), output "
+                         f"'{f['output']}'" + (f" (compiled as '{f['value']}')" if f.get("value") else "")
+                         + f": max abs err {f['max_abs']:.3g}, max rel err {f['max_rel']:.3g}")
             if len(f.get("suspects", [])) > 1:
                 shown = ", ".join(f["suspects"][:8]) + (f" and {len(f['suspects']) - 8} more" if len(f["suspects"]) > 8 else "")
                 lines.append(f"  computed from agreeing values by: {shown}")

@@ -39,7 +39,7 @@ from .match import Match
 from .rule import Rule, RuleLike, RuleSet
 
 __all__ = ["Rewriter", "RewriteResult", "rewrite", "apply_rules", "RewritePass", "RulePass", "can_replace",
-           "walk_graphs"]
+           "walk_graphs", "REPLACES_META", "record_replaced"]
 
 log = logging.getLogger("ge.rewrite")
 
@@ -70,6 +70,28 @@ def _root(g: Graph) -> Graph:
     while g.parent is not None:
         g = g.parent
     return g
+
+
+#: Node meta: for each output, the name of the value it replaced (the last node of a fused
+#: region's output, through every rewrite since), or None; ``ge compare --per-node`` matches a
+#: fused node's output to the source model's tensor through it.
+REPLACES_META = "ge.replaces"
+
+
+def record_replaced(old: Value, new: Value) -> None:
+    """Note on ``new``'s producer that ``new`` stands for ``old`` (or for what ``old`` stood for)."""
+    p, q = new.producer, old.producer
+    if p is None:
+        return
+    name = old.name
+    prior = q.meta.get(REPLACES_META) if q is not None else None
+    if isinstance(prior, list) and old.index < len(prior) and isinstance(prior[old.index], str):
+        name = prior[old.index]
+    names = p.meta.get(REPLACES_META)
+    if not isinstance(names, list) or len(names) != len(p.outputs):
+        names = [None] * len(p.outputs)
+    names[new.index] = name
+    p.meta[REPLACES_META] = names
 
 
 def _inputs_complete(node: Node) -> bool:
@@ -324,6 +346,8 @@ class Rewriter:
         for old, nv in zip(m.roots, new):
             if nv.type.dtype is None and nv.type.shape is None:
                 nv.type = old.type
+            if nv.producer is not None and nv.producer in self.created:
+                record_replaced(old, nv)
             readers = [n for n, _ in old.uses()]
             old.replace_all_uses_with(nv)
             for n in readers:  # the readers of the replaced value, not every reader of nv: linear
