@@ -203,8 +203,9 @@ class Node:
                 out.extend(a)
         return out
 
+    @property
     def users(self) -> list[Node]:
-        """Distinct nodes reading any output of this node."""
+        """Distinct nodes reading any output of this node (a property, as ``Value.users``)."""
         seen: dict[Node, None] = {}
         for v in self.outputs:
             for n, _ in v._uses:
