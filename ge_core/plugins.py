@@ -89,6 +89,8 @@ class Registries:
         self.frontends: Registry = Registry("frontend")
         self.op_mappers: Registry = Registry("op mapper")
         self.passes: Registry = Registry("pass")
+        #: Name -> a PassInstrument class (one instance per compile) or instance.
+        self.pass_instruments: Registry = Registry("pass instrument")
         self.fusion_patterns: Registry = Registry("fusion pattern")
         self.stream_allocators: Registry = Registry("stream allocator")
         self.memory_planners: Registry = Registry("memory planner")
@@ -265,6 +267,19 @@ class PluginHost:
 
             return factory
 
+        def instrument_adder(plugin):
+            def add(instrument):
+                name = getattr(instrument, "name", "")
+                if not name or not isinstance(name, str):
+                    raise PluginError(f"pass instrument {instrument!r} has no name")
+                missing = [m for m in ("before_pass", "after_pass") if not callable(getattr(instrument, m, None))]
+                if missing:
+                    raise PluginError(f"pass instrument '{name}' has no {' or '.join(missing)}",
+                                      hint="subclass ge_core.passes.PassInstrument")
+                return ("pass_instruments", name, instrument)
+
+            return add
+
         def mapper_adder(plugin):
             def add(framework: str, op_type: str, mapper):
                 return ("op_mappers", (framework, op_type), mapper)
@@ -296,6 +311,7 @@ class PluginHost:
             ("ge_register_frontends", named("frontends", "name")),
             ("ge_register_op_mappers", mapper_adder),
             ("ge_register_passes", named("passes", "name")),
+            ("ge_register_pass_instruments", instrument_adder),
             ("ge_register_fusion_patterns", named("fusion_patterns")),
             ("ge_register_stream_allocators", named("stream_allocators")),
             ("ge_register_memory_planners", named("memory_planners")),

@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import builtins
 import inspect
+import re
 
 from ge_core import hookspecs
 
@@ -17,6 +19,8 @@ SDK_DOOR = {
     "ge_register_op_mappers": "`@plugin.op_mapper(framework, op_type)` or `plugin.op_mapper(MyMapper())`",
     "ge_register_passes": "`@plugin.register_pass` (a Pass class), `@plugin.graph_pass(name, stage)`, "
                           "`plugin.rewrite_pass(name, rules)`",
+    "ge_register_pass_instruments": "`@plugin.pass_instrument` (a PassInstrument class) or "
+                                    "`plugin.pass_instrument(instance)`",
     "ge_register_fusion_patterns": "`@plugin.rewrite(name, pattern)`, `@plugin.op_rewrite(name, op_type)` or `plugin.fusion_pattern(rule)`",
     "ge_register_stream_allocators": "`@plugin.stream_allocator(name)` or a `StreamAllocator`",
     "ge_register_memory_planners": "`@plugin.memory_planner(name)` or a `MemoryPlanner`",
@@ -37,6 +41,41 @@ def hook_names() -> list[str]:
         if name.startswith("ge_") and callable(fn) and hasattr(fn, "ge_spec"):
             out.append(name)
     return out
+
+
+def signature(fn: object) -> str:
+    """``(name: Type, ...) -> Type`` as the hookspec writes it (its annotations are strings)."""
+    sig = inspect.signature(fn)  # type: ignore[arg-type]
+    params = [(f"{p.name}: {p.annotation}" if p.annotation is not p.empty else p.name)
+              + (f" = {p.default!r}" if p.default is not p.empty else "") for p in sig.parameters.values()]
+    ret = "" if sig.return_annotation is sig.empty else f" -> {sig.return_annotation}"
+    return f"({', '.join(params)}){ret}"
+
+
+def imports(fn: object) -> list[str]:
+    """The import lines that make the names of ``fn``'s annotations resolve."""
+    from ge_core.model import CompiledModel
+
+    names = dict(vars(hookspecs), CompiledModel=CompiledModel)
+    found: dict[str, list[str]] = {}
+    for ann in getattr(fn, "__annotations__", {}).values():
+        for ident in re.findall(r"[A-Za-z_]\w*", str(ann)):
+            obj = names.get(ident)
+            if obj is None or hasattr(builtins, ident):
+                continue
+            module = "ge_core.hookspecs" if getattr(obj, "__module__", "") == hookspecs.__name__ else obj.__module__
+            if ident not in found.setdefault(module, []):
+                found[module].append(ident)
+    return [f"from {m} import {', '.join(sorted(n))}" for m, n in sorted(found.items())]
+
+
+def register_callback(fn: object) -> str:
+    """``register(...)`` with the parameters of the hook's register protocol ('' for observers)."""
+    ann = getattr(fn, "__annotations__", {}).get("register")
+    proto = getattr(hookspecs, str(ann), None) if ann else None
+    if proto is None:
+        return ""
+    return f"register{signature(proto.__call__).replace('(self, ', '(', 1)}"
 
 
 def generate() -> str:
@@ -63,9 +102,13 @@ def generate() -> str:
     lines.append("")
     for n in names:
         fn = getattr(hookspecs, n)
-        sig = inspect.signature(fn)
-        lines += [f"## {n}", "", "```python", f"@hookimpl\ndef {n}{sig}: ...", "```", "",
-                  inspect.cleandoc(fn.__doc__ or "(undocumented)"), "", f"*SDK:* {SDK_DOOR.get(n, '-')}", ""]
+        head = "\n".join(imports(fn))
+        lines += [f"## {n}", "", "```python", *([head, ""] if head else []), f"@hookimpl\ndef {n}{signature(fn)}: ...",
+                  "```", "", inspect.cleandoc(fn.__doc__ or "(undocumented)"), ""]
+        callback = register_callback(fn)
+        if callback:
+            lines += [f"*register:* `{callback}`", ""]
+        lines += [f"*SDK:* {SDK_DOOR.get(n, '-')}", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

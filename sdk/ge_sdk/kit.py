@@ -1,15 +1,18 @@
 """Write a plugin with decorators instead of hook functions.
 
 ```python
-from ge_sdk import Plugin, same_as_input
+from ge_sdk import PassInstrument, Plugin, same_as_input
 plugin = Plugin("my_plugin")          # entry point: my_plugin = "my_package.plugin:plugin"
 
 @plugin.op("Swish", domain="my.domain", infer=same_as_input())
 def swish(x, beta=1.0):               # the CPU kernel: inputs and attributes -> output(s)
     return x / (1 + np.exp(-beta * x))
 
-@plugin.graph_pass("drop_identity", stage="optimize")
-def drop_identity(graph, ctx) -> bool: ...
+@plugin.graph_pass("drop_identity", stage="optimize", after=("fold_constants",))
+def drop_identity(graph, ctx) -> bool: ...   # or a PassResult(changed, stats)
+
+@plugin.pass_instrument
+class Watch(PassInstrument): ...      # before_pass / after_pass around every pass
 ```
 
 A :class:`Plugin` is an object with hook implementations that appear as soon as something is
@@ -31,7 +34,7 @@ from ge_core.frontend import Frontend
 from ge_core.hookspecs import hookimpl
 from ge_core.kernel import KernelSpec
 from ge_core.ops import InferFn, OpDef, OpKind
-from ge_core.passes import FunctionPass, Pass
+from ge_core.passes import FunctionPass, Pass, PassInstrument
 
 from .bases import MemoryPlanner, OpMapper, StreamAllocator
 from .rewrite import Op, OpRule, Rewriter, Rule, RuleLike, RuleSet
@@ -146,7 +149,8 @@ class Plugin:
         return p
 
     def graph_pass(self, name: str, stage: str = "optimize", **attrs: Any) -> Callable[[Callable], FunctionPass]:
-        """Decorator: ``fn(graph, ctx) -> bool`` becomes a registered pass."""
+        """Decorator: ``fn(graph, ctx) -> PassResult | bool`` becomes a registered pass; ``attrs``
+        are the :class:`Pass` attributes (``after``/``before``, ``opt_level``, ``params``...)."""
 
         def wrap(fn: Callable) -> FunctionPass:
             p = FunctionPass(fn, name=name, stage=stage, **attrs)
@@ -164,6 +168,15 @@ class Plugin:
         p = RewritePass(name, rules, stage=stage, **attrs)
         self._add("ge_register_passes", p)
         return p
+
+    def pass_instrument(self, instrument: PassInstrument | type[PassInstrument]) -> Any:
+        """Register a :class:`~ge_core.passes.PassInstrument`, run around every pass of every
+        compile (a class: a fresh instance per compile; an instance: shared); usable as a class
+        decorator."""
+        if not getattr(instrument, "name", ""):
+            raise PluginError(f"pass instrument {instrument!r} has no name")
+        self._add("ge_register_pass_instruments", instrument)
+        return instrument
 
     # -- fusion patterns ------------------------------------------------------------------------
     def fusion_pattern(self, rule: RuleLike) -> RuleLike:

@@ -19,7 +19,7 @@ from ge_core.errors import GEError
 from ge_core.ir import Graph, TensorType, Value
 from ge_core.ops import infer_graph
 from ge_core.options import CompileOptions
-from ge_core.passes import STAGES, Pass, PassContext
+from ge_core.passes import STAGES, Pass, PassContext, PassResult
 from ge_core.plugins import get_host
 
 
@@ -136,13 +136,13 @@ def run_pass(pass_or_name: Pass | type[Pass] | str, graph: Graph, *, params: dic
         infer_graph(g, regs.ops)
     merged = {**dict(getattr(p, "params", {}) or {}), **(params or {})}
     opts = CompileOptions.from_any(options)
-    changed = p.run(g, PassContext(opts, regs, merged, {}))
+    result = PassResult.of(p.run(g, PassContext(opts, regs, merged, {}, pass_name=p.name)))
     if verify:
         from ge_core.ir.verify import verify_graph
 
         g.verify()
         verify_graph(g, op_registry=regs.ops)
-    return g, bool(changed)
+    return g, result.changed
 
 
 def _bare_options(**extra: Any) -> dict[str, Any]:

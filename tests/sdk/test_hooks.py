@@ -92,6 +92,37 @@ def test_passes_and_fusion_patterns(fresh_host):
     assert any(p["name"] in ("t_fuse", "pattern_fusion") and p["changed"] for p in model.report["passes"])
 
 
+@covers("ge_register_pass_instruments")
+def test_pass_instrument_sees_every_pass_of_every_compile(fresh_host):
+    from ge_sdk import PassInstrument
+
+    plugin = Plugin("instrument_test")
+    seen, made = [], []
+
+    @plugin.pass_instrument
+    class Watch(PassInstrument):
+        name = "t_watch"
+
+        def __init__(self):
+            made.append(self)
+            self.number = len(made)
+
+        def before_pass(self, pass_, graph, ctx):
+            seen.append(("before", self.number, pass_.name))
+
+        def after_pass(self, pass_, graph, ctx, result):
+            seen.append(("after", self.number, pass_.name, result.changed))
+
+    fresh_host.register_plugin(plugin, "instrument_test")
+    assert fresh_host.registries.pass_instruments.origin("t_watch") == "instrument_test"
+    for _ in range(2):
+        ge.compile(relu_graph(), {"opt_level": 0})
+    ran = [s[2] for s in seen if s[0] == "before"]
+    assert ran == ["infer_shapes", "atc_aipp", "atc_output_type", "atc_precision"] * 2
+    assert [s[2] for s in seen if s[0] == "after"] == ran and all(s[3] is False for s in seen if s[0] == "after")
+    assert [s[1] for s in seen if s[0] == "before"] == [1] * 4 + [2] * 4  # a registered class: one instance per compile
+
+
 @covers("ge_register_frontends", "ge_graph_loaded")
 def test_frontend_and_graph_loaded_observer(fresh_host, tmp_path):
     plugin = Plugin("fe_test")

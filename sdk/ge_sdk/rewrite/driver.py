@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -33,7 +33,7 @@ import numpy as np
 from ge_core.errors import GEError, ShapeInferenceError
 from ge_core.ir.graph import Graph, Node, Value
 from ge_core.ir.types import TensorType
-from ge_core.passes import Pass, PassContext
+from ge_core.passes import Pass, PassContext, PassResult
 
 from .match import Match
 from .rule import Rule, RuleLike, RuleSet
@@ -54,7 +54,7 @@ def can_replace(old: Value, new: Value) -> bool:
     return not (new.is_graph_input or new.is_constant or new.is_graph_output or new.graph is not old.graph)
 
 
-def walk_graphs(graph: Graph):
+def walk_graphs(graph: Graph) -> Iterator[Graph]:
     """``graph`` and every subgraph nested in its nodes, outer first; a graph's subgraphs are
     looked up after the consumer is done with it (so rewriting it first is safe)."""
     stack = [graph]
@@ -281,7 +281,8 @@ class Rewriter:
 
     # -- declarative rewriting -----------------------------------------------------------------
     def op(self, op_type: str, *inputs: Value | None, domain: str = "", name: str | None = None,
-           num_outputs: int = 1, output_types: Sequence[TensorType | None] | None = None, **attrs: Any):
+           num_outputs: int = 1, output_types: Sequence[TensorType | None] | None = None,
+           **attrs: Any) -> Any:
         """Add a node before the anchor; returns its output value (a tuple when ``num_outputs > 1``)."""
         if self.anchor is None:
             raise GEError(f"Rewriter.op({op_type!r}) is for a rule's replacement (no match is being replaced)")
@@ -509,10 +510,10 @@ class RewritePass(Pass):
         for k, v in attrs.items():
             setattr(self, k, v)
 
-    def run(self, graph: Graph, ctx: PassContext) -> bool:
-        enabled = getattr(ctx.options, "pass_enabled_by_switch", None)
-        stats = ctx.stats.setdefault("rewrites", {}) if isinstance(ctx.stats, dict) else None
-        return rewrite(graph, self.rule_set, ctx=ctx, enabled=enabled, stats=stats).changed
+    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
+        res = rewrite(graph, self.rule_set, ctx=ctx, enabled=ctx.options.pass_enabled_by_switch,
+                      stats=ctx.stats.setdefault("rewrites", {}))
+        return PassResult(res.changed, dict(res.rewrites))
 
 
 class RulePass(Pass):
@@ -540,10 +541,10 @@ class RulePass(Pass):
         """The rules of this pass as a rule set (node order)."""
         return RuleSet.from_table(self.rules, self.generic_rules(), name=self.name)
 
-    def run(self, graph: Graph, ctx: PassContext) -> bool:
+    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         if not self.enabled(ctx):
-            return False
+            return PassResult(False)
         res = rewrite(graph, self.rule_set(ctx), ctx=ctx)
         ctx.stats[self.name] = ctx.stats.get(self.name, 0) + res.replaced
-        return res.changed
+        return PassResult(res.changed, {"replaced": res.replaced})
 
