@@ -75,6 +75,7 @@ class SimplifyAlgebra(RulePass):
     """Exact algebraic identities."""
 
     name = "simplify_algebra"
+    after = ("eliminate_noops",)
     stage = "optimize"
     opt_level = 2
     fixed_point = True
@@ -153,10 +154,10 @@ class MergeConstantArithmetic(RulePass):
     """Merge chains of Mul/Div and of Add/Sub by constants into one node."""
 
     name = "merge_constant_arithmetic"
+    after = ("fold_constants", "simplify_algebra")
     stage = "optimize"
     opt_level = 2
     fixed_point = True
-    after = ("fold_constants",)
     description = ("merge (x*a)*b, (x*a)/b, (x/a)/b, (x+a)+b, (x+a)-b, ... into one Mul/Div/Add/Sub by a "
                    "folded constant (no constant grows; rounding may differ in the last bit)")
     rules = {op: (merge_constant_chain,) for op in ("Mul", "Div", "Add", "Sub")}
@@ -225,10 +226,10 @@ class FoldAffineIntoBatchNorm(RulePass):
     """Absorb per-channel Mul/Div/Add/Sub by constants after a BatchNormalization into it."""
 
     name = "fold_affine_into_batchnorm"
+    after = ("fold_constants", "merge_constant_arithmetic")
     stage = "optimize"
     opt_level = 2
     fixed_point = True
-    after = ("fold_constants",)
     description = ("absorb a per-channel Mul/Div/Add/Sub by a constant that follows an inference "
                    "BatchNormalization into its scale and bias (Caffe's BatchNorm + Scale)")
     rules = {op: (fold_affine,) for op in _AFFINE}
@@ -264,6 +265,7 @@ class DistributeConstants(RulePass):
     """Move additions of constants past multiplications by constants."""
 
     name = "distribute_constants"
+    after = ("simplify_algebra",)
     stage = "optimize"
     opt_level = 3
     fixed_point = True

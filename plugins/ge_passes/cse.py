@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ge_core.ir.graph import Graph, Node, Value
-from ge_core.passes import Pass, PassContext
+from ge_core.passes import Pass, PassContext, PassResult
 
 from ._util import attr_key, can_replace, const_key, same_bytes, walk_graphs
 
@@ -17,13 +17,14 @@ class ShareConstants(Pass):
     """Make constants with the same dtype, shape and bytes one constant."""
 
     name = "share_constants"
+    after = ("simplify_layout",)
     stage = "optimize"
     opt_level = 1
     fixed_point = True
     before = ("cse",)
     description = "merge constants with equal dtype, shape and bytes (hashed, then compared bit for bit)"
 
-    def run(self, graph: Graph, ctx: PassContext) -> bool:
+    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         changed = False
         merged = 0
         for g in walk_graphs(graph):
@@ -52,7 +53,7 @@ class ShareConstants(Pass):
                     merged += 1
                     changed = True
         ctx.stats[self.name] = ctx.stats.get(self.name, 0) + merged
-        return changed
+        return PassResult(changed, {"merged": merged})
 
 
 class CommonSubexpressionElimination(Pass):
@@ -65,13 +66,11 @@ class CommonSubexpressionElimination(Pass):
     description = ("merge nodes with the same op, domain, inputs and attributes (arrays by value, commutative "
                    "inputs in any order); never random ops or nodes with subgraphs")
 
-    def run(self, graph: Graph, ctx: PassContext) -> bool:
-        changed = False
-        for g in walk_graphs(graph):
-            changed |= self._run_graph(g, ctx)
-        return changed
+    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
+        merged = sum(self._run_graph(g, ctx) for g in walk_graphs(graph))
+        return PassResult(merged > 0, {"merged": merged})
 
-    def _run_graph(self, graph: Graph, ctx: PassContext) -> bool:
+    def _run_graph(self, graph: Graph, ctx: PassContext) -> int:
         table: dict[tuple, Node] = {}
         ids: dict[Value, int] = {}
         deterministic: dict[tuple[str, str], bool] = {}
@@ -89,7 +88,7 @@ class CommonSubexpressionElimination(Pass):
             op = (node.domain, node.op_type)
             det = deterministic.get(op)
             if det is None:
-                d = ctx.ops.lookup(node.domain, node.op_type) if ctx.registries is not None else None
+                d = ctx.ops.lookup(node.domain, node.op_type) if ctx.ops is not None else None
                 det = deterministic[op] = d is not None and d.deterministic
             if not det or not node.outputs:
                 continue
@@ -114,4 +113,4 @@ class CommonSubexpressionElimination(Pass):
             graph.remove_node(node)
             merged += 1
         ctx.stats[self.name] = ctx.stats.get(self.name, 0) + merged
-        return merged > 0
+        return merged

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ge_core.ir.graph import Graph, Node
-from ge_core.passes import Pass, PassContext
+from ge_core.passes import Pass, PassContext, PassResult
 
 from ._util import walk_graphs
 
@@ -31,7 +31,7 @@ class DeadCodeElimination(Pass):
     description = ("remove nodes whose outputs nobody reads (recursively, in one backward walk) and constants "
                    "nobody reads; graph inputs are kept")
 
-    def run(self, graph: Graph, ctx: PassContext) -> bool:
+    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         removed = 0
         graphs = list(walk_graphs(graph))
         for g in reversed(graphs):  # inner bodies first: they may release outer values
@@ -48,4 +48,4 @@ class DeadCodeElimination(Pass):
                     g.remove_constant(v)
                     removed += 1
         ctx.stats[self.name] = ctx.stats.get(self.name, 0) + removed
-        return removed > 0
+        return PassResult(removed > 0, {"removed": removed})

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from ge_core.ir.graph import Node, Value
+from ge_core.ir.graph import Graph, Node, Value
 from ge_core.ir.types import TensorType
 from ge_core.kernel import KernelSpec
 from ge_core.ops import OpRegistry
+from ge_core.passes import PassContext, PassResult
 from ge_core.serialize import MAX_WEIGHT_ELEMENTS, weight_span
 from ge_sdk.rewrite import Rewriter, RulePass
 
@@ -67,14 +69,14 @@ class FoldConstants(RulePass):
                    "and friends as one-element splats); never random ops; off with constant_folding=false")
     params = {"size_limit": 1 << 20, "backend": "cpu"}
 
-    def enabled(self, ctx) -> bool:
-        return bool(getattr(ctx.options, "constant_folding", True))
+    def enabled(self, ctx: PassContext) -> bool:
+        return ctx.options.constant_folding
 
-    def run(self, graph, ctx) -> bool:
+    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         self._kernels = ctx.registries.kernels_for(ctx.params.get("backend", "cpu")) if ctx.registries else None
         return super().run(graph, ctx)
 
-    def generic_rules(self):
+    def generic_rules(self) -> Sequence[Callable[[Node, Rewriter], bool]]:
         return (self.fold,)
 
     def fold(self, node: Node, rw: Rewriter) -> bool:
@@ -131,7 +133,8 @@ class FoldConstants(RulePass):
         results = factory(spec)(*ins)
         return self._checked(node, results)
 
-    def _elementwise_splat(self, node, ins, spec, factory) -> list[np.ndarray] | None:
+    def _elementwise_splat(self, node: Node, ins: list[np.ndarray | None], spec: KernelSpec,
+                           factory: Callable[[KernelSpec], Callable[..., Any]]) -> list[np.ndarray] | None:
         shape = np.broadcast_shapes(*[a.shape for a in ins if a is not None])
         small = [None if a is None else first_element(a).reshape((1,) * a.ndim) for a in ins]
         spec = dataclasses.replace(

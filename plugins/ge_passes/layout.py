@@ -81,6 +81,7 @@ class SimplifyLayout(RulePass):
     """Cancel and merge chains of layout ops."""
 
     name = "simplify_layout"
+    after = ("sink_transposes",)
     stage = "optimize"
     opt_level = 2
     fixed_point = True

@@ -161,6 +161,7 @@ class EliminateNoops(RulePass):
     """Remove nodes that return their input unchanged."""
 
     name = "eliminate_noops"
+    after = ("fold_constants",)
     stage = "optimize"
     opt_level = 1
     fixed_point = True

@@ -44,7 +44,7 @@ import numpy as np
 
 from ge_core.ir.graph import Graph, Node, Value
 from ge_core.ir.types import TensorType
-from ge_core.passes import Pass, PassContext
+from ge_core.passes import Pass, PassContext, PassResult
 from ge_sdk.rewrite import Rewriter
 
 from ._util import axes_of, default_domain, first_element, int_list, is_splat, opset_of, splat, walk_graphs
@@ -758,6 +758,7 @@ class SinkTransposes(Pass):
     """Move Transposes across layout-agnostic ops so that inverse pairs meet and cancel."""
 
     name = "sink_transposes"
+    after = ("fold_affine_into_batchnorm",)
     stage = "optimize"
     opt_level = 2
     fixed_point = True
@@ -766,7 +767,7 @@ class SinkTransposes(Pass):
                    "of the Transposes around them when that lowers the number of Transposes; "
                    "unit-dim Transposes become Reshapes")
 
-    def run(self, graph: Graph, ctx: PassContext) -> bool:
+    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         rounds = int(ctx.params.get("max_rounds", 4))
         changed = False
         removed = 0
@@ -775,4 +776,4 @@ class SinkTransposes(Pass):
             changed |= c
             removed += k
         ctx.stats[self.name] = ctx.stats.get(self.name, 0) + removed
-        return changed
+        return PassResult(changed, {"removed": removed})
