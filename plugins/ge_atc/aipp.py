@@ -177,7 +177,7 @@ def aipp_pass(graph: Graph, ctx: PassContext) -> bool:
         if rank >= len(graph.inputs):
             raise OptionError(f"insert_op_conf: related_input_rank {rank} but the model has "
                               f"{len(graph.inputs)} input(s)")
-        _insert(graph, graph.inputs[rank], block, layout, ctx.registries.ops)
+        _insert(graph, graph.inputs[rank], block, layout, ctx.ops)
     return True
 
 

@@ -6,7 +6,7 @@ Loop/Scan body (at any depth) exactly as they apply at the top level."""
 from __future__ import annotations
 
 from ge_core.ir.graph import Graph
-from ge_core.passes import Pass, PassContext
+from ge_core.passes import Pass, PassContext, PassResult
 from ge_sdk.rewrite import OpRule, Rule, RuleSet, rewrite
 
 from .autofuse import auto_fuse
@@ -24,20 +24,21 @@ class PatternFusion(Pass):
     opt_level = 1
     description = "BN/Mul/Add/Pad/Transpose folds, GELU/SiLU/LayerNorm/RMSNorm/Softmax/attention, Conv/MatMul epilogues"
 
-    def run(self, graph: Graph, ctx: PassContext) -> bool:
-        enabled = getattr(ctx.options, "pass_enabled_by_switch", None)
-        ops = ctx.registries.ops if ctx.registries is not None else None
-        stats = ctx.stats.setdefault("rewrites", {})
-        changed = False
-        for rules in RULE_SETS:
-            changed |= rewrite(graph, rules, ctx=ctx, ops=ops, enabled=enabled, stats=stats).changed
-        registry = getattr(ctx.registries, "fusion_patterns", None)
-        if registry is not None:
-            others = RuleSet([r for name, r in registry.items() if name not in RULES and isinstance(r, (Rule, OpRule))],
-                             name="registered")
+    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
+        sets = list(RULE_SETS)
+        if ctx.registries is not None:
+            others = RuleSet([r for name, r in ctx.registries.fusion_patterns.items()
+                              if name not in RULES and isinstance(r, (Rule, OpRule))], name="registered")
             if len(others):
-                changed |= rewrite(graph, others, ctx=ctx, ops=ops, enabled=enabled, stats=stats).changed
-        return changed
+                sets.append(others)
+        stats = ctx.stats.setdefault("rewrites", {})
+        result = PassResult()
+        for rules in sets:
+            res = rewrite(graph, rules, ctx=ctx, ops=ctx.ops, enabled=ctx.options.pass_enabled_by_switch, stats=stats)
+            result.changed |= res.changed
+            for name, n in res.rewrites.items():
+                result.stats[name] = result.stats.get(name, 0) + n
+        return result
 
 
 class AutoFusion(Pass):
@@ -51,11 +52,10 @@ class AutoFusion(Pass):
     params = {"max_group_size": 32}
     description = "fuse elementwise/broadcast groups by op kind into generated kernels (numexpr / NumPy)"
 
-    def run(self, graph: Graph, ctx: PassContext) -> bool:
-        enabled = getattr(ctx.options, "pass_enabled_by_switch", None)
-        if enabled is not None and not enabled(AUTO_FUSION):
-            return False
+    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
+        if not ctx.options.pass_enabled_by_switch(AUTO_FUSION):
+            return PassResult(False)
         size = int(ctx.params.get("max_group_size", self.params["max_group_size"]))
-        made = auto_fuse(graph, ctx.registries.ops if ctx.registries is not None else None, max(1, size))
+        made = auto_fuse(graph, ctx.ops, max(1, size))
         ctx.stats["fused_groups"] = made
-        return made > 0
+        return PassResult(made > 0, {"fused_groups": made})

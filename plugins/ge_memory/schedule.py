@@ -74,7 +74,7 @@ class SinkConstantComputations(Pass):
     description = "compute constant-only values just before their first reader, so they do not fill the arena"
 
     def run(self, graph: Graph, ctx: PassContext) -> bool:
-        if getattr(ctx.options, "memory_optimize_level", "normal") == "off":
+        if ctx.options.memory_optimize_level == "off":
             return False
         old = graph.node_list()
         new = sink_order(graph)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from ge_core.hookspecs import hookimpl
+from ge_core.errors import GEError
+from ge_core.hookspecs import RegisterOp, RegisterPass, hookimpl
+from ge_core.ir.graph import Graph
 from ge_core.ops import infer_graph
-from ge_core.passes import Pass
+from ge_core.passes import Pass, PassContext
 
 
 class InferShapes(Pass):
@@ -16,12 +18,14 @@ class InferShapes(Pass):
     default_enabled = True
     description = "infer types and shapes of every node output with the op set's inference"
 
-    def run(self, graph, ctx) -> bool:
+    def run(self, graph: Graph, ctx: PassContext) -> bool:
+        if ctx.ops is None:
+            raise GEError("infer_shapes needs the op registry: give the PassContext the registries")
         return infer_graph(graph, ctx.ops) > 0
 
 
 @hookimpl
-def ge_register_ops(register):
+def ge_register_ops(register: RegisterOp) -> None:
     """One OpDef per op type of the ONNX domains (default, ai.onnx.ml, training, preview)."""
     from .schemas import ONNX_DOMAINS, build_opdefs
 
@@ -30,5 +34,5 @@ def ge_register_ops(register):
 
 
 @hookimpl
-def ge_register_passes(register):
+def ge_register_passes(register: RegisterPass) -> None:
     register(InferShapes())
