@@ -42,21 +42,25 @@ __version__ = "0.1.0"
 '''
 
 PLUGIN = '''\
-"""The hooks of $dist: a sample op with its CPU kernel and a sample rewrite pass.
+"""The hooks of $dist: a sample op with its CPU kernel, a rewrite pass, a pass that reports
+what it found, and a pass instrument.
 
 Grow it with the decorators of ``ge_sdk.Plugin``: ``op``, ``kernel``, ``graph_pass``,
-``register_pass``, ``rewrite`` / ``op_rewrite`` / ``rewrite_pass`` (the rewrite engine,
-``ge_sdk.rewrite``), ``op_mapper``, ``stream_allocator``, ``memory_planner``, ``option``,
-``command`` and ``on`` (observers).
+``register_pass``, ``pass_instrument``, ``rewrite`` / ``op_rewrite`` / ``rewrite_pass`` (the
+rewrite engine, ``ge_sdk.rewrite``), ``op_mapper``, ``stream_allocator``, ``memory_planner``,
+``option``, ``command`` and ``on`` (observers).
 """
 
 from __future__ import annotations
 
-from ge_core import OpKind
-from ge_sdk import Plugin, same_as_input
+import logging
+
+from ge_core import Graph, OpKind
+from ge_sdk import Pass, PassContext, PassInstrument, PassResult, Plugin, same_as_input
 from ge_sdk.rewrite import Op, OpRule, Rule, RuleSet, Var
 
 DOMAIN = "$pkg"
+log = logging.getLogger("$pkg")
 
 plugin = Plugin("$pkg")
 
@@ -91,12 +95,43 @@ RULES = RuleSet([MUL_SELF]) + RuleSet([OpRule("Square", square_of_neg, domain=DO
 # One pass applies the rule set to the graph and to every If/Loop/Scan body in it.
 plugin.rewrite_pass("${pkg}_mul_self_to_square", RULES, stage="optimize",
                     description="rewrite Mul(x, x) into $pkg::Square(x)")
+
+
+# A pass as a class. ``after`` places it in its stage (the passes' declarations are the
+# pipeline's order; `ge passes` shows it); ``run`` returns a PassResult: whether the graph
+# changed, and counts for the compile report (report["passes"][i]["stats"]).
+@plugin.register_pass
+class CountSquares(Pass):
+    """Count the $pkg::Square nodes (an analysis: the graph stays as it is)."""
+
+    name = "${pkg}_count_squares"
+    stage = "optimize"
+    after = ("${pkg}_mul_self_to_square",)
+
+    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
+        squares = sum(1 for n in graph.nodes if n.domain == DOMAIN and n.op_type == "Square")
+        return PassResult(changed=False, stats={"squares": squares})
+
+
+# An instrument runs around every pass of every compile (a class: one instance per compile).
+@plugin.pass_instrument
+class LogNodeCounts(PassInstrument):
+    """Log (at debug level) how many nodes each pass left, and its time."""
+
+    name = "${pkg}_log_node_counts"
+
+    def before_pass(self, pass_: Pass, graph: Graph, ctx: PassContext) -> None:
+        self.nodes_before = len(graph)
+
+    def after_pass(self, pass_: Pass, graph: Graph, ctx: PassContext, result: PassResult) -> None:
+        log.debug("%s: %d -> %d nodes in %.4f s", pass_.name, self.nodes_before, len(graph), result.seconds)
 '''
 
 TEST = '''\
 """Tests of $dist, with the fixtures of the ge_sdk pytest plugin."""
 
 import importlib.metadata as md
+import logging
 
 import numpy as np
 import pytest
@@ -134,9 +169,15 @@ def test_pass_keeps_semantics(graph_builder, assert_pass_preserves_semantics):
     assert [n.op_type for n in check.graph.nodes] == ["Square", "Relu"]
 
 
-def test_compiled_model_runs_the_op(graph_builder):
-    model = ge.compile(squares(graph_builder))
+def test_compiled_model_runs_the_op(graph_builder, caplog):
+    with caplog.at_level(logging.DEBUG, logger="$pkg"):
+        model = ge.compile(squares(graph_builder))
     assert model.report["op_counts"].get("$pkg::Square") == 1
+    ran = [p["name"] for p in model.report["passes"]]
+    count = ran.index("${pkg}_count_squares")
+    assert ran.index(PASS) < count  # placed by its after= declaration
+    assert model.report["passes"][count]["stats"] == {"squares": 1}
+    assert any(r.getMessage().startswith(PASS + ":") for r in caplog.records)  # the instrument saw it
     x = np.arange(-3, 3, dtype=np.float32).reshape(2, 3)
     np.testing.assert_allclose(model.run({"x": x})[model.output_names[0]], np.maximum(x * x, 0))
 '''
@@ -149,7 +190,7 @@ A plugin for GE for Python, made by `ge new-plugin`.
 ```bash
 pip install -e .          # ge finds it through the ge.plugins entry point
 ge plugins                # $pkg is listed
-ge passes                 # ${pkg}_mul_self_to_square is in the optimize stage
+ge passes                 # ${pkg}_mul_self_to_square, then ${pkg}_count_squares, in stage optimize
 python -m pytest tests    # fixtures come from the ge_sdk pytest plugin
 ```
 """

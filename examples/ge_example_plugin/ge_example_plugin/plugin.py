@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ge_core import OpKind, Pass
-from ge_sdk import Plugin, same_as_input
+from ge_core import Graph, OpKind, Pass
+from ge_sdk import PassContext, PassResult, Plugin, same_as_input
 from ge_sdk.rewrite import Const, Op, OpRule, Rewriter, RuleSet, Var, rewrite
 
 DOMAIN = "ge.example"
@@ -51,8 +51,9 @@ class FoldDoubleNeg(Pass):
     description = "remove pairs of negations"
     rules = RuleSet([OpRule("Neg", fold_double_neg)], order="nodes")
 
-    def run(self, graph, ctx) -> bool:
-        return rewrite(graph, self.rules, ctx=ctx).changed
+    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
+        res = rewrite(graph, self.rules, ctx=ctx)
+        return PassResult(res.changed, {"folded": res.replaced})  # the report shows the count
 
 
 # -- a fusion pattern: a declarative rule (pattern and replacement), and the pass that applies it ---
