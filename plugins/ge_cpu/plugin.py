@@ -126,6 +126,9 @@ def ge_register_cli_commands(register):
 def ge_register_options(register):
     register("executor", "auto", "cpu executor: auto (streams when the schedule has several, else sink), "
                                  "sink (one generated function), arena, streams or sequential")
+    register("conv_algorithm", "auto", "cpu Conv of a 3x3, stride-1, ungrouped layer with constant weights: "
+                                       "auto (Winograd F(2x2,3x3) where the channels and tiles make it pay, "
+                                       "else im2col + GEMM), winograd (wherever it applies) or im2col")
     register("native_kernels", "build", "build: compile the native kernels a model needs (kept in the user's "
                                         "kernel cache); probe: compile nothing, report which are cached")
     from .blas import DEFAULT_PARALLEL

@@ -39,6 +39,19 @@ from .blas import engine_width
 from .checked import checked_kernel
 from .values import as_output, describe_value
 
+#: Values of the ``conv_algorithm`` option (the cpu Conv kernel's choice per layer).
+CONV_ALGORITHMS = ("auto", "im2col", "winograd")
+
+
+def conv_algorithm_option(options: Any) -> str:
+    """The ``conv_algorithm`` option, checked (OptionError naming the values)."""
+    v = str((getattr(options, "extra", {}) or {}).get("conv_algorithm", "auto") or "auto").lower()
+    if v not in CONV_ALGORITHMS:
+        from ge_core.errors import OptionError
+
+        raise OptionError(f"conv_algorithm '{v}' is not one of {', '.join(CONV_ALGORITHMS)}")
+    return v
+
 
 class Step:
     """One node of a program: its kernel, the slots it reads and writes, the slots that die after it."""
@@ -76,6 +89,7 @@ class Program:
         steps: list[Step] = []
         last_use: dict[int, int] = {}
         width = engine_width(options)
+        conv_algorithm = conv_algorithm_option(options)
         before = native.stats()
         if width > 1:
             parallel.prepare_native()  # the split-GEMM driver is built now, not on the first run
@@ -94,7 +108,7 @@ class Program:
                         seen.setdefault(v, None)
                 caps = list(seen)
                 extra = {"subgraph": SubBuilder(kernels, options, caps), "n_captures": len(caps)}
-            spec = KernelSpec.from_node(node, options, parallel_width=width, **extra)
+            spec = KernelSpec.from_node(node, options, parallel_width=width, conv_algorithm=conv_algorithm, **extra)
             origin = kernels.origin((OpRegistry.norm_domain(node.domain), node.op_type)) if hasattr(kernels, "origin") else None
             try:
                 fn = f(spec)

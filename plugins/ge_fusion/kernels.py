@@ -134,12 +134,13 @@ def conv_factory(spec: KernelSpec):
                             inputs=list(spec.inputs[:n_conv]), outputs=list(spec.outputs),
                             const_inputs=list(spec.const_inputs[:n_conv]), opset=11, options=dict(spec.options))
     conv = inner_factory(inner_spec)
+    conv_out = caps(conv).accepts_out
     epi = _epilogue(spec, 3)
 
     def kernel(x, w, b=None, *extra, out=None):
-        # The convolution's own result array (its GEMM writes it contiguously) is read once
-        # more by the epilogue, which writes the planned output: no extra pass over memory.
-        y = conv(x, w, b)[0]
+        # The convolution writes the planned output where it can (else its own contiguous
+        # result), and the epilogue runs over it once: no extra pass over memory.
+        y = conv(x, w, b, out=out)[0] if out is not None and conv_out else conv(x, w, b)[0]
         target = out[0] if out is not None else (y if y.flags.writeable else None)
         if epi is not None:
             return (epi(y, *extra, out=target),)
@@ -148,6 +149,7 @@ def conv_factory(spec: KernelSpec):
             return (target,)
         return (y,)
 
+    with_caps(kernel, mode=caps(conv).mode)
     return _mark_out(kernel)
 
 

@@ -23,7 +23,7 @@ from ge_core.kernel import KernelSpec, with_caps
 from ge_sdk import native, parallel
 from ge_sdk.jit import enabled as jit_enabled
 
-from . import _window
+from . import _window, winograd
 from ._util import as_str, cast_like, const_input, has_input, in_dtype, ints, kernel_table, norm_axis, unsupported
 
 KERNELS, _reg = kernel_table()
@@ -189,6 +189,13 @@ def conv_factory(spec: KernelSpec):
     if w_const is not None:
         packed["w"] = np.ascontiguousarray(pack(w_const))
         packed["dw"] = None
+    algorithm = str(spec.options.get("conv_algorithm", "auto") or "auto")
+    x_shape = tuple(spec.inputs[0].shape) if spec.inputs and spec.inputs[0] is not None and spec.inputs[0].shape else ()
+    wino = None  # Winograd F(2x2, 3x3), chosen once here by the cost model (winograd.applies)
+    if (w_const is not None and nd == 2 and algorithm != "im2col" and w_const.dtype in (np.float32, np.float64)
+            and winograd.applies(x_shape, w_const.shape, strides, dilations, group, w_const.dtype,
+                                 pays=algorithm == "auto")):
+        wino = winograd.Winograd(w_const)
 
     def planner(key):
         in_sp, k = key
@@ -254,6 +261,15 @@ def conv_factory(spec: KernelSpec):
             if r is not None:
                 return r
         pb, pe, out_sp, _ = plans((in_sp, k))
+        if wino is not None and w is w_const and x.dtype == wino.dtype and x.ndim == 4:
+            o = out[0] if out is not None and out[0].flags.c_contiguous else None
+            y = wino.run(x, (pb[0], pb[1], pe[0], pe[1]), out=o)
+            if b is not None:
+                y += b.reshape((m, 1, 1)).astype(y.dtype, copy=False)
+            if out is not None and o is None:
+                np.copyto(out[0], y)
+                return out
+            return (y,) if o is None else out
         wk = packed["w"] if w_const is not None else pack(w)
         p = math.prod(out_sp)
         if all(ki == 1 for ki in k) and not any(pb) and not any(pe):
@@ -379,6 +395,8 @@ def conv_factory(spec: KernelSpec):
     dt = in_dtype(spec, 0)
     if dt is not None and dt.kind == "f" and dt.name != "bfloat16" and out_dtype_ok(spec, dt):
         with_caps(kernel, accepts_out=True)
+    if wino is not None:
+        with_caps(kernel, mode="winograd")  # the report's kernel_modes count the layers
     return kernel
 
 
