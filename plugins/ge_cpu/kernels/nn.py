@@ -263,9 +263,7 @@ def conv_factory(spec: KernelSpec):
         pb, pe, out_sp, _ = plans((in_sp, k))
         if wino is not None and w is w_const and x.dtype == wino.dtype and x.ndim == 4:
             o = out[0] if out is not None and out[0].flags.c_contiguous else None
-            y = wino.run(x, (pb[0], pb[1], pe[0], pe[1]), out=o)
-            if b is not None:
-                y += b.reshape((m, 1, 1)).astype(y.dtype, copy=False)
+            y = wino.run(x, (pb[0], pb[1], pe[0], pe[1]), out=o, bias=b)
             if out is not None and o is None:
                 np.copyto(out[0], y)
                 return out

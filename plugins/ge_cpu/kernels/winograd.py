@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ge_sdk import parallel
+from ge_sdk import native, parallel
+from ge_sdk.jit import enabled as jit_enabled
 
 #: The weight transform G (4 x 3) of F(2, 3).
 G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
@@ -31,6 +32,8 @@ G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0
 MIN_CHANNELS = 64
 #: ... and at least this many output tiles (2x2 outputs each).
 MIN_TILES = 16
+#: The compiled transforms take planes of at most this many tiles across (2048 pixels).
+MAX_TILES_ACROSS = 1024
 
 
 def transform_weights(w: np.ndarray) -> np.ndarray:
@@ -57,14 +60,152 @@ def applies(x_shape: tuple, w_shape: tuple, strides, dilations, group: int, dtyp
     return True
 
 
+#: The transforms in C (fixed source: nothing in it comes from a model; every size is checked
+#: against the arrays by the entries). ``wino_in``: x (N, C, H, W) -> V (16, C, N*th*tw), the tiles
+#: read with the padding (zeros outside the input); ``wino_out``: M (16, M, N*th*tw) + bias ->
+#: y (N, M, oh, ow). One task per (image, channel) plane on the native pool.
+_SRC = """
+#define MAX_TW 1024
+#define WINO(SUF, T, NPY)                                                                             \\
+typedef struct { const T *x; T *v; int64_t n, c, h, w, pt, pl, th, tw; } in_##SUF##_ctx;              \\
+static void in_##SUF##_task(void *vc, int64_t plane, int slot) {                                      \\
+    in_##SUF##_ctx *q = (in_##SUF##_ctx *)vc;                                                         \\
+    int64_t ni = plane / q->c, ci = plane % q->c, th = q->th, tw = q->tw, p = q->n * th * tw;        \\
+    int64_t wp = 2 * tw + 2;                                                                          \\
+    const T *xs = q->x + (ni * q->c + ci) * q->h * q->w;                                              \\
+    T row[4][2 * 1024 + 2];                                                                           \\
+    T hz[4][4][1024];                                                                                 \\
+    (void)slot;                                                                                       \\
+    for (int64_t ty = 0; ty < th; ty++) {                                                             \\
+        for (int r = 0; r < 4; r++) {                                                                 \\
+            int64_t yy = 2 * ty + r - q->pt;                                                          \\
+            for (int64_t k = 0; k < wp; k++) {                                                        \\
+                int64_t xx = k - q->pl;                                                               \\
+                row[r][k] = (yy >= 0 && yy < q->h && xx >= 0 && xx < q->w) ? xs[yy * q->w + xx] : (T)0; \\
+            }                                                                                         \\
+            const T *d = row[r];                                                                      \\
+            for (int64_t t = 0; t < tw; t++) {                                                        \\
+                T d0 = d[2 * t], d1 = d[2 * t + 1], d2 = d[2 * t + 2], d3 = d[2 * t + 3];              \\
+                hz[r][0][t] = d0 - d2; hz[r][1][t] = d1 + d2; hz[r][2][t] = d2 - d1; hz[r][3][t] = d1 - d3; \\
+            }                                                                                         \\
+        }                                                                                             \\
+        int64_t base = ni * th * tw + ty * tw;                                                        \\
+        for (int j = 0; j < 4; j++) {                                                                 \\
+            T *v0 = q->v + ((0 * 4 + j) * q->c + ci) * p + base;                                      \\
+            T *v1 = q->v + ((1 * 4 + j) * q->c + ci) * p + base;                                      \\
+            T *v2 = q->v + ((2 * 4 + j) * q->c + ci) * p + base;                                      \\
+            T *v3 = q->v + ((3 * 4 + j) * q->c + ci) * p + base;                                      \\
+            _Pragma("omp simd")                                                                       \\
+            for (int64_t t = 0; t < tw; t++) {                                                        \\
+                T a = hz[0][j][t], b = hz[1][j][t], e = hz[2][j][t], f = hz[3][j][t];                  \\
+                v0[t] = a - e; v1[t] = b + e; v2[t] = e - b; v3[t] = b - f;                           \\
+            }                                                                                         \\
+        }                                                                                             \\
+    }                                                                                                 \\
+}                                                                                                     \\
+typedef struct { const T *mm, *bias; T *y; int64_t n, m, oh, ow, th, tw; } out_##SUF##_ctx;          \\
+static void out_##SUF##_task(void *vc, int64_t plane, int slot) {                                     \\
+    out_##SUF##_ctx *q = (out_##SUF##_ctx *)vc;                                                       \\
+    int64_t ni = plane / q->m, mi = plane % q->m, th = q->th, tw = q->tw, p = q->n * th * tw;        \\
+    T *ys = q->y + (ni * q->m + mi) * q->oh * q->ow;                                                  \\
+    T bias = q->bias ? q->bias[mi] : (T)0;                                                            \\
+    T s[2][4][1024];                                                                                  \\
+    (void)slot;                                                                                       \\
+    for (int64_t ty = 0; ty < th; ty++) {                                                             \\
+        int64_t base = ni * th * tw + ty * tw;                                                        \\
+        for (int j = 0; j < 4; j++) {                                                                 \\
+            const T *m0 = q->mm + ((0 * 4 + j) * q->m + mi) * p + base;                               \\
+            const T *m1 = q->mm + ((1 * 4 + j) * q->m + mi) * p + base;                               \\
+            const T *m2 = q->mm + ((2 * 4 + j) * q->m + mi) * p + base;                               \\
+            const T *m3 = q->mm + ((3 * 4 + j) * q->m + mi) * p + base;                               \\
+            _Pragma("omp simd")                                                                       \\
+            for (int64_t t = 0; t < tw; t++) {                                                        \\
+                s[0][j][t] = m0[t] + m1[t] + m2[t];                                                   \\
+                s[1][j][t] = m1[t] - m2[t] - m3[t];                                                   \\
+            }                                                                                         \\
+        }                                                                                             \\
+        for (int a = 0; a < 2; a++) {                                                                 \\
+            int64_t yy = 2 * ty + a;                                                                  \\
+            if (yy >= q->oh) break;                                                                   \\
+            T *o = ys + yy * q->ow;                                                                   \\
+            for (int64_t t = 0; t < tw; t++) {                                                        \\
+                T e0 = s[a][0][t] + s[a][1][t] + s[a][2][t] + bias;                                   \\
+                T e1 = s[a][1][t] - s[a][2][t] - s[a][3][t] + bias;                                   \\
+                o[2 * t] = e0;                                                                        \\
+                if (2 * t + 1 < q->ow) o[2 * t + 1] = e1;                                             \\
+            }                                                                                         \\
+        }                                                                                             \\
+    }                                                                                                 \\
+}                                                                                                     \\
+static PyObject *in_##SUF(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {                  \\
+    int64_t n, c, h, w, pt, pl, th, tw, threads;                                                      \\
+    if (ge_nargs(nargs, 11)) return NULL;                                                             \\
+    if (ge_int(args, 2, 1, 1LL << 20, &n) || ge_int(args, 3, 1, 1LL << 20, &c)                        \\
+        || ge_int(args, 4, 1, 1LL << 20, &h) || ge_int(args, 5, 1, 1LL << 20, &w)                     \\
+        || ge_int(args, 6, 0, 1LL << 20, &pt) || ge_int(args, 7, 0, 1LL << 20, &pl)                   \\
+        || ge_int(args, 8, 1, 1LL << 20, &th) || ge_int(args, 9, 1, MAX_TW, &tw)                        \\
+        || ge_int(args, 10, 1, 4096, &threads)) return NULL;                                          \\
+    const T *x = (const T *)ge_arr(args, 0, NPY, 0, n * c * h * w);                                   \\
+    T *v = x ? (T *)ge_arr(args, 1, NPY, 1, 16 * c * n * th * tw) : NULL;                             \\
+    if (!v) return NULL;                                                                              \\
+    in_##SUF##_ctx q = {x, v, n, c, h, w, pt, pl, th, tw};                                            \\
+    Py_BEGIN_ALLOW_THREADS                                                                            \\
+    ge_parallel(in_##SUF##_task, &q, n * c, threads);                                                 \\
+    Py_END_ALLOW_THREADS                                                                              \\
+    Py_RETURN_NONE;                                                                                   \\
+}                                                                                                     \\
+static PyObject *out_##SUF(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {                 \\
+    int64_t n, m, oh, ow, threads, th, tw;                                                            \\
+    if (ge_nargs(nargs, 8)) return NULL;                                                              \\
+    if (ge_int(args, 3, 1, 1LL << 20, &n) || ge_int(args, 4, 1, 1LL << 20, &m)                        \\
+        || ge_int(args, 5, 1, 1LL << 20, &oh) || ge_int(args, 6, 1, 2 * MAX_TW, &ow)                        \\
+        || ge_int(args, 7, 1, 4096, &threads)) return NULL;                                           \\
+    th = (oh + 1) / 2; tw = (ow + 1) / 2;                                                             \\
+    if (tw > MAX_TW) return ge_fail();                                                                  \\
+    const T *mm = (const T *)ge_arr(args, 0, NPY, 0, 16 * m * n * th * tw);                           \\
+    T *y = mm ? (T *)ge_arr(args, 1, NPY, 1, n * m * oh * ow) : NULL;                                 \\
+    if (!y) return NULL;                                                                              \\
+    const T *bias = NULL;                                                                             \\
+    if (args[2] != Py_None) { bias = (const T *)ge_arr(args, 2, NPY, 0, m); if (!bias) return NULL; } \\
+    out_##SUF##_ctx q = {mm, bias, y, n, m, oh, ow, th, tw};                                          \\
+    Py_BEGIN_ALLOW_THREADS                                                                            \\
+    ge_parallel(out_##SUF##_task, &q, n * m, threads);                                                \\
+    Py_END_ALLOW_THREADS                                                                              \\
+    Py_RETURN_NONE;                                                                                   \\
+}
+WINO(f32, float, NPY_FLOAT)
+WINO(f64, double, NPY_DOUBLE)
+"""
+_native: dict[str, Any] = {}
+
+
+def native_transforms(dtype: Any):
+    """``(wino_in, wino_out)`` of the compiled transforms for float32/float64, or None."""
+    dt = np.dtype(dtype)
+    if dt.name not in ("float32", "float64") or not jit_enabled("GE_CPU_JIT") or not native.available():
+        return None
+    if "mod" not in _native:
+        _native["mod"] = native.build(_SRC, ["in_f32", "in_f64", "out_f32", "out_f64"])
+    mod = _native["mod"]
+    if mod is None:
+        return None
+    return (mod.in_f32, mod.out_f32) if dt == np.float32 else (mod.in_f64, mod.out_f64)
+
+
 class Winograd:
     """A 3x3 convolution with constant weights, run as F(2x2, 3x3): ``run(x, pads, out)``."""
 
-    def __init__(self, w: np.ndarray) -> None:
+    def __init__(self, w: np.ndarray, compiled: bool = True) -> None:
         self.m, self.c = int(w.shape[0]), int(w.shape[1])
         self.dtype = w.dtype
         self.u = transform_weights(w)
         self._local = threading.local()
+        self._native = native_transforms(self.dtype) if compiled else None  # built now, not on the first run
+
+    @property
+    def compiled(self) -> bool:
+        """True when the transforms run compiled (else in NumPy)."""
+        return self._native is not None
 
     def _buffers(self, n: int, h: int, wd: int, pads: tuple[int, int, int, int]):
         key = (n, h, wd, pads)
@@ -89,10 +230,46 @@ class Winograd:
             cache[key] = b
         return b
 
-    def run(self, x: np.ndarray, pads: tuple[int, int, int, int], out: np.ndarray | None = None) -> np.ndarray:
+    def run(self, x: np.ndarray, pads: tuple[int, int, int, int], out: np.ndarray | None = None,
+            bias: np.ndarray | None = None) -> np.ndarray:
+        """The convolution of ``x`` (N, C, H, W) with top/left/bottom/right ``pads`` (+ ``bias``),
+        into ``out`` when given (C-contiguous, the output's shape)."""
         n, c, h, wd = x.shape
         if c != self.c:
             raise ValueError(f"Conv: input has {c} channels, the weights {self.c}")
+        fns = self._native
+        if fns is not None and x.dtype == self.dtype and (wd + pads[1] + pads[3]) // 2 <= MAX_TILES_ACROSS:
+            return self._run_native(fns, np.ascontiguousarray(x), pads, out, bias)
+        y = self._run_numpy(x, pads, out)
+        if bias is not None:
+            y += bias.reshape((self.m, 1, 1)).astype(y.dtype, copy=False)
+        return y
+
+    def _run_native(self, fns, x: np.ndarray, pads, out, bias) -> np.ndarray:
+        n, c, h, wd = x.shape
+        oh, ow = h + pads[0] + pads[2] - 2, wd + pads[1] + pads[3] - 2
+        th, tw = (oh + 1) // 2, (ow + 1) // 2
+        key = ("native", n, th, tw)
+        cache = getattr(self._local, "cache", None)
+        if cache is None:
+            cache = self._local.cache = {}
+        b = cache.get(key)
+        if b is None:
+            b = {"v": np.empty((16, c, n * th * tw), self.dtype), "mm": np.empty((16, self.m, n * th * tw), self.dtype)}
+            if len(cache) >= 8:
+                cache.pop(next(iter(cache)))
+            cache[key] = b
+        width = parallel.threads()
+        fin, fout = fns
+        fin(x, b["v"], n, c, h, wd, pads[0], pads[1], th, tw, width)
+        parallel.matmul(self.u, b["v"], out=b["mm"])  # 16 GEMMs (M x C) @ (C x tiles)
+        y = out if out is not None else np.empty((n, self.m, oh, ow), self.dtype)
+        bb = None if bias is None else np.ascontiguousarray(np.asarray(bias).reshape(-1), dtype=self.dtype)
+        fout(b["mm"], y, bb, n, self.m, oh, ow, width)
+        return y
+
+    def _run_numpy(self, x: np.ndarray, pads: tuple[int, int, int, int], out: np.ndarray | None = None) -> np.ndarray:
+        n, c, h, wd = x.shape
         pt, pl = pads[0], pads[1]
         b = self._buffers(n, h, wd, pads)
         th, tw, oh, ow = b["th"], b["tw"], b["oh"], b["ow"]
