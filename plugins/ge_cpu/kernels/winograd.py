@@ -79,10 +79,16 @@ static void in_##SUF##_task(void *vc, int64_t plane, int slot) {                
     for (int64_t ty = 0; ty < th; ty++) {                                                             \\
         for (int r = 0; r < 4; r++) {                                                                 \\
             int64_t yy = 2 * ty + r - q->pt;                                                          \\
-            for (int64_t k = 0; k < wp; k++) {                                                        \\
-                int64_t xx = k - q->pl;                                                               \\
-                row[r][k] = (yy >= 0 && yy < q->h && xx >= 0 && xx < q->w) ? xs[yy * q->w + xx] : (T)0; \\
+            T *dst = row[r];                                                                          \\
+            int64_t lo = yy >= 0 && yy < q->h ? (q->pl < wp ? q->pl : wp) : wp;                       \\
+            int64_t hi = lo < wp ? (q->pl + q->w < wp ? q->pl + q->w : wp) : wp;                      \\
+            for (int64_t k = 0; k < lo; k++) dst[k] = (T)0;                                           \\
+            if (hi > lo) {                                                                            \\
+                const T *src = xs + yy * q->w - q->pl;                                                \\
+                _Pragma("omp simd")                                                                   \\
+                for (int64_t k = lo; k < hi; k++) dst[k] = src[k];                                    \\
             }                                                                                         \\
+            for (int64_t k = hi > lo ? hi : lo; k < wp; k++) dst[k] = (T)0;                           \\
             const T *d = row[r];                                                                      \\
             for (int64_t t = 0; t < tw; t++) {                                                        \\
                 T d0 = d[2 * t], d1 = d[2 * t + 1], d2 = d[2 * t + 2], d3 = d[2 * t + 3];              \\
@@ -128,12 +134,13 @@ static void out_##SUF##_task(void *vc, int64_t plane, int slot) {               
             int64_t yy = 2 * ty + a;                                                                  \\
             if (yy >= q->oh) break;                                                                   \\
             T *o = ys + yy * q->ow;                                                                   \\
-            for (int64_t t = 0; t < tw; t++) {                                                        \\
-                T e0 = s[a][0][t] + s[a][1][t] + s[a][2][t] + bias;                                   \\
-                T e1 = s[a][1][t] - s[a][2][t] - s[a][3][t] + bias;                                   \\
-                o[2 * t] = e0;                                                                        \\
-                if (2 * t + 1 < q->ow) o[2 * t + 1] = e1;                                             \\
+            int64_t pairs = q->ow / 2;                                                                \\
+            _Pragma("omp simd")                                                                       \\
+            for (int64_t t = 0; t < pairs; t++) {                                                     \\
+                o[2 * t] = s[a][0][t] + s[a][1][t] + s[a][2][t] + bias;                               \\
+                o[2 * t + 1] = s[a][1][t] - s[a][2][t] - s[a][3][t] + bias;                           \\
             }                                                                                         \\
+            if (q->ow % 2) o[2 * pairs] = s[a][0][pairs] + s[a][1][pairs] + s[a][2][pairs] + bias;    \\
         }                                                                                             \\
     }                                                                                                 \\
 }                                                                                                     \\
