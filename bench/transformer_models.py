@@ -53,7 +53,7 @@ FAMILY_OF = {m: f for f, ms in FAMILIES.items() for m in ms}
 MODELS = [m for ms in FAMILIES.values() for m in ms]
 
 
-def _wrap(model, kind: str):
+def wrap(model, kind: str):
     """A module whose forward takes tensors and returns ``last_hidden_state``."""
     import torch
 
@@ -103,29 +103,29 @@ def build(name: str, size: str = "bench"):
         h, L = (64, 2) if tiny else (384, 4)
         cfg = tf.BertConfig(hidden_size=h, num_hidden_layers=L, num_attention_heads=h // 64 if h >= 64 else 1,
                             intermediate_size=4 * h, vocab_size=vocab, max_position_embeddings=512, **common)
-        return _wrap(tf.BertModel(cfg).eval(), "ids"), ids()
+        return wrap(tf.BertModel(cfg).eval(), "ids"), ids()
     if name == "distilbert":
         h, L = (64, 2) if tiny else (384, 4)
         cfg = tf.DistilBertConfig(dim=h, n_layers=L, n_heads=max(1, h // 64), hidden_dim=4 * h,
                                   vocab_size=vocab, max_position_embeddings=512, **common)
-        return _wrap(tf.DistilBertModel(cfg).eval(), "ids"), ids()
+        return wrap(tf.DistilBertModel(cfg).eval(), "ids"), ids()
     if name == "gpt2":
         h, L = (64, 2) if tiny else (384, 4)
         cfg = tf.GPT2Config(n_embd=h, n_layer=L, n_head=max(1, h // 64), vocab_size=vocab, n_positions=256,
                             bos_token_id=0, eos_token_id=0, use_cache=False, **common)
-        return _wrap(tf.GPT2Model(cfg).eval(), "ids+mask"), ids()
+        return wrap(tf.GPT2Model(cfg).eval(), "ids+mask"), ids()
     if name == "llama":
         h, L = (64, 2) if tiny else (384, 4)
         heads = max(2, h // 64)
         cfg = tf.LlamaConfig(hidden_size=h, intermediate_size=(8 * h) // 3 // 16 * 16, num_hidden_layers=L,
                              num_attention_heads=heads, num_key_value_heads=heads // 2, vocab_size=vocab,
                              max_position_embeddings=512, use_cache=False, **common)
-        return _wrap(tf.LlamaModel(cfg).eval(), "ids+mask"), ids()
+        return wrap(tf.LlamaModel(cfg).eval(), "ids+mask"), ids()
     if name == "t5enc":
         h, L = (64, 2) if tiny else (384, 4)
         cfg = tf.T5Config(d_model=h, d_kv=64 if not tiny else 32, num_heads=max(2, h // 64), d_ff=4 * h,
                           num_layers=L, vocab_size=vocab, use_cache=False, **common)
-        return _wrap(tf.T5EncoderModel(cfg).eval(), "ids"), ids()
+        return wrap(tf.T5EncoderModel(cfg).eval(), "ids"), ids()
     if name in ("vit", "deit_tiny"):
         if tiny:
             h, L, heads, patch = 64, 2, 2, 8
@@ -135,7 +135,7 @@ def build(name: str, size: str = "bench"):
             h, L, heads, patch = 192, 12, 3, 16  # DeiT-tiny (same layout as timm's deit_tiny_patch16_224)
         cfg = tf.ViTConfig(hidden_size=h, num_hidden_layers=L, num_attention_heads=heads, intermediate_size=4 * h,
                            image_size=img, patch_size=patch, **common)
-        return _wrap(tf.ViTModel(cfg, add_pooling_layer=False).eval(), "pixels"), pixels()
+        return wrap(tf.ViTModel(cfg, add_pooling_layer=False).eval(), "pixels"), pixels()
     if name == "swin":
         if tiny:
             kw = dict(image_size=img, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=4)
@@ -143,7 +143,7 @@ def build(name: str, size: str = "bench"):
             kw = dict(image_size=img, patch_size=4, embed_dim=48, depths=[2, 2, 2, 2], num_heads=[2, 4, 8, 16],
                       window_size=7)
         cfg = tf.SwinConfig(**kw, **common)
-        return _wrap(tf.SwinModel(cfg, add_pooling_layer=False).eval(), "pixels"), pixels()
+        return wrap(tf.SwinModel(cfg, add_pooling_layer=False).eval(), "pixels"), pixels()
     if name == "whisper_enc":
         # Whisper-tiny's encoder (d_model 384, 4 layers, 6 heads, 80 mel bins) on 3 s of features:
         # max_source_positions 150 -> the encoder takes (1, 80, 300) instead of 30 s (1, 80, 3000).
@@ -153,7 +153,7 @@ def build(name: str, size: str = "bench"):
         cfg = tf.WhisperConfig(d_model=h, encoder_layers=L, encoder_attention_heads=heads, encoder_ffn_dim=4 * h,
                                num_mel_bins=80, max_source_positions=pos, use_cache=False, **common)
         enc = WhisperEncoder(cfg).eval()  # the encoder alone: WhisperModel would also build the decoder
-        return _wrap(enc, "features"), {"input_features": rng.standard_normal((1, 80, 2 * pos)).astype(np.float32)}
+        return wrap(enc, "features"), {"input_features": rng.standard_normal((1, 80, 2 * pos)).astype(np.float32)}
     if name == "wav2vec2":
         if tiny:
             kw = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
@@ -165,7 +165,7 @@ def build(name: str, size: str = "bench"):
                       conv_dim=(128,) * 7, num_conv_pos_embeddings=128, num_conv_pos_embedding_groups=16)
             samples = 16000
         cfg = tf.Wav2Vec2Config(**kw, mask_time_prob=0.0, **common)
-        return _wrap(tf.Wav2Vec2Model(cfg).eval(), "values"), {
+        return wrap(tf.Wav2Vec2Model(cfg).eval(), "values"), {
             "input_values": rng.standard_normal((1, samples)).astype(np.float32)}
     raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
 
@@ -239,11 +239,11 @@ def engines(onnx_bytes: bytes, threads: int):
         try:
             out[k] = make(onnx_bytes, threads)
         except Exception as e:  # noqa: BLE001 - report and go on
-            errors[k] = f"compile: {_err(e)}"
+            errors[k] = f"compile: {err_text(e)}"
     return out, errors
 
 
-def _err(e: BaseException) -> str:
+def err_text(e: BaseException) -> str:
     msg = f"{type(e).__name__}: {e}".strip().replace("\n", " ")
     return msg if len(msg) <= 300 else msg[:297] + "..."
 
@@ -268,7 +268,7 @@ def time_model(blob: bytes, feeds: dict, threads: int, rounds: int, gap: float):
             for _ in range(2):  # warm-up
                 fn(feeds)
         except Exception as e:  # noqa: BLE001
-            errors[k] = f"run: {_err(e)}"
+            errors[k] = f"run: {err_text(e)}"
             del runs[k]
     ref = outs.get("onnxruntime")
     diffs = {}
@@ -292,8 +292,11 @@ def interleaved(runs: dict, feeds: dict, rounds: int, gap: float) -> dict[str, f
     return {k: statistics.median(v) * 1e3 for k, v in times.items() if v}
 
 
-def run_table(onnx_models: dict, thread_counts: list[int], rounds: int, gap: float, title: str = "") -> dict:
-    """Time every model at every thread count and print the tables; returns ``{threads: {model: med}}``."""
+def run_table(onnx_models: dict, thread_counts: list[int], rounds: int, gap: float, title: str = "",
+              family_of: dict | None = None) -> dict:
+    """Time every model at every thread count and print the tables; returns ``{threads: {model: med}}``
+    (``family_of``: each model's family for the geomeans, by default this bench's)."""
+    family_of = FAMILY_OF if family_of is None else family_of
     results: dict[int, dict[str, dict[str, float]]] = {}
     for threads in thread_counts:
         results[threads] = {}
@@ -311,7 +314,7 @@ def run_table(onnx_models: dict, thread_counts: list[int], rounds: int, gap: flo
             for k, ms in med.items():
                 if base:
                     r = ms / base
-                    ratios.setdefault(FAMILY_OF[name], {}).setdefault(k, []).append(r)
+                    ratios.setdefault(family_of[name], {}).setdefault(k, []).append(r)
                     d = diffs.get(k, float("nan"))
                     parts.append(f"{k} {ms:.2f} ms ({r:.2f}x, diff {d:.1e})")
                 else:
@@ -385,8 +388,8 @@ def main(argv=None) -> int:
             model, feeds = build(name)
             blob = to_onnx(model, feeds)
         except Exception as e:  # noqa: BLE001 - report and go on
-            onnx_models[name] = _err(e)
-            print(f"export {name}: FAILED {_err(e)}")
+            onnx_models[name] = err_text(e)
+            print(f"export {name}: FAILED {err_text(e)}")
             continue
         onnx_models[name] = (blob, feeds)
         shapes = ", ".join(f"{k}{tuple(v.shape)}" for k, v in feeds.items())

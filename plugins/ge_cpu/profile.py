@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ge_core.kernel import copy_caps
+from ge_core.kernel import caps, copy_caps
 
 
 def profile(model, feeds: dict[str, np.ndarray], runs: int = 5) -> dict[str, Any]:
@@ -76,7 +76,8 @@ def profile(model, feeds: dict[str, np.ndarray], runs: int = 5) -> dict[str, Any
         row["seconds"] += secs / runs
         row["count"] += 1
         row["streams"].add(stream_of[st.node])
-        nodes.append({"node": st.node.name, "op": op, "stream": stream_of[st.node], "seconds": secs / runs})
+        nodes.append({"node": st.node.name, "op": op, "stream": stream_of[st.node], "seconds": secs / runs,
+                      "kernel_mode": caps(st.fn).mode})
     ops = sorted(by_op.values(), key=lambda r: -r["seconds"])
     for r in ops:
         r["share"] = r["seconds"] * runs / total
