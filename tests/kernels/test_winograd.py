@@ -12,21 +12,26 @@ from ge_core.errors import OptionError
 from ge_cpu.kernels import winograd
 
 
-def direct64(x, w, pads):
-    """The 3x3 convolution in float64, by definition."""
+def direct64(x, w, pads, group=1):
+    """The 3x3 convolution in float64, by definition (``group`` groups)."""
     pt, pl, pb, pr = pads
     xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
     n, c, h, wd = xp.shape
     oh, ow = h - 2, wd - 2
-    y = np.zeros((n, w.shape[0], oh, ow))
-    for r in range(3):
-        for q in range(3):
-            y += np.einsum("mc,nchw->nmhw", w[:, :, r, q].astype(np.float64), xp[:, :, r:r + oh, q:q + ow])
+    m, cg = w.shape[0], c // group
+    y = np.zeros((n, m, oh, ow))
+    for g in range(group):
+        ms, cs = slice(g * m // group, (g + 1) * m // group), slice(g * cg, (g + 1) * cg)
+        for r in range(3):
+            for q in range(3):
+                y[:, ms] += np.einsum("mc,nchw->nmhw", w[ms, :, r, q].astype(np.float64), xp[:, cs, r:r + oh, q:q + ow])
     return y
 
 
 CASES = [((1, 64, 8, 8), 64, (1, 1, 1, 1)), ((3, 17, 9, 7), 5, (1, 1, 1, 1)), ((2, 70, 5, 11), 66, (0, 1, 1, 0)),
          ((1, 3, 2, 2), 4, (1, 1, 1, 1)), ((2, 8, 13, 1), 3, (1, 0, 1, 2)), ((1, 96, 15, 15), 80, (0, 0, 0, 0))]
+#: grouped: (input shape, output channels, pads, groups)
+GROUPED = [((1, 64, 9, 9), 64, (1, 1, 1, 1), 2), ((2, 96, 7, 10), 48, (1, 1, 1, 1), 3), ((1, 12, 5, 5), 8, (0, 1, 1, 0), 4)]
 
 
 @pytest.mark.parametrize("path", ["native", "numpy"])
@@ -48,12 +53,24 @@ def test_winograd_is_within_float_rounding_of_the_direct_convolution(xs, m, pads
     assert np.all(np.abs(got - ref) <= 16 * eps * mag + 1e-30)
 
 
-def _conv_model(xs, m, pads, seed=0):
+@pytest.mark.parametrize("xs,m,pads,group", GROUPED)
+def test_grouped_winograd_is_within_float_rounding(xs, m, pads, group):
+    rng = np.random.default_rng(group)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal((m, xs[1] // group, 3, 3)).astype(np.float32)
+    for compiled in (True, False):
+        got = winograd.Winograd(w, compiled=compiled, group=group).run(x, pads)
+        ref = direct64(x, w, pads, group)
+        mag = direct64(np.abs(x), np.abs(w), pads, group)
+        assert np.all(np.abs(got - ref) <= 16 * np.finfo(np.float32).eps * mag + 1e-30)
+
+
+def _conv_model(xs, m, pads, seed=0, group=1):
     rng = np.random.default_rng(seed)
-    w = (rng.standard_normal((m, xs[1], 3, 3)) / np.sqrt(9 * xs[1])).astype(np.float32)
+    w = (rng.standard_normal((m, xs[1] // group, 3, 3)) / np.sqrt(9 * xs[1])).astype(np.float32)
     b = rng.standard_normal(m).astype(np.float32)
     g = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=list(pads), kernel_shape=[3, 3]),
+        [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=list(pads), kernel_shape=[3, 3], group=group),
          helper.make_node("Relu", ["c"], ["y"])], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs))],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
@@ -61,9 +78,9 @@ def _conv_model(xs, m, pads, seed=0):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-@pytest.mark.parametrize("xs,m,pads", CASES)
-def test_compiled_winograd_matches_onnxruntime(xs, m, pads):
-    model = _conv_model(xs, m, pads)
+@pytest.mark.parametrize("xs,m,pads,group", [c + (1,) for c in CASES] + GROUPED)
+def test_compiled_winograd_matches_onnxruntime(xs, m, pads, group):
+    model = _conv_model(xs, m, pads, group=group)
     x = np.random.default_rng(3).standard_normal(xs).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     compiled = ge.compile(ge.load(model), {"conv_algorithm": "winograd"})
@@ -81,8 +98,10 @@ def test_auto_picks_winograd_only_where_it_pays_and_im2col_forces_it_off():
         ge.compile(ge.load(big), {"conv_algorithm": "fft"})
 
 
-def test_strided_dilated_and_grouped_convs_never_take_winograd():
-    for attrs in ({"strides": [2, 2]}, {"dilations": [2, 2]}, {"group": 2}):
-        assert not winograd.applies((1, 64, 28, 28), (64, 64 // attrs.get("group", 1), 3, 3),
-                                    attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1]),
-                                    attrs.get("group", 1), np.float32)
+def test_strided_and_dilated_convs_never_take_winograd_and_narrow_groups_only_when_forced():
+    for attrs in ({"strides": [2, 2]}, {"dilations": [2, 2]}):
+        assert not winograd.applies((1, 64, 28, 28), (64, 64, 3, 3), attrs.get("strides", [1, 1]),
+                                    attrs.get("dilations", [1, 1]), 1, np.float32, pays=False)
+    assert winograd.applies((1, 128, 28, 28), (128, 64, 3, 3), [1, 1], [1, 1], 2, np.float32)  # RegNet's width 64
+    assert not winograd.applies((1, 128, 28, 28), (128, 8, 3, 3), [1, 1], [1, 1], 16, np.float32)  # width 8
+    assert winograd.applies((1, 128, 28, 28), (128, 8, 3, 3), [1, 1], [1, 1], 16, np.float32, pays=False)

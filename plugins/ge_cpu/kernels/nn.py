@@ -195,7 +195,7 @@ def conv_factory(spec: KernelSpec):
     if (w_const is not None and nd == 2 and algorithm != "im2col" and w_const.dtype in (np.float32, np.float64)
             and winograd.applies(x_shape, w_const.shape, strides, dilations, group, w_const.dtype,
                                  pays=algorithm == "auto")):
-        wino = winograd.Winograd(w_const)
+        wino = winograd.Winograd(w_const, group=group)
 
     def planner(key):
         in_sp, k = key

@@ -1,5 +1,5 @@
-"""Winograd F(2x2, 3x3) convolution (Lavin & Gray, 2015) for 3x3, stride-1, undilated, ungrouped
-float convolutions.
+"""Winograd F(2x2, 3x3) convolution (Lavin & Gray, 2015) for 3x3, stride-1, undilated float
+convolutions, ungrouped or with wide groups (RegNet's, ResNeXt's: the 16 products per group).
 
 Each 2x2 block of outputs is computed from a 4x4 tile of the padded input:
 ``Y = A^T [(G g G^T) * (B^T d B)] A``. The weights' transform ``U = G g G^T`` (16 matrices of
@@ -30,33 +30,38 @@ G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0
 #: Winograd pays when the GEMMs dominate its transforms: at least this many input and output
 #: channels (the transforms cost O(C + M) per tile, the products O(C * M)).
 MIN_CHANNELS = 64
+#: ... and with groups, at least this many channels per group (each group's GEMMs are that wide).
+MIN_GROUP_CHANNELS = 32
 #: ... and at least this many output tiles (2x2 outputs each).
 MIN_TILES = 16
+#: ... with groups, this many (a group's GEMMs are narrow: 7x7 planes lose, 14x14 gain)
+MIN_GROUP_TILES = 49
 #: The compiled transforms take planes of at most this many tiles across (2048 pixels).
 MAX_TILES_ACROSS = 1024
 
 
 def transform_weights(w: np.ndarray) -> np.ndarray:
-    """``U`` of weights ``w`` (M, C, 3, 3): (16, M, C), in float64 then cast to w's dtype."""
+    """``U`` of weights ``w`` (M, C, 3, 3): (16, M, C), in float64 then cast to w's dtype (with
+    groups, C is the channels per group and row block g of M is group g's)."""
     u = np.einsum("ik,mckl,jl->ijmc", G, w.astype(np.float64), G)
     return np.ascontiguousarray(u.reshape(16, w.shape[0], w.shape[1]), dtype=w.dtype)
 
 
 def applies(x_shape: tuple, w_shape: tuple, strides, dilations, group: int, dtype: Any, pays: bool = True) -> bool:
-    """A 3x3 stride-1 undilated ungrouped float conv; with ``pays``, the cost model too (enough
-    channels and tiles for the GEMMs to outweigh the transforms)."""
-    if len(w_shape) != 4 or tuple(w_shape[2:]) != (3, 3) or group != 1 or np.dtype(dtype).kind != "f":
+    """A 3x3 stride-1 undilated float conv (of any group count); with ``pays``, the cost model too
+    (enough channels per group and tiles for the GEMMs to outweigh the transforms)."""
+    if len(w_shape) != 4 or tuple(w_shape[2:]) != (3, 3) or group < 1 or np.dtype(dtype).kind != "f":
         return False
-    if tuple(strides) != (1, 1) or tuple(dilations) != (1, 1):
+    if tuple(strides) != (1, 1) or tuple(dilations) != (1, 1) or w_shape[0] % group:
         return False
     if not pays:
         return True
-    m, c = w_shape[0], w_shape[1]
-    if m < MIN_CHANNELS or c < MIN_CHANNELS:
+    m, c = w_shape[0] // group, w_shape[1]  # per group
+    if m < (MIN_CHANNELS if group == 1 else MIN_GROUP_CHANNELS) or c < (MIN_CHANNELS if group == 1 else MIN_GROUP_CHANNELS):
         return False
     if len(x_shape) == 4 and all(isinstance(d, int) for d in x_shape[2:]):
         tiles = ((x_shape[2] + 1) // 2) * ((x_shape[3] + 1) // 2) * (x_shape[0] if isinstance(x_shape[0], int) else 1)
-        return tiles >= MIN_TILES
+        return tiles >= (MIN_TILES if group == 1 else MIN_GROUP_TILES)
     return True
 
 
@@ -200,12 +205,16 @@ def native_transforms(dtype: Any):
 
 
 class Winograd:
-    """A 3x3 convolution with constant weights, run as F(2x2, 3x3): ``run(x, pads, out)``."""
+    """A 3x3 convolution with constant weights (M, C / group, 3, 3), run as F(2x2, 3x3):
+    ``run(x, pads, out, bias)``."""
 
-    def __init__(self, w: np.ndarray, compiled: bool = True) -> None:
-        self.m, self.c = int(w.shape[0]), int(w.shape[1])
+    def __init__(self, w: np.ndarray, compiled: bool = True, group: int = 1) -> None:
+        self.group = int(group)
+        self.m, self.c = int(w.shape[0]), int(w.shape[1]) * self.group  # output and input channels
         self.dtype = w.dtype
-        self.u = transform_weights(w)
+        u = transform_weights(w)  # (16, M, C / group)
+        # with groups: (16, group, M / group, C / group), the products (16 * group GEMMs) batched
+        self.u = u if self.group == 1 else u.reshape(16, self.group, self.m // self.group, self.c // self.group)
         self._local = threading.local()
         self._native = native_transforms(self.dtype) if compiled else None  # built now, not on the first run
 
@@ -252,6 +261,16 @@ class Winograd:
             y += bias.reshape((self.m, 1, 1)).astype(y.dtype, copy=False)
         return y
 
+    def _products(self, v: np.ndarray, mm: np.ndarray) -> None:
+        """mm = U V: 16 GEMMs (M x C) @ (C x tiles), or 16 per group."""
+        g = self.group
+        if g == 1:
+            parallel.matmul(self.u, v, out=mm)
+            return
+        p = v.shape[-1]
+        uu = self.u.reshape(16 * g, self.m // g, self.c // g)
+        parallel.matmul(uu, v.reshape(16 * g, self.c // g, p), out=mm.reshape(16 * g, self.m // g, p))
+
     def _run_native(self, fns, x: np.ndarray, pads, out, bias) -> np.ndarray:
         n, c, h, wd = x.shape
         oh, ow = h + pads[0] + pads[2] - 2, wd + pads[1] + pads[3] - 2
@@ -269,7 +288,7 @@ class Winograd:
         width = parallel.threads()
         fin, fout = fns
         fin(x, b["v"], n, c, h, wd, pads[0], pads[1], th, tw, width)
-        parallel.matmul(self.u, b["v"], out=b["mm"])  # 16 GEMMs (M x C) @ (C x tiles)
+        self._products(b["v"], b["mm"])
         y = out if out is not None else np.empty((n, self.m, oh, ow), self.dtype)
         bb = None if bias is None else np.ascontiguousarray(np.asarray(bias).reshape(-1), dtype=self.dtype)
         fout(b["mm"], y, bb, n, self.m, oh, ow, width)
@@ -295,7 +314,7 @@ class Winograd:
             np.add(t[i, 1], t[i, 2], out=vv[4 * i + 1])
             np.subtract(t[i, 2], t[i, 1], out=vv[4 * i + 2])
             np.subtract(t[i, 1], t[i, 3], out=vv[4 * i + 3])
-        parallel.matmul(self.u, v, out=mm)  # 16 GEMMs (M x C) @ (C x tiles)
+        self._products(v, mm)
         m6 = mm.reshape(4, 4, self.m, n, th, tw)
         for q in range(4):  # S = A^T M (over the rows)
             np.add(m6[0, q], m6[1, q], out=s[0, q])
