@@ -224,6 +224,16 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
     when each is large enough; anything else is plain ``np.matmul``. ``out`` must not overlap
     ``a`` or ``b``."""
     if _width.get() <= 1 or a.dtype != b.dtype or a.dtype.kind != "f" or a.ndim < 2 or b.ndim < 2:
+        if b.ndim == 2 and a.ndim > 2 and a.shape[-1] == b.shape[0] and a.dtype == b.dtype and a.dtype.kind == "f":
+            # (..., m, k) @ (k, n) as ONE (rows, k) GEMM: NumPy would loop over the leading dims, and
+            # on a strided view (a transposed activation) leave BLAS for its own slow loops (5x)
+            shape = a.shape[:-1] + (b.shape[1],)
+            a2 = a.reshape(-1, a.shape[-1])  # a copy when a is a strided view: one pass
+            if out is not None and out.shape == shape and out.flags.c_contiguous:
+                np.matmul(a2, b, out=out.reshape(-1, b.shape[1]))
+                return out
+            if out is None:
+                return np.matmul(a2, b).reshape(shape)
         return np.matmul(a, b, out=out)
     if b.ndim == 2:
         k, n = b.shape
