@@ -29,7 +29,7 @@ G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0
 
 #: Winograd pays when the GEMMs dominate its transforms: at least this many input and output
 #: channels (the transforms cost O(C + M) per tile, the products O(C * M)).
-MIN_CHANNELS = 64
+MIN_CHANNELS = 16
 #: ... and with groups, at least this many channels per group (each group's GEMMs are that wide).
 MIN_GROUP_CHANNELS = 32
 #: ... and at least this many output tiles (2x2 outputs each).
