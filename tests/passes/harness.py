@@ -76,14 +76,17 @@ def reference_outputs(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, n
     return want
 
 
-def assert_same_outputs(original: Graph, optimized: Graph, *, seeds=(0, 1), oracle: bool = True) -> None:
-    """Outputs (names, order, dtypes, shapes, values) of ``optimized`` equal ``original``'s."""
+def assert_same_outputs(original: Graph, optimized: Graph, *, seeds=(0, 1), oracle: bool = True,
+                        options: dict | None = None) -> None:
+    """Outputs (names, order, dtypes, shapes, values) of ``optimized`` equal ``original``'s
+    (``options``: added to both compiles of this engine)."""
     assert [v.name for v in optimized.outputs] == [v.name for v in original.outputs]
     assert [v.name for v in optimized.inputs] == [v.name for v in original.inputs]
-    model = ge.compile(optimized, {"opt_level": 0})
+    opts = {"opt_level": 0, **(options or {})}
+    model = ge.compile(optimized, opts)
     for seed in seeds:
         feeds = random_feeds(original, seed)
-        want = reference_outputs(original, feeds) if oracle else ge.compile(original, {"opt_level": 0}).run(feeds)
+        want = reference_outputs(original, feeds) if oracle else ge.compile(original, opts).run(feeds)
         got = model.run(feeds)
         assert list(got) == list(want)
         for k in want:

@@ -55,7 +55,11 @@ def test_each_pass_after_folding_keeps_light_model_outputs(name):
     original = ge.load(light_model_path(name))
     folded = optimize(original, ["fold_constants"])
     assert "ConstantOfShape" not in op_counts(folded)
-    assert_same_outputs(original, folded, seeds=(0,), oracle=False)
+    # one convolution algorithm on both sides: folded weights are constants, which take Winograd,
+    # computed ones im2col, and squeezenet's constant light weights give logits of ~1e9 whose
+    # softmax turns that rounding into visible differences (the passes are what is compared)
+    same = {"conv_algorithm": "im2col"}
+    assert_same_outputs(original, folded, seeds=(0,), oracle=False, options=same)
     for p in SINGLE:
         g = optimize(folded, [p])
-        assert_same_outputs(folded, g, seeds=(0,), oracle=False)
+        assert_same_outputs(folded, g, seeds=(0,), oracle=False, options=same)
