@@ -36,6 +36,9 @@ MIN_GROUP_CHANNELS = 32
 MIN_TILES = 16
 #: ... with groups, this many (a group's GEMMs are narrow: 7x7 planes lose, 14x14 gain)
 MIN_GROUP_TILES = 49
+#: Shapes whose buffers a thread keeps (the transformed tiles and products are 4x an activation:
+#: a dynamic batch must not keep one set per batch size seen)
+KEEP_SHAPES = 2
 #: The compiled transforms take planes of at most this many tiles across (2048 pixels).
 MAX_TILES_ACROSS = 1024
 
@@ -241,7 +244,7 @@ class Winograd:
                  "mm": np.empty((16, self.m, n * th * tw), dt),
                  "s": np.empty((2, 4, self.m, n, th, tw), dt),
                  "y": np.empty((n, self.m, 2 * th, 2 * tw), dt)}
-            if len(cache) >= 8:
+            if len(cache) >= KEEP_SHAPES:
                 cache.pop(next(iter(cache)))
             cache[key] = b
         return b
@@ -282,7 +285,7 @@ class Winograd:
         b = cache.get(key)
         if b is None:
             b = {"v": np.empty((16, c, n * th * tw), self.dtype), "mm": np.empty((16, self.m, n * th * tw), self.dtype)}
-            if len(cache) >= 8:
+            if len(cache) >= KEEP_SHAPES:
                 cache.pop(next(iter(cache)))
             cache[key] = b
         width = parallel.threads()
