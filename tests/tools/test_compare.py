@@ -62,7 +62,8 @@ def planted(fresh_host):
     yield fresh_host
 
 
-def _compare(capsys, *args):
+def run_compare(capsys, *args):
+    """``ge compare ARGS --json`` in this process: (exit status, parsed JSON or None, stderr)."""
     capsys.readouterr()
     rc = main(["compare", *map(str, args), "--json"])
     out = capsys.readouterr()
@@ -73,7 +74,7 @@ def test_a_good_model_passes_against_both_references(tmp_path, capsys):
     src = _model(str(tmp_path / "m.onnx"))
     om = ge.compile(src).save(str(tmp_path / "m.om"))
     for ref in ("onnxruntime", "onnx.reference"):
-        rc, r, err = _compare(capsys, om, "--reference", ref, "--batch", 3)
+        rc, r, err = run_compare(capsys, om, "--reference", ref, "--batch", 3)
         assert rc == 0 and r["ok"], (r, err)
         (o,) = r["outputs"]
         assert o["name"] == "y" and o["ok"] and o["max_abs"] < 1e-4
@@ -81,7 +82,7 @@ def test_a_good_model_passes_against_both_references(tmp_path, capsys):
     # the same check by hand: the error compare reports is the one onnxruntime shows
     x = np.random.default_rng(5).standard_normal((2, 8)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    rc, r, _ = _compare(capsys, om, "--input", f"x={tmp_path / 'x.npy'}")
+    rc, r, _ = run_compare(capsys, om, "--input", f"x={tmp_path / 'x.npy'}")
     want = ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     got = ge.load_om(om).run(x)["y"]
     assert r["outputs"][0]["max_abs"] == pytest.approx(float(np.abs(got.astype(np.float64) - want).max()), abs=1e-12)
@@ -90,7 +91,7 @@ def test_a_good_model_passes_against_both_references(tmp_path, capsys):
 def test_planted_kernel_is_found_by_node_and_by_pass(planted, tmp_path, capsys, monkeypatch):
     src = _model(str(tmp_path / "m.onnx"))
     monkeypatch.chdir(tmp_path)
-    rc, r, err = _compare(capsys, src, "--per-node", "--bisect-passes", "--batch", 2)
+    rc, r, err = run_compare(capsys, src, "--per-node", "--bisect-passes", "--batch", 2)
     assert rc == 1 and not r["ok"], err
     assert not r["outputs"][0]["ok"] and r["outputs"][0]["max_abs"] > 1e-3
     first = r["per_node"]["first"]
@@ -119,23 +120,23 @@ def test_planted_kernel_is_found_by_node_and_by_pass(planted, tmp_path, capsys, 
 def test_a_kernel_wrong_without_any_pass_is_sent_to_per_node(fresh_host, tmp_path, capsys):
     fresh_host.register_plugin(planted_plugin("planted_required", required=True), "planted_required")
     src = _model(str(tmp_path / "m.onnx"))
-    rc, r, _ = _compare(capsys, src, "--bisect-passes", "--per-node")
+    rc, r, _ = run_compare(capsys, src, "--bisect-passes", "--per-node")
     assert rc == 1 and r["bisect"]["pass"] is None and "--per-node" in r["bisect"]["verdict"]
     assert r["per_node"]["first"]["node"] == "tanh1"
 
 
 def test_tolerance_decides_and_usage_errors_exit_2(planted, tmp_path, capsys):
     src = _model(str(tmp_path / "m.onnx"))
-    rc, r, _ = _compare(capsys, src, "--rtol", "0.5", "--atol", "0.5")  # 1% off is within 50%
+    rc, r, _ = run_compare(capsys, src, "--rtol", "0.5", "--atol", "0.5")  # 1% off is within 50%
     assert rc == 0 and r["ok"]
-    rc, _, err = _compare(capsys, src, "--rtol", "-1")
+    rc, _, err = run_compare(capsys, src, "--rtol", "-1")
     assert rc == 2 and "--rtol" in err
-    rc, _, err = _compare(capsys, src, "--input", "nope=x.npy")
+    rc, _, err = run_compare(capsys, src, "--input", "nope=x.npy")
     assert rc == 2 and "'nope'" in err
-    rc, _, err = _compare(capsys, str(tmp_path / "missing.onnx"))
+    rc, _, err = run_compare(capsys, str(tmp_path / "missing.onnx"))
     assert rc == 2 and "does not exist" in err
     np.save(tmp_path / "ints.npy", np.ones((2, 8), np.int64))
-    rc, _, err = _compare(capsys, src, "--input", f"x={tmp_path / 'ints.npy'}")
+    rc, _, err = run_compare(capsys, src, "--input", f"x={tmp_path / 'ints.npy'}")
     assert rc == 2 and "input 'x' has dtype int64, the model expects float32" in err
 
 
@@ -161,9 +162,9 @@ def test_an_om_whose_source_is_gone_asks_for_source(tmp_path, capsys):
     om = ge.compile(src).save(str(tmp_path / "m.om"))
     moved = tmp_path / "moved.onnx"
     os.replace(src, moved)
-    rc, _, err = _compare(capsys, om)
+    rc, _, err = run_compare(capsys, om)
     assert rc == 2 and "--source" in err
-    rc, r, _ = _compare(capsys, om, "--source", moved)
+    rc, r, _ = run_compare(capsys, om, "--source", moved)
     assert rc == 0 and r["ok"] and r["source"] == str(moved)
     capsys.readouterr()
     assert main(["bench", om, "--against", "onnxruntime", "--runs", "2"]) == 2

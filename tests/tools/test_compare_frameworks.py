@@ -3,7 +3,6 @@ SavedModel through its signature, a Keras file, a .pt2 program read without unpi
 output max abs/rel error, exit status 1 for a planted divergence (a test plugin's pass that
 swaps every Tanh for a kernel 1% off) naming the output, 2 for usage errors."""
 
-import json
 import os
 import warnings
 
@@ -13,6 +12,7 @@ import pytest
 import ge_core as ge
 from ge_core.cli import main
 from ge_sdk import Plugin, same_as_input
+from tests.tools.test_compare import run_compare
 
 tf = pytest.importorskip("tensorflow")  # the [tensorflow] extra, in dev
 torch = pytest.importorskip("torch")
@@ -39,13 +39,6 @@ def planted(fresh_host):
     plugin.graph_pass("plant_bad_tanh_everywhere", stage="optimize", opt_level=0)(_swap_tanh)
     fresh_host.register_plugin(plugin, "planted_tanh")
     yield fresh_host
-
-
-def _compare(capsys, *args):
-    capsys.readouterr()
-    rc = main(["compare", *map(str, args), "--json"])
-    out = capsys.readouterr()
-    return rc, (json.loads(out.out) if out.out.strip() else None), out.err
 
 
 class _Net(tf.Module):
@@ -80,7 +73,7 @@ def _x(batch=3):
 
 def test_a_saved_model_passes_and_the_error_is_tensorflows(tf_models, tmp_path, capsys):
     np.save(tmp_path / "x.npy", _x())
-    rc, r, err = _compare(capsys, tf_models["saved"], "--reference", "tensorflow", "--input", f"x={tmp_path / 'x.npy'}")
+    rc, r, err = run_compare(capsys, tf_models["saved"], "--reference", "tensorflow", "--input", f"x={tmp_path / 'x.npy'}")
     assert rc == 0 and r["ok"] and r["reference"] == "tensorflow", err
     assert sorted(o["name"] for o in r["outputs"]) == ["s", "y"]
     # the reported error is the one against TensorFlow itself, on the same input
@@ -92,15 +85,15 @@ def test_a_saved_model_passes_and_the_error_is_tensorflows(tf_models, tmp_path, 
 
 
 def test_a_keras_file_and_an_om_of_it(tf_models, tmp_path, capsys):
-    rc, r, err = _compare(capsys, tf_models["keras"], "--reference", "tensorflow", "--batch", 2)
+    rc, r, err = run_compare(capsys, tf_models["keras"], "--reference", "tensorflow", "--batch", 2)
     assert rc == 0 and r["ok"] and len(r["outputs"]) == 1 and r["outputs"][0]["max_abs"] < 1e-4, err
     om = ge.compile(tf_models["keras"]).save(str(tmp_path / "k.om"))  # the .om remembers its source
-    rc, r, err = _compare(capsys, om, "--reference", "tensorflow", "--batch", 2)
+    rc, r, err = run_compare(capsys, om, "--reference", "tensorflow", "--batch", 2)
     assert rc == 0 and r["ok"] and r["source"] == tf_models["keras"], err
 
 
 def test_a_planted_divergence_fails_against_tensorflow_naming_the_outputs(planted, tf_models, capsys):
-    rc, r, err = _compare(capsys, tf_models["saved"], "--reference", "tensorflow", "--batch", 2)
+    rc, r, err = run_compare(capsys, tf_models["saved"], "--reference", "tensorflow", "--batch", 2)
     assert rc == 1 and not r["ok"], err
     bad = {o["name"]: o for o in r["outputs"]}
     assert not bad["y"]["ok"] and not bad["s"]["ok"] and bad["s"]["max_rel"] > 1e-3
@@ -139,7 +132,7 @@ def test_a_pt2_program_passes_and_the_error_is_torchs(pt2, tmp_path, capsys, mon
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "y.npy", y)
     model = ge.compile(path)
-    rc, r, err = _compare(capsys, path, "--reference", "torch", "--input", f"{model.input_names[0]}={tmp_path / 'x.npy'}",
+    rc, r, err = run_compare(capsys, path, "--reference", "torch", "--input", f"{model.input_names[0]}={tmp_path / 'x.npy'}",
                           f"{model.input_names[1]}={tmp_path / 'y.npy'}")
     assert rc == 0 and r["ok"] and r["reference"] == "torch" and len(r["outputs"]) == 2, err
     with torch.no_grad():
@@ -152,14 +145,14 @@ def test_a_pt2_program_passes_and_the_error_is_torchs(pt2, tmp_path, capsys, mon
 
 def test_torch_divergences_fail_naming_the_outputs(planted, pt2, capsys):
     path, _ = pt2
-    rc, r, err = _compare(capsys, path, "--reference", "torch")
+    rc, r, err = run_compare(capsys, path, "--reference", "torch")
     assert rc == 1 and not r["ok"], err
     assert [o["ok"] for o in r["outputs"]] == [False, False]  # both outputs read the bad tanh
 
 
 def test_zero_tolerance_fails_on_float_differences(pt2, capsys):
     path, _ = pt2
-    rc, r, _ = _compare(capsys, path, "--reference", "torch", "--rtol", 0, "--atol", 0)
+    rc, r, _ = run_compare(capsys, path, "--reference", "torch", "--rtol", 0, "--atol", 0)
     bad = [o for o in r["outputs"] if not o["ok"]]
     assert rc == 1 and bad and all(0 < o["max_abs"] < 1e-4 for o in bad)
     capsys.readouterr()
@@ -169,14 +162,14 @@ def test_zero_tolerance_fails_on_float_differences(pt2, capsys):
 
 
 def test_usage_errors_exit_2(tf_models, pt2, tmp_path, capsys):
-    rc, _, err = _compare(capsys, tf_models["saved"], "--reference", "tensorflow", "--per-node")
+    rc, _, err = run_compare(capsys, tf_models["saved"], "--reference", "tensorflow", "--per-node")
     assert rc == 2 and "--per-node" in err and "onnxruntime" in err
     om = ge.compile(pt2[0]).save(str(tmp_path / "m.om"))
     os.replace(pt2[0], str(tmp_path / "moved.pt2"))
     try:
-        rc, _, err = _compare(capsys, om, "--reference", "torch")
+        rc, _, err = run_compare(capsys, om, "--reference", "torch")
         assert rc == 2 and "--source" in err
-        rc, r, err = _compare(capsys, om, "--reference", "torch", "--source", tmp_path / "moved.pt2")
+        rc, r, err = run_compare(capsys, om, "--reference", "torch", "--source", tmp_path / "moved.pt2")
         assert rc == 0 and r["ok"], err
     finally:
         os.replace(str(tmp_path / "moved.pt2"), pt2[0])
