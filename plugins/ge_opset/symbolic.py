@@ -31,9 +31,12 @@ from ge_core.ir import symbolic as S
 from ge_core.ir.graph import Node, Value
 from ge_core.ir.types import TensorType
 from ge_core.ops import INFERRED_META
+from ge_sdk.onnx_types import ELEM_TYPES
 
 from .infer import onnx_infer
 
+#: ONNX element types a Cast keeps shape data through (the project's one dtype table).
+_INT_ELEMS = frozenset(ELEM_TYPES[n] for n in ("int32", "int64", "uint32", "uint64"))
 #: Integer tensors up to this many elements carry shape data.
 DATA_LIMIT = 64
 #: An end/start at or past this is "to the end" (INT64_MAX and the like).
@@ -188,7 +191,7 @@ def _d_identity(node, ins):
     if d is None:
         return _clear_data(node)
     to = node.attrs.get("to")
-    if node.op_type == "Cast" and to not in (6, 7, 12, 13):  # int32/int64/uint32/uint64 only
+    if node.op_type == "Cast" and to not in _INT_ELEMS:  # to an integer type only
         return _clear_data(node)
     _set(node, d[0], d[1])
 

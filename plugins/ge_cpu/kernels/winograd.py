@@ -219,6 +219,7 @@ class Winograd:
         # with groups: (16, group, M / group, C / group), the products (16 * group GEMMs) batched
         self.u = u if self.group == 1 else u.reshape(16, self.group, self.m // self.group, self.c // self.group)
         self._local = threading.local()
+        self._last_bias: tuple[Any, np.ndarray] | None = None
         self._native = native_transforms(self.dtype) if compiled else None  # built now, not on the first run
 
     @property
@@ -226,28 +227,36 @@ class Winograd:
         """True when the transforms run compiled (else in NumPy)."""
         return self._native is not None
 
-    def _buffers(self, n: int, h: int, wd: int, pads: tuple[int, int, int, int]):
-        key = (n, h, wd, pads)
+    def _cached(self, key: tuple, make) -> dict:
+        """This thread's buffers for ``key`` (made by ``make()`` on first use; the last
+        :data:`KEEP_SHAPES` kept)."""
         cache = getattr(self._local, "cache", None)
         if cache is None:
             cache = self._local.cache = {}
         b = cache.get(key)
         if b is None:
-            pt, pl, pb, pr = pads
-            oh, ow = h + pt + pb - 2, wd + pl + pr - 2
-            th, tw = (oh + 1) // 2, (ow + 1) // 2
-            dt = self.dtype
-            xp = np.zeros((self.c, n, 2 * th + 2, 2 * tw + 2), dt)  # the borders stay zero: only the inside is written
-            b = {"oh": oh, "ow": ow, "th": th, "tw": tw, "xp": xp,
-                 "t": np.empty((4, 4, self.c, n, th, tw), dt),
-                 "v": np.empty((16, self.c, n * th * tw), dt),
-                 "mm": np.empty((16, self.m, n * th * tw), dt),
-                 "s": np.empty((2, 4, self.m, n, th, tw), dt),
-                 "y": np.empty((n, self.m, 2 * th, 2 * tw), dt)}
+            b = make()
             if len(cache) >= KEEP_SHAPES:
                 cache.pop(next(iter(cache)))
             cache[key] = b
         return b
+
+    def _buffers(self, n: int, h: int, wd: int, pads: tuple[int, int, int, int]) -> dict:
+        pt, pl, pb, pr = pads
+        oh, ow = h + pt + pb - 2, wd + pl + pr - 2
+        th, tw = (oh + 1) // 2, (ow + 1) // 2
+        dt = self.dtype
+
+        def make() -> dict:
+            return {"oh": oh, "ow": ow, "th": th, "tw": tw,
+                    "xp": np.zeros((self.c, n, 2 * th + 2, 2 * tw + 2), dt),  # borders stay zero: only the inside is written
+                    "t": np.empty((4, 4, self.c, n, th, tw), dt),
+                    "v": np.empty((16, self.c, n * th * tw), dt),
+                    "mm": np.empty((16, self.m, n * th * tw), dt),
+                    "s": np.empty((2, 4, self.m, n, th, tw), dt),
+                    "y": np.empty((n, self.m, 2 * th, 2 * tw), dt)}
+
+        return self._cached(("numpy", n, h, wd, pads), make)
 
     def run(self, x: np.ndarray, pads: tuple[int, int, int, int], out: np.ndarray | None = None,
             bias: np.ndarray | None = None) -> np.ndarray:
@@ -264,6 +273,15 @@ class Winograd:
             y += bias.reshape((self.m, 1, 1)).astype(y.dtype, copy=False)
         return y
 
+    def _bias(self, bias: np.ndarray) -> np.ndarray:
+        """``bias`` as the output transform reads it (converted once for a constant bias)."""
+        last = self._last_bias
+        if last is not None and last[0] is bias:
+            return last[1]
+        bb = np.ascontiguousarray(np.asarray(bias).reshape(-1), dtype=self.dtype)
+        self._last_bias = (bias, bb)
+        return bb
+
     def _products(self, v: np.ndarray, mm: np.ndarray) -> None:
         """mm = U V: 16 GEMMs (M x C) @ (C x tiles), or 16 per group."""
         g = self.group
@@ -278,22 +296,14 @@ class Winograd:
         n, c, h, wd = x.shape
         oh, ow = h + pads[0] + pads[2] - 2, wd + pads[1] + pads[3] - 2
         th, tw = (oh + 1) // 2, (ow + 1) // 2
-        key = ("native", n, th, tw)
-        cache = getattr(self._local, "cache", None)
-        if cache is None:
-            cache = self._local.cache = {}
-        b = cache.get(key)
-        if b is None:
-            b = {"v": np.empty((16, c, n * th * tw), self.dtype), "mm": np.empty((16, self.m, n * th * tw), self.dtype)}
-            if len(cache) >= KEEP_SHAPES:
-                cache.pop(next(iter(cache)))
-            cache[key] = b
+        b = self._cached(("native", n, th, tw), lambda: {"v": np.empty((16, c, n * th * tw), self.dtype),
+                                                         "mm": np.empty((16, self.m, n * th * tw), self.dtype)})
         width = parallel.threads()
         fin, fout = fns
         fin(x, b["v"], n, c, h, wd, pads[0], pads[1], th, tw, width)
         self._products(b["v"], b["mm"])
         y = out if out is not None else np.empty((n, self.m, oh, ow), self.dtype)
-        bb = None if bias is None else np.ascontiguousarray(np.asarray(bias).reshape(-1), dtype=self.dtype)
+        bb = None if bias is None else self._bias(bias)
         fout(b["mm"], y, bb, n, self.m, oh, ow, width)
         return y
 
