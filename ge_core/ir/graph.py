@@ -17,7 +17,6 @@ subgraph may read values of enclosing graphs.
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -219,6 +218,53 @@ class Node:
         return f"<Node {self.name}: {self.qualified_op}>"
 
 
+class NameScope:
+    """The one authority for a set of names: the value names of a graph and its subgraphs
+    (``graph.names``) or the node names of one graph (``graph.node_names``).
+
+    ``fresh(base)`` is a free name (``base`` itself, else ``base_1``, ``base_2``, ...) that it
+    does not reserve: a caller passes it on to ``add_constant``, ``add_input`` or ``add_node``,
+    which ``claim`` it. ``new(base)`` reserves a fresh name at once. ``name in scope`` asks
+    whether a name is taken.
+    """
+
+    def __init__(self, what: str, graph: Graph) -> None:
+        self.what = what
+        self._graph = graph
+        self._used: set[str] = set()
+        self._next: dict[str, int] = {}  # where the search for a free base_N goes on
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._used
+
+    def fresh(self, base: str = "v") -> str:
+        """A name not taken (``base`` if it is free), not reserved."""
+        base = base or "v"
+        if base not in self._used:
+            return base
+        i = self._next.get(base, 1)
+        while f"{base}_{i}" in self._used:
+            i += 1
+        self._next[base] = i
+        return f"{base}_{i}"
+
+    def claim(self, name: str) -> str:
+        """Reserve ``name`` itself; a :class:`GraphError` if it is taken."""
+        if name in self._used:
+            raise GraphError(f"graph '{self._graph.name}': {self.what} name '{name}' is already used",
+                             hint="names must be unique")
+        self._used.add(name)
+        return name
+
+    def new(self, base: str = "v") -> str:
+        """Reserve and return a fresh name."""
+        return self.claim(self.fresh(base))
+
+    def release(self, name: str) -> None:
+        """Free ``name`` (its value or node left the graph)."""
+        self._used.discard(name)
+
+
 class Graph:
     """An ordered, verified-on-demand dataflow graph.
 
@@ -239,68 +285,27 @@ class Graph:
         self._head: Node | None = None
         self._tail: Node | None = None
         self._len = 0
-        self._names: set[str] = set()
-        self._node_names: set[str] = set()
-        self._counter = itertools.count()
+        self._value_names = NameScope("value", self)
+        #: Node names, unique within this graph.
+        self.node_names = NameScope("node", self)
         self._insert_point: tuple[str, Node | None] = ("end", None)
         self.opset_imports: dict[str, int] = {} if parent is None else parent.opset_imports
         self.metadata: dict[str, Any] = {}
 
     # -- names -----------------------------------------------------------------------------
-    def _root_names(self) -> set[str]:
+    @property
+    def names(self) -> NameScope:
+        """The value names of this graph, its enclosing graphs and the subgraphs inside them:
+        one :class:`NameScope`, the root graph's (a body may read an outer value by name)."""
         g = self
         while g.parent is not None:
             g = g.parent
-        return g._names
-
-    def unique_name(self, base: str = "v") -> str:
-        """A value name not yet used in this graph (or its enclosing graphs)."""
-        names = self._root_names()
-        base = base or "v"
-        if base not in names:
-            names.add(base)
-            return base
-        while True:
-            cand = f"{base}_{next(self._counter)}"
-            if cand not in names:
-                names.add(cand)
-                return cand
-
-    def name_in_use(self, name: str) -> bool:
-        """True if a value of this graph or an enclosing/enclosed graph is called ``name``."""
-        return name in self._root_names()
-
-    def fresh_name(self, base: str = "v") -> str:
-        """A name not in use (``base`` itself if free), without reserving it."""
-        names = self._root_names()
-        if base and base not in names:
-            return base
-        i = 1
-        while f"{base}_{i}" in names:
-            i += 1
-        return f"{base}_{i}"
-
-    def _claim_name(self, name: str) -> str:
-        names = self._root_names()
-        if name in names:
-            raise GraphError(f"graph '{self.name}': value name '{name}' is already used", hint="names must be unique")
-        names.add(name)
-        return name
-
-    def _unique_node_name(self, base: str) -> str:
-        if base not in self._node_names:
-            self._node_names.add(base)
-            return base
-        while True:
-            cand = f"{base}_{next(self._counter)}"
-            if cand not in self._node_names:
-                self._node_names.add(cand)
-                return cand
+        return g._value_names
 
     # -- inputs, outputs, constants ----------------------------------------------------------
     def add_input(self, name: str, type: TensorType | None = None, *, default: np.ndarray | None = None) -> Value:
         """Add a graph input; one with a ``default`` may be left out of the feeds."""
-        v = Value(self._claim_name(name), type, graph=self)
+        v = Value(self.names.claim(name), type, graph=self)
         self.inputs.append(v)
         self._input_set.add(v)
         if default is not None:
@@ -310,7 +315,7 @@ class Graph:
     def add_constant(self, array: np.ndarray, name: str | None = None) -> Value:
         """Add a constant (initializer) value holding ``array``."""
         array = np.asarray(array) if not isinstance(array, np.ndarray) else array
-        nm = self._claim_name(name) if name else self.unique_name("const")
+        nm = self.names.claim(name) if name else self.names.new("const")
         v = Value(nm, TensorType.of(array), const_value=array, graph=self)
         self.constants[nm] = v
         return v
@@ -319,17 +324,17 @@ class Graph:
         if v.has_uses() or v.is_graph_output:
             raise GraphError(f"constant '{v.name}' is still used and cannot be removed")
         self.constants.pop(v.name, None)
-        self._root_names().discard(v.name)
+        self.names.release(v.name)
         v.graph = None
 
     def add_output(self, v: Value) -> None:
         if v in self._output_set:
             # The same value twice as output: route the second through an Identity.
-            v = self.add_node("Identity", [v], name=self.unique_name("output_copy")).output
+            v = self.add_node("Identity", [v], name="output_copy").output
         elif v.graph is not self:
             # A body returning an outer value directly: an Identity in the body reads it as a
             # capture, so liveness, dead-code removal and memory plans see the read.
-            v = self.add_node("Identity", [v], name=self.unique_name("output_capture")).output
+            v = self.add_node("Identity", [v], name="output_capture").output
         self.outputs.append(v)
         self._output_set[v] = None
 
@@ -341,22 +346,25 @@ class Graph:
 
     def _replace_output(self, old: Value, new: Value) -> None:
         if new.is_graph_input or new.is_constant or new in self._output_set or new.graph is not self:
-            ident = self.add_node("Identity", [new], name=self.unique_name("output_keep"), after=new.producer)
+            ident = self.add_node("Identity", [new], name="output_keep", after=new.producer)
             new = ident.output
         old_name = old.name
-        self.rename_value(old, self.unique_name(old_name + "_replaced"))
+        self.rename_value(old, self.names.fresh(old_name + "_replaced"))
         self.rename_value(new, old_name)
         self.outputs = [new if o is old else o for o in self.outputs]
         self._output_set = dict.fromkeys(self.outputs)
 
     def rename_value(self, v: Value, name: str) -> None:
-        names = self._root_names()
-        names.discard(v.name)
+        """Give ``v`` the name ``name`` (a :class:`GraphError` if another value has it)."""
+        if name == v.name:
+            return
+        names = self.names
+        names.claim(name)
+        names.release(v.name)
         if v.is_constant and v.name in self.constants:
             del self.constants[v.name]
             self.constants[name] = v
         v.name = name
-        names.add(name)
 
     # -- nodes -------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -439,12 +447,12 @@ class Graph:
         Position: ``before``/``after`` if given, else the current ``inserting_*`` point, else
         the end of the graph.
         """
-        node_name = self._unique_node_name(name or op_type.lower())
+        node_name = self.node_names.new(name or op_type.lower())
         if output_names is not None:
-            outs = [Value(self._claim_name(n), graph=self) for n in output_names]
+            outs = [Value(self.names.claim(n), graph=self) for n in output_names]
         else:
             outs = [
-                Value(self.unique_name(f"{node_name}_out{i}" if num_outputs > 1 else node_name), graph=self)
+                Value(self.names.new(f"{node_name}_out{i}" if num_outputs > 1 else node_name), graph=self)
                 for i in range(num_outputs)
             ]
         if output_types is not None:
@@ -549,10 +557,10 @@ class Graph:
         # keep node._next so that an iterator standing on this node can continue
         node._erased = True
         node.graph = None
-        self._node_names.discard(node.name)
-        names = self._root_names()
+        self.node_names.release(node.name)
+        names = self.names
         for v in node.outputs:
-            names.discard(v.name)
+            names.release(v.name)
         self._len -= 1
 
     def move_before(self, node: Node, anchor: Node) -> None:

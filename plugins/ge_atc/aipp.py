@@ -221,7 +221,7 @@ def _insert(graph: Graph, x: Value, b: dict[str, Any], layout: str, ops) -> None
         return nd.output
 
     def const(a: Any, dtype: Any = np.float32) -> Value:
-        return graph.add_constant(np.asarray(a, dtype=dtype), graph.fresh_name(f"aipp_{x.name}_c"))
+        return graph.add_constant(np.asarray(a, dtype=dtype), graph.names.fresh(f"aipp_{x.name}_c"))
 
     v = x
     if fmt == "YUV420SP_U8":  # to YUV 4:4:4: each U,V pair covers 2x2 pixels
@@ -294,8 +294,8 @@ def _fold_into_conv(graph: Graph, conv, mean: np.ndarray, scale: np.ndarray) -> 
     bias_in = conv.inputs[2] if len(conv.inputs) > 2 else None
     b = np.zeros(w.shape[0]) if bias_in is None else np.asarray(bias_in.const_value, np.float64)
     b2 = b - (ws * mean[None, :, None, None]).sum(axis=(1, 2, 3))
-    conv.set_input(1, graph.add_constant(ws.astype(np.float32), graph.fresh_name(f"{conv.name}_aipp_w")))
-    nb = graph.add_constant(b2.astype(np.float32), graph.fresh_name(f"{conv.name}_aipp_b"))
+    conv.set_input(1, graph.add_constant(ws.astype(np.float32), graph.names.fresh(f"{conv.name}_aipp_w")))
+    nb = graph.add_constant(b2.astype(np.float32), graph.names.fresh(f"{conv.name}_aipp_b"))
     if bias_in is None:
         conv.add_input(nb)
     else:

@@ -126,7 +126,7 @@ def _inline(graph: Graph, node: Node, body: Graph) -> bool:
     mapping: dict[Value, Value] = {}
     for c in body.constants.values():
         if c.const_value is not None:
-            mapping[c] = graph.add_constant(c.const_value, graph.fresh_name(c.name))
+            mapping[c] = graph.add_constant(c.const_value, graph.names.fresh(c.name))
     for bn in body_nodes:
         ins = [None if v is None else mapping.get(v, v) for v in bn.inputs]
         nn = graph.add_node(bn.op_type, ins, dict(bn.attrs), domain=bn.domain, name=bn.name,

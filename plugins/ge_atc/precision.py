@@ -222,7 +222,7 @@ def _cast_const(graph: Graph, v: Value, users: list[tuple[Node, int]], store: np
     """Store constant ``v`` as ``store`` and give ``users`` a Cast back to ``v``'s dtype, placed
     before the first of them (``index``: node -> position)."""
     arr = np.ascontiguousarray(np.asarray(v.const_value).astype(store))
-    c = graph.add_constant(arr, graph.fresh_name(f"{v.name}_{store.name}"))
+    c = graph.add_constant(arr, graph.names.fresh(f"{v.name}_{store.name}"))
     first = min((u for u, _ in users), key=lambda n: index.get(n, 0))
     orig = np.asarray(v.const_value).dtype.name
     cast = graph.add_node("Cast", [c], {"to": _ELEM[orig]}, name=f"{v.name}_to_{orig}",
@@ -272,7 +272,7 @@ def _force_fp32(graph: Graph, kept: set[Node], table: dict[str, Any]) -> bool:
                 continue
             t32 = TensorType(_FLOAT32, v.type.shape)
             if v.const_value is not None:
-                c = graph.add_constant(np.asarray(v.const_value).astype(np.float32), graph.fresh_name(f"{v.name}_fp32"))
+                c = graph.add_constant(np.asarray(v.const_value).astype(np.float32), graph.names.fresh(f"{v.name}_fp32"))
                 n.set_input(i, c)
                 replaced.append(v)
             else:

@@ -127,8 +127,8 @@ def _bn_constants(graph: Graph, node: Node) -> tuple[Value, Value]:
     b = bias - mean * s
     shape = (-1,) + (1,) * (x.type.rank - 2)
     dt = x.type.dtype
-    return (graph.add_constant(s.reshape(shape).astype(dt), graph.fresh_name("bn_scale")),
-            graph.add_constant(np.asarray(b).reshape(shape).astype(dt), graph.fresh_name("bn_shift")))
+    return (graph.add_constant(s.reshape(shape).astype(dt), graph.names.fresh("bn_scale")),
+            graph.add_constant(np.asarray(b).reshape(shape).astype(dt), graph.names.fresh("bn_shift")))
 
 
 #: Ops that one compiled loop runs several times faster than the cpu backend's NumPy kernel

@@ -189,12 +189,12 @@ class _Builder:
         :meth:`_Scope.claim` before.)
         """
         if main:
-            if graph.name_in_use(want):
+            if want in graph.names:
                 sub = self.sub_values.pop(want, None)
                 if sub is not None and sub.graph is not None:
-                    sub.graph.rename_value(sub, graph.fresh_name(want))
+                    sub.graph.rename_value(sub, graph.names.fresh(want))
             return want
-        return graph.fresh_name(want or "v")
+        return graph.names.fresh(want or "v")
 
     def _track(self, v: Value, main: bool) -> Value:
         if not main:

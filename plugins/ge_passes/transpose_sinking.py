@@ -388,7 +388,7 @@ class _Constants:
     def add(arr: np.ndarray, like: Value, fallback: Graph) -> Value:
         g = like.graph if like.graph is not None else fallback
         base = f"{like.name}_perm"
-        return g.add_constant(arr) if g.name_in_use(base) else g.add_constant(arr, base)
+        return g.add_constant(arr) if base in g.names else g.add_constant(arr, base)
 
 
 @dataclass

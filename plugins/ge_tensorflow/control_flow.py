@@ -183,15 +183,15 @@ def _while(ctx):
     from ge_core.ir.graph import Graph
 
     body = Graph(f"{ctx.name}/body", parent=ctx.graph)
-    body.add_input(body.fresh_name(f"{ctx.name}/iter"), TensorType(np.int64, ()))
-    body.add_input(body.fresh_name(f"{ctx.name}/cond_in"), TensorType(np.bool_, ()))
+    body.add_input(body.names.fresh(f"{ctx.name}/iter"), TensorType(np.int64, ()))
+    body.add_input(body.names.fresh(f"{ctx.name}/cond_in"), TensorType(np.bool_, ()))
     args: list[Any] = []
     for i, v in enumerate(init):
         if i in carried:
             t = ctx.in_type(i)
             sh = shapes[i]
             shape = tuple(sh.as_list()) if sh.rank is not None else None
-            args.append(body.add_input(body.fresh_name(f"{ctx.name}/var{i}"), TensorType(t.dtype, shape)))
+            args.append(body.add_input(body.names.fresh(f"{ctx.name}/var{i}"), TensorType(t.dtype, shape)))
         elif i in outs_lists:
             args.append(outs_lists[i])
         else:
@@ -243,6 +243,6 @@ def _to_bool_scalar_in(graph, v: Value, ctx) -> Value:
     if t.dtype is not None and t.dtype != np.bool_:
         v = graph.add_node("Cast", [v], {"to": 9}, name=f"{ctx.name}/cond_cast").output
     if t.rank:
-        shape = graph.add_constant(np.zeros((0,), dtype=np.int64), graph.fresh_name(f"{ctx.name}/scalar"))
+        shape = graph.add_constant(np.zeros((0,), dtype=np.int64), graph.names.fresh(f"{ctx.name}/scalar"))
         v = graph.add_node("Reshape", [v, shape], name=f"{ctx.name}/cond_scalar").output
     return v

@@ -165,7 +165,7 @@ class NodeContext:
 
     def constant(self, array: Any, dtype: Any = None) -> Value:
         arr = np.asarray(array, dtype=dtype)
-        return self.graph.add_constant(arr, self.graph.fresh_name(f"{self.name}/const"))
+        return self.graph.add_constant(arr, self.graph.names.fresh(f"{self.name}/const"))
 
     def fail(self, message: str) -> None:
         """Refuse a construct the mapper does not handle (UnsupportedOpError)."""
@@ -362,7 +362,7 @@ class Converter:
                         and not v.is_graph_output):
                     want = op.name if j == 0 else f"{op.name}:{j}"
                     v.meta["tf_name"] = t.name
-                    if v.name != want and not graph.name_in_use(want):
+                    if v.name != want and want not in graph.names:
                         graph.rename_value(v, want)
             env[t.name] = v
 
@@ -433,7 +433,7 @@ class Converter:
         become the subgraph's own inputs first. Returns (graph, outputs, subgraph inputs).
         """
         g = Graph(label, parent=parent)
-        own = [g.add_input(g.fresh_name(n), t) for n, t in extra_inputs]
+        own = [g.add_input(g.names.fresh(n), t) for n, t in extra_inputs]
         outs = self.inline_function(fname, args, input_shapes, g, num_outputs)
         return g, outs, own
 

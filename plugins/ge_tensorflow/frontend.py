@@ -420,10 +420,10 @@ def convert_source(src: _Source, options) -> Graph:
         if not isinstance(v, Value):
             raise ModelFileError(f"{src.name}: output '{tname}' is not a tensor the engine can return")
         if v.name != want:
-            if v.producer is not None and v.graph is graph and not v.is_graph_output and not graph.name_in_use(want):
+            if v.producer is not None and v.graph is graph and not v.is_graph_output and want not in graph.names:
                 graph.rename_value(v, want)
             else:
-                nm = want if not graph.name_in_use(want) else graph.fresh_name(want)
+                nm = want if want not in graph.names else graph.names.fresh(want)
                 v = graph.add_node("Identity", [v], name=nm, output_names=[nm]).output
         else:
             v = as_graph_output(graph, v) if v.is_graph_output else v

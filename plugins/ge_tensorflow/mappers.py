@@ -128,7 +128,7 @@ def _identity_n(ctx):
 
 @mapper("Const")
 def _const(ctx):
-    return ctx.graph.add_constant(np.asarray(ctx.attr("value")), ctx.graph.fresh_name(ctx.name))
+    return ctx.graph.add_constant(np.asarray(ctx.attr("value")), ctx.graph.names.fresh(ctx.name))
 
 
 # ------------------------------------------------------------------------------------------

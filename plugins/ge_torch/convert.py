@@ -252,7 +252,7 @@ class MapContext:
     # -- IR side --------------------------------------------------------------------------
     def const(self, array: Any, dtype: Any = None, name: str | None = None) -> Value:
         arr = np.asarray(array, dtype=dtype)
-        return self.graph.add_constant(arr, self.graph.fresh_name(name or "const"))
+        return self.graph.add_constant(arr, self.graph.names.fresh(name or "const"))
 
     def value(self, arg: Any, dtype: Any = None) -> Value:
         """An IR value for an FX argument (node, Python scalar, list of ints), cast to ``dtype``."""
@@ -428,21 +428,21 @@ class Converter:
                 user_i += 1
                 m: Any = node.meta.get("val")
                 if i in const_user_inputs:
-                    env[node] = g.add_constant(tensor_to_numpy(const_user_inputs[i]), g.fresh_name(_clean(node.name)))
+                    env[node] = g.add_constant(tensor_to_numpy(const_user_inputs[i]), g.names.fresh(_clean(node.name)))
                     continue
                 if not _is_tensor(m):
                     env[node] = m if isinstance(m, (int, float, bool)) else None
                     continue
                 want = input_names[i] if input_names is not None and i < len(input_names) else node.name
                 t = TensorType(np_dtype(m.dtype), tuple(self.dim(d) for d in m.shape))
-                env[node] = g.add_input(g.fresh_name(_clean(want)), t)
+                env[node] = g.add_input(g.names.fresh(_clean(want)), t)
             elif kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
                 assert spec is not None
                 tgt = spec.target
                 tensor = state.get(tgt) if tgt in state else constants.get(tgt)
                 if tensor is None:
                     raise ModelFileError(f"{self.source}: the exported program has no tensor for '{tgt}'")
-                env[node] = g.add_constant(tensor_to_numpy(tensor), g.fresh_name(_clean(tgt)))
+                env[node] = g.add_constant(tensor_to_numpy(tensor), g.names.fresh(_clean(tgt)))
             else:
                 raise UnsupportedOpError(f"{self.source}: exported input '{node.name}' of kind {kind.name} is not supported")
         out_node = next(n for n in gm.graph.nodes if n.op == "output")
@@ -460,7 +460,7 @@ class Converter:
             v = env.get(arg, arg) if _is_fx_node(arg) else arg
             if isinstance(v, Value):
                 if v.is_graph_input or v.is_constant or v in outs:
-                    v = g.add_node("Identity", [v], name=g.fresh_name("output")).output
+                    v = g.add_node("Identity", [v], name=g.names.fresh("output")).output
                 m = arg.meta.get("val") if _is_fx_node(arg) else None
                 if _is_tensor(m):  # declared output type, symbolic dims named as the inputs'
                     v.type = TensorType(np_dtype(m.dtype), tuple(self.dim(d) for d in m.shape))
@@ -472,7 +472,7 @@ class Converter:
         # user-facing output names
         for i, v in enumerate(outs):
             want = "output" if len(outs) == 1 else f"output_{i}"
-            if v.name != want and not g.name_in_use(want):
+            if v.name != want and want not in g.names:
                 g.rename_value(v, want)
         return g, plan
 
@@ -491,9 +491,9 @@ class Converter:
         for arg in flat:
             v = env.get(arg) if _is_fx_node(arg) else arg
             if not isinstance(v, Value):
-                v = body.add_constant(np.asarray(v), body.fresh_name("branch_const"))
+                v = body.add_constant(np.asarray(v), body.names.fresh("branch_const"))
             if v.graph is not body or v.is_constant or v in outs:
-                v = body.add_node("Identity", [v], name=body.fresh_name(f"{label}_out")).output
+                v = body.add_node("Identity", [v], name=body.names.fresh(f"{label}_out")).output
             outs.append(v)
         body.set_outputs(outs)
         return body

@@ -129,6 +129,29 @@ def test_duplicate_value_names_rejected():
         g.add_input("x")
 
 
+def test_one_name_scope_for_a_graph_and_its_subgraphs():
+    g = Graph()
+    x = g.add_input("x")
+    body = Graph("body", parent=g)
+    assert body.names is g.names  # a body may read an outer value by name: one scope
+    assert "x" in body.names and g.names.fresh("x") == "x_1" and "x_1" not in g.names  # fresh reserves nothing
+    with pytest.raises(GraphError, match="value name 'x' is already used"):
+        body.add_input("x")
+    c = body.add_constant(np.zeros(1, np.float32), body.names.fresh("x"))
+    assert c.name == "x_1" and g.names.fresh("x") == "x_2" and g.names.new("x") == "x_2"
+    # node names are per graph; a removed node frees its node name and its outputs' names
+    a = g.add_node("Relu", [x], name="r")
+    b = g.add_node("Relu", [a.output], name="r")
+    assert (a.name, b.name) == ("r", "r_1") and b.output.name == "r_1" and "r" in g.node_names
+    g.remove_node(b)
+    assert "r_1" not in g.node_names and "r_1" not in g.names
+    assert g.add_node("Relu", [a.output], name="r").name == "r_1"
+    g.rename_value(a.output, "y")
+    assert "r" not in g.names and "y" in g.names
+    with pytest.raises(GraphError, match="already used"):
+        g.rename_value(a.output, "x")
+
+
 def test_symbolic_dims_and_types():
     t = TensorType("float32", (1, "N", -1, None))
     assert t.shape == (1, "N", None, None) and not t.is_static and t.numel is None

@@ -59,7 +59,7 @@ def _perturb(op, index):
         for n in graph.nodes:
             if n.qualified_op == op:
                 w = n.inputs[index]
-                n.set_input(index, graph.add_constant(w.const_value + np.float32(0.05), graph.fresh_name("planted")))
+                n.set_input(index, graph.add_constant(w.const_value + np.float32(0.05), graph.names.fresh("planted")))
                 return True
         return False
 

@@ -220,7 +220,7 @@ class Rewriter:
         g = like.graph if like is not None and like.graph is not None else self.graph
         if like is None:
             return g.add_constant(array)
-        return g.add_constant(array, g.fresh_name(f"{like.name}_const"))
+        return g.add_constant(array, g.names.fresh(f"{like.name}_const"))
 
     def add_node(self, op_type: str, inputs: Sequence[Value | None], attrs: dict[str, Any] | None = None, *,
                  before: Node, like: Value | None = None, output_type: TensorType | None = None) -> Node:
@@ -282,7 +282,7 @@ class Rewriter:
 
     def const(self, array: Any, name: str | None = None) -> Value:
         """Add a constant."""
-        return self.graph.add_constant(np.asarray(array), self.graph.fresh_name(name or "const"))
+        return self.graph.add_constant(np.asarray(array), self.graph.names.fresh(name or "const"))
 
     def rollback(self) -> None:
         """Remove the nodes the current replacement made (it failed or declined)."""
