@@ -48,8 +48,12 @@ STAGES = ("prepare", "optimize", "fuse", "schedule")
 class PassResult:
     """What one run of a pass did.
 
-    ``changed``: whether the graph changed (a fixed-point stage repeats while a pass of it
-    changes the graph). ``stats``: counts for the compile report's record of the run
+    ``changed``: whether the graph changed. ``rerun``: when it changed, the passes of its stage
+    that should run again. ``None`` (the default) asks for every pass of a fixed-point stage and
+    for none in another; a tuple names passes (``()``: none, the pass reached its own fixed
+    point). A pass asked for runs later in the same round when it comes after the asking pass,
+    else in the next round (so a pass runs again only when the graph changed since its last run);
+    a name the pipeline leaves out is skipped. ``stats``: counts for the compile report's record of the run
     (``report["passes"][i]["stats"]``, zero counts left out). The pass manager fills
     ``seconds`` (the timing instrument) and, for a pass that failed and was rolled back,
     ``error``. A result is true when the graph changed, as the bool it replaces.
@@ -57,6 +61,7 @@ class PassResult:
 
     changed: bool = False
     stats: dict[str, Any] = field(default_factory=dict)
+    rerun: tuple[str, ...] | None = None
     seconds: float = 0.0
     error: str | None = None
 
@@ -550,22 +555,38 @@ class PassManager:
         for ins in instruments:
             self._call(ins, "before_pipeline", graph, ctx)
         for stage in self.stages:
-            if not stage.passes:
-                continue
-            iterations = stage.max_iterations if stage.fixed_point else 1
-            for it in range(iterations):
-                changed_any = False
-                for p in stage.passes:
-                    graph, changed = self._run_one(p, stage.name, graph, ctx, it, instruments)
-                    changed_any |= changed
-                if not changed_any:
-                    break
+            graph = self._run_stage(stage, graph, ctx, instruments)
         for ins in reversed(instruments):
             self._call(ins, "after_pipeline", graph, ctx)
         return graph
 
+    def _run_stage(self, stage: StagePlan, graph: Graph, ctx: PassContext, instruments: list[PassInstrument]) -> Graph:
+        """The first round runs every pass of the stage, a later one the passes asked for in the
+        round before (:attr:`PassResult.rerun`), in stage order; at most ``max_iterations`` rounds."""
+        index = {p.name: i for i, p in enumerate(stage.passes)}
+        every = set(range(len(stage.passes)))
+        now = set(every)
+        for it in range(stage.max_iterations):
+            later: set[int] = set()
+            for i, p in enumerate(stage.passes):
+                if i not in now:
+                    continue
+                graph, result = self._run_one(p, stage.name, graph, ctx, it, instruments)
+                if not result.changed:
+                    continue
+                if result.rerun is None:
+                    asked = every if stage.fixed_point else set()
+                else:
+                    asked = {index[n] for n in result.rerun if n in index}
+                now |= {j for j in asked if j > i}
+                later |= {j for j in asked if j <= i}
+            if not later:
+                break
+            now = later
+        return graph
+
     def _run_one(self, p: Pass, stage: str, graph: Graph, ctx: PassContext, iteration: int,
-                 instruments: list[PassInstrument]) -> tuple[Graph, bool]:
+                 instruments: list[PassInstrument]) -> tuple[Graph, PassResult]:
         pctx = self._context(p, stage, ctx, iteration)
         entered: list[PassInstrument] = []
         result: PassResult | None = None
@@ -587,7 +608,7 @@ class PassManager:
                 self._call(entered.pop(), "after_pass", p, graph, pctx, result)
         self.records.append(PassRecord(p.name, stage, result.seconds, result.changed, len(graph), iteration,
                                        result.error, dict(result.stats)))
-        return graph, result.changed
+        return graph, result
 
     def _context(self, p: Pass, stage: str, ctx: PassContext, iteration: int) -> PassContext:
         """The pass's own context: its parameters (checked against those it has) and which run it is."""
@@ -627,10 +648,22 @@ class PassManager:
                 hint="this is a bug in the pass; disable it with disabled_passes to go on",
             ) from e
         try:
-            return PassResult.of(value)
+            result = PassResult.of(value)
         except TypeError as e:
             raise PassError(f"{who} (stage {stage}) {e}{self._history()}",
                             hint="a pass returns a PassResult or whether it changed the graph") from None
+        if result.rerun is not None:
+            rerun = result.rerun
+            known = ctx.registries.passes if ctx.registries is not None else None
+            if not isinstance(rerun, (tuple, list)) or not all(isinstance(n, str) for n in rerun):
+                raise PassError(f"{who} (stage {stage}) asks to re-run {rerun!r}, not a tuple of pass names")
+            unknown = [n for n in rerun if known is not None and n not in known]
+            if unknown:
+                raise PassError(f"{who} (stage {stage}) asks to re-run unknown pass '{unknown[0]}'"
+                                f"{close_matches(unknown[0], list(known or ()))}",
+                                hint="PassResult.rerun names registered passes")
+            result.rerun = tuple(rerun)
+        return result
 
     def _call(self, ins: PassInstrument, method: str, *args: Any) -> None:
         """One instrument call. A GEError fails the pass it is about; anything else a plugin's

@@ -125,6 +125,73 @@ def test_the_one_conversion():
         run_stage(Garbage())
 
 
+def _logging_pass(name, log, changes=0, rerun=None):
+    """A pass that records its runs and says it changed the graph its first ``changes`` times."""
+
+    class P(Pass):
+        def run(self, graph, ctx):
+            log.append((name, ctx.iteration))
+            done = sum(1 for n, _ in log if n == name)
+            return PassResult(done <= changes, rerun=rerun)
+
+    P.name, P.stage = name, "optimize"
+    return P()
+
+
+def _rounds(fixed_point, specs):
+    log = []
+    passes = [_logging_pass(n, log, c, r) for n, c, r in specs]
+    PassManager([StagePlan("optimize", passes, fixed_point=fixed_point)]).run(chain(), PassContext(CompileOptions(), None))
+    return log
+
+
+def test_a_pass_says_what_it_wants_re_run():
+    # fixed point, no rerun named: a change re-runs every pass that ran before it (those after it
+    # see the change in the same round)
+    assert _rounds(True, [("a", 1, None), ("b", 0, None), ("c", 0, None)]) == [
+        ("a", 0), ("b", 0), ("c", 0), ("a", 1)]
+    assert _rounds(True, [("a", 0, None), ("b", 1, None), ("c", 0, None)]) == [
+        ("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1)]
+    # a change that names what it wants: only that, an earlier pass in the next round
+    assert _rounds(True, [("a", 0, None), ("b", 0, None), ("c", 1, ("a",))]) == [
+        ("a", 0), ("b", 0), ("c", 0), ("a", 1)]
+    # rerun=(): changed, but nothing to re-run (the pass reached its own fixed point)
+    assert _rounds(True, [("a", 2, ()), ("b", 0, None)]) == [("a", 0), ("b", 0)]
+    # a later pass asked for runs in the same round; a pass the pipeline leaves out is skipped
+    assert _rounds(True, [("a", 1, ("c", "t_returns_bool")), ("b", 0, None), ("c", 0, None)]) == [
+        ("a", 0), ("b", 0), ("c", 0)]
+    # in a stage that is no fixed point, a change re-runs nothing unless named; a named earlier
+    # pass runs once more, and one that asks for itself repeats until it stops changing
+    assert _rounds(False, [("a", 0, None), ("b", 1, None)]) == [("a", 0), ("b", 0)]
+    assert _rounds(False, [("a", 0, None), ("b", 1, ("a",))]) == [("a", 0), ("b", 0), ("a", 1)]
+    assert _rounds(False, [("a", 2, ("a",)), ("b", 0, None)]) == [("a", 0), ("b", 0), ("a", 1), ("a", 2)]
+    # bounded: a pass that always changes and asks for itself stops at max_iterations
+    assert len(_rounds(False, [("a", 99, ("a",))])) == StagePlan("optimize", []).max_iterations
+
+
+def test_a_rerun_of_an_unknown_pass_is_the_pass_s_bug(fresh_host):
+    class AsksNonsense(Pass):
+        name, stage, opt_level = "t_asks_nonsense", "optimize", 0
+
+        def run(self, graph, ctx):
+            return PassResult(drop_identities(graph) > 0, rerun=self.rerun)
+
+    class Plug:
+        @hookimpl
+        def ge_register_passes(self, register):
+            register(AsksNonsense())
+
+    fresh_host.register_plugin(Plug(), "t_rerun_plugin")
+    for bad, msg in ((("dcee",), r"asks to re-run unknown pass 'dcee' \(did you mean: dce"),
+                     ("dce", "asks to re-run 'dce', not a tuple of pass names")):
+        AsksNonsense.rerun = bad
+        with pytest.raises(GEError, match=msg):
+            ge.compile(chain(), {"opt_level": 0, "strict_passes": True})
+    AsksNonsense.rerun = ("dce",)
+    model = ge.compile(chain(), {"opt_level": 0})
+    assert model.report["op_counts"] == {"Relu": 1}
+
+
 def test_the_context_is_typed():
     ctx = PassContext({"constant_folding": False}, None)
     assert isinstance(ctx.options, CompileOptions) and ctx.options.constant_folding is False
