@@ -32,7 +32,7 @@ def _onnxruntime(source: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndar
 def measure(source: str, opts: dict[str, Any], model) -> dict[str, Any]:
     """The accuracy table of ``model`` (built from ``source`` with ``opts``) against float32."""
     import ge_core as ge
-    from ge_core.inputs import random_inputs
+    from ge_sdk.inputs import random_inputs
 
     feeds = {k: v for k, v in random_inputs(model.graph, 0).items()
              if k in model.input_names and model.graph.inputs[model.input_names.index(k)].default is None}

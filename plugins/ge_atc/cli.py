@@ -15,8 +15,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ge_core.cli import compile_with_progress, guard, write_json_atomic
 from ge_core.errors import OptionError, UnsupportedOpError
+from ge_sdk.cli import compile_with_progress, guard, write_json_atomic
 
 from .flags import IGNORED, IMPLEMENTED, REFUSED, all_ignored, ignored_note
 

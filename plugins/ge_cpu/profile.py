@@ -105,7 +105,7 @@ def configure(p) -> None:
 def _feed(spec: str) -> tuple[str, np.ndarray]:
     """``NAME=FILE.npy`` of ``--input``: the name and the array, read as ``ge run`` reads it."""
     from ge_core.errors import InputError
-    from ge_core.inputs import read_feed_file
+    from ge_sdk.inputs import read_feed_file
 
     name, sep, path = spec.partition("=")
     if not sep or not name:
@@ -115,7 +115,7 @@ def _feed(spec: str) -> tuple[str, np.ndarray]:
 
 def run(args) -> int:
     import ge_core as ge
-    from ge_core.cli import random_feeds, write_json_atomic
+    from ge_sdk.cli import random_feeds, write_json_atomic
 
     model = ge.load_om(args.model)
     feeds = dict(_feed(s) for s in args.input or [])

@@ -54,7 +54,7 @@ class Opened:
 
 
 def compile_options(args: argparse.Namespace, **more: Any) -> dict[str, Any]:
-    from ge_core.cli import parse_kv
+    from ge_sdk.cli import parse_kv
 
     opts: dict[str, Any] = {}
     if getattr(args, "config", None):
@@ -85,7 +85,7 @@ def open_model(args: argparse.Namespace, *, threads: int | None = None, quiet: b
     import time
 
     import ge_core as ge
-    from ge_core.cli import compile_with_progress, log_stages
+    from ge_sdk.cli import compile_with_progress, log_stages
 
     path = os.fspath(args.model)
     t0 = time.perf_counter()
@@ -105,7 +105,7 @@ def open_model(args: argparse.Namespace, *, threads: int | None = None, quiet: b
 
 def symbolic_dims(model, args: argparse.Namespace) -> dict[str, int]:
     """Sizes of symbolic dims from ``--batch`` (the first symbolic dim of the inputs) and ``--dim``."""
-    from ge_core.cli import parse_kv
+    from ge_sdk.cli import parse_kv
 
     dims: dict[str, int] = {}
     for k, v in parse_kv(getattr(args, "dim", None), "--dim").items():
@@ -129,8 +129,8 @@ def symbolic_dims(model, args: argparse.Namespace) -> dict[str, int]:
 def make_feeds(model, args: argparse.Namespace) -> dict[str, np.ndarray]:
     """Feeds from ``--input`` files, the rest random (seeded): shapes from ``--input-shape``,
     symbolic dims from ``--batch``/``--dim`` and the files' shapes, other symbolic dims 1."""
-    from ge_core.cli import random_input_shapes
-    from ge_core.inputs import random_inputs, read_feed_file
+    from ge_sdk.cli import random_input_shapes
+    from ge_sdk.inputs import random_inputs, read_feed_file
 
     feeds: dict[str, np.ndarray] = {}
     names = set(model.input_names)

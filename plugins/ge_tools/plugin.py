@@ -1,4 +1,5 @@
-"""Hook implementations of the ``ge_tools`` plugin: the ``bench``, ``compare`` and ``export`` commands."""
+"""Hook implementations of the ``ge_tools`` plugin: the ``compile``, ``run``, ``inspect``, ``bench``,
+``compare`` and ``export`` commands."""
 
 from __future__ import annotations
 
@@ -7,27 +8,33 @@ import importlib
 
 from ge_core.hookspecs import hookimpl
 
+#: (command, module of ge_tools, the suffix of its configure/run functions, help)
 _COMMANDS = (
-    ("bench", "time a model (.om, or a source model compiled first): warm-up, latency percentiles, "
-              "throughput, the cold first run apart; optionally beside onnxruntime"),
-    ("compare", "check a model's outputs against a reference (onnxruntime, onnx.reference, or the source's "
-                "own framework: tensorflow, torch); "
-                "--per-node names the first diverging node, --bisect-passes the first diverging pass"),
-    ("export", "write a compiled .om as ONNX (fused ops in the custom domain ge.fused) for Netron"),
+    ("compile", "commands", "_compile", "compile a model file to an .om"),
+    ("run", "commands", "_run", "run an .om on inputs (random ones if none are given)"),
+    ("inspect", "commands", "_inspect", "describe an .om file"),
+    ("bench", "bench", "", "time a model (.om, or a source model compiled first): warm-up, latency percentiles, "
+                           "throughput, the cold first run apart; optionally beside onnxruntime"),
+    ("compare", "compare", "", "check a model's outputs against a reference (onnxruntime, onnx.reference, or the "
+                               "source's own framework: tensorflow, torch); "
+                               "--per-node names the first diverging node, --bisect-passes the first diverging pass"),
+    ("export", "export", "", "write a compiled .om as ONNX (fused ops in the custom domain ge.fused) for Netron"),
 )
 
 
-def _command(name: str):
+def _command(module: str, suffix: str):
+    """``configure`` and ``run`` that import ``ge_tools.<module>`` only when the command is used."""
+
     def configure(p: argparse.ArgumentParser) -> None:
-        importlib.import_module(f"ge_tools.{name}").configure(p)
+        getattr(importlib.import_module(f"ge_tools.{module}"), "configure" + suffix)(p)
 
     def run(args: argparse.Namespace) -> int:
-        return importlib.import_module(f"ge_tools.{name}").run(args)
+        return getattr(importlib.import_module(f"ge_tools.{module}"), "run" + suffix)(args)
 
     return configure, run
 
 
 @hookimpl
 def ge_register_cli_commands(register):
-    for name, help_text in _COMMANDS:
-        register(name, help_text, *_command(name))
+    for name, module, suffix, help_text in _COMMANDS:
+        register(name, help_text, *_command(module, suffix))

@@ -36,8 +36,8 @@ def _configure_viz(p: argparse.ArgumentParser) -> None:
 
 def _run_viz(args: argparse.Namespace) -> int:
     import ge_core as ge
-    from ge_core.cli import parse_kv
 
+    from .cli import parse_kv
     from .viz import render
 
     path = args.model

@@ -103,7 +103,7 @@ def count_ops(graph: Graph) -> collections.Counter:
 
 def random_inputs(graph: Graph, seed: int = 0, dims: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
     """Random feeds for the graph's inputs; symbolic or unknown dims take ``dims[name]`` or 2."""
-    from ge_core.inputs import random_inputs as _random
+    from .inputs import random_inputs as _random
 
     return _random(graph, seed, dims, default_dim=2, strict=True)
 

@@ -482,7 +482,7 @@ def clashing_outputs() -> ge.Graph:
 
 
 def test_output_file_names_are_unique_and_deterministic():
-    from ge_core.cli import output_file_names
+    from ge_sdk.cli import output_file_names
 
     names = ["a/b", "a_b", "A_b", "a:b", "", "ok", "a_b_2", "é"]
     got = output_file_names(names)

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 
 import ge_core as ge
 from ge_core.errors import InputError, OptionError
-from ge_core.inputs import input_shapes, random_inputs
+from ge_sdk.inputs import input_shapes, random_inputs
 from tests.e2e.test_cli import assert_clean_error
 from tests.e2e.test_cli import ge as ge_cli
 
@@ -79,7 +79,7 @@ def test_run_with_input_shape_matches_onnxruntime(shared, tmp_path):
     info = json.loads(r.stdout)["outputs"]
     assert info["out"]["shape"] == [2, 3]
     # y's batch followed x's: the same random feeds made in-process, checked against onnxruntime
-    from ge_core.cli import random_feeds
+    from ge_sdk.cli import random_feeds
 
     feeds = random_feeds(ge.load_om(om), 3, {"x": (2, 3, 8, 8)}, strict=True)
     assert feeds["x"].shape == (2, 3, 8, 8) and feeds["y"].shape == (2, 3)
@@ -161,7 +161,7 @@ def test_bench_takes_input_shape(shared, capsys):
 
 
 # ------------------------------------------------------------------------------------------------
-# the API: ge_core.inputs
+# the API: ge_sdk.inputs
 # ------------------------------------------------------------------------------------------------
 def test_input_shapes_api():
     g = ge.load(_shared_batch_model())

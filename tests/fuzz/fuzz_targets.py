@@ -1885,7 +1885,7 @@ class CodegenTarget(Target):
         model = ge.load_om(self.path)
         self._check_source(getattr(model.executable, "source", "") or "", ctx)
         if rng.random() < 0.6:
-            from ge_core.cli import random_feeds
+            from ge_sdk.cli import random_feeds
 
             model.run(random_feeds(model, 0))
             return "ran"
@@ -2140,7 +2140,7 @@ class Pt2Target(CanaryTarget):
 
         torch.set_num_threads(1)
         import ge_core as ge
-        from ge_core.cli import random_feeds
+        from ge_sdk.cli import random_feeds
 
         with tempfile.TemporaryDirectory() as t:
             for name, data in pt2_seeds():
@@ -2393,7 +2393,7 @@ class Pt2Target(CanaryTarget):
         graph = ge.load(self.path)
         if rng.random() >= self.compile_share:
             return "ok"
-        from ge_core.cli import random_feeds
+        from ge_sdk.cli import random_feeds
 
         model = ge.compile(graph)
         model.run(random_feeds(model, 0))
@@ -2481,7 +2481,7 @@ def _feed_model():
 
 
 class FeedsTarget(CanaryTarget):
-    """``ge_core.inputs.read_feed_file`` on mutated ``.npy`` files (the feeds of ``ge run
+    """``ge_sdk.inputs.read_feed_file`` on mutated ``.npy`` files (the feeds of ``ge run
     --input``); 30% of the arrays read are fed to a tiny compiled model (``model.run``).
 
     Seeds are ``np.save`` files of several dtypes, ranks and orders, version 1.0 and 2.0.
@@ -2496,7 +2496,7 @@ class FeedsTarget(CanaryTarget):
 
     def warm_up(self) -> None:
         import ge_core as ge
-        import ge_core.inputs  # noqa: F401
+        import ge_sdk.inputs  # noqa: F401
 
         m = ge.compile(_feed_model())
         import numpy as np
@@ -2583,7 +2583,7 @@ class FeedsTarget(CanaryTarget):
     def _case(self, rng: random.Random, ctx: dict[str, Any]) -> str:
         import numpy as np
 
-        from ge_core.inputs import read_feed_file
+        from ge_sdk.inputs import read_feed_file
 
         name, data = rng.choice(self.seeds)
         if rng.random() < 0.05:

@@ -189,9 +189,9 @@ def check_loaded(model: Any, ctx: dict[str, Any]) -> None:
 
     import ge_core as ge
     from ge_core.errors import GEError
-    from ge_core.inputs import random_inputs
     from ge_core.model import CompiledModel
     from ge_core.schedule import StreamAssignment
+    from ge_sdk.inputs import random_inputs
 
     feeds = random_inputs(model.graph, 0)
     opts = ge.CompileOptions.from_any({"soc_version": model.options.soc_version, "executor": "sequential"})

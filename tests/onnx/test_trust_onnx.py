@@ -260,7 +260,7 @@ def test_ge_run_keeps_the_default_of_an_input_it_makes_random_feeds_for(tmp_path
     r = subprocess.run([sys.executable, "-m", "ge_core.cli", "run", om, "--output-dir", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    from ge_core.cli import random_feeds
+    from ge_sdk.cli import random_feeds
 
     feeds = random_feeds(ge.load_om(om))
     assert list(feeds) == ["x"]

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from ge_core.errors import InputError
-from ge_core.inputs import read_feed_file
+from ge_sdk.inputs import read_feed_file
 
 
 def _npy(path, arr) -> str:

@@ -31,7 +31,7 @@ CASES = {
     "nested_config": (lambda t: ge.compile(_model(), _nested_config(t)), OptionError),
     "fusion_switch_file": (lambda t: ge.compile(_model(), {"fusion_switch_file": f"{t}/s\0.json"}), OptionError),
     "dump_ir": (lambda t: ge.compile(_model(), {"dump_ir": f"{t}/d\0"}), OptionError),
-    "feed_file": (lambda t: __import__("ge_core.inputs", fromlist=["read_feed_file"]).read_feed_file("x", f"{t}/x\0.npy"),
+    "feed_file": (lambda t: __import__("ge_sdk.inputs", fromlist=["read_feed_file"]).read_feed_file("x", f"{t}/x\0.npy"),
                   InputError),
 }
 

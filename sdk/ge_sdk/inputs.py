@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import GEError, InputError, OptionError
-from .ir.graph import Graph
+from ge_core.errors import GEError, InputError, OptionError
+from ge_core.ir.graph import Graph
 
 #: The largest feed file read (data bytes), and the largest ``.npy`` header (NumPy's own default).
 MAX_FEED_BYTES = 1 << 34
@@ -149,7 +149,7 @@ def input_shapes(graph: Graph, shapes: Mapping[str, Sequence[Any]] | None = None
     given: dict[str, tuple[int, ...]] = {}
     for name, shape in (shapes or {}).items():
         if name not in by_name:
-            from .registry import close_matches
+            from ge_core.registry import close_matches
 
             raise InputError(f"{option} names '{name}', which is not an input of the model{close_matches(name, by_name)}",
                              hint="inputs: " + ", ".join(f"{v.name} {_dims_text(v.type.shape)}" for v in graph.inputs))
