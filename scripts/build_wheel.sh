@@ -33,6 +33,9 @@ else
       --exclude=__pycache__ -cf - . | tar -xf - -C "$work"
 fi
 
+# run the build tools from the copy: in the checkout, a build/ folder (scripts/main.sh writes one)
+# would shadow the `build` package
+cd "$work"
 isolation=()
 if "$py" - <<'EOF' 2>/dev/null
 import sys
