@@ -54,6 +54,11 @@ class KernelCaps:
     mode: str = ""
     #: the kind of kernel: "native", "onnx.reference" (a fallback), or "" (a plugin's own)
     kind: str = ""
+    #: epilogue steps the kernel can apply at its store when called with them as keywords
+    #: (``"addend"``: ``addend=array`` of the output's shape, added first; ``"clip"``:
+    #: ``clip=(lo, hi)``; ``"act"``: ``act=name``, an activation the kernel names); so called it
+    #: returns ``(outputs, applied)``, ``applied`` False when it left them all to the caller
+    epilogue: tuple[str, ...] = ()
 
 
 def caps(kernel: Any) -> KernelCaps:

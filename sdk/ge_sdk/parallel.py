@@ -54,6 +54,12 @@ def threads() -> int:
     return _width.get()
 
 
+def native_width() -> int:
+    """The threads a native kernel may split its work over now: the run's width, 1 on a pool
+    thread (a task of a split job runs inline)."""
+    return 1 if _in_forked_or_pool() else _width.get()
+
+
 def planned_width(spec: Any) -> int:
     """The pool width a kernel built from ``spec`` (a KernelSpec) will run at: the backend
     puts it in ``spec.options["parallel_width"]`` (1 when absent). Kernels that cut their

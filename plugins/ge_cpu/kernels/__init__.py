@@ -51,7 +51,9 @@ def _arrays_out(factory: KernelFactory) -> KernelFactory:
     def build(spec: KernelSpec):
         kernel = factory(spec)
         if caps(kernel).accepts_out:
-            def run_out(*inputs, out=None):
+            def run_out(*inputs, out=None, **epilogue):
+                if epilogue:  # KernelCaps.epilogue: the kernel returns (outputs, applied)
+                    return kernel(*inputs, out=out, **epilogue)
                 if out is not None:
                     return kernel(*inputs, out=out)
                 return tuple(o if type(o) is np.ndarray or type(o) is list or o is None else np.asarray(o)
@@ -62,7 +64,9 @@ def _arrays_out(factory: KernelFactory) -> KernelFactory:
             run_out.__name__ = f"{spec.op_type}_kernel"
             return run_out
 
-        def run(*inputs):
+        def run(*inputs, **epilogue):
+            if epilogue:
+                return kernel(*inputs, **epilogue)
             outs = kernel(*inputs)
             return tuple(o if type(o) is np.ndarray or type(o) is list or o is None else np.asarray(o)
                          for o in outs)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ge_core.kernel import KernelSpec, with_caps
-from ge_sdk import parallel
+from ge_sdk import parallel, sgemm
 
 from ._util import as_str, cast_like, const_input, has_input
 
@@ -28,11 +28,21 @@ def _fits(o: np.ndarray | None, a: np.ndarray, b: np.ndarray) -> np.ndarray | No
 
 
 def matmul_factory(spec: KernelSpec):
-    packed, _ = parallel.pack_for(spec, const_input(spec, 1))
+    w = const_input(spec, 1)
+    # a constant 2-D float32 weight: packed once for GE's own GEMM (ge_sdk.sgemm)
+    panels = sgemm.Panels(w) if w is not None and w.ndim == 2 and w.dtype == np.float32 and sgemm.available() else None
+    packed, _ = parallel.pack_for(spec, w) if panels is None else (None, None)
 
     def kernel(a, b, out=None):
         # the product goes straight into the planned output (no result array, no copy)
         o = None if out is None else out[0]
+        if panels is not None and a.ndim >= 1 and a.dtype == np.float32 and a.shape[-1] == panels.k:
+            shape = a.shape[:-1] + (panels.n,)
+            y = o if o is not None and o.shape == shape and o.dtype == a.dtype and o.flags.c_contiguous \
+                and o.flags.writeable and not np.may_share_memory(o, a) else np.empty(shape, np.float32)
+            if sgemm.matmul_packed(np.ascontiguousarray(a.reshape(-1, panels.k)), panels, y.reshape(-1, panels.n),
+                                   None, None, parallel.native_width()):
+                return (y,)
         if packed is not None and a.ndim >= 1 and a.dtype == packed.dtype and a.shape[-1] == packed.k:
             o = o if o is not None and o.shape == a.shape[:-1] + (packed.n,) and o.dtype == a.dtype \
                 and o.flags.c_contiguous and not np.may_share_memory(o, a) else None
@@ -64,10 +74,27 @@ def gemm_factory(spec: KernelSpec):
     if c_const is not None and beta != 1.0:
         c_const = c_const * c_const.dtype.type(beta)
     beta_run = 1.0 if c_const is not None else beta
-    packed, bias = parallel.pack_for(spec, b_const, c_const) if not trans_a else (None, None)
+    # a constant float32 weight: packed once for GE's own GEMM (ge_sdk.sgemm), a bias row added
+    # at its store
+    panels, panel_bias = None, None
+    if not trans_a and b_const is not None and b_const.ndim == 2 and b_const.dtype == np.float32 and sgemm.available():
+        panels = sgemm.Panels(np.ascontiguousarray(b_const))
+        if c_const is None or (c_const.dtype == np.float32 and c_const.size == panels.n
+                               and c_const.shape[-1] == panels.n):
+            panel_bias = None if c_const is None else np.ascontiguousarray(c_const.reshape(panels.n))
+        else:
+            panels = None
+    packed, bias = parallel.pack_for(spec, b_const, c_const) if not trans_a and panels is None else (None, None)
 
     def kernel(a, b, c=None, out=None):
         o = None if out is None else out[0]
+        if panels is not None and a.dtype == np.float32 and a.ndim == 2 and a.shape[1] == panels.k \
+                and (c is None or c_const is not None):
+            shape = (a.shape[0], panels.n)
+            y = o if o is not None and o.shape == shape and o.dtype == a.dtype and o.flags.c_contiguous \
+                and o.flags.writeable and not np.may_share_memory(o, a) else np.empty(shape, np.float32)
+            if sgemm.matmul_packed(np.ascontiguousarray(a), panels, y, panel_bias, None, parallel.native_width()):
+                return (y,)
         if packed is not None and a.dtype == packed.dtype and a.ndim == 2 and a.shape[1] == packed.k and \
                 (c_const is None or bias is not None) and (c is None or c_const is not None):
             o = o if o is not None and o.shape == (a.shape[0], packed.n) and o.dtype == a.dtype \

@@ -20,7 +20,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ge_core.kernel import KernelSpec, with_caps
-from ge_sdk import native, parallel
+from ge_sdk import native, parallel, sgemm
 from ge_sdk.jit import enabled as jit_enabled
 
 from . import _window, winograd
@@ -162,6 +162,46 @@ class _PlanCache:
 _COLS_BLOCK = 1 << 24
 
 
+def _pointwise_sgemm(wk, xs, b, out, shape, epi=None):
+    """A 1x1 convolution (or an im2col column matrix) as ``W @ X`` per image on GE's own GEMM
+    (:mod:`ge_sdk.sgemm`: the activation packed by the call; the bias and the caller's epilogue
+    ``epi`` -- an addend, a clip, an activation: :class:`ge_core.kernel.KernelCaps` -- applied
+    at the store), written into the planned output; None when that path does not run these
+    arrays (the caller's BLAS form runs)."""
+    if xs.dtype != np.float32 or wk.dtype != np.float32 or not xs.flags.c_contiguous or not sgemm.available():
+        return None
+    bias = None
+    if b is not None:
+        bias = np.asarray(b)
+        if bias.dtype != np.float32 or bias.size != shape[1]:
+            return None
+        bias = np.ascontiguousarray(bias.reshape(-1))
+    n, m = shape[:2]
+    clip, z3 = None, None
+    if epi is not None:
+        clip, z = epi["clip"], epi["addend"]
+        if z is not None:
+            if z.dtype != np.float32 or z.shape != shape or not z.flags.c_contiguous:
+                return None
+            z3 = z.reshape(n, m, -1)
+    target = _out_target(out, shape, np.float32)
+    if z3 is not None and np.shares_memory(target, z3):
+        target = np.empty(shape, np.float32)
+    t3 = target.reshape(n, m, -1)
+    width = parallel.native_width()
+    for i in range(n):
+        if not sgemm.matmul_rows(wk[0], xs[i], t3[i], bias, clip, width, None if z3 is None else z3[i],
+                                 None if epi is None else epi["act"]):
+            return None
+    if epi is not None:
+        epi["applied"] = True
+    if out is not None:
+        if target is not out[0]:
+            np.copyto(out[0], target)
+        return out
+    return (target,)
+
+
 @_reg("Conv")
 def conv_factory(spec: KernelSpec):
     auto_pad = _auto_pad(spec)
@@ -213,6 +253,8 @@ def conv_factory(spec: KernelSpec):
     if use_loop and w_const is not None:
         _window.prepare("conv", math.prod(w_const.shape[2:]), in_dtype(spec, 0))  # built now, not on the first run
     loop_w: dict = {}  # constant weights as (M, taps) and bias as (M,) per dtype
+    if in_dtype(spec, 0) == np.float32 and wino is None and not use_loop:
+        sgemm.available()  # GE's GEMM built now (or read from the kernel cache), not on the first run
 
     def _depthwise_loop(x, w, b, out, key):
         """Depthwise conv through the compiled window loop; None when it does not apply."""
@@ -246,7 +288,14 @@ def conv_factory(spec: KernelSpec):
             return out
         return (target,)
 
-    def kernel(x, w, b=None, out=None):
+    def kernel(x, w, b=None, out=None, *, clip=None, addend=None, act=None):
+        if clip is None and addend is None and act is None:
+            return conv(x, w, b, out)
+        epi = {"clip": clip, "addend": addend, "act": act, "applied": False}
+        res = conv(x, w, b, out, epi)
+        return res, epi["applied"]
+
+    def conv(x, w, b=None, out=None, epi=None):
         if b_const is not None:
             b = b_const
         n, c = x.shape[:2]
@@ -275,6 +324,9 @@ def conv_factory(spec: KernelSpec):
             if any(si != 1 for si in strides):
                 xs = x[(slice(None), slice(None)) + tuple(slice(None, None, si) for si in strides)]
             xs = xs.reshape(n, group, cg, p) if group > 1 else xs.reshape(n, cg, p)
+            done = _pointwise_sgemm(wk, xs, b, out, (n, m) + tuple(out_sp), epi) if group == 1 else None
+            if done is not None:
+                return done
             if out is not None and group == 1:
                 y = parallel.matmul(wk[0], xs, out=out[0].reshape(n, m, p))
             else:
@@ -297,6 +349,9 @@ def conv_factory(spec: KernelSpec):
             step = max(1, _COLS_BLOCK // max(1, n * c * math.prod(k) * row_p))
             if step >= rows:
                 cols = v.transpose(perm).reshape(n, group, kdim, p)
+                done = _pointwise_sgemm(wk, cols[:, 0], b, out, (n, m) + tuple(out_sp), epi) if group == 1 else None
+                if done is not None:
+                    return done
                 if group > 1 and n == 1:
                     y = parallel.matmul(wk, cols[0])[None]  # a task per group on the run's threads
                 elif group > 1:
@@ -395,6 +450,7 @@ def conv_factory(spec: KernelSpec):
         with_caps(kernel, accepts_out=True)
     if wino is not None:
         with_caps(kernel, mode="winograd")  # the report's kernel_modes count the layers
+    with_caps(kernel, epilogue=("clip", "addend", "act"))  # applied by the GEMM paths on GE's own GEMM
     return kernel
 
 

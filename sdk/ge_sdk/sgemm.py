@@ -1,0 +1,359 @@
+"""GE's own float32 GEMM: AVX-512 register tiles, a constant operand packed once, epilogue at the store.
+
+BLAS (OpenBLAS here) packs *both* operands of every call into its own blocked buffers before it
+multiplies. For inference one operand is a constant weight, and the products are small enough
+(a transformer's ``(128, 768) @ (768, 3072)``, a 1x1 convolution's ``(320, 960) @ (960, 49)``)
+that this copying is a fifth of the time. This kernel skips it:
+
+- ``C = A @ B`` with ``B`` a constant ``(k, n)`` matrix packed at build time into panels of 32
+  columns (:class:`Panels`, one ``(k, 32)`` block each, zero-padded), ``A`` read in place (its
+  values broadcast from memory): the transformer's ``x @ W``;
+- ``C = A @ B`` with ``A`` a constant matrix read in place and ``B`` an activation packed into
+  panels by the call (a copy of ``B``, a few percent of the product): the 1x1 convolution's
+  ``W @ X`` on an NCHW activation;
+- a 12 x 32 tile of ``C`` stays in 24 vector registers for the whole of ``k`` and is stored
+  once, with its epilogue applied there: a bias per column (a linear layer) or per row (a
+  convolution's channels), an addend of the output's shape (a residual), then a clip (``ReLU``
+  is ``[0, inf)``, ``ReLU6`` ``[0, 6]``) and an activation (sigmoid, SiLU, GELU, HardSwish: the
+  native prelude's vectorised math on the tile while it is in registers' reach), as
+  onnxruntime's FusedConv orders them.
+
+The tasks are blocks of rows times groups of panels, claimed one at a time on the native pool
+(:func:`ge_sdk.native` ``ge_parallel``). Each element of ``C`` is one chain of fused
+multiply-adds in the order of ``k`` whatever the split, so a product has the same bits at every
+thread count. Every entry checks its arrays (dtype, C order, sizes) before it runs.
+
+:func:`available` says whether the path runs here: the native kernels build and the compiler
+targets AVX-512 (``-march=native`` on a CPU with AVX-512F); elsewhere callers keep their BLAS
+path. ``GE_NATIVE_SGEMM=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from . import native
+from .jit import enabled as jit_enabled
+
+#: columns of a panel and rows of a register tile (the C source's SG_NR / SG_MR)
+NR, MR = 32, 12
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+
+_SRC = r"""
+#include <immintrin.h>
+#include <stdlib.h>
+#define SG_NR 32
+#define SG_MR 12
+#define SG_MC 96
+
+static int64_t sg_isa(void) {
+#if defined(__AVX512F__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static PyObject *sg_ok(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (ge_nargs(n, 0)) return NULL;
+    return PyLong_FromLongLong(sg_isa());
+}
+
+typedef struct {
+    const float *a; int64_t lda;         /* A (m, k): a[r * lda + kk] */
+    const float *b;                      /* B packed: panel p (k, 32) at b + p * k * 32 */
+    float *c; int64_t ldc;
+    int64_t m, n, k;
+    const float *bias; int64_t bias_kind; /* 0 none, 1 per column (n values), 2 per row (m values) */
+    const float *z; int64_t has_z;        /* an addend of C's shape (a residual), or none */
+    int64_t clip; float lo, hi;
+    int64_t act;                          /* then 0 none, 1 sigmoid, 2 silu, 3 gelu, 4 gelu (tanh), 5 hardswish */
+    int64_t row_blocks, groups, per_group, panels;
+} sg_ctx;
+
+/* the activation of one tile row, in place (loops the compiler vectorises: the prelude's math) */
+static void sg_act(float *t, int64_t act) {
+    if (act == 1) { for (int j = 0; j < SG_NR; j++) t[j] = 1.0f / (1.0f + exp32(-t[j])); }
+    else if (act == 2) { for (int j = 0; j < SG_NR; j++) t[j] = t[j] / (1.0f + exp32(-t[j])); }
+    else if (act == 3) { for (int j = 0; j < SG_NR; j++) t[j] = 0.5f * t[j] * (1.0f + erf32(t[j] * 0.70710678118654752f)); }
+    else if (act == 4) {
+        for (int j = 0; j < SG_NR; j++) {
+            float x = t[j];
+            t[j] = 0.5f * x * (1.0f + tanh32(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+        }
+    }
+    else if (act == 5) {
+        for (int j = 0; j < SG_NR; j++) {
+            float g = t[j] * (1.0f / 6.0f) + 0.5f;
+            g = g > 0.0f ? g : 0.0f;
+            g = g < 1.0f ? g : 1.0f;
+            t[j] = t[j] * g;
+        }
+    }
+}
+
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) void sg_tile(const sg_ctx *q, int mr, int64_t r0, int64_t j0) {
+    __m512 c0[SG_MR], c1[SG_MR];
+    for (int r = 0; r < SG_MR; r++) { c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps(); }
+    int64_t w = q->n - j0 < SG_NR ? q->n - j0 : SG_NR;
+    __mmask16 m0 = w >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << w) - 1u);
+    __mmask16 m1 = w >= 32 ? (__mmask16)0xffff : w <= 16 ? (__mmask16)0 : (__mmask16)((1u << (w - 16)) - 1u);
+    const float *a = q->a + r0 * q->lda;
+    int64_t lda = q->lda, k = q->k;
+    const float *bp = q->b + (j0 / SG_NR) * k * SG_NR;
+    for (int64_t kk = 0; kk < k; kk++) {
+        __m512 b0 = _mm512_loadu_ps(bp + kk * SG_NR), b1 = _mm512_loadu_ps(bp + kk * SG_NR + 16);
+        for (int r = 0; r < SG_MR; r++) {
+            if (r < mr) {
+                __m512 x = _mm512_set1_ps(a[r * lda + kk]);
+                c0[r] = _mm512_fmadd_ps(x, b0, c0[r]);
+                c1[r] = _mm512_fmadd_ps(x, b1, c1[r]);
+            }
+        }
+    }
+    __m512 bc0 = _mm512_setzero_ps(), bc1 = _mm512_setzero_ps();
+    if (q->bias_kind == 1) {
+        bc0 = _mm512_maskz_loadu_ps(m0, q->bias + j0);
+        bc1 = _mm512_maskz_loadu_ps(m1, q->bias + j0 + 16);
+    }
+    __m512 lo = _mm512_set1_ps(q->lo), hi = _mm512_set1_ps(q->hi);
+    for (int r = 0; r < mr; r++) {
+        __m512 y0 = c0[r], y1 = c1[r];
+        if (q->bias_kind == 1) { y0 = _mm512_add_ps(y0, bc0); y1 = _mm512_add_ps(y1, bc1); }
+        else if (q->bias_kind == 2) {
+            __m512 br = _mm512_set1_ps(q->bias[r0 + r]);
+            y0 = _mm512_add_ps(y0, br); y1 = _mm512_add_ps(y1, br);
+        }
+        if (q->has_z) {
+            const float *zr = q->z + (r0 + r) * q->ldc + j0;
+            y0 = _mm512_add_ps(y0, _mm512_maskz_loadu_ps(m0, zr));
+            y1 = _mm512_add_ps(y1, _mm512_maskz_loadu_ps(m1, zr + 16));
+        }
+        if (q->clip) {
+            y0 = _mm512_min_ps(_mm512_max_ps(y0, lo), hi);
+            y1 = _mm512_min_ps(_mm512_max_ps(y1, lo), hi);
+        }
+        float *cr = q->c + (r0 + r) * q->ldc + j0;
+        if (q->act) {
+            float t[SG_NR] __attribute__((aligned(64)));
+            _mm512_store_ps(t, y0);
+            _mm512_store_ps(t + 16, y1);
+            sg_act(t, q->act);
+            y0 = _mm512_load_ps(t);
+            y1 = _mm512_load_ps(t + 16);
+        }
+        _mm512_mask_storeu_ps(cr, m0, y0);
+        _mm512_mask_storeu_ps(cr + 16, m1, y1);
+    }
+}
+
+/* task i: rows [rb * MC, +MC) times panels [g * per_group, +per_group) */
+static void sg_task(void *vc, int64_t i, int slot) {
+    const sg_ctx *q = (const sg_ctx *)vc;
+    (void)slot;
+    int64_t rb = i % q->row_blocks, g = i / q->row_blocks;
+    int64_t r_lo = rb * SG_MC, r_hi = r_lo + SG_MC < q->m ? r_lo + SG_MC : q->m;
+    int64_t p_lo = g * q->per_group, p_hi = p_lo + q->per_group < q->panels ? p_lo + q->per_group : q->panels;
+    for (int64_t p = p_lo; p < p_hi; p++) {
+        for (int64_t r = r_lo; r < r_hi; r += SG_MR) {
+            int64_t mr = r_hi - r < SG_MR ? r_hi - r : SG_MR;
+            if (mr == SG_MR) sg_tile(q, SG_MR, r, p * SG_NR);
+            else sg_tile(q, (int)mr, r, p * SG_NR);
+        }
+    }
+}
+#endif
+
+/* the shared end of both entries: the task grid for `width` threads, then the run */
+static PyObject *sg_run(sg_ctx *q, int64_t width) {
+#if defined(__AVX512F__)
+    q->panels = (q->n + SG_NR - 1) / SG_NR;
+    q->row_blocks = (q->m + SG_MC - 1) / SG_MC;
+    int64_t want = width > 1 ? 4 * width : 1;  /* a few tasks per thread: claimed as threads come free */
+    int64_t groups = want / q->row_blocks;
+    if (groups < 1) groups = 1;
+    if (groups > q->panels) groups = q->panels;
+    q->per_group = (q->panels + groups - 1) / groups;
+    q->groups = (q->panels + q->per_group - 1) / q->per_group;
+    if (q->m > 0 && q->n > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        ge_parallel(sg_task, q, q->row_blocks * q->groups, width);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+#else
+    (void)q; (void)width;
+    PyErr_SetString(PyExc_RuntimeError, "sgemm: built without AVX-512");
+    return NULL;
+#endif
+}
+
+/* the epilogue's arguments, shared by both entries: bias (3; bias_len values when q->bias_kind),
+   lo and hi (6, 7), the addend Z or None (9: m * n values), the activation (10); 0, or -1 with
+   a Python exception */
+static int sg_epilogue(PyObject *const *args, sg_ctx *q, int64_t bias_len) {
+    q->bias = (const float *)ge_arr(args, 3, NPY_FLOAT, 0, q->bias_kind ? bias_len : 0);
+    if (!q->bias) return -1;
+    double lo = PyFloat_AsDouble(args[6]), hi = PyFloat_AsDouble(args[7]);
+    if (PyErr_Occurred()) return -1;
+    q->lo = (float)lo;
+    q->hi = (float)hi;
+    q->z = args[9] == Py_None ? NULL : (const float *)ge_arr(args, 9, NPY_FLOAT, 0, q->m * q->n);
+    if (args[9] != Py_None && !q->z) return -1;
+    q->has_z = q->z != NULL;
+    return ge_int(args, 10, 0, 5, &q->act);
+}
+
+/* C (m, n) = A (m, k) @ panels (P, k, 32) [+ bias per column] [clipped]; the arguments are
+   (A, panels, C, bias, bias_kind 0|1, clip 0|1, lo, hi, threads, Z or None, act 0..5) */
+static PyObject *sg_packed(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    int64_t m, k, mc, nc, kind, clip, width, dims[3];
+    if (ge_nargs(n, 11)) return NULL;
+    if (ge_int(args, 4, 0, 1, &kind) || ge_int(args, 5, 0, 1, &clip) || ge_int(args, 8, 1, 4096, &width)) return NULL;
+    const float *a = (const float *)ge_mat(args, 0, NPY_FLOAT, 0, &m, &k);
+    const float *b = a ? (const float *)ge_nd(args, 1, NPY_FLOAT, 0, 3, dims) : NULL;
+    float *c = b ? (float *)ge_mat(args, 2, NPY_FLOAT, 1, &mc, &nc) : NULL;
+    if (!c) return NULL;
+    if (mc != m || dims[1] != k || dims[2] != SG_NR || dims[0] != (nc + SG_NR - 1) / SG_NR) return ge_fail();
+    sg_ctx q = {a, k, b, c, nc, m, nc, k, NULL, kind, NULL, 0, clip, 0, 0, 0, 0, 0, 0, 0};
+    if (sg_epilogue(args, &q, nc)) return NULL;
+    return sg_run(&q, width);
+}
+
+/* C (m, n) = A (m, k) @ B (k, n) [+ bias per row] [clipped], B read in place; the arguments are
+   (A, B, C, bias, bias_kind 0|2, clip 0|1, lo, hi, threads, Z or None, act 0..5) */
+static PyObject *sg_rows(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    int64_t m, k, kb, nb, mc, nc, kind, clip, width;
+    if (ge_nargs(n, 11)) return NULL;
+    if (ge_int(args, 4, 0, 2, &kind) || ge_int(args, 5, 0, 1, &clip) || ge_int(args, 8, 1, 4096, &width)) return NULL;
+    if (kind == 1) return ge_fail();
+    const float *a = (const float *)ge_mat(args, 0, NPY_FLOAT, 0, &m, &k);
+    const float *b = a ? (const float *)ge_mat(args, 1, NPY_FLOAT, 0, &kb, &nb) : NULL;
+    float *c = b ? (float *)ge_mat(args, 2, NPY_FLOAT, 1, &mc, &nc) : NULL;
+    if (!c) return NULL;
+    if (kb != k || mc != m || nc != nb) return ge_fail();
+    sg_ctx q = {a, k, b, c, nc, m, nc, k, NULL, kind, NULL, 0, clip, 0, 0, 0, 0, 0, 0, 0};
+    if (sg_epilogue(args, &q, m)) return NULL;
+    /* B is an activation: packed here into panels (a copy of B, a small part of the product's
+       time; read in place by rows it ran 3x slower) */
+    int64_t panels = (nb + SG_NR - 1) / SG_NR;
+    float *bp = (float *)malloc((size_t)(panels > 0 ? panels : 1) * (size_t)(k > 0 ? k : 1) * SG_NR * sizeof(float));
+    if (!bp) return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t p = 0; p < panels; p++) {
+        int64_t j0 = p * SG_NR, w = nb - j0 < SG_NR ? nb - j0 : SG_NR;
+        float *dst = bp + p * k * SG_NR;
+        for (int64_t kk = 0; kk < k; kk++) {
+            memcpy(dst + kk * SG_NR, b + kk * nb + j0, (size_t)w * sizeof(float));
+            if (w < SG_NR) memset(dst + kk * SG_NR + w, 0, (size_t)(SG_NR - w) * sizeof(float));
+        }
+    }
+    Py_END_ALLOW_THREADS
+    q.b = bp;
+    PyObject *r = sg_run(&q, width);
+    free(bp);
+    return r;
+}
+"""
+
+_NO_BIAS = np.zeros(1, np.float32)
+
+
+def _mod() -> Any:
+    st = _state.get("mod", False)
+    if st is False:
+        with _lock:
+            st = _state.get("mod", False)
+            if st is False:
+                st = None
+                if jit_enabled("GE_NATIVE_SGEMM") and native.available():
+                    mod = native.build(_SRC, ["sg_ok", "sg_packed", "sg_rows"])
+                    if mod is not None and mod.sg_ok() == 1:
+                        st = mod
+                _state["mod"] = st
+    return st
+
+
+def available() -> bool:
+    """True when this machine runs the kernel (AVX-512F and the native kernels build)."""
+    return _mod() is not None
+
+
+class Panels:
+    """A constant ``(k, n)`` float32 matrix packed into ``ceil(n / 32)`` panels of ``(k, 32)``
+    (the last zero-padded), the operand :func:`matmul_packed` reads."""
+
+    def __init__(self, w: np.ndarray) -> None:
+        if w.ndim != 2 or w.dtype != np.float32:
+            raise ValueError(f"Panels takes a 2-D float32 matrix, not {w.dtype} {w.shape}")
+        self.k, self.n = w.shape
+        p = -(-self.n // NR)
+        padded = np.zeros((self.k, p * NR), np.float32)
+        padded[:, : self.n] = w
+        self.data = np.ascontiguousarray(padded.reshape(self.k, p, NR).transpose(1, 0, 2))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.k, self.n)
+
+
+#: the activations the store applies (after the bias, the addend and the clip)
+ACTIVATIONS = {"sigmoid": 1, "silu": 2, "gelu": 3, "gelu_tanh": 4, "hardswish": 5}
+
+
+def _call(entry: Any, a2: np.ndarray, b: np.ndarray, out2: np.ndarray, bias: np.ndarray | None, bias_len: int,
+          bias_kind: int, clip: tuple[float, float] | None, width: int, addend: np.ndarray | None,
+          act: str | None) -> bool:
+    """Check the epilogue's arguments and call a kernel entry; False (nothing done) when the
+    arrays or arguments do not fit it."""
+    if bias is not None and (bias.dtype != np.float32 or bias.shape != (bias_len,)):
+        return False
+    # a residual addend: a C-contiguous float32 array of the output's size that is not the output
+    if addend is not None and (addend.dtype != np.float32 or addend.size != out2.size
+                               or not addend.flags.c_contiguous or np.shares_memory(addend, out2)):
+        return False
+    if act is not None and act not in ACTIVATIONS:
+        return False
+    lo, hi = (0.0, 0.0) if clip is None else (float(clip[0]), float(clip[1]))
+    try:
+        entry(a2, b, out2, _NO_BIAS if bias is None else bias, bias_kind if bias is not None else 0,
+              int(clip is not None), lo, hi, max(1, int(width)), addend, ACTIVATIONS.get(act or "", 0))
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def matmul_packed(a2: np.ndarray, panels: Panels, out2: np.ndarray, bias: np.ndarray | None = None,
+                  clip: tuple[float, float] | None = None, width: int = 1, addend: np.ndarray | None = None,
+                  act: str | None = None) -> bool:
+    """``out2 = act(clip(a2 @ W + bias + addend))`` for the packed ``W`` (``bias``: ``n`` values
+    or None; ``addend``: an array of ``out2``'s size, or None; ``clip``: ``(lo, hi)`` or None;
+    ``act``: a name of :data:`ACTIVATIONS` or None) on ``width`` threads. False (nothing done)
+    when the path cannot run these arrays: not float32, not C-contiguous, sizes that disagree."""
+    mod = _mod()
+    if mod is None or a2.dtype != np.float32 or out2.dtype != np.float32 or a2.ndim != 2 or out2.ndim != 2:
+        return False
+    if a2.shape[1] != panels.k or out2.shape != (a2.shape[0], panels.n):
+        return False
+    return _call(mod.sg_packed, a2, panels.data, out2, bias, panels.n, 1, clip, width, addend, act)
+
+
+def matmul_rows(a2: np.ndarray, b2: np.ndarray, out2: np.ndarray, bias: np.ndarray | None = None,
+                clip: tuple[float, float] | None = None, width: int = 1, addend: np.ndarray | None = None,
+                act: str | None = None) -> bool:
+    """``out2 = act(clip(a2 @ b2 + bias[:, None] + addend))`` with ``a2`` read in place and
+    ``b2`` packed by the call (``bias``: one value per row of ``a2``, or None), on ``width``
+    threads: a 1x1 convolution's ``W @ X``. False (nothing done) when the path cannot run these
+    arrays."""
+    mod = _mod()
+    if mod is None or a2.dtype != np.float32 or b2.dtype != np.float32 or out2.dtype != np.float32:
+        return False
+    if a2.ndim != 2 or b2.ndim != 2 or out2.shape != (a2.shape[0], b2.shape[1]) or a2.shape[1] != b2.shape[0]:
+        return False
+    return _call(mod.sg_rows, a2, b2, out2, bias, a2.shape[0], 2, clip, width, addend, act)

@@ -1,0 +1,230 @@
+"""GE's own float32 GEMM (ge_sdk.sgemm): odd shapes against float64, its epilogue, the same bits
+at every thread count, what it refuses; and the kernels that use it against onnxruntime."""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import ge_core as ge
+from ge_sdk import parallel, sgemm
+
+# CI's machines (Intel and AMD EPYC) have AVX-512: the kernel must run there
+pytestmark = pytest.mark.skipif(not sgemm.available(), reason="GE's sgemm needs a CPU with AVX-512F")
+
+SHAPES = [(1, 1, 1), (5, 7, 3), (11, 64, 31), (12, 13, 32), (13, 96, 33), (97, 768, 100), (200, 33, 257)]
+
+
+EPS = float(np.finfo(np.float32).eps)
+
+
+def bound(a, b, eps=EPS):
+    """A float32 product's rounding bound: k eps sum |a||b| (plus the epilogue's few ulps)."""
+    return (a.shape[1] + 4) * eps * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))) + 1e-30
+
+
+def gelu(y):
+    import math
+
+    return 0.5 * y * (1 + np.vectorize(math.erf)(y / np.sqrt(2)))
+
+
+ACTS = {None: lambda y: y, "sigmoid": lambda y: 1 / (1 + np.exp(-y)), "silu": lambda y: y / (1 + np.exp(-y)),
+        "gelu": gelu, "gelu_tanh": lambda y: 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3))),
+        "hardswish": lambda y: y * np.clip(y / 6 + 0.5, 0, 1)}
+
+
+def epilogue(y, bias, axis, z, clip, act=None):
+    if bias is not None:
+        y = y + (bias[None, :] if axis == 1 else bias[:, None])
+    if z is not None:
+        y = y + z
+    return ACTS[act](np.clip(y, *clip) if clip is not None else y)
+
+
+@pytest.mark.parametrize("m,k,n", SHAPES)
+@pytest.mark.parametrize("with_bias,with_z,clip", [(False, False, None), (True, False, (0.0, 6.0)),
+                                                    (True, True, (0.0, np.inf)), (False, True, (-0.5, 0.5))])
+def test_packed_and_rows_match_float64_with_their_epilogue(m, k, n, with_bias, with_z, clip):
+    rng = np.random.default_rng(m * 1000 + k + n)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    z = rng.standard_normal((m, n)).astype(np.float32) if with_z else None
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    tol = bound(a, b) + (np.abs(z) * 1e-7 if z is not None else 0)
+
+    bias_n = rng.standard_normal(n).astype(np.float32) if with_bias else None
+    out = np.full((m, n), np.nan, np.float32)
+    assert sgemm.matmul_packed(a, sgemm.Panels(b), out, bias_n, clip, 1, z)
+    want = epilogue(exact, bias_n, 1, z, clip)
+    assert np.all(np.abs(out - want) <= tol), np.max(np.abs(out - want) - tol)
+
+    bias_m = rng.standard_normal(m).astype(np.float32) if with_bias else None
+    out2 = np.full((m, n), np.nan, np.float32)
+    assert sgemm.matmul_rows(a, b, out2, bias_m, clip, 1, z)
+    want2 = epilogue(exact, bias_m, 0, z, clip)
+    assert np.all(np.abs(out2 - want2) <= tol), np.max(np.abs(out2 - want2) - tol)
+
+
+@pytest.mark.parametrize("m,k,n", [(200, 96, 1000), (37, 300, 65), (2048, 64, 49)])
+def test_the_same_bits_at_every_thread_count(m, k, n):
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    panels = sgemm.Panels(b)
+    one = np.empty((m, n), np.float32)
+    assert sgemm.matmul_packed(a, panels, one, width=1)
+    rows_one = np.empty((m, n), np.float32)
+    assert sgemm.matmul_rows(a, b, rows_one, width=1)
+    np.testing.assert_array_equal(rows_one, one)  # one chain of FMAs per element, in the order of k
+    for width in (2, 3, 8):
+        with parallel.use_threads(width):
+            got = np.empty((m, n), np.float32)
+            assert sgemm.matmul_packed(a, panels, got, width=parallel.native_width())
+            np.testing.assert_array_equal(got, one)
+            assert sgemm.matmul_rows(a, b, got, width=parallel.native_width())
+            np.testing.assert_array_equal(got, one)
+
+
+@pytest.mark.parametrize("act", sorted(sgemm.ACTIVATIONS))
+def test_each_activation_at_the_store_matches_float64(act):
+    rng = np.random.default_rng(len(act))
+    m, k, n = 29, 40, 45
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    z = rng.standard_normal((m, n)).astype(np.float32)
+    out = np.empty((m, n), np.float32)
+    assert sgemm.matmul_packed(a, sgemm.Panels(b), out, bias, None, 1, z, act)
+    want = epilogue(a.astype(np.float64) @ b, bias, 1, z, None, act)
+    # the product's rounding, carried through the activation (slope <= 1.2), plus the vector math's ulps
+    tol = 1.2 * bound(a, b) + 4e-6 * (1 + np.abs(want))
+    assert np.all(np.abs(out - want) <= tol), np.max(np.abs(out - want) - tol)
+    out2 = np.empty((m, n), np.float32)
+    assert sgemm.matmul_rows(a, b, out2, None, None, 1, z, act)
+    np.testing.assert_allclose(out2, epilogue(a.astype(np.float64) @ b, None, 1, z, None, act), rtol=1e-4, atol=1e-4)
+    assert not sgemm.matmul_packed(a, sgemm.Panels(b), out, act="mish")  # no such activation: refused
+
+
+def test_what_it_refuses_leaves_the_output_alone():
+    a = np.ones((4, 8), np.float32)
+    b = np.ones((8, 5), np.float32)
+    panels = sgemm.Panels(b)
+    out = np.full((4, 5), 7.0, np.float32)
+    refused = [
+        sgemm.matmul_packed(a.astype(np.float64), panels, out),  # another dtype
+        sgemm.matmul_packed(a[:, :7], panels, out),  # k does not match
+        sgemm.matmul_packed(np.asfortranarray(a), panels, out),  # not C order
+        sgemm.matmul_packed(a, panels, out, bias=np.ones(4, np.float32)),  # a bias of the wrong length
+        sgemm.matmul_packed(a, panels, out, addend=out),  # an addend that is the output
+        sgemm.matmul_packed(a, panels, out, addend=np.ones((4, 4), np.float32)),  # of the wrong size
+        sgemm.matmul_rows(a, b[:, :4], out),  # an output of the wrong shape
+        sgemm.matmul_rows(a, b, out[:, ::-1]),  # an output that is not C order
+        sgemm.matmul_rows(a, b, out, bias=np.ones(5, np.float32)),  # a row bias of the wrong length
+    ]
+    assert not any(refused)
+    assert np.all(out == 7.0)
+    with pytest.raises(ValueError, match="2-D float32"):
+        sgemm.Panels(np.ones((2, 3, 4), np.float32))
+
+
+def _run(model, feeds, threads):
+    return list(ge.compile(ge.load(model), {"threads": threads}).run(feeds).values())[0]
+
+
+def _ort(model, feeds):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def _conv_model(cin, cout, hw, tail, batch=1):
+    rng = np.random.default_rng(cin + cout + hw)
+    inits = [numpy_helper.from_array(rng.standard_normal((cout, cin, 1, 1)).astype(np.float32) * 0.2, "w"),
+             numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32), "b")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, cin, hw, hw])]
+    last = "c"
+    if "add" in tail:
+        inputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [batch, cout, hw, hw]))
+        nodes.append(helper.make_node("Add", [last, "r"], ["s"]))
+        last = "s"
+    if "relu" in tail:
+        nodes.append(helper.make_node("Relu", [last], ["y"]))
+    elif "silu" in tail:
+        nodes += [helper.make_node("Sigmoid", [last], ["sg"]), helper.make_node("Mul", [last, "sg"], ["y"])]
+    elif "sigmoid" in tail:
+        nodes.append(helper.make_node("Sigmoid", [last], ["y"]))
+    elif "hardswish" in tail:
+        nodes.append(helper.make_node("HardSwish", [last], ["y"]))
+    elif "clip" in tail:
+        inits += [numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi")]
+        nodes.append(helper.make_node("Clip", [last, "lo", "hi"], ["y"]))
+    else:
+        nodes.append(helper.make_node("Identity", [last], ["y"]))
+    g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in inputs}
+    return model, feeds
+
+
+@pytest.mark.parametrize("cin,cout,hw,tail,batch", [(16, 96, 23, "clip", 1), (24, 13, 7, "relu", 2),
+                                                    (64, 40, 14, "add relu", 1), (33, 64, 5, "add", 3),
+                                                    (8, 8, 1, "", 1), (40, 24, 9, "silu", 1), (7, 30, 6, "sigmoid", 2),
+                                                    (16, 17, 8, "hardswish", 1)])
+def test_a_pointwise_convolution_with_its_epilogue_matches_onnxruntime(cin, cout, hw, tail, batch, monkeypatch):
+    model, feeds = _conv_model(cin, cout, hw, tail, batch)
+    want = _ort(model, feeds)
+    calls = []
+    real = sgemm.matmul_rows
+    monkeypatch.setattr(sgemm, "matmul_rows", lambda *a, **k: calls.append(a) or real(*a, **k))
+    one = _run(model, feeds, 1)
+    assert len(calls) == batch  # one GEMM per image, on GE's kernel
+    _, _, _, _, clip, _, addend, act = calls[0]
+    # the epilogue went to the store: no pass of its own over the output
+    assert (clip is not None) == ("relu" in tail or "clip" in tail) and (addend is not None) == ("add" in tail)
+    assert act == next((t for t in ("silu", "sigmoid", "hardswish") if t in tail), None)
+    np.testing.assert_allclose(one, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(_run(model, feeds, 2), one)  # the same bits on two threads
+    # without the kernel (a CPU without AVX-512) BLAS and the compiled epilogue give the same result
+    monkeypatch.setattr(sgemm, "available", lambda: False)
+    np.testing.assert_allclose(_run(model, feeds, 1), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op", ["MatMul", "Gemm", "MatMulAdd", "MatMulAddGelu"])
+def test_a_constant_weight_product_runs_on_packed_panels(op, monkeypatch):
+    rng = np.random.default_rng(3)
+    k, n = 48, 70
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")]
+    if op == "MatMul":
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    elif op == "Gemm":
+        inits[0] = numpy_helper.from_array(np.ascontiguousarray(w.T), "w")
+        nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1, alpha=0.5)]
+    elif op == "MatMulAdd":
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])]
+    else:  # the erf GELU as torch.onnx.export writes it
+        inits += [numpy_helper.from_array(np.float32(np.sqrt(2)), "s2"), numpy_helper.from_array(np.float32(1), "one"),
+                  numpy_helper.from_array(np.float32(0.5), "half")]
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["h"]),
+                 helper.make_node("Div", ["h", "s2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+                 helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["h", "e1"], ["p"]),
+                 helper.make_node("Mul", ["p", "half"], ["y"])]
+    shape = [2, 9, k] if op != "Gemm" else [9, k]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
+    calls = []
+    real = sgemm.matmul_packed
+    monkeypatch.setattr(sgemm, "matmul_packed", lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    want = _ort(model, feeds)
+    got = _run(model, feeds, 1)
+    assert calls, "the constant weight's product did not run on GE's kernel"
+    if op == "MatMulAddGelu":  # bias and GELU at the store, one call
+        assert len(calls) == 1 and calls[0][3] is not None and calls[0][7] == "gelu"
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(_run(model, feeds, 2), got)
