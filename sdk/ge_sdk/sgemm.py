@@ -74,6 +74,8 @@ typedef struct {
     int64_t clip; float lo, hi;
     int64_t act;                          /* then 0 none, 1 sigmoid, 2 silu, 3 gelu, 4 gelu (tanh), 5 hardswish */
     int64_t row_blocks, groups, per_group, panels;
+    int64_t cgroups;                      /* a grouped convolution's groups: A, B, C (and a row bias,
+                                             Z) of group g start g * m rows (B: g * panels) on */
 } sg_ctx;
 
 /* the activation of one tile row, in place (loops the compiler vectorises: the prelude's math) */
@@ -155,8 +157,19 @@ static inline __attribute__((always_inline)) void sg_tile(const sg_ctx *q, int m
 
 /* task i: rows [rb * MC, +MC) times panels [g * per_group, +per_group) */
 static void sg_task(void *vc, int64_t i, int slot) {
-    const sg_ctx *q = (const sg_ctx *)vc;
+    const sg_ctx *q0 = (const sg_ctx *)vc;
     (void)slot;
+    int64_t per = q0->row_blocks * q0->groups, cg = i / per;
+    sg_ctx l = *q0;
+    const sg_ctx *q = &l;
+    if (cg > 0) {
+        l.a += cg * l.m * l.lda;
+        l.b += cg * l.panels * l.k * SG_NR;
+        l.c += cg * l.m * l.ldc;
+        if (l.bias_kind == 2) l.bias += cg * l.m;
+        if (l.z) l.z += cg * l.m * l.ldc;
+    }
+    i -= cg * per;
     int64_t rb = i % q->row_blocks, g = i / q->row_blocks;
     int64_t r_lo = rb * SG_MC, r_hi = r_lo + SG_MC < q->m ? r_lo + SG_MC : q->m;
     int64_t p_lo = g * q->per_group, p_hi = p_lo + q->per_group < q->panels ? p_lo + q->per_group : q->panels;
@@ -175,15 +188,16 @@ static PyObject *sg_run(sg_ctx *q, int64_t width) {
 #if defined(__AVX512F__)
     q->panels = (q->n + SG_NR - 1) / SG_NR;
     q->row_blocks = (q->m + SG_MC - 1) / SG_MC;
+    if (q->cgroups < 1) q->cgroups = 1;
     int64_t want = width > 1 ? 4 * width : 1;  /* a few tasks per thread: claimed as threads come free */
-    int64_t groups = want / q->row_blocks;
+    int64_t groups = want / (q->row_blocks * q->cgroups);
     if (groups < 1) groups = 1;
     if (groups > q->panels) groups = q->panels;
     q->per_group = (q->panels + groups - 1) / groups;
     q->groups = (q->panels + q->per_group - 1) / q->per_group;
     if (q->m > 0 && q->n > 0) {
         Py_BEGIN_ALLOW_THREADS
-        ge_parallel(sg_task, q, q->row_blocks * q->groups, width);
+        ge_parallel(sg_task, q, q->cgroups * q->row_blocks * q->groups, width);
         Py_END_ALLOW_THREADS
     }
     Py_RETURN_NONE;
@@ -192,6 +206,20 @@ static PyObject *sg_run(sg_ctx *q, int64_t width) {
     PyErr_SetString(PyExc_RuntimeError, "sgemm: built without AVX-512");
     return NULL;
 #endif
+}
+
+/* the calling thread's scratch buffer of at least `count` floats, or NULL: kept for the thread's
+   next call, it grows to the largest activation the thread packs (the engine's threads live as
+   long as the process) */
+static __thread float *sg_buf = NULL;
+static __thread size_t sg_cap = 0;
+static float *sg_scratch(size_t count) {
+    if (count > sg_cap) {
+        free(sg_buf);
+        sg_buf = (float *)malloc(count * sizeof(float));
+        sg_cap = sg_buf ? count : 0;
+    }
+    return sg_buf;
 }
 
 /* the epilogue's arguments, shared by both entries: bias (3; bias_len values when q->bias_kind),
@@ -221,7 +249,7 @@ static PyObject *sg_packed(PyObject *self, PyObject *const *args, Py_ssize_t n) 
     float *c = b ? (float *)ge_mat(args, 2, NPY_FLOAT, 1, &mc, &nc) : NULL;
     if (!c) return NULL;
     if (mc != m || dims[1] != k || dims[2] != SG_NR || dims[0] != (nc + SG_NR - 1) / SG_NR) return ge_fail();
-    sg_ctx q = {a, k, b, c, nc, m, nc, k, NULL, kind, NULL, 0, clip, 0, 0, 0, 0, 0, 0, 0};
+    sg_ctx q = {a, k, b, c, nc, m, nc, k, NULL, kind, NULL, 0, clip, 0, 0, 0, 0, 0, 0, 0, 1};
     if (sg_epilogue(args, &q, nc)) return NULL;
     return sg_run(&q, width);
 }
@@ -238,12 +266,13 @@ static PyObject *sg_rows(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     float *c = b ? (float *)ge_mat(args, 2, NPY_FLOAT, 1, &mc, &nc) : NULL;
     if (!c) return NULL;
     if (kb != k || mc != m || nc != nb) return ge_fail();
-    sg_ctx q = {a, k, b, c, nc, m, nc, k, NULL, kind, NULL, 0, clip, 0, 0, 0, 0, 0, 0, 0};
+    sg_ctx q = {a, k, b, c, nc, m, nc, k, NULL, kind, NULL, 0, clip, 0, 0, 0, 0, 0, 0, 0, 1};
     if (sg_epilogue(args, &q, m)) return NULL;
     /* B is an activation: packed here into panels (a copy of B, a small part of the product's
-       time; read in place by rows it ran 3x slower) */
+       time; read in place by rows it ran 3x slower), in the calling thread's scratch buffer: a
+       fresh allocation of that size is fresh pages, whose faults cost more than the copy */
     int64_t panels = (nb + SG_NR - 1) / SG_NR;
-    float *bp = (float *)malloc((size_t)(panels > 0 ? panels : 1) * (size_t)(k > 0 ? k : 1) * SG_NR * sizeof(float));
+    float *bp = sg_scratch((size_t)(panels > 0 ? panels : 1) * (size_t)(k > 0 ? k : 1) * SG_NR);
     if (!bp) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
     for (int64_t p = 0; p < panels; p++) {
@@ -256,9 +285,103 @@ static PyObject *sg_rows(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     }
     Py_END_ALLOW_THREADS
     q.b = bp;
-    PyObject *r = sg_run(&q, width);
-    free(bp);
-    return r;
+    return sg_run(&q, width);
+}
+
+/* a convolution's column matrix, packed straight into panels: group g, panel p holds rows
+   (c, ky, kx) of the group's channels times 32 output pixels; a read outside the image is 0 */
+typedef struct {
+    const float *x; float *bp;
+    int64_t cg, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, n, k, panels;
+} sg_im2col;
+
+static void sg_pack_task(void *vc, int64_t i, int slot) {
+    const sg_im2col *q = (const sg_im2col *)vc;
+    (void)slot;
+    int64_t g = i / q->panels, p = i % q->panels;
+    float *dst = q->bp + (g * q->panels + p) * q->k * SG_NR;
+    /* the panel's 32 pixels as runs along output rows: run r covers columns [js[r], js[r+1])
+       of output row oy[r], starting at output column ox[r] */
+    int64_t js[SG_NR + 1], oys[SG_NR], oxs[SG_NR], runs = 0;
+    int64_t pix = p * SG_NR, end = pix + SG_NR < q->n ? pix + SG_NR : q->n;
+    while (pix < end) {
+        int64_t oy = pix / q->ow, ox = pix % q->ow;
+        int64_t len = q->ow - ox < end - pix ? q->ow - ox : end - pix;
+        js[runs] = pix - p * SG_NR; oys[runs] = oy; oxs[runs] = ox;
+        runs++;
+        pix += len;
+    }
+    js[runs] = end - p * SG_NR;
+    int64_t kk = 0;
+    for (int64_t c = 0; c < q->cg; c++) {
+        const float *plane = q->x + (g * q->cg + c) * q->h * q->w;
+        for (int64_t ky = 0; ky < q->kh; ky++) {
+            for (int64_t kx = 0; kx < q->kw; kx++, kk++) {
+                float *row = dst + kk * SG_NR;
+                for (int64_t r = 0; r < runs; r++) {
+                    int64_t j0 = js[r], j1 = js[r + 1];
+                    int64_t iy = oys[r] * q->sh - q->pt + ky * q->dh;
+                    int64_t ix0 = oxs[r] * q->sw - q->pl + kx * q->dw;  /* the input column of j0 */
+                    if (iy < 0 || iy >= q->h) {
+                        for (int64_t j = j0; j < j1; j++) row[j] = 0.0f;
+                        continue;
+                    }
+                    /* the columns whose input column lies inside the image: ix0 + (j - j0) * sw in [0, w) */
+                    int64_t lo = j0, hi = j1;
+                    if (ix0 < 0) lo = j0 + (-ix0 + q->sw - 1) / q->sw;
+                    if (ix0 + (j1 - 1 - j0) * q->sw >= q->w) {
+                        int64_t last = q->w - 1 - ix0;  /* largest (j - j0) * sw allowed */
+                        hi = last < 0 ? j0 : j0 + last / q->sw + 1;
+                    }
+                    if (lo > j1) lo = j1;
+                    if (hi < lo) hi = lo;
+                    for (int64_t j = j0; j < lo; j++) row[j] = 0.0f;
+                    if (hi > lo) {
+                        const float *src = plane + iy * q->w + ix0 + (lo - j0) * q->sw;  /* inside the image */
+                        if (q->sw == 1) memcpy(row + lo, src, (size_t)(hi - lo) * sizeof(float));
+                        else for (int64_t j = lo; j < hi; j++) row[j] = src[(j - lo) * q->sw];
+                    }
+                    for (int64_t j = hi; j < j1; j++) row[j] = 0.0f;
+                }
+                for (int64_t j = js[runs]; j < SG_NR; j++) row[j] = 0.0f;
+            }
+        }
+    }
+}
+
+/* one image's convolution: C (M, OH*OW) = W (M, Cg*KH*KW) @ im2col(X (C, H, W)) per group, with
+   the epilogue; the arguments are (X, W, C, bias, bias_kind 0|2, clip 0|1, lo, hi, threads, Z or
+   None, act, geometry: int64 [group, kh, kw, sh, sw, dh, dw, pad top, pad left, oh, ow]) */
+static PyObject *sg_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    int64_t xd[3], m, kg, mc, nc, kind, clip, width, count;
+    if (ge_nargs(n, 12)) return NULL;
+    if (ge_int(args, 4, 0, 2, &kind) || ge_int(args, 5, 0, 1, &clip) || ge_int(args, 8, 1, 4096, &width)) return NULL;
+    if (kind == 1) return ge_fail();
+    const float *x = (const float *)ge_nd(args, 0, NPY_FLOAT, 0, 3, xd);
+    const float *a = x ? (const float *)ge_mat(args, 1, NPY_FLOAT, 0, &m, &kg) : NULL;
+    float *c = a ? (float *)ge_mat(args, 2, NPY_FLOAT, 1, &mc, &nc) : NULL;
+    const int64_t *geo = c ? (const int64_t *)ge_vec(args, 11, NPY_INT64, 0, &count) : NULL;
+    if (!geo) return NULL;
+    if (count != 11) return ge_fail();
+    int64_t group = geo[0];
+    const int64_t lim = (int64_t)1 << 30;
+    for (int i = 0; i < 11; i++)
+        if (geo[i] < (i == 7 || i == 8 ? 0 : 1) || geo[i] > lim) return ge_fail();
+    if (xd[0] % group || m % group || mc != m || kg != (xd[0] / group) * geo[1] * geo[2] || nc != geo[9] * geo[10])
+        return ge_fail();
+    int64_t mg = m / group, panels = (nc + SG_NR - 1) / SG_NR;
+    sg_ctx q = {a, kg, NULL, c, nc, m, nc, kg, NULL, kind, NULL, 0, clip, 0, 0, 0, 0, 0, 0, 0, group};
+    if (sg_epilogue(args, &q, m)) return NULL;
+    q.m = mg;
+    float *bp = sg_scratch((size_t)group * (size_t)panels * (size_t)kg * SG_NR);
+    if (!bp) return PyErr_NoMemory();
+    sg_im2col im = {x, bp, xd[0] / group, xd[1], xd[2], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], geo[8],
+                    geo[9], geo[10], nc, kg, panels};
+    Py_BEGIN_ALLOW_THREADS
+    ge_parallel(sg_pack_task, &im, group * panels, width);
+    Py_END_ALLOW_THREADS
+    q.b = bp;
+    return sg_run(&q, width);
 }
 """
 
@@ -273,7 +396,7 @@ def _mod() -> Any:
             if st is False:
                 st = None
                 if jit_enabled("GE_NATIVE_SGEMM") and native.available():
-                    mod = native.build(_SRC, ["sg_ok", "sg_packed", "sg_rows"])
+                    mod = native.build(_SRC, ["sg_ok", "sg_packed", "sg_rows", "sg_conv"])
                     if mod is not None and mod.sg_ok() == 1:
                         st = mod
                 _state["mod"] = st
@@ -357,3 +480,21 @@ def matmul_rows(a2: np.ndarray, b2: np.ndarray, out2: np.ndarray, bias: np.ndarr
     if a2.ndim != 2 or b2.ndim != 2 or out2.shape != (a2.shape[0], b2.shape[1]) or a2.shape[1] != b2.shape[0]:
         return False
     return _call(mod.sg_rows, a2, b2, out2, bias, a2.shape[0], 2, clip, width, addend, act)
+
+
+def conv2d(x3: np.ndarray, w2: np.ndarray, out2: np.ndarray, group: int, kernel: tuple[int, int],
+           strides: tuple[int, int], dilations: tuple[int, int], pads: tuple[int, int], out_hw: tuple[int, int],
+           bias: np.ndarray | None = None, clip: tuple[float, float] | None = None, width: int = 1,
+           addend: np.ndarray | None = None, act: str | None = None) -> bool:
+    """One image's 2-D convolution ``out2 (M, OH*OW) = act(clip(W @ im2col(x3) + bias + addend))``
+    per group: ``x3`` is ``(C, H, W)``, ``w2`` ``(M, C/group*KH*KW)``; the column matrix is
+    packed straight into panels (one pass over the image; a read outside it is 0, so ``pads``,
+    top and left, is the only padding given). False (nothing done) when the arrays or the
+    geometry do not fit."""
+    mod = _mod()
+    if mod is None or any(t.dtype != np.float32 for t in (x3, w2, out2)) or x3.ndim != 3:
+        return False
+    geo = np.array([group, *kernel, *strides, *dilations, *pads, *out_hw], np.int64)
+    if geo.shape != (11,) or out2.ndim != 2 or out2.shape[0] != w2.shape[0]:
+        return False
+    return _call(lambda *a: mod.sg_conv(*a, geo), x3, w2, out2, bias, w2.shape[0], 2, clip, width, addend, act)

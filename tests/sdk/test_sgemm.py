@@ -177,11 +177,11 @@ def test_a_pointwise_convolution_with_its_epilogue_matches_onnxruntime(cin, cout
     model, feeds = _conv_model(cin, cout, hw, tail, batch)
     want = _ort(model, feeds)
     calls = []
-    real = sgemm.matmul_rows
-    monkeypatch.setattr(sgemm, "matmul_rows", lambda *a, **k: calls.append(a) or real(*a, **k))
+    real = sgemm.conv2d
+    monkeypatch.setattr(sgemm, "conv2d", lambda *a, **k: calls.append(a) or real(*a, **k))
     one = _run(model, feeds, 1)
     assert len(calls) == batch  # one GEMM per image, on GE's kernel
-    _, _, _, _, clip, _, addend, act = calls[0]
+    clip, _, addend, act = calls[0][-4:]
     # the epilogue went to the store: no pass of its own over the output
     assert (clip is not None) == ("relu" in tail or "clip" in tail) and (addend is not None) == ("add" in tail)
     assert act == next((t for t in ("silu", "sigmoid", "hardswish") if t in tail), None)
@@ -190,6 +190,47 @@ def test_a_pointwise_convolution_with_its_epilogue_matches_onnxruntime(cin, cout
     # without the kernel (a CPU without AVX-512) BLAS and the compiled epilogue give the same result
     monkeypatch.setattr(sgemm, "available", lambda: False)
     np.testing.assert_allclose(_run(model, feeds, 1), want, rtol=1e-4, atol=1e-4)
+
+
+CONVS = [  # (C, H, W, M, group, kernel, strides, dilations, pads begin, pads end, batch)
+    (3, 224, 224, 64, 1, (7, 7), (2, 2), (1, 1), (3, 3), (3, 3), 1),  # a stem
+    (16, 9, 11, 24, 4, (3, 3), (1, 2), (1, 1), (1, 0), (1, 2), 2),  # groups, odd strides and pads
+    (8, 13, 13, 16, 2, (3, 3), (1, 1), (2, 2), (2, 2), (2, 2), 1),  # dilation
+    (5, 6, 7, 7, 1, (1, 1), (2, 2), (1, 1), (0, 0), (0, 0), 3),  # a strided 1x1
+    (4, 1, 1, 3, 1, (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), 1),  # a 1x1 plane, every tap but one padding
+    (6, 40, 3, 12, 3, (5, 1), (3, 1), (1, 1), (0, 0), (4, 0), 1),  # a tall plane, a 5x1 kernel
+    (2, 5, 5, 4, 1, (2, 2), (3, 3), (1, 1), (0, 0), (0, 0), 1),  # windows that skip pixels
+    (48, 35, 35, 96, 2, (3, 3), (2, 2), (1, 1), (0, 0), (0, 0), 1),  # more than one panel row per row
+]
+
+
+@pytest.mark.parametrize("case", CONVS, ids=[f"conv{i}" for i in range(len(CONVS))])
+def test_conv2d_geometry_matches_onnxruntime(case):
+    c, h, w, m, group, k, strides, dil, pb, pe, batch = case
+    rng = np.random.default_rng(c * h + m)
+    x = rng.standard_normal((batch, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((m, c // group, *k)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=list(k), strides=list(strides),
+                            dilations=list(dil), pads=list(pb) + list(pe), group=group)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(wt, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    want = _ort(model, {"x": x})
+    oh, ow = want.shape[2:]
+    tol = 1e-5 * np.sqrt(c // group * k[0] * k[1]) * 4
+    for i in range(batch):
+        out = np.full((m, oh * ow), np.nan, np.float32)
+        assert sgemm.conv2d(x[i], wt.reshape(m, -1), out, group, k, strides, dil, pb, (oh, ow), b)
+        np.testing.assert_allclose(out.reshape(m, oh, ow), want[i], rtol=1e-4, atol=tol)
+    np.testing.assert_allclose(_run(model, {"x": x}, 2), want, rtol=1e-4, atol=tol)  # the conv kernel, 2 threads
+    # a geometry that does not fit the arrays is refused, the output untouched
+    out = np.full((m, oh * ow), 7.0, np.float32)
+    assert not sgemm.conv2d(x[0], wt.reshape(m, -1), out, group, k, strides, dil, pb, (oh + 1, ow), b)
+    assert not sgemm.conv2d(x[0], wt.reshape(m, -1)[:, 1:], out, group, k, strides, dil, pb, (oh, ow), b)
+    assert not sgemm.conv2d(x[0], wt.reshape(m, -1), out, group, k, (0, 1), dil, pb, (oh, ow), b)
+    assert np.all(out == 7.0)
 
 
 @pytest.mark.parametrize("op", ["MatMul", "Gemm", "MatMulAdd", "MatMulAddGelu"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from typing import Any
 
 import numpy as np
@@ -162,36 +163,52 @@ class _PlanCache:
 _COLS_BLOCK = 1 << 24
 
 
-def _pointwise_sgemm(wk, xs, b, out, shape, epi=None):
-    """A 1x1 convolution (or an im2col column matrix) as ``W @ X`` per image on GE's own GEMM
-    (:mod:`ge_sdk.sgemm`: the activation packed by the call; the bias and the caller's epilogue
-    ``epi`` -- an addend, a clip, an activation: :class:`ge_core.kernel.KernelCaps` -- applied
-    at the store), written into the planned output; None when that path does not run these
-    arrays (the caller's BLAS form runs)."""
-    if xs.dtype != np.float32 or wk.dtype != np.float32 or not xs.flags.c_contiguous or not sgemm.available():
+_scratch = threading.local()
+
+
+def _columns(view, shape):
+    """The im2col matrix of ``view`` (a strided window view) as a C-contiguous array of
+    ``shape``, in the calling thread's scratch buffer: a new array of a column matrix's size is
+    fresh pages each run, and their faults cost more than the copy. The buffer is the thread's
+    until its next im2col (the caller's GEMM reads it at once)."""
+    size = math.prod(shape)
+    buf = getattr(_scratch, "cols", None)
+    if buf is None or buf.dtype != view.dtype or buf.size < size:
+        buf = np.empty(size, view.dtype)
+        _scratch.cols = buf
+    cols = buf[:size].reshape(view.shape)
+    np.copyto(cols, view)
+    return cols.reshape(shape)
+
+
+def _conv2d_sgemm(x, wk, b, out, shape, group, k, strides, dilations, pb, epi):
+    """A 2-D convolution per image on GE's own GEMM (:func:`ge_sdk.sgemm.conv2d`: the column
+    matrix packed straight into its panels, the bias and the caller's epilogue ``epi`` at the
+    store), written into the planned output; None when that path does not run these arrays."""
+    if x.dtype != np.float32 or wk.dtype != np.float32 or x.ndim != 4 or not sgemm.available():
         return None
-    bias = None
-    if b is not None:
-        bias = np.asarray(b)
-        if bias.dtype != np.float32 or bias.size != shape[1]:
-            return None
-        bias = np.ascontiguousarray(bias.reshape(-1))
+    x = np.ascontiguousarray(x)
     n, m = shape[:2]
-    clip, z3 = None, None
-    if epi is not None:
-        clip, z = epi["clip"], epi["addend"]
-        if z is not None:
-            if z.dtype != np.float32 or z.shape != shape or not z.flags.c_contiguous:
-                return None
-            z3 = z.reshape(n, m, -1)
+    bias, clip, z3, act = _epilogue_args(b, shape, epi)
+    if bias is False:
+        return None
+    w2 = wk.reshape(m, -1)
+    width = parallel.native_width()
+    geo = (group, tuple(k), tuple(strides), tuple(dilations), (pb[0], pb[1]), tuple(shape[2:]))
+    return _per_image(shape, out, z3, epi, lambda i, t2, z2: sgemm.conv2d(x[i], w2, t2, *geo, bias, clip, width, z2, act))
+
+
+def _per_image(shape, out, z3, epi, run_one):
+    """Run ``run_one(i, output (M, P), addend (M, P) or None) -> bool`` for each image into the
+    planned output (or a new array); the outputs, or None when it refused the first image (the
+    caller's BLAS form runs; the arrays are alike, so a refusal comes at the first or never)."""
+    n, m = shape[:2]
     target = _out_target(out, shape, np.float32)
     if z3 is not None and np.shares_memory(target, z3):
         target = np.empty(shape, np.float32)
     t3 = target.reshape(n, m, -1)
-    width = parallel.native_width()
     for i in range(n):
-        if not sgemm.matmul_rows(wk[0], xs[i], t3[i], bias, clip, width, None if z3 is None else z3[i],
-                                 None if epi is None else epi["act"]):
+        if not run_one(i, t3[i], None if z3 is None else z3[i]):
             return None
     if epi is not None:
         epi["applied"] = True
@@ -200,6 +217,40 @@ def _pointwise_sgemm(wk, xs, b, out, shape, epi=None):
             np.copyto(out[0], target)
         return out
     return (target,)
+
+
+def _epilogue_args(b, shape, epi):
+    """``(bias, clip, addend per image, act)`` for a GEMM path from a conv's bias and epilogue;
+    ``bias`` False when they do not fit it."""
+    n, m = shape[:2]
+    bias = None
+    if b is not None:
+        bias = np.asarray(b)
+        if bias.dtype != np.float32 or bias.size != m:
+            return False, None, None, None
+        bias = np.ascontiguousarray(bias.reshape(-1))
+    if epi is None:
+        return bias, None, None, None
+    z = epi["addend"]
+    if z is not None and (z.dtype != np.float32 or z.shape != shape or not z.flags.c_contiguous):
+        return False, None, None, None
+    return bias, epi["clip"], None if z is None else z.reshape(n, m, -1), epi["act"]
+
+
+def _pointwise_sgemm(wk, xs, b, out, shape, epi=None):
+    """A 1x1 convolution (or an im2col column matrix) as ``W @ X`` per image on GE's own GEMM
+    (:mod:`ge_sdk.sgemm`: the activation packed by the call; the bias and the caller's epilogue
+    ``epi`` -- an addend, a clip, an activation: :class:`ge_core.kernel.KernelCaps` -- applied
+    at the store), written into the planned output; None when that path does not run these
+    arrays (the caller's BLAS form runs)."""
+    if xs.dtype != np.float32 or wk.dtype != np.float32 or not xs.flags.c_contiguous or not sgemm.available():
+        return None
+    n, m = shape[:2]
+    bias, clip, z3, act = _epilogue_args(b, shape, epi)
+    if bias is False:
+        return None
+    width = parallel.native_width()
+    return _per_image(shape, out, z3, epi, lambda i, t2, z2: sgemm.matmul_rows(wk[0], xs[i], t2, bias, clip, width, z2, act))
 
 
 @_reg("Conv")
@@ -319,6 +370,10 @@ def conv_factory(spec: KernelSpec):
             return (y,) if o is None else out
         wk = packed["w"] if w_const is not None else pack(w)
         p = math.prod(out_sp)
+        if nd == 2 and not (cg == 1 and group == c and group > 1):
+            done = _conv2d_sgemm(x, wk, b, out, (n, m) + tuple(out_sp), group, k, strides, dilations, pb, epi)
+            if done is not None:
+                return done
         if all(ki == 1 for ki in k) and not any(pb) and not any(pe):
             xs = x
             if any(si != 1 for si in strides):
@@ -348,7 +403,7 @@ def conv_factory(spec: KernelSpec):
             # im2col copy and the GEMM work on bounded blocks (peak memory stays low).
             step = max(1, _COLS_BLOCK // max(1, n * c * math.prod(k) * row_p))
             if step >= rows:
-                cols = v.transpose(perm).reshape(n, group, kdim, p)
+                cols = _columns(v.transpose(perm), (n, group, kdim, p))
                 done = _pointwise_sgemm(wk, cols[:, 0], b, out, (n, m) + tuple(out_sp), epi) if group == 1 else None
                 if done is not None:
                     return done
