@@ -78,18 +78,25 @@ typedef struct {
                                              Z) of group g start g * m rows (B: g * panels) on */
 } sg_ctx;
 
-/* the activation of one tile row, in place (loops the compiler vectorises: the prelude's math) */
-static void sg_act(float *t, int64_t act) {
-    if (act == 1) { for (int j = 0; j < SG_NR; j++) t[j] = 1.0f / (1.0f + exp32(-t[j])); }
-    else if (act == 2) { for (int j = 0; j < SG_NR; j++) t[j] = t[j] / (1.0f + exp32(-t[j])); }
-    else if (act == 3) { for (int j = 0; j < SG_NR; j++) t[j] = 0.5f * t[j] * (1.0f + erf32(t[j] * 0.70710678118654752f)); }
-    else if (act == 4) {
+/* the activation of one tile row, in place: simd loops over the prelude's branch-free math */
+static inline __attribute__((always_inline)) void sg_act(float *t, int64_t act) {
+    if (act == 1) {
+#pragma omp simd
+        for (int j = 0; j < SG_NR; j++) t[j] = 1.0f / (1.0f + exp32(-t[j]));
+    } else if (act == 2) {
+#pragma omp simd
+        for (int j = 0; j < SG_NR; j++) t[j] = t[j] / (1.0f + exp32(-t[j]));
+    } else if (act == 3) {
+#pragma omp simd
+        for (int j = 0; j < SG_NR; j++) t[j] = 0.5f * t[j] * (1.0f + erf32(t[j] * 0.70710678118654752f));
+    } else if (act == 4) {
+#pragma omp simd
         for (int j = 0; j < SG_NR; j++) {
             float x = t[j];
             t[j] = 0.5f * x * (1.0f + tanh32(0.79788456080286536f * (x + 0.044715f * x * x * x)));
         }
-    }
-    else if (act == 5) {
+    } else if (act == 5) {
+#pragma omp simd
         for (int j = 0; j < SG_NR; j++) {
             float g = t[j] * (1.0f / 6.0f) + 0.5f;
             g = g > 0.0f ? g : 0.0f;

@@ -128,8 +128,8 @@ def test_what_it_refuses_leaves_the_output_alone():
         sgemm.Panels(np.ones((2, 3, 4), np.float32))
 
 
-def _run(model, feeds, threads):
-    return list(ge.compile(ge.load(model), {"threads": threads}).run(feeds).values())[0]
+def _run(model, feeds, threads, **opts):
+    return list(ge.compile(ge.load(model), {"threads": threads, **opts}).run(feeds).values())[0]
 
 
 def _ort(model, feeds):
@@ -138,11 +138,12 @@ def _ort(model, feeds):
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
 
 
-def _conv_model(cin, cout, hw, tail, batch=1):
+def _conv_model(cin, cout, hw, tail, batch=1, k=3):
+    """A k x k convolution (padded to keep the plane) with the epilogue ``tail``."""
     rng = np.random.default_rng(cin + cout + hw)
-    inits = [numpy_helper.from_array(rng.standard_normal((cout, cin, 1, 1)).astype(np.float32) * 0.2, "w"),
+    inits = [numpy_helper.from_array(rng.standard_normal((cout, cin, k, k)).astype(np.float32) * 0.2, "w"),
              numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32), "b")]
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"])]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k, k], pads=[k // 2] * 4)]
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, cin, hw, hw])]
     last = "c"
     if "add" in tail:
@@ -173,23 +174,39 @@ def _conv_model(cin, cout, hw, tail, batch=1):
                                                     (64, 40, 14, "add relu", 1), (33, 64, 5, "add", 3),
                                                     (8, 8, 1, "", 1), (40, 24, 9, "silu", 1), (7, 30, 6, "sigmoid", 2),
                                                     (16, 17, 8, "hardswish", 1)])
-def test_a_pointwise_convolution_with_its_epilogue_matches_onnxruntime(cin, cout, hw, tail, batch, monkeypatch):
+def test_a_convolution_with_its_epilogue_at_the_store_matches_onnxruntime(cin, cout, hw, tail, batch, monkeypatch):
     model, feeds = _conv_model(cin, cout, hw, tail, batch)
     want = _ort(model, feeds)
     calls = []
     real = sgemm.conv2d
     monkeypatch.setattr(sgemm, "conv2d", lambda *a, **k: calls.append(a) or real(*a, **k))
-    one = _run(model, feeds, 1)
+    one = _run(model, feeds, 1, conv_algorithm="im2col")  # (not Winograd, which the larger ones would take)
     assert len(calls) == batch  # one GEMM per image, on GE's kernel
     clip, _, addend, act = calls[0][-4:]
     # the epilogue went to the store: no pass of its own over the output
     assert (clip is not None) == ("relu" in tail or "clip" in tail) and (addend is not None) == ("add" in tail)
     assert act == next((t for t in ("silu", "sigmoid", "hardswish") if t in tail), None)
     np.testing.assert_allclose(one, want, rtol=1e-4, atol=1e-4)
-    np.testing.assert_array_equal(_run(model, feeds, 2), one)  # the same bits on two threads
+    np.testing.assert_array_equal(_run(model, feeds, 2, conv_algorithm="im2col"), one)  # the same bits on two threads
     # without the kernel (a CPU without AVX-512) BLAS and the compiled epilogue give the same result
     monkeypatch.setattr(sgemm, "available", lambda: False)
     np.testing.assert_allclose(_run(model, feeds, 1), want, rtol=1e-4, atol=1e-4)
+
+
+def test_pointwise_convolutions_stay_on_blas_unless_asked(monkeypatch):
+    import ge_cpu.kernels.nn as nn
+
+    model, feeds = _conv_model(24, 40, 12, "add relu", 2, k=1)
+    want = _ort(model, feeds)
+    calls = []
+    for name in ("conv2d", "matmul_rows"):
+        real = getattr(sgemm, name)
+        monkeypatch.setattr(sgemm, name, lambda *a, _r=real, **k: calls.append(a) or _r(*a, **k))
+    np.testing.assert_allclose(_run(model, feeds, 1), want, rtol=1e-4, atol=1e-4)
+    assert not calls  # BLAS's blocked kernel is faster on large planes (nn.POINTWISE_ON_SGEMM)
+    monkeypatch.setattr(nn, "POINTWISE_ON_SGEMM", True)
+    np.testing.assert_allclose(_run(model, feeds, 1), want, rtol=1e-4, atol=1e-4)
+    assert len(calls) == 2 and calls[0][6] is not None  # one GEMM per image, the residual at the store
 
 
 CONVS = [  # (C, H, W, M, group, kernel, strides, dilations, pads begin, pads end, batch)
