@@ -313,9 +313,12 @@ def _spatial_pads(pads: list[int], rank: int) -> list[int] | None:
 
 
 def _merged_pads(node: Node, extra: list[int]) -> list[int] | None:
-    if _attr(node, "auto_pad", "NOTSET") not in ("NOTSET", ""):
+    """The node's own pads plus ``extra`` (``auto_pad=VALID`` pads nothing: its own are zeros);
+    None for SAME_* padding, whose amount depends on the input size."""
+    auto = _attr(node, "auto_pad", "NOTSET")
+    if auto not in ("NOTSET", "", "VALID"):
         return None
-    own = [int(p) for p in node.attrs.get("pads") or [0] * len(extra)]
+    own = [0] * len(extra) if auto == "VALID" else [int(p) for p in node.attrs.get("pads") or [0] * len(extra)]
     return [a + b for a, b in zip(own, extra)] if len(own) == len(extra) else None
 
 
@@ -330,7 +333,7 @@ def _fold_pad_conv(rw: Rewriter, m: Match):
     pads = None if sp is None else _merged_pads(conv, sp)
     if pads is None:
         return None
-    attrs = {**conv.attrs, "pads": pads}
+    attrs = {**{k: v for k, v in conv.attrs.items() if k != "auto_pad"}, "pads": pads}
     return rw.op("Conv", m.value("x"), *conv.inputs[1:], name=conv.name, **attrs)
 
 
@@ -346,7 +349,7 @@ def _fold_pad_pool(rw: Rewriter, m: Match):
     pads = None if sp is None else _merged_pads(pool, sp)
     if pads is None or int(pool.attrs.get("ceil_mode", 0)):
         return None
-    attrs = {**pool.attrs, "pads": pads}
+    attrs = {**{k: v for k, v in pool.attrs.items() if k != "auto_pad"}, "pads": pads}
     if pool.op_type == "MaxPool":
         if not (value == -np.inf or value <= float(np.finfo(np.float32).min)) or len(pool.outputs) != 1:
             return None

@@ -134,6 +134,17 @@ def test_pad_folds_into_conv_and_pools():
     check(b.build(), absent=["Pad"])
 
 
+def test_pad_folds_into_a_valid_conv_and_pool():
+    # EfficientNet as transformers writes it: ZeroPad2d then Conv(auto_pad=VALID), stride 2
+    b = GraphBuilder()
+    x = b.input("x", "float32", (1, 3, 9, 9))
+    p = b.Pad(x, np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64))
+    y = b.Conv(p, b.random_const((4, 3, 3, 3)), strides=[2, 2], auto_pad="VALID")
+    q = b.Pad(y, np.array([0, 0, 1, 0, 0, 0, 0, 1], np.int64), np.float32(-np.inf))
+    b.output(b.MaxPool(q, kernel_shape=[2, 2], auto_pad="VALID"))
+    check(b.build(), absent=["Pad"])
+
+
 def test_transpose_and_gemm_folds():
     b = GraphBuilder()
     a = b.input("a", "float32", (2, 5, 6))
