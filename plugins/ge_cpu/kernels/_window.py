@@ -76,55 +76,75 @@ def stats() -> dict[str, float]:
 #: what a window loop is made of: fixed names, and per-tap names made from the tap's index
 _NAMES = frozenset({"kernel", "bad", "x", "wt", "b", "dv", "out", "Wp", "sw", "mult", "rows", "offs", "buf", "tmp", "N", "C",
                     "H", "W", "OH", "OW", "L", "T", "nr", "no", "nbuf", "n", "c", "xp", "nan", "i", "d", "xr", "q",
-                    "e", "k", "m", "bv", "j", "v", "t", "st", "wv", "o", "oh", "ow", "M", "FMA", "S", "NPY_S"})
+                    "e", "k", "m", "bv", "j", "v", "t", "st", "wv", "o", "oh", "ow", "M", "FMA", "S", "NPY_S",
+                    "task", "vc", "slot", "ctx", "pc", "per", "threads", "act", "lo", "hi", "nt", "p0", "p1", "z",
+                    "lov", "hiv", "EPI", "PyFloat_AsDouble", "PyErr_Occurred"})
 _PATTERNS = (r"s[0-9]+", r"w[0-9]+")
+
+#: the activations a depthwise convolution applies as it writes its output (float32 loops;
+#: codes as ge_sdk.sgemm.ACTIVATIONS): after the bias, then a clip to [lo, hi]
+ACTS = {"sigmoid": 1, "silu": 2, "gelu": 3, "gelu_tanh": 4, "hardswish": 5}
+
+#: the float32 epilogue of the copy-out: EPI(v) applies activation ``act`` (clip first)
+_EPI32 = """
+static inline __attribute__((always_inline)) float EPI(float v, int64_t act, float lo, float hi) {
+    v = v < lo ? lo : v;
+    v = v > hi ? hi : v;
+    if (act == 1) return 1.0f / (1.0f + exp32(-v));
+    if (act == 2) return v / (1.0f + exp32(-v));
+    if (act == 3) return 0.5f * v * (1.0f + erf32(v * 0.70710678118654752f));
+    if (act == 4) return 0.5f * v * (1.0f + tanh32(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+    if (act == 5) {
+        float z = v * (1.0f / 6.0f) + 0.5f;
+        z = z > 0.0f ? z : 0.0f;
+        z = z < 1.0f ? z : 1.0f;
+        return v * z;
+    }
+    return v;
+}
+"""
+#: float64 loops clip only (the activations run as the caller's epilogue)
+_EPI64 = """
+static inline __attribute__((always_inline)) double EPI(double v, int64_t act, double lo, double hi) {
+    v = v < lo ? lo : v;
+    v = v > hi ? hi : v;
+    return act == 0 ? v : v;
+}
+"""
 
 
 def _source(kind: str, taps: int | None) -> str:
     """C source of one loop; ``taps`` None is the generic (tap-by-tap) form. Its only inputs
-    are ``kind`` (one of :data:`KINDS`) and the tap count (an int)."""
+    are ``kind`` (one of :data:`KINDS`) and the tap count (an int). The planes are tasks on the
+    native pool (``threads`` wide), each thread with its own rows of ``buf`` and ``tmp``."""
     gensrc.ident(kind, KINDS)
     if taps is not None:
         gensrc.index(taps)
     conv, avg, mx = kind == "conv", kind == "avg", kind == "max"
     lines = [
-        "static PyObject *kernel(PyObject *self, PyObject *const *args, Py_ssize_t n) {",
-        "    int64_t N, C, H, W, OH, OW, Wp, sw, mult, nr, no, nbuf, L;",
-        "    if (ge_nargs(n, 18)) return NULL;",
-        "    if (ge_int(args, 0, 0, 1LL << 40, &N) || ge_int(args, 1, 0, 1LL << 40, &C) || "
-        "ge_int(args, 2, 0, 1LL << 40, &H) || ge_int(args, 3, 0, 1LL << 40, &W)) return NULL;",
-        "    if (ge_int(args, 4, 0, 1LL << 40, &OH) || ge_int(args, 5, 0, 1LL << 40, &OW) || "
-        "ge_int(args, 6, 0, 1LL << 40, &Wp) || ge_int(args, 7, 1, 1LL << 40, &sw) || "
-        "ge_int(args, 8, 1, 1LL << 20, &mult)) return NULL;",
-        "    int64_t M = C * mult;",
-        "    const S *x = (const S *)ge_arr(args, 9, NPY_S, 0, ge_prod(N, C, H, W));",
-        "    const int64_t *rows = (const int64_t *)ge_vec(args, 14, NPY_INT64, 0, &nr);",
-        "    const int64_t *offs = (const int64_t *)ge_vec(args, 15, NPY_INT64, 0, &no);",
-        "    S *buf = (S *)ge_vec(args, 16, NPY_S, 1, &nbuf);",
-        "    S *tmp = (S *)ge_vec(args, 17, NPY_S, 1, &L);",
-        "    if (!x || !rows || !offs || !buf || !tmp) return NULL;",
-        "    int64_t T = no;",
-        f"    const S *wt = (const S *)ge_arr(args, 10, NPY_S, 0, {'ge_prod(M, T, 1, 1)' if conv else '0'});",
-        f"    const S *b = (const S *)ge_arr(args, 11, NPY_S, 0, {'M' if conv else '0'});",
-        f"    const S *dv = (const S *)ge_arr(args, 12, NPY_S, 0, {'ge_prod(OH, OW, 1, 1)' if avg else '0'});",
-        "    S *out = (S *)ge_arr(args, 13, NPY_S, 1, ge_prod(N, M, OH, OW));",
-        "    if (!wt || !b || !dv || !out) return NULL;",
-        # every read and write of the loops below stays inside its array (checked, not assumed)
-        "    int bad = nr < H || T < 1 || (OH > 0 && OW > 0 && L < ge_span(OH, OW, 1, Wp, sw, 0));",
-    ]
-    if taps is not None:
-        lines.append(f"    bad = bad || T != {taps};")
-    lines += [
-        "    for (int64_t t = 0; t < T && !bad; t++) bad = offs[t] < 0 || offs[t] > nbuf - L;",
-        "    for (int64_t i = 0; i < H && !bad; i++) bad = rows[i] < 0 || rows[i] > nbuf - W;",
-        "    if (bad) return ge_fail();",
+        "typedef struct {",
+        "    const S *x; const S *wt; const S *b; const S *dv; S *out; const int64_t *rows; const int64_t *offs;",
+        "    S *buf; S *tmp; int64_t N, C, H, W, OH, OW, Wp, sw, mult, M, T, nbuf, L, per, act; S lo, hi;",
+        "} ctx;",
+        "",
+        "static void task(void *vc, int64_t i, int slot) {",
+        "    const ctx *q = (const ctx *)vc;",
+        "    const S *x = q->x; const S *wt = q->wt; const S *b = q->b; const S *dv = q->dv; S *out = q->out;",
+        "    const int64_t *rows = q->rows; const int64_t *offs = q->offs;",
+        "    int64_t C = q->C, H = q->H, W = q->W, OH = q->OH, OW = q->OW, Wp = q->Wp, sw = q->sw;",
+        "    int64_t mult = q->mult, M = q->M, T = q->T, L = q->L, act = q->act;",
+        "    S lo = q->lo, hi = q->hi;",
+        "    S *buf = q->buf + slot * q->nbuf;",
+        "    S *tmp = q->tmp + slot * q->L;",
+        "    int64_t p0 = i * q->per, p1 = p0 + q->per < q->N * C ? p0 + q->per : q->N * C;",
+        "    (void)wt; (void)b; (void)dv; (void)T; (void)act; (void)lo; (void)hi; (void)M;",
     ]
     if taps is not None:
         lines += [f"    const S *s{t} = buf + offs[{t}];" for t in range(taps)]
     lines += [
-        "    Py_BEGIN_ALLOW_THREADS",
-        "    for (int64_t n = 0; n < N; n++) {",
-        "        for (int64_t c = 0; c < C; c++) {",
+        "    for (int64_t pc = p0; pc < p1; pc++) {",
+        "        int64_t n = pc / C, c = pc % C;",
+        "        {",
         "            const S *xp = x + (n * C + c) * H * W;",
         "            int nan = 0;",
         "            for (int64_t i = 0; i < H; i++) {",
@@ -138,6 +158,7 @@ def _source(kind: str, taps: int | None) -> str:
         *(["                    nan |= e != e;"] if mx else []),
         "                }",
         "            }",
+        "            (void)nan;",
         "            for (int64_t k = 0; k < mult; k++) {",
         "                int64_t m = c * mult + k;",
     ]
@@ -202,14 +223,68 @@ def _source(kind: str, taps: int | None) -> str:
         if mx and taps is not None:
             lines.append(" " * 16 + "}")
     ind = " " * 16
+    lines += [f"{ind}S *o = out + (n * M + m) * OH * OW;"]
+    if conv:  # the epilogue while the plane is in cache, one simd pass over tmp per activation
+        lines += [f"{ind}if (act != 0 || lo > -INFINITY || hi < INFINITY) {{"]
+        for code in range(6):
+            lines += [f"{ind}    if (act == {code}) {{",
+                      "#pragma omp simd",
+                      f"{ind}        for (int64_t j = 0; j < L; j++) tmp[j] = EPI(tmp[j], {code}, lo, hi);",
+                      f"{ind}    }}"]
+        lines += [f"{ind}}}"]
     lines += [
-        f"{ind}S *o = out + (n * M + m) * OH * OW;",
         f"{ind}for (int64_t oh = 0; oh < OH; oh++)",
         f"{ind}    for (int64_t ow = 0; ow < OW; ow++)",
         f"{ind}        o[oh * OW + ow] = tmp[oh * Wp + ow * sw]{' / dv[oh * OW + ow]' if avg else ''};",
         "            }",
         "        }",
         "    }",
+        "}",
+        "",
+        "static PyObject *kernel(PyObject *self, PyObject *const *args, Py_ssize_t n) {",
+        "    int64_t N, C, H, W, OH, OW, Wp, sw, mult, nr, no, nbuf, L, threads, act;",
+        "    if (ge_nargs(n, 22)) return NULL;",
+        "    if (ge_int(args, 0, 0, 1LL << 40, &N) || ge_int(args, 1, 0, 1LL << 40, &C) || "
+        "ge_int(args, 2, 0, 1LL << 40, &H) || ge_int(args, 3, 0, 1LL << 40, &W)) return NULL;",
+        "    if (ge_int(args, 4, 0, 1LL << 40, &OH) || ge_int(args, 5, 0, 1LL << 40, &OW) || "
+        "ge_int(args, 6, 0, 1LL << 40, &Wp) || ge_int(args, 7, 1, 1LL << 40, &sw) || "
+        "ge_int(args, 8, 1, 1LL << 20, &mult)) return NULL;",
+        "    if (ge_int(args, 18, 1, 4096, &threads) || ge_int(args, 19, 0, 5, &act)) return NULL;",
+        "    double lov = PyFloat_AsDouble(args[20]), hiv = PyFloat_AsDouble(args[21]);",
+        "    if (PyErr_Occurred()) return NULL;",
+        "    int64_t M = C * mult;",
+        "    const S *x = (const S *)ge_arr(args, 9, NPY_S, 0, ge_prod(N, C, H, W));",
+        "    const int64_t *rows = (const int64_t *)ge_vec(args, 14, NPY_INT64, 0, &nr);",
+        "    const int64_t *offs = (const int64_t *)ge_vec(args, 15, NPY_INT64, 0, &no);",
+        "    S *buf = (S *)ge_vec(args, 16, NPY_S, 1, &nbuf);",
+        "    S *tmp = (S *)ge_vec(args, 17, NPY_S, 1, &L);",
+        "    if (!x || !rows || !offs || !buf || !tmp) return NULL;",
+        "    int64_t T = no;",
+        f"    const S *wt = (const S *)ge_arr(args, 10, NPY_S, 0, {'ge_prod(M, T, 1, 1)' if conv else '0'});",
+        f"    const S *b = (const S *)ge_arr(args, 11, NPY_S, 0, {'M' if conv else '0'});",
+        f"    const S *dv = (const S *)ge_arr(args, 12, NPY_S, 0, {'ge_prod(OH, OW, 1, 1)' if avg else '0'});",
+        "    S *out = (S *)ge_arr(args, 13, NPY_S, 1, ge_prod(N, M, OH, OW));",
+        "    if (!wt || !b || !dv || !out) return NULL;",
+        # buf and tmp hold one plane's rows per thread
+        "    int bad = nbuf % threads || L % threads;",
+        "    nbuf = nbuf / threads;",
+        "    L = L / threads;",
+        # every read and write of the loops below stays inside its array (checked, not assumed)
+        "    bad = bad || nr < H || T < 1 || (OH > 0 && OW > 0 && L < ge_span(OH, OW, 1, Wp, sw, 0));",
+    ]
+    if taps is not None:
+        lines.append(f"    bad = bad || T != {taps};")
+    lines += [
+        "    for (int64_t t = 0; t < T && !bad; t++) bad = offs[t] < 0 || offs[t] > nbuf - L;",
+        "    for (int64_t i = 0; i < H && !bad; i++) bad = rows[i] < 0 || rows[i] > nbuf - W;",
+        "    if (bad) return ge_fail();",
+        "    int64_t nt = N * C < 4 * threads ? N * C : 4 * threads;",
+        "    int64_t per = nt > 0 ? (N * C + nt - 1) / nt : 1;",
+        "    nt = per > 0 ? (N * C + per - 1) / per : 0;",
+        "    ctx q = {x, wt, b, dv, out, rows, offs, buf, tmp, N, C, H, W, OH, OW, Wp, sw, mult, M, T, nbuf, L, per, act,",
+        "             (S)lov, (S)hiv};",
+        "    Py_BEGIN_ALLOW_THREADS",
+        "    ge_parallel(task, &q, nt, threads);",
         "    Py_END_ALLOW_THREADS",
         "    Py_RETURN_NONE;",
         "}",
@@ -223,8 +298,8 @@ def checked_source(kind: str, taps: int | None) -> str:
 
 
 #: per dtype: the scalar type and its NumPy number, and the multiply-add (one rounding)
-_TYPES = {"float32": "typedef float S;\n#define NPY_S NPY_FLOAT\n#define FMA fmaf\n",
-          "float64": "typedef double S;\n#define NPY_S NPY_DOUBLE\n#define FMA fma\n"}
+_TYPES = {"float32": "typedef float S;\n#define NPY_S NPY_FLOAT\n#define FMA fmaf\n" + _EPI32,
+          "float64": "typedef double S;\n#define NPY_S NPY_DOUBLE\n#define FMA fma\n" + _EPI64}
 
 
 def loop(kind: str, taps: int, dtype: np.dtype, contiguous: bool = True):
@@ -310,10 +385,18 @@ def _dummy(dt: np.dtype) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run(kind: str, plan: WindowPlan, x: np.ndarray, out: np.ndarray, wt: np.ndarray | None = None,
-        b: np.ndarray | None = None, dv: np.ndarray | None = None) -> bool:
+        b: np.ndarray | None = None, dv: np.ndarray | None = None, *, threads: int = 1,
+        clip: tuple[float, float] | None = None, act: str | None = None) -> bool:
     """Run the window loop on 4-D ``x`` into C-contiguous ``out`` (shapes already checked by the
-    caller). ``wt``: (M, taps) weights and ``b``: (M,) bias of a depthwise conv (M = C * mult);
-    ``dv``: (OH * OW,) window counts of an average pool. False when no compiled loop exists."""
+    caller), its planes split over ``threads`` threads of the native pool. ``wt``: (M, taps)
+    weights and ``b``: (M,) bias of a depthwise conv (M = C * mult), which applies ``clip``
+    (``(lo, hi)``) and then ``act`` (a name of :data:`ACTS`, float32 only) as it writes;
+    ``dv``: (OH * OW,) window counts of an average pool. False when no compiled loop exists
+    or the epilogue is not one the loop applies (nothing is written then)."""
+    if (clip is not None or act is not None) and kind != "conv":
+        return False
+    if act is not None and (act not in ACTS or x.dtype != np.float32):
+        return False
     if not plan.ok or x.shape[2:] != plan.in_hw or out.shape[2:] != plan.out_hw or out.shape[0] != x.shape[0]:
         return False
     dt = x.dtype
@@ -324,13 +407,17 @@ def run(kind: str, plan: WindowPlan, x: np.ndarray, out: np.ndarray, wt: np.ndar
     if out.size == 0:
         return True
     x = np.require(x, dt, ["C_CONTIGUOUS", "ALIGNED"])  # a strided view is copied once
-    buf = np.full(plan.nbuf, -np.inf, dt) if kind == "max" else np.zeros(plan.nbuf, dt)
-    tmp = np.empty(plan.L, dt)
+    n, c, h, w = x.shape
+    threads = max(1, min(int(threads), n * c))
+    # one plane's buffer rows per thread (each zero or -inf bordered once: the loop writes the
+    # plane's own pixels only)
+    buf = np.full(plan.nbuf * threads, -np.inf, dt) if kind == "max" else np.zeros(plan.nbuf * threads, dt)
+    tmp = np.empty(plan.L * threads, dt)
     one, one2 = _dummy(dt)
     mult = out.shape[1] // x.shape[1] if x.shape[1] else 1
-    n, c, h, w = x.shape
     oh, ow = out.shape[2:]
+    lo, hi = (-np.inf, np.inf) if clip is None else (float(clip[0]), float(clip[1]))
     fn(n, c, h, w, oh, ow, plan.Wp, plan.sw, mult, x, one2 if wt is None else np.require(wt, dt, ["C", "A"]),
        one if b is None else np.require(b, dt, ["C", "A"]), one if dv is None else np.require(dv, dt, ["C", "A"]),
-       out, plan.rows, plan.offs, buf, tmp)
+       out, plan.rows, plan.offs, buf, tmp, threads, ACTS.get(act or "", 0), lo, hi)
     return True

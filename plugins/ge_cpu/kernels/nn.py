@@ -311,8 +311,10 @@ def conv_factory(spec: KernelSpec):
     if in_dtype(spec, 0) == np.float32 and wino is None and not use_loop:
         sgemm.available()  # GE's GEMM built now (or read from the kernel cache), not on the first run
 
-    def _depthwise_loop(x, w, b, out, key):
-        """Depthwise conv through the compiled window loop; None when it does not apply."""
+    def _depthwise_loop(x, w, b, out, key, epi=None):
+        """Depthwise conv through the compiled window loop, its planes split over the run's
+        threads and the caller's clip and activation (``epi``, no addend) applied as it writes;
+        None when it does not apply."""
         dt = x.dtype
         if dt not in _window.NP_DTYPES or w.dtype != dt or x.ndim != nd + 2:
             return None
@@ -335,8 +337,14 @@ def conv_factory(spec: KernelSpec):
         if bias.shape != (m,):
             return None
         target = _out_target(out, shape, dt)
-        if not _window.run("conv", window_plans(key), _as4d(x), _as4d(target), wt, bias):
+        clip = act = None
+        if epi is not None and epi["addend"] is None and (epi["act"] is None or dt == np.float32):
+            clip, act = epi["clip"], epi["act"]
+        if not _window.run("conv", window_plans(key), _as4d(x), _as4d(target), wt, bias,
+                           threads=parallel.native_width(), clip=clip, act=act):
             return None
+        if epi is not None and (clip is not None or act is not None):
+            epi["applied"] = True
         if out is not None:
             if target is not out[0]:
                 np.copyto(out[0], target)
@@ -361,7 +369,7 @@ def conv_factory(spec: KernelSpec):
             raise ValueError(f"Conv: input channels {c} / group {group} do not match weights {w.shape}")
         in_sp = x.shape[2:]
         if use_loop and cg == 1 and group == c:
-            r = _depthwise_loop(x, w, b, out, (in_sp, k))
+            r = _depthwise_loop(x, w, b, out, (in_sp, k), epi)
             if r is not None:
                 return r
         pb, pe, out_sp, _ = plans((in_sp, k))
