@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import GEError, ModelFileError, OptionError, reraise_interrupt
 from .ir.graph import Graph
@@ -12,9 +12,6 @@ from .model import CompiledModel
 from .options import CompileOptions
 from .plugins import get_host
 from .registry import close_matches
-
-if TYPE_CHECKING:
-    from .gears import GearModel
 
 _HEAD = 64
 
@@ -159,9 +156,10 @@ def compile(model: Graph | Any, options: CompileOptions | dict | str | os.PathLi
 
 
 def load_om(path: str | os.PathLike, *, verify_checksums: bool = True, threads: int | None = None,
-            executor: str | None = None, **run_options: Any) -> CompiledModel | GearModel:
-    """Load a compiled .om file (validated; weights memory-mapped, not copied). A gear model
-    (``atc --dynamic_batch_size`` ...) loads as a :class:`ge_core.gears.GearModel`.
+            executor: str | None = None, **run_options: Any) -> CompiledModel:
+    """Load a compiled .om file (validated; weights memory-mapped, not copied). A plugin's kind
+    of .om loads as the plugin's model, which has CompiledModel's interface: a gear model
+    (``atc --dynamic_batch_size`` ...) as a :class:`ge_atc.gear_model.GearModel`.
 
     ``threads`` (how many threads a run uses), ``executor`` (the cpu backend's ``auto``, ``sink``,
     ``arena``, ``streams`` or ``sequential``) and other run options registered by plugins (the

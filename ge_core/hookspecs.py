@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from .kernel import KernelSpec
     from .memory import MemoryPlan, MemoryProblem
     from .model import CompiledModel
+    from .om import OmKind
     from .ops import OpDef
     from .options import CompileOptions
     from .passes import Pass, PassInstrument
@@ -86,6 +87,10 @@ class RegisterBackend(Protocol):
 class RegisterOption(Protocol):
     def __call__(self, name: str, default: Any = None, help: str = "",
                  read: Callable[[Any], Mapping[str, Any]] | None = None) -> None: ...
+
+
+class RegisterOmKind(Protocol):
+    def __call__(self, partition: str, kind: OmKind, /) -> None: ...
 
 
 class RegisterCliCommand(Protocol):
@@ -207,6 +212,18 @@ def ge_register_options(register: RegisterOption) -> None:
     built-in option a plugin reads, such as ``fusion_switch_file``): ``fn(value)`` validates
     the value when it is set and returns the options it derives (``{option: value}``), raising
     OptionError for a bad value. Returns nothing.
+    """
+
+
+@hookspec
+def ge_register_om_kinds(register: RegisterOmKind) -> None:
+    """Register kinds of .om file that the core does not interpret itself.
+
+    Call ``register(partition, kind)``: an .om whose container holds the partition
+    ``partition`` (a kind name other than ``model`` and ``weights``) is read by ``kind``, a
+    :class:`ge_core.om.OmKind` (``load``, ``inspect``, ``definition``), after the core checked
+    the container. ``ge_atc`` registers its gear models (partition ``gears``) this way. Returns
+    nothing.
     """
 
 

@@ -6,6 +6,10 @@ An .om holds two partitions (see :mod:`ge_core.om_container` for the container):
   events, memory plan, options, report and the producer's version;
 * ``weights``: every constant in one blob, each tensor 64-byte aligned, the partition
   4096-byte aligned, so loading maps it and the constants are views of the file (no copy).
+
+A plugin may define another kind of .om, one whose container holds a partition of its own
+(``ge_register_om_kinds``: ge_atc's gear models, partition ``gears``); :func:`load_om`,
+:func:`inspect_om` and :func:`stored_definition` hand such a file to its :class:`OmKind`.
 """
 
 from __future__ import annotations
@@ -14,23 +18,32 @@ import hashlib
 import os
 import re
 import zlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from . import __version__, cache
-from .errors import GEError, GraphError, ModelFileError, OmFormatError, OptionError, UnsupportedOpError
+from .errors import (
+    GEError,
+    GraphError,
+    ModelFileError,
+    OmFormatError,
+    OptionError,
+    PluginError,
+    UnsupportedOpError,
+    reraise_interrupt,
+)
 from .ir.graph import Graph
 from .ir.verify import verify_graph
 from .memory import MAX_ORDERS, MemoryPlan, SymbolicPlan, verify_plan, verify_symbolic_plan
 from .model import CompiledModel
-
-if TYPE_CHECKING:
-    from .gears import GearModel
-from .om_container import map_readonly, read_container, write_container, write_file_atomic
+from .om_container import Container, map_readonly, read_container, write_container, write_file_atomic
 from .options import CompileOptions
 from .schedule import StreamAssignment, verify_streams
 from .serialize import FORMAT_VERSION, LIMITS, WeightWriter, dump_definition, graph_to_dict, load_definition, read_graph
+
+if TYPE_CHECKING:
+    from .plugins import PluginHost
 
 MODEL_FORMAT = "ge-model"
 MAX_MODEL_JSON = LIMITS.model_json_bytes
@@ -40,7 +53,7 @@ _RECREATE = "re-create it with `ge compile`"
 
 def model_definition(model: CompiledModel, weights: WeightWriter | None = None) -> tuple[dict[str, Any], WeightWriter]:
     """The JSON definition of ``model`` and the writer holding its constants (``weights``: one
-    shared by several models, as a gear model's gears share theirs)."""
+    shared by several models, as the gears of ge_atc's gear models share theirs)."""
     weights = weights if weights is not None else WeightWriter()
     graph = graph_to_dict(model.graph, weights)
     opts = model.options.as_dict()
@@ -265,7 +278,7 @@ _SECTIONS: dict[str, tuple[type, ...]] = {
 
 
 def read_model_definition(path: str, container, raw: Any = None) -> dict[str, Any]:
-    """The model definition of an open container (or the bytes ``raw``: one gear's definition):
+    """The model definition of an open container (or the bytes ``raw``: say, one gear's):
     JSON within the .om limits, known format and version, each section of its JSON type and the
     report well typed; else OmFormatError."""
     d = load_definition(container.partition("model") if raw is None else raw, f"'{path}'")
@@ -335,11 +348,75 @@ def _stored(what: str, path: str, e: GEError) -> OmFormatError:
     return OmFormatError(f"'{path}': the stored {what} is invalid: {e.detail}", hint=_RECREATE)
 
 
+#: The partitions the core reads; an .om holding another one that a plugin registered
+#: (``ge_register_om_kinds``) is that plugin's kind of .om.
+CORE_PARTITIONS = ("model", "weights")
+#: Partitions a built-in plugin reads, named when that plugin is missing (or disabled).
+PLUGIN_PARTITIONS = {"gears": "ge_atc (gear models: atc --dynamic_batch_size, --dynamic_image_size, --dynamic_dims)"}
+
+
+@runtime_checkable
+class OmKind(Protocol):
+    """A kind of .om a plugin defines (``ge_register_om_kinds``): it reads the files whose
+    container holds its partition. Each method gets the path and the open container, whose
+    header, partition table and checksums the core has checked; everything else in it is data
+    from a stranger, checked by the kind as :func:`load_om` checks a model (the public functions
+    here do the core's part: :func:`read_model_definition`, :func:`weight_buffers`,
+    :func:`model_from_definition`, :func:`definition_summary`)."""
+
+    def load(self, path: str, container: Container, host: PluginHost, verify_checksums: bool,
+             run_options: dict[str, Any] | None) -> Any:
+        """The loaded model: an object with :class:`CompiledModel`'s interface (``run``,
+        ``input_names``/``output_names``, ``inputs``/``outputs``, ``report``, ``timings``, ``save``)."""
+
+    def inspect(self, path: str, container: Container) -> dict[str, Any]:
+        """:func:`inspect_om`'s ``model``, ``report`` and ``streams`` (and the kind's own keys)."""
+
+    def definition(self, path: str, container: Container) -> dict[str, Any]:
+        """The checked model definition that stands for the file (:func:`stored_definition`)."""
+
+
+def om_kind(path: str, container: Container, host: PluginHost | None = None) -> tuple[str, OmKind, str] | None:
+    """The (partition, kind, its plugin) that reads the open ``container``, or None for a model
+    the core reads. A partition a built-in plugin reads (:data:`PLUGIN_PARTITIONS`) with that plugin
+    missing is a ModelFileError naming the plugin; any other partition is ignored."""
+    extra = [k for k in container.kinds() if k not in CORE_PARTITIONS]
+    if not extra:
+        return None
+    from .plugins import get_host
+
+    kinds = (host or get_host()).registries.om_kinds
+    for part in extra:
+        kind = kinds.get(part)
+        if kind is not None:
+            return part, kind, kinds.origin(part) or "?"
+    for part in extra:
+        if part in PLUGIN_PARTITIONS:
+            raise ModelFileError(f"'{path}' holds a '{part}' partition, which no installed plugin reads: it needs "
+                                 f"the plugin {PLUGIN_PARTITIONS[part]}",
+                                 hint="install it, or take it out of GE_DISABLE_PLUGINS")
+    return None
+
+
+def call_kind(found: tuple[str, OmKind, str], path: str, method: str, *args: Any) -> Any:
+    """``kind.<method>(path, container, ...)`` of :func:`om_kind`'s answer; anything but a
+    GEError it raises is a PluginError naming the plugin, the file and the partition."""
+    part, kind, plugin = found
+    try:
+        return getattr(kind, method)(path, *args)
+    except GEError:
+        raise
+    except BaseException as e:  # noqa: BLE001 - SystemExit in a plugin must not end the host
+        reraise_interrupt(e)
+        raise PluginError(f"plugin '{plugin}' failed to {method} '{path}' (its '{part}' partition): "
+                          f"{type(e).__name__}: {e}", hint="this is a bug in the plugin; please report it with the file") from e
+
+
 def load_om(path: str | os.PathLike, *, host=None, verify_checksums: bool = True,
-            run_options: dict[str, Any] | None = None) -> CompiledModel | GearModel:
+            run_options: dict[str, Any] | None = None) -> CompiledModel:
     """Load an .om file; everything is validated before use. Weights stay memory-mapped.
     ``run_options`` (threads, executor, ...) replace the stored ones before the executable is
-    built (once).
+    built (once). A plugin's kind of .om (:class:`OmKind`) gives the model its ``load`` builds.
 
     What the file stores is checked as the compiler checks what it computes: the graph
     (:func:`verify_graph` with the registered ops), the options (as user options), the stream
@@ -352,10 +429,9 @@ def load_om(path: str | os.PathLike, *, host=None, verify_checksums: bool = True
     container = read_container(path, verify_checksums=verify_checksums)
     try:
         host = host or get_host()
-        if GEARS_PARTITION in container:  # one static model per gear (atc --dynamic_batch_size ...)
-            from .gears import load_gears
-
-            return load_gears(path, container, host, verify_checksums, run_options)
+        found = om_kind(path, container, host)
+        if found:
+            return call_kind(found, path, "load", container, host, verify_checksums, run_options)
         d = read_model_definition(path, container)
         if "weights" not in container:
             raise OmFormatError(f"'{path}' has no weights partition", hint=_RECREATE)
@@ -364,10 +440,6 @@ def load_om(path: str | os.PathLike, *, host=None, verify_checksums: bool = True
     except BaseException:
         container.close()
         raise
-
-
-#: The partition of a gear model's per-gear definitions (:mod:`ge_core.gears`).
-GEARS_PARTITION = "gears"
 
 
 def model_from_definition(path: str, d: dict[str, Any], raw: Any, blob: Any, container, host,
@@ -495,15 +567,15 @@ def inspect_om(path: str) -> dict[str, Any]:
     """A JSON-able description: container header and partitions, model summary and report.
 
     The model definition is validated as :func:`load_om` validates it (no plugin needed): the
-    graph is rebuilt, the stream assignment and memory plan are read, the options are checked."""
+    graph is rebuilt, the stream assignment and memory plan are read, the options are checked.
+    A plugin's kind of .om is described by its :meth:`OmKind.inspect`."""
     from .om_container import describe
 
     info: dict[str, Any] = {"file": describe(path)}
     with read_container(path) as c:
-        if GEARS_PARTITION in c:
-            from .gears import inspect_gears
-
-            info.update(inspect_gears(path, c))
+        found = om_kind(path, c)
+        if found:
+            info.update(call_kind(found, path, "inspect", c))
             return info
         d = read_model_definition(path, c)
         if "weights" not in c:
@@ -514,11 +586,10 @@ def inspect_om(path: str) -> dict[str, Any]:
 
 def stored_definition(path: str, container) -> dict[str, Any]:
     """The model definition an .om stores (checked as :func:`read_model_definition` checks it);
-    of a gear model, its first gear's."""
-    if GEARS_PARTITION in container:
-        from .gears import read_gear_definitions
-
-        return read_gear_definitions(path, container)[2][0][1]
+    of a plugin's kind of .om, the one its :meth:`OmKind.definition` gives."""
+    found = om_kind(path, container)
+    if found:
+        return call_kind(found, path, "definition", container)
     return read_model_definition(path, container)
 
 

@@ -99,6 +99,8 @@ class Registries:
         #: Option name -> ``read(value) -> {option: value}`` (``register(name, read=...)``).
         self.option_readers: Registry = Registry("option reader")
         self.cli_commands: Registry = Registry("command")
+        #: Partition name -> the :class:`ge_core.om.OmKind` that reads an .om holding it.
+        self.om_kinds: Registry = Registry("om kind")
 
     def kernels_for(self, backend: str) -> Registry:
         return self.kernels.setdefault(backend, Registry(f"{backend} kernel"))
@@ -299,6 +301,20 @@ class PluginHost:
 
             return add
 
+        def om_kind_adder(plugin):
+            def add(partition: str, kind):
+                from .om import CORE_PARTITIONS, OmKind
+
+                if not isinstance(partition, str) or not partition or partition in CORE_PARTITIONS:
+                    raise PluginError(f"om kind partition {partition!r:.40} is not a partition name of its own",
+                                      hint=f"name a partition other than {' and '.join(CORE_PARTITIONS)}")
+                if not isinstance(kind, OmKind):
+                    raise PluginError(f"om kind '{partition}' ({type(kind).__name__}) has no load, inspect and "
+                                      "definition methods", hint="see ge_core.om.OmKind")
+                return ("om_kinds", partition, kind)
+
+            return add
+
         def cli_adder(plugin):
             def add(name: str, help: str, configure, run):
                 return ("cli_commands", name, CliCommand(name, help, configure, run))
@@ -317,6 +333,7 @@ class PluginHost:
             ("ge_register_memory_planners", named("memory_planners")),
             ("ge_register_backends", named("backends", "name")),
             ("ge_register_options", option_adder),
+            ("ge_register_om_kinds", om_kind_adder),
             ("ge_register_cli_commands", cli_adder),
         ]
         for hook_name, make_adder in hooks:

@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
     atc = {"command_line": " ".join(["atc", *map(str, argv)]), "framework": model.options.framework}
     out = args.output if args.output.endswith(".om") else args.output + ".om"
     if plan:
-        from ge_core.gears import GearModel
+        from .gear_model import GearModel
 
         gm = GearModel(models, plan[0], {"atc": atc})
         gm.save(out, external_weight=int(args.external_weight or 0))

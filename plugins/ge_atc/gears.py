@@ -1,7 +1,7 @@
 """ATC's gear flags: ``--dynamic_batch_size``, ``--dynamic_image_size``, ``--dynamic_dims``.
 
 Each flag lists gears; a gear gives the ``-1`` dims of ``--input_shape`` their values, and atc
-compiles one static model per gear into one .om (:mod:`ge_core.gears`). GE's rules, from its
+compiles one static model per gear into one .om (:mod:`ge_atc.gear_model`). GE's rules, from its
 ATC pages and its source (ge/ir_build/atc_ir_common.cc: CheckDynamicInputParamValid and the
 checks it calls; ge/graph/preprocess/multi_batch_options.cc: CheckDynamicParams), each refused
 here with an OptionError naming the flag:
@@ -24,7 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 from ge_core.errors import OptionError
-from ge_core.gears import FLAGS, MAX_GEARS, MIN_GEARS, GearTable
+
+from .gear_model import FLAGS, MAX_GEARS, MIN_GEARS, GearTable
 
 EXAMPLES = {"dynamic_batch_size": ('--input_shape="x:-1,3,224,224"', '--dynamic_batch_size="1,2,4,8"'),
             "dynamic_image_size": ('--input_shape="x:1,3,-1,-1"', '--dynamic_image_size="224,224;320,320"'),

@@ -1,5 +1,6 @@
 """Hook implementations of the ``ge_atc`` plugin: the ``ge atc`` sub-command (the same as ``atc``),
-the compile options of ATC's flags and the passes that carry them out.
+the compile options of ATC's flags and the passes that carry them out, and the gear .om kind
+(the models of ``--dynamic_batch_size`` and the other gear flags: :mod:`ge_atc.gear_model`).
 
 The options are ATC's and so is their meaning, so they live here rather than in ge_passes: a
 plain ``ge compile --option precision_mode=force_fp16`` reaches the same passes.
@@ -88,3 +89,12 @@ def ge_model_built(model):
     table = model.graph.metadata.get("atc_precision")
     if isinstance(table, dict) and table.get("mode") not in (None, "must_keep_origin_dtype"):
         model.report["precision"] = table
+
+
+@hookimpl
+def ge_register_om_kinds(register):
+    """Gear models (atc --dynamic_batch_size, --dynamic_image_size, --dynamic_dims): the .om kind
+    of partition ``gears``."""
+    from .gear_model import GEARS_PARTITION, GearOmKind
+
+    register(GEARS_PARTITION, GearOmKind())

@@ -27,6 +27,7 @@ SDK_DOOR = {
     "ge_register_backends": "`plugin.backend(MyBackend)`",
     "ge_register_options": "`plugin.option(name, default, help)`",
     "ge_register_cli_commands": "`@plugin.command(name, help, configure=...)`",
+    "ge_register_om_kinds": "none: write a `@ge_core.hookimpl` function",
     "ge_graph_loaded": '`@plugin.on("ge_graph_loaded")`',
     "ge_before_pass": '`@plugin.on("ge_before_pass")`',
     "ge_after_pass": '`@plugin.on("ge_after_pass")`',

@@ -266,6 +266,98 @@ def test_cli_commands(fresh_host, capsys):
     assert fresh_host.registries.cli_commands.origin("viz") == "ge_sdk"
 
 
+class ScaledKind:
+    """A toy .om kind (partition ``scale``): the core's model, its outputs times the partition's number."""
+
+    def load(self, path, container, host, verify_checksums, run_options):
+        from ge_core.om import model_from_definition, read_model_definition, weight_buffers
+
+        d = read_model_definition(path, container)
+        blob = weight_buffers(path, d, container, verify_checksums)
+        model = model_from_definition(path, d, container.partition("model"), blob, container, host, run_options)
+        factor = int(bytes(container.partition("scale")))
+        return argparse.Namespace(run=lambda feeds: {k: v * factor for k, v in model.run(feeds).items()},
+                                  timings={}, factor=factor)
+
+    def inspect(self, path, container):
+        return {"model": {"scale": int(bytes(container.partition("scale")))}}
+
+    def definition(self, path, container):
+        from ge_core.om import read_model_definition
+
+        return read_model_definition(path, container)
+
+
+@covers("ge_register_om_kinds")
+def test_om_kind_reads_an_om_holding_its_partition(fresh_host, tmp_path):
+    from ge_core.om import inspect_om, stored_definition
+    from ge_core.om_container import read_container, write_container
+
+    plain, scaled = str(tmp_path / "m.om"), str(tmp_path / "scaled.om")
+    ge.compile(relu_graph()).save(plain)
+    with read_container(plain) as c:
+        write_container(scaled, [("model", bytes(c.partition("model")), 8), ("weights", bytes(c.partition("weights")), 4096),
+                                 ("scale", b"3", 8)], producer="test")
+    x = np.array([[-1, 2, 3], [4, -5, 6]], np.float32)
+    unread = ge.load_om(scaled)  # no plugin reads 'scale': the core's model, the partition ignored
+    np.testing.assert_array_equal(next(iter(unread.run({"x": x}).values())), np.maximum(x, 0))
+
+    class Kinds:
+        @ge.hookimpl
+        def ge_register_om_kinds(self, register):
+            register("scale", ScaledKind())
+
+    fresh_host.register_plugin(Kinds(), "kinds_test")
+    assert fresh_host.registries.om_kinds.origin("scale") == "kinds_test"
+    model = ge.load_om(scaled)
+    assert model.factor == 3 and "load_seconds" in model.timings
+    np.testing.assert_array_equal(next(iter(model.run({"x": x}).values())), 3 * np.maximum(x, 0))
+    info = inspect_om(scaled)
+    assert info["model"] == {"scale": 3} and [p["kind"] for p in info["file"]["partitions"]] == ["model", "weights", "scale"]
+    with read_container(scaled) as c:
+        assert stored_definition(scaled, c)["format"] == "ge-model"
+    assert ge.load_om(plain).run({"x": x})  # a plain .om still loads as the core's model
+
+
+def test_a_failing_or_invalid_om_kind_is_a_plugin_error(fresh_host, tmp_path):
+    from ge_core.om_container import read_container, write_container
+
+    class Broken(ScaledKind):
+        def load(self, path, container, host, verify_checksums, run_options):
+            raise ValueError("boom")
+
+    class Kinds:
+        @ge.hookimpl
+        def ge_register_om_kinds(self, register):
+            register("scale", Broken())
+
+    class Bad:
+        @ge.hookimpl
+        def ge_register_om_kinds(self, register):
+            register("model", ScaledKind())  # the core's own partition
+
+    class Odd:
+        @ge.hookimpl
+        def ge_register_om_kinds(self, register):
+            register("other", object())
+
+    fresh_host.register_plugin(Kinds(), "broken_kind")
+    fresh_host.register_plugin(Bad(), "bad_kind")
+    fresh_host.register_plugin(Odd(), "odd_kind")
+    plain, scaled = str(tmp_path / "m.om"), str(tmp_path / "scaled.om")
+    ge.compile(relu_graph()).save(plain)
+    with read_container(plain) as c:
+        write_container(scaled, [("model", bytes(c.partition("model")), 8), ("weights", bytes(c.partition("weights")), 4096),
+                                 ("scale", b"3", 8)], producer="test")
+    with pytest.raises(PluginError, match=r"plugin 'broken_kind' failed to load '.*scaled.om' \(its 'scale' partition\): "
+                                          r"ValueError: boom"):
+        ge.load_om(scaled)
+    errors = fresh_host.info["bad_kind"].errors
+    assert len(errors) == 1 and "om kind partition 'model' is not a partition name of its own" in errors[0]
+    assert "om kind 'other' (object) has no load, inspect and definition methods" in fresh_host.info["odd_kind"].errors[0]
+    assert set(fresh_host.registries.om_kinds.keys()) == {"gears", "scale"}  # nothing of theirs kept
+
+
 @covers("ge_before_pass", "ge_after_pass")
 def test_pass_observers(fresh_host):
     plugin = Plugin("obs_test")

@@ -1,6 +1,11 @@
 """Gear models: GE's multi-batch, multi-size and dynamic-dims models (``atc --dynamic_batch_size``,
 ``--dynamic_image_size``, ``--dynamic_dims``), one static model per gear in one .om.
 
+The core reads the .om container and its single models; a gear .om is a kind of .om this plugin
+defines (``ge_register_om_kinds``: :class:`GearOmKind` for the ``gears`` partition), so
+``ge_core.load_om`` and ``ge_core.om.inspect_om`` come here for it. The compile side (the flags'
+parsing and checks) is :mod:`ge_atc.gears`.
+
 A gear gives each dynamic (``-1``) dim of ``--input_shape`` a value. Every gear is compiled as an
 ordinary static model (its own memory plan, arena and kernels); a run takes the gear whose input
 shapes the feed has, and any other shape is an :class:`InputError` listing the gears. (GE builds
@@ -32,13 +37,27 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
-from .errors import GraphError, InputError, OmFormatError, OptionError
-from .model import CompiledModel, NodeArg
-from .serialize import LIMITS, WeightWriter, dump_definition, load_definition
+from ge_core import __version__
+from ge_core.errors import GraphError, InputError, OmFormatError, OptionError
+from ge_core.model import CompiledModel, NodeArg
+from ge_core.om import (
+    checked_definition,
+    definition_summary,
+    model_from_definition,
+    read_model_definition,
+    remember_types_checked,
+    report_problem,
+    weight_buffers,
+    write_external_weights,
+)
+from ge_core.om_container import write_container
+from ge_core.plugins import get_host
+from ge_core.serialize import LIMITS, WeightWriter, dump_definition, load_definition
 
 GEAR_FORMAT = "ge-gears"
 GEAR_VERSION = 1
+#: The partition of a gear .om that holds the gears' model definitions (the kind's partition).
+GEARS_PARTITION = "gears"
 #: The gear flags and what their gears are called (GE: the flags are mutually exclusive).
 FLAGS = {"dynamic_batch_size": "batch", "dynamic_image_size": "image size", "dynamic_dims": "dims"}
 #: GE's bounds on the number of gears (multi_batch_options.cc: kMinShapesCount, kMaxShapesCount).
@@ -329,10 +348,6 @@ class GearModel:
 def save_gears(model: GearModel, path: str, *, external_weight: int = 0) -> str:
     """Write a gear model as one .om (see the module's docstring); ``external_weight`` as for
     :func:`ge_core.om.save_om`."""
-    from .om import GEARS_PARTITION, checked_definition, remember_types_checked, write_external_weights
-    from .om_container import write_container
-    from .plugins import get_host
-
     if external_weight not in (0, 1, 2):
         raise OptionError(f"external_weight must be 0, 1 or 2, not {external_weight!r:.20}")
     if not path:
@@ -360,8 +375,6 @@ def save_gears(model: GearModel, path: str, *, external_weight: int = 0) -> str:
 def read_gear_definitions(path: str, container) -> tuple[dict[str, Any], GearTable, list[tuple[Any, dict[str, Any]]]]:
     """The gear table of an open gear .om (checked), and each gear's (bytes, model definition),
     each definition checked as :func:`ge_core.om.read_model_definition` checks a model's."""
-    from .om import GEARS_PARTITION, read_model_definition, report_problem
-
     head = load_definition(container.partition("model"), f"'{path}'")
     if not isinstance(head, dict) or head.get("format") != GEAR_FORMAT:
         raise OmFormatError(f"'{path}' has a gears partition, but its model partition is not a gear table",
@@ -400,8 +413,6 @@ def load_gears(path: str, container, host, verify_checksums: bool = True,
                run_options: dict[str, Any] | None = None) -> GearModel:
     """The gear model of an open gear .om: the table checked, every gear verified and built as
     :func:`ge_core.om.load_om` does a single model, then each gear's graph against the table."""
-    from .om import model_from_definition, weight_buffers
-
     head, table, defs = read_gear_definitions(path, container)
     if "weights" not in container:
         raise OmFormatError(f"'{path}' has no weights partition", hint=_RECREATE)
@@ -423,8 +434,6 @@ def load_gears(path: str, container, host, verify_checksums: bool = True,
 def inspect_gears(path: str, container) -> dict[str, Any]:
     """:func:`ge_core.om.inspect_om`'s ``model``, ``report`` and ``streams`` (of the first gear)
     and ``gears`` of an open gear .om, validated as :func:`load_gears` validates it without plugins."""
-    from .om import definition_summary, weight_buffers
-
     head, table, defs = read_gear_definitions(path, container)
     if "weights" not in container:
         raise OmFormatError(f"'{path}' has no weights partition", hint=_RECREATE)
@@ -449,3 +458,20 @@ def inspect_gears(path: str, container) -> dict[str, Any]:
     info["gears"] = {"flag": table.flag, "text": table.describe(),
                      "inputs": [{"name": n, "axes": list(a)} for n, a in table.axes.items()], "list": gears}
     return info
+
+
+class GearOmKind:
+    """The gear .om kind (``ge_register_om_kinds``, partition ``gears``): what
+    :func:`ge_core.om.load_om`, :func:`ge_core.om.inspect_om` and
+    :func:`ge_core.om.stored_definition` do with a container that holds a ``gears`` partition."""
+
+    def load(self, path: str, container, host, verify_checksums: bool = True,
+             run_options: dict[str, Any] | None = None) -> GearModel:
+        return load_gears(path, container, host, verify_checksums, run_options)
+
+    def inspect(self, path: str, container) -> dict[str, Any]:
+        return inspect_gears(path, container)
+
+    def definition(self, path: str, container) -> dict[str, Any]:
+        """The first gear's model definition (the one that stands for the model)."""
+        return read_gear_definitions(path, container)[2][0][1]
