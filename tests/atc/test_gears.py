@@ -29,7 +29,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ge_core as ge
-from ge_core.errors import InputError, OmFormatError, OptionError
+from ge_core.errors import InputError, ModelFileError, OmFormatError, OptionError
 from ge_core.om import inspect_om
 from ge_core.om_container import read_container, write_container
 
@@ -258,3 +258,26 @@ def test_gear_weights_can_live_beside_the_om(tmp_path, atc):
                   "--external_weight=2")
     assert len(list((tmp_path / "weight").iterdir())) == 1
     _check_gears(om, src, [{"x": (1, 3, 16, 16)}, {"x": (2, 3, 16, 16)}])
+
+
+def test_a_gear_om_without_ge_atc_names_the_plugin_it_needs(tmp_path, atc, monkeypatch):
+    from ge_core import plugins
+    from ge_core.om import stored_definition
+
+    def definition(path):
+        with read_container(path) as c:
+            return stored_definition(path, c)
+
+    src = cnn(tmp_path / "cnn.onnx")
+    om = _compile(atc, tmp_path, src, "--input_shape=x:-1,3,16,16", "--dynamic_batch_size=1,2")
+    monkeypatch.setenv("GE_DISABLE_PLUGINS", "ge_atc")
+    old = plugins.reset_host(plugins.PluginHost())
+    try:
+        assert "gears" not in plugins.get_host().registries.om_kinds
+        for load in (ge.load_om, inspect_om, definition):
+            with pytest.raises(ModelFileError) as e:
+                load(om)
+            assert f"'{om}' holds a 'gears' partition, which no installed plugin reads: it needs the plugin " \
+                   "ge_atc (gear models" in str(e.value) and "GE_DISABLE_PLUGINS" in str(e.value)
+    finally:
+        plugins.reset_host(old)
