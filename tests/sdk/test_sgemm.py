@@ -193,20 +193,21 @@ def test_a_convolution_with_its_epilogue_at_the_store_matches_onnxruntime(cin, c
     np.testing.assert_allclose(_run(model, feeds, 1), want, rtol=1e-4, atol=1e-4)
 
 
-def test_pointwise_convolutions_stay_on_blas_unless_asked(monkeypatch):
+def test_pointwise_convolutions_on_large_planes_stay_on_blas(monkeypatch):
     import ge_cpu.kernels.nn as nn
 
-    model, feeds = _conv_model(24, 40, 12, "add relu", 2, k=1)
+    model, feeds = _conv_model(24, 40, 16, "add relu", 2, k=1)  # 256 pixels a plane
     want = _ort(model, feeds)
     calls = []
     for name in ("conv2d", "matmul_rows"):
         real = getattr(sgemm, name)
         monkeypatch.setattr(sgemm, name, lambda *a, _r=real, **k: calls.append(a) or _r(*a, **k))
+    assert 16 * 16 > nn.POINTWISE_SGEMM_MAX_PIXELS
     np.testing.assert_allclose(_run(model, feeds, 1), want, rtol=1e-4, atol=1e-4)
-    assert not calls  # BLAS's blocked kernel is faster on large planes (nn.POINTWISE_ON_SGEMM)
-    monkeypatch.setattr(nn, "POINTWISE_ON_SGEMM", True)
+    assert not calls  # BLAS's blocked kernel is faster on large planes
+    monkeypatch.setattr(nn, "POINTWISE_SGEMM_MAX_PIXELS", 256)
     np.testing.assert_allclose(_run(model, feeds, 1), want, rtol=1e-4, atol=1e-4)
-    assert len(calls) == 2 and calls[0][6] is not None  # one GEMM per image, the residual at the store
+    assert len(calls) == 2 and calls[0][-2] is not None  # one GEMM per image, the residual at the store
 
 
 CONVS = [  # (C, H, W, M, group, kernel, strides, dilations, pads begin, pads end, batch)

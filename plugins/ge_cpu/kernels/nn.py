@@ -163,9 +163,10 @@ class _PlanCache:
 _COLS_BLOCK = 1 << 24
 
 
-#: 1x1 stride-1 convolutions on GE's GEMM (else BLAS, whose blocked kernel is faster on the
-#: large planes of a CNN's first stages)
-POINTWISE_ON_SGEMM = False
+#: 1x1 stride-1 convolutions run on GE's GEMM up to this many output pixels per image, BLAS
+#: above (its blocked kernel is faster on the large planes of a CNN's first stages; on small
+#: planes its per-call packing of the weights is most of the time)
+POINTWISE_SGEMM_MAX_PIXELS = 196
 
 _scratch = threading.local()
 
@@ -383,7 +384,7 @@ def conv_factory(spec: KernelSpec):
         wk = packed["w"] if w_const is not None else pack(w)
         p = math.prod(out_sp)
         pointwise = all(ki == 1 for ki in k) and not any(pb) and not any(pe) and all(si == 1 for si in strides)
-        if nd == 2 and not (cg == 1 and group == c and group > 1) and (POINTWISE_ON_SGEMM or not pointwise):
+        if nd == 2 and not (cg == 1 and group == c and group > 1) and (not pointwise or p <= POINTWISE_SGEMM_MAX_PIXELS):
             done = _conv2d_sgemm(x, wk, b, out, (n, m) + tuple(out_sp), group, k, strides, dilations, pb, epi)
             if done is not None:
                 return done
@@ -392,7 +393,7 @@ def conv_factory(spec: KernelSpec):
             if any(si != 1 for si in strides):
                 xs = x[(slice(None), slice(None)) + tuple(slice(None, None, si) for si in strides)]
             xs = xs.reshape(n, group, cg, p) if group > 1 else xs.reshape(n, cg, p)
-            done = _pointwise_sgemm(wk, xs, b, out, (n, m) + tuple(out_sp), epi) if group == 1 and POINTWISE_ON_SGEMM else None
+            done = _pointwise_sgemm(wk, xs, b, out, (n, m) + tuple(out_sp), epi) if group == 1 and p <= POINTWISE_SGEMM_MAX_PIXELS else None
             if done is not None:
                 return done
             if out is not None and group == 1:
