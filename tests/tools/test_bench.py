@@ -15,7 +15,7 @@ from tests.tools.models import matmul_chain
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
     d = tmp_path_factory.mktemp("bench")
-    src = matmul_chain(str(d / "chain.onnx"), width=384, layers=4)
+    src = matmul_chain(str(d / "chain.onnx"), width=384, layers=8)  # about 1 ms a run: long enough to time
     om = ge.compile(src, threads=1).save(str(d / "chain.om"))
     return src, om
 
