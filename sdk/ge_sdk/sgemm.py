@@ -345,8 +345,9 @@ static void sg_pack_task(void *vc, int64_t i, int slot) {
                     for (int64_t j = j0; j < lo; j++) row[j] = 0.0f;
                     if (hi > lo) {
                         const float *src = plane + iy * q->w + ix0 + (lo - j0) * q->sw;  /* inside the image */
-                        if (q->sw == 1) memcpy(row + lo, src, (size_t)(hi - lo) * sizeof(float));
-                        else for (int64_t j = lo; j < hi; j++) row[j] = src[(j - lo) * q->sw];
+                        if (q->sw == 1) { for (int64_t j = lo; j < hi; j++) row[j] = src[j - lo]; }
+                        else if (q->sw == 2) { for (int64_t j = lo; j < hi; j++) row[j] = src[(j - lo) * 2]; }
+                        else { for (int64_t j = lo; j < hi; j++) row[j] = src[(j - lo) * q->sw]; }
                     }
                     for (int64_t j = hi; j < j1; j++) row[j] = 0.0f;
                 }

@@ -287,3 +287,26 @@ def test_a_constant_weight_product_runs_on_packed_panels(op, monkeypatch):
         assert len(calls) == 1 and calls[0][3] is not None and calls[0][7] == "gelu"
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(_run(model, feeds, 2), got)
+
+
+@pytest.mark.parametrize("c,length,m,group,k,stride,dil,pads", [(1, 400, 16, 1, 10, 5, 1, (0, 0)),  # wav2vec2's first
+                                                                (32, 49, 32, 16, 16, 1, 1, (8, 8)),  # its positional conv
+                                                                (12, 37, 18, 3, 3, 2, 2, (1, 3))])
+def test_a_1d_convolution_runs_as_a_2d_one_of_height_1(c, length, m, group, k, stride, dil, pads, monkeypatch):
+    rng = np.random.default_rng(c + length)
+    x = rng.standard_normal((2, c, length)).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[k], strides=[stride], dilations=[dil],
+                            pads=list(pads), group=group)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(rng.standard_normal((m, c // group, k)).astype(np.float32), "w"),
+                           numpy_helper.from_array(rng.standard_normal(m).astype(np.float32), "b")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    calls = []
+    real = sgemm.conv2d
+    monkeypatch.setattr(sgemm, "conv2d", lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    want = _ort(model, {"x": x})
+    got = _run(model, {"x": x}, 1)
+    assert len(calls) == 2 and calls[0][0].shape == (c, 1, length) and calls[0][4] == (1, k)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(c // group * k))
+    np.testing.assert_array_equal(_run(model, {"x": x}, 2), got)

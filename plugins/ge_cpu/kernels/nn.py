@@ -189,9 +189,15 @@ def _columns(view, shape):
 def _conv2d_sgemm(x, wk, b, out, shape, group, k, strides, dilations, pb, epi):
     """A 2-D convolution per image on GE's own GEMM (:func:`ge_sdk.sgemm.conv2d`: the column
     matrix packed straight into its panels, the bias and the caller's epilogue ``epi`` at the
-    store), written into the planned output; None when that path does not run these arrays."""
-    if x.dtype != np.float32 or wk.dtype != np.float32 or x.ndim != 4 or not sgemm.available():
+    store), written into the planned output; None when that path does not run these arrays. A
+    1-D convolution (wav2vec2's feature extractor and its grouped positional conv) runs as a
+    2-D one of height 1."""
+    if x.dtype != np.float32 or wk.dtype != np.float32 or x.ndim not in (3, 4) or not sgemm.available():
         return None
+    out_hw = tuple(shape[2:])
+    if x.ndim == 3:
+        x = x.reshape(x.shape[0], x.shape[1], 1, x.shape[2])
+        k, strides, dilations, pb, out_hw = (1, k[0]), (1, strides[0]), (1, dilations[0]), (0, pb[0]), (1,) + out_hw
     x = np.ascontiguousarray(x)
     n, m = shape[:2]
     bias, clip, z3, act = _epilogue_args(b, shape, epi)
@@ -199,7 +205,7 @@ def _conv2d_sgemm(x, wk, b, out, shape, group, k, strides, dilations, pb, epi):
         return None
     w2 = wk.reshape(m, -1)
     width = parallel.native_width()
-    geo = (group, tuple(k), tuple(strides), tuple(dilations), (pb[0], pb[1]), tuple(shape[2:]))
+    geo = (group, tuple(k), tuple(strides), tuple(dilations), (pb[0], pb[1]), out_hw)
     return _per_image(shape, out, z3, epi, lambda i, t2, z2: sgemm.conv2d(x[i], w2, t2, *geo, bias, clip, width, z2, act))
 
 
@@ -384,7 +390,7 @@ def conv_factory(spec: KernelSpec):
         wk = packed["w"] if w_const is not None else pack(w)
         p = math.prod(out_sp)
         pointwise = all(ki == 1 for ki in k) and not any(pb) and not any(pe) and all(si == 1 for si in strides)
-        if nd == 2 and not (cg == 1 and group == c and group > 1) and (not pointwise or p <= POINTWISE_SGEMM_MAX_PIXELS):
+        if nd <= 2 and not (cg == 1 and group == c and group > 1) and (not pointwise or p <= POINTWISE_SGEMM_MAX_PIXELS):
             done = _conv2d_sgemm(x, wk, b, out, (n, m) + tuple(out_sp), group, k, strides, dilations, pb, epi)
             if done is not None:
                 return done
