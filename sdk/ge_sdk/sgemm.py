@@ -50,6 +50,7 @@ _SRC = r"""
 #define SG_NR 32
 #define SG_MR 12
 #define SG_MC 96
+#define SG_CONV_SCRATCH ((int64_t)1 << 22)
 
 static int64_t sg_isa(void) {
 #if defined(__AVX512F__)
@@ -190,8 +191,8 @@ static void sg_task(void *vc, int64_t i, int slot) {
 }
 #endif
 
-/* the shared end of both entries: the task grid for `width` threads, then the run */
-static PyObject *sg_run(sg_ctx *q, int64_t width) {
+/* the task grid for `width` threads, then the run (without the GIL) */
+static void sg_exec(sg_ctx *q, int64_t width) {
 #if defined(__AVX512F__)
     q->panels = (q->n + SG_NR - 1) / SG_NR;
     q->row_blocks = (q->m + SG_MC - 1) / SG_MC;
@@ -202,11 +203,18 @@ static PyObject *sg_run(sg_ctx *q, int64_t width) {
     if (groups > q->panels) groups = q->panels;
     q->per_group = (q->panels + groups - 1) / groups;
     q->groups = (q->panels + q->per_group - 1) / q->per_group;
-    if (q->m > 0 && q->n > 0) {
-        Py_BEGIN_ALLOW_THREADS
-        ge_parallel(sg_task, q, q->cgroups * q->row_blocks * q->groups, width);
-        Py_END_ALLOW_THREADS
-    }
+    if (q->m > 0 && q->n > 0) ge_parallel(sg_task, q, q->cgroups * q->row_blocks * q->groups, width);
+#else
+    (void)q; (void)width;
+#endif
+}
+
+/* the shared end of the GEMM entries */
+static PyObject *sg_run(sg_ctx *q, int64_t width) {
+#if defined(__AVX512F__)
+    Py_BEGIN_ALLOW_THREADS
+    sg_exec(q, width);
+    Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 #else
     (void)q; (void)width;
@@ -300,6 +308,7 @@ static PyObject *sg_rows(PyObject *self, PyObject *const *args, Py_ssize_t n) {
 typedef struct {
     const float *x; float *bp;
     int64_t cg, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, n, k, panels;
+    int64_t p0;                           /* the chunk's first panel: it packs panels [p0, p0 + panels) */
 } sg_im2col;
 
 static void sg_pack_task(void *vc, int64_t i, int slot) {
@@ -310,15 +319,15 @@ static void sg_pack_task(void *vc, int64_t i, int slot) {
     /* the panel's 32 pixels as runs along output rows: run r covers columns [js[r], js[r+1])
        of output row oy[r], starting at output column ox[r] */
     int64_t js[SG_NR + 1], oys[SG_NR], oxs[SG_NR], runs = 0;
-    int64_t pix = p * SG_NR, end = pix + SG_NR < q->n ? pix + SG_NR : q->n;
+    int64_t pix = (q->p0 + p) * SG_NR, base = pix, end = pix + SG_NR < q->n ? pix + SG_NR : q->n;
     while (pix < end) {
         int64_t oy = pix / q->ow, ox = pix % q->ow;
         int64_t len = q->ow - ox < end - pix ? q->ow - ox : end - pix;
-        js[runs] = pix - p * SG_NR; oys[runs] = oy; oxs[runs] = ox;
+        js[runs] = pix - base; oys[runs] = oy; oxs[runs] = ox;
         runs++;
         pix += len;
     }
-    js[runs] = end - p * SG_NR;
+    js[runs] = end - base;
     int64_t kk = 0;
     for (int64_t c = 0; c < q->cg; c++) {
         const float *plane = q->x + (g * q->cg + c) * q->h * q->w;
@@ -381,15 +390,32 @@ static PyObject *sg_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     sg_ctx q = {a, kg, NULL, c, nc, m, nc, kg, NULL, kind, NULL, 0, clip, 0, 0, 0, 0, 0, 0, 0, group};
     if (sg_epilogue(args, &q, m)) return NULL;
     q.m = mg;
-    float *bp = sg_scratch((size_t)group * (size_t)panels * (size_t)kg * SG_NR);
+    /* the column matrix in chunks of panels: the scratch stays under SG_CONV_SCRATCH floats (a
+       large plane's whole column matrix would be hundreds of MB held by the thread) */
+    int64_t chunk = SG_CONV_SCRATCH / (group * kg * SG_NR);
+    if (chunk < 1) chunk = 1;
+    if (chunk > panels) chunk = panels;
+    float *bp = sg_scratch((size_t)group * (size_t)(chunk > 0 ? chunk : 1) * (size_t)kg * SG_NR);
     if (!bp) return PyErr_NoMemory();
-    sg_im2col im = {x, bp, xd[0] / group, xd[1], xd[2], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], geo[8],
-                    geo[9], geo[10], nc, kg, panels};
+#if defined(__AVX512F__)
     Py_BEGIN_ALLOW_THREADS
-    ge_parallel(sg_pack_task, &im, group * panels, width);
+    for (int64_t p0 = 0; p0 < panels; p0 += chunk) {
+        int64_t np_ = panels - p0 < chunk ? panels - p0 : chunk, j0 = p0 * SG_NR;
+        sg_im2col im = {x, bp, xd[0] / group, xd[1], xd[2], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7],
+                        geo[8], geo[9], geo[10], nc, kg, np_, p0};
+        ge_parallel(sg_pack_task, &im, group * np_, width);
+        sg_ctx l = q;
+        l.b = bp;
+        l.c = c + j0;
+        l.n = nc - j0 < np_ * SG_NR ? nc - j0 : np_ * SG_NR;
+        if (l.z) l.z += j0;
+        sg_exec(&l, width);
+    }
     Py_END_ALLOW_THREADS
-    q.b = bp;
+    Py_RETURN_NONE;
+#else
     return sg_run(&q, width);
+#endif
 }
 """
 

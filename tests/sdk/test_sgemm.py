@@ -219,6 +219,8 @@ CONVS = [  # (C, H, W, M, group, kernel, strides, dilations, pads begin, pads en
     (6, 40, 3, 12, 3, (5, 1), (3, 1), (1, 1), (0, 0), (4, 0), 1),  # a tall plane, a 5x1 kernel
     (2, 5, 5, 4, 1, (2, 2), (3, 3), (1, 1), (0, 0), (0, 0), 1),  # windows that skip pixels
     (48, 35, 35, 96, 2, (3, 3), (2, 2), (1, 1), (0, 0), (0, 0), 1),  # more than one panel row per row
+    (256, 64, 64, 8, 1, (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), 1),  # a column matrix packed in 3 chunks
+    (512, 40, 40, 6, 2, (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), 1),  # groups, in 2 chunks
 ]
 
 
@@ -243,6 +245,12 @@ def test_conv2d_geometry_matches_onnxruntime(case):
         assert sgemm.conv2d(x[i], wt.reshape(m, -1), out, group, k, strides, dil, pb, (oh, ow), b)
         np.testing.assert_allclose(out.reshape(m, oh, ow), want[i], rtol=1e-4, atol=tol)
     np.testing.assert_allclose(_run(model, {"x": x}, 2), want, rtol=1e-4, atol=tol)  # the conv kernel, 2 threads
+    # with a residual and an activation at the store (chunked cases offset both per chunk)
+    z = rng.standard_normal((m, oh * ow)).astype(np.float32)
+    out = np.empty((m, oh * ow), np.float32)
+    assert sgemm.conv2d(x[0], wt.reshape(m, -1), out, group, k, strides, dil, pb, (oh, ow), b, None, 2, z, "silu")
+    s = want[0].reshape(m, -1).astype(np.float64) + z
+    np.testing.assert_allclose(out, s / (1 + np.exp(-s)), rtol=1e-4, atol=tol)
     # a geometry that does not fit the arrays is refused, the output untouched
     out = np.full((m, oh * ow), 7.0, np.float32)
     assert not sgemm.conv2d(x[0], wt.reshape(m, -1), out, group, k, strides, dil, pb, (oh + 1, ow), b)
