@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import threading
 from typing import Any
 
 import numpy as np
@@ -167,24 +166,6 @@ _COLS_BLOCK = 1 << 24
 #: above (its blocked kernel is faster on the large planes of a CNN's first stages; on small
 #: planes its per-call packing of the weights is most of the time)
 POINTWISE_SGEMM_MAX_PIXELS = 196
-
-_scratch = threading.local()
-
-
-def _columns(view, shape):
-    """The im2col matrix of ``view`` (a strided window view) as a C-contiguous array of
-    ``shape``, in the calling thread's scratch buffer: a new array of a column matrix's size is
-    fresh pages each run, and their faults cost more than the copy. The buffer is the thread's
-    until its next im2col (the caller's GEMM reads it at once)."""
-    size = math.prod(shape)
-    buf = getattr(_scratch, "cols", None)
-    if buf is None or buf.dtype != view.dtype or buf.size < size:
-        buf = np.empty(size, view.dtype)
-        _scratch.cols = buf
-    cols = buf[:size].reshape(view.shape)
-    np.copyto(cols, view)
-    return cols.reshape(shape)
-
 
 def _conv2d_sgemm(x, wk, b, out, shape, group, k, strides, dilations, pb, epi):
     """A 2-D convolution per image on GE's own GEMM (:func:`ge_sdk.sgemm.conv2d`: the column
@@ -423,7 +404,7 @@ def conv_factory(spec: KernelSpec):
             # im2col copy and the GEMM work on bounded blocks (peak memory stays low).
             step = max(1, _COLS_BLOCK // max(1, n * c * math.prod(k) * row_p))
             if step >= rows:
-                cols = _columns(v.transpose(perm), (n, group, kdim, p))
+                cols = v.transpose(perm).reshape(n, group, kdim, p)
                 done = _pointwise_sgemm(wk, cols[:, 0], b, out, (n, m) + tuple(out_sp), epi) if group == 1 else None
                 if done is not None:
                     return done
