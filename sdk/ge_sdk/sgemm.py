@@ -44,7 +44,29 @@ NR, MR = 32, 12
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
 
-_SRC = r"""
+#: the activations an epilogue applies at the store, by code (this kernel's and the depthwise
+#: window loops' of ge_cpu: one table)
+ACTIVATIONS = {"sigmoid": 1, "silu": 2, "gelu": 3, "gelu_tanh": 4, "hardswish": 5}
+
+#: C of ``act32(v, code)``, the activation of :data:`ACTIVATIONS` code ``code`` (0: none) on the
+#: native prelude's float32 math; fixed source, shared by the kernels that apply an epilogue
+ACTIVATION_C = r"""
+static inline __attribute__((always_inline)) float act32(float v, int64_t act) {
+    if (act == 1) return 1.0f / (1.0f + exp32(-v));
+    if (act == 2) return v / (1.0f + exp32(-v));
+    if (act == 3) return 0.5f * v * (1.0f + erf32(v * 0.70710678118654752f));
+    if (act == 4) return 0.5f * v * (1.0f + tanh32(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+    if (act == 5) {
+        float g = v * (1.0f / 6.0f) + 0.5f;
+        g = g > 0.0f ? g : 0.0f;
+        g = g < 1.0f ? g : 1.0f;
+        return v * g;
+    }
+    return v;
+}
+"""
+
+_SRC = ACTIVATION_C + r"""
 #include <immintrin.h>
 #include <stdlib.h>
 #define SG_NR 32
@@ -79,31 +101,24 @@ typedef struct {
                                              Z) of group g start g * m rows (B: g * panels) on */
 } sg_ctx;
 
-/* the activation of one tile row, in place: simd loops over the prelude's branch-free math */
+/* the activation of one tile row, in place: a simd loop per activation (ACTIVATION_C's act32
+   with a constant code inlines to the prelude's branch-free math) */
 static inline __attribute__((always_inline)) void sg_act(float *t, int64_t act) {
     if (act == 1) {
 #pragma omp simd
-        for (int j = 0; j < SG_NR; j++) t[j] = 1.0f / (1.0f + exp32(-t[j]));
+        for (int j = 0; j < SG_NR; j++) t[j] = act32(t[j], 1);
     } else if (act == 2) {
 #pragma omp simd
-        for (int j = 0; j < SG_NR; j++) t[j] = t[j] / (1.0f + exp32(-t[j]));
+        for (int j = 0; j < SG_NR; j++) t[j] = act32(t[j], 2);
     } else if (act == 3) {
 #pragma omp simd
-        for (int j = 0; j < SG_NR; j++) t[j] = 0.5f * t[j] * (1.0f + erf32(t[j] * 0.70710678118654752f));
+        for (int j = 0; j < SG_NR; j++) t[j] = act32(t[j], 3);
     } else if (act == 4) {
 #pragma omp simd
-        for (int j = 0; j < SG_NR; j++) {
-            float x = t[j];
-            t[j] = 0.5f * x * (1.0f + tanh32(0.79788456080286536f * (x + 0.044715f * x * x * x)));
-        }
+        for (int j = 0; j < SG_NR; j++) t[j] = act32(t[j], 4);
     } else if (act == 5) {
 #pragma omp simd
-        for (int j = 0; j < SG_NR; j++) {
-            float g = t[j] * (1.0f / 6.0f) + 0.5f;
-            g = g > 0.0f ? g : 0.0f;
-            g = g < 1.0f ? g : 1.0f;
-            t[j] = t[j] * g;
-        }
+        for (int j = 0; j < SG_NR; j++) t[j] = act32(t[j], 5);
     }
 }
 
@@ -458,10 +473,6 @@ class Panels:
     @property
     def shape(self) -> tuple[int, int]:
         return (self.k, self.n)
-
-
-#: the activations the store applies (after the bias, the addend and the clip)
-ACTIVATIONS = {"sigmoid": 1, "silu": 2, "gelu": 3, "gelu_tanh": 4, "hardswish": 5}
 
 
 def _call(entry: Any, a2: np.ndarray, b: np.ndarray, out2: np.ndarray, bias: np.ndarray | None, bias_len: int,

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ge_sdk import gensrc, native
+from ge_sdk import gensrc, native, sgemm
 from ge_sdk.jit import enabled as jit_enabled
 
 #: dtypes the loops are compiled for (input, weights, bias and output share one of them)
@@ -81,26 +81,16 @@ _NAMES = frozenset({"kernel", "bad", "x", "wt", "b", "dv", "out", "Wp", "sw", "m
                     "lov", "hiv", "EPI", "PyFloat_AsDouble", "PyErr_Occurred"})
 _PATTERNS = (r"s[0-9]+", r"w[0-9]+")
 
-#: the activations a depthwise convolution applies as it writes its output (float32 loops;
-#: codes as ge_sdk.sgemm.ACTIVATIONS): after the bias, then a clip to [lo, hi]
-ACTS = {"sigmoid": 1, "silu": 2, "gelu": 3, "gelu_tanh": 4, "hardswish": 5}
+#: the activations a depthwise convolution applies as it writes its output (float32 loops),
+#: after the bias and a clip to [lo, hi]: GE's GEMM's table and C (one home, ge_sdk.sgemm)
+ACTS = sgemm.ACTIVATIONS
 
-#: the float32 epilogue of the copy-out: EPI(v) applies activation ``act`` (clip first)
-_EPI32 = """
+#: the float32 epilogue of the copy-out: EPI(v) clips, then applies activation ``act``
+_EPI32 = sgemm.ACTIVATION_C + """
 static inline __attribute__((always_inline)) float EPI(float v, int64_t act, float lo, float hi) {
     v = v < lo ? lo : v;
     v = v > hi ? hi : v;
-    if (act == 1) return 1.0f / (1.0f + exp32(-v));
-    if (act == 2) return v / (1.0f + exp32(-v));
-    if (act == 3) return 0.5f * v * (1.0f + erf32(v * 0.70710678118654752f));
-    if (act == 4) return 0.5f * v * (1.0f + tanh32(0.79788456080286536f * (v + 0.044715f * v * v * v)));
-    if (act == 5) {
-        float z = v * (1.0f / 6.0f) + 0.5f;
-        z = z > 0.0f ? z : 0.0f;
-        z = z < 1.0f ? z : 1.0f;
-        return v * z;
-    }
-    return v;
+    return act32(v, act);
 }
 """
 #: float64 loops clip only (the activations run as the caller's epilogue)
