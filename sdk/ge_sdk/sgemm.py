@@ -30,6 +30,7 @@ path. ``GE_NATIVE_SGEMM=0`` turns it off.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -539,7 +540,19 @@ def conv2d(x3: np.ndarray, w2: np.ndarray, out2: np.ndarray, group: int, kernel:
     mod = _mod()
     if mod is None or any(t.dtype != np.float32 for t in (x3, w2, out2)) or x3.ndim != 3:
         return False
-    geo = np.array([group, *kernel, *strides, *dilations, *pads, *out_hw], np.int64)
+    try:
+        geo = _geometry(int(group), *map(tuple, (kernel, strides, dilations, pads, out_hw)))
+    except (TypeError, ValueError):
+        return False
     if geo.shape != (11,) or out2.ndim != 2 or out2.shape[0] != w2.shape[0]:
         return False
     return _call(lambda *a: mod.sg_conv(*a, geo), x3, w2, out2, bias, w2.shape[0], 2, clip, width, addend, act)
+
+
+@functools.lru_cache(maxsize=1024)
+def _geometry(group: int, *parts: tuple) -> np.ndarray:
+    """The kernel's int64 geometry vector, made once per layer shape (a layer calls with the
+    same one every image of every run); read-only, the kernel checks its values."""
+    geo = np.array([group, *(int(v) for p in parts for v in p)], np.int64)
+    geo.setflags(write=False)
+    return geo

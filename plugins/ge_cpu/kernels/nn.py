@@ -204,11 +204,17 @@ def _per_image(shape, out, z3, epi, run_one):
             return None
     if epi is not None:
         epi["applied"] = True
-    if out is not None:
-        if target is not out[0]:
-            np.copyto(out[0], target)
-        return out
-    return (target,)
+    return _delivered(target, out)
+
+
+def _delivered(target, out):
+    """The kernel's outputs for a result in ``target``: ``out`` (the planned output, ``target``
+    copied into it when it is another array) when the caller gave one, else ``(target,)``."""
+    if out is None:
+        return (target,)
+    if target is not out[0]:
+        np.copyto(out[0], target)
+    return out
 
 
 def _epilogue_args(b, shape, epi):
@@ -333,11 +339,7 @@ def conv_factory(spec: KernelSpec):
             return None
         if epi is not None and (clip is not None or act is not None):
             epi["applied"] = True
-        if out is not None:
-            if target is not out[0]:
-                np.copyto(out[0], target)
-            return out
-        return (target,)
+        return _delivered(target, out)
 
     def kernel(x, w, b=None, out=None, *, clip=None, addend=None, act=None):
         if clip is None and addend is None and act is None:
