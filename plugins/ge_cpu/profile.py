@@ -102,23 +102,12 @@ def configure(p) -> None:
     p.add_argument("--json", action="store_true")
 
 
-def _feed(spec: str) -> tuple[str, np.ndarray]:
-    """``NAME=FILE.npy`` of ``--input``: the name and the array, read as ``ge run`` reads it."""
-    from ge_core.errors import InputError
-    from ge_sdk.inputs import read_feed_file
-
-    name, sep, path = spec.partition("=")
-    if not sep or not name:
-        raise InputError(f"--input '{spec}' must look like name=file.npy")
-    return name, read_feed_file(name, path)
-
-
 def run(args) -> int:
     import ge_core as ge
-    from ge_sdk.cli import random_feeds, write_json_atomic
+    from ge_sdk.cli import feed_arg, random_feeds, write_json_atomic  # feed_arg: NAME=FILE.npy as ge run reads it
 
     model = ge.load_om(args.model)
-    feeds = dict(_feed(s) for s in args.input or [])
+    feeds = dict(feed_arg(s) for s in args.input or [])
     for k, v in random_feeds(model).items():
         feeds.setdefault(k, v)
     result = profile(model, model._check_feeds(feeds), runs=max(1, args.runs))
