@@ -8,9 +8,11 @@ that this copying is a fifth of the time. This kernel skips it:
 - ``C = A @ B`` with ``B`` a constant ``(k, n)`` matrix packed at build time into panels of 32
   columns (:class:`Panels`, one ``(k, 32)`` block each, zero-padded), ``A`` read in place (its
   values broadcast from memory): the transformer's ``x @ W``;
-- ``C = A @ B`` with ``A`` a constant matrix read in place and ``B`` an activation packed into
-  panels by the call (a copy of ``B``, a few percent of the product): the 1x1 convolution's
-  ``W @ X`` on an NCHW activation;
+- ``C = A @ B`` with ``A`` a constant matrix (read in place, or packed once at build time into
+  blocks of 12 rows, :class:`RowPanels`, which the tile then reads as one sequential stream) and
+  ``B`` an activation packed into panels by the call, in chunks that stay in the cache (a 1x1
+  convolution's rows copied, a convolution's column matrix built with masked vector loads
+  straight into them): the convolution's ``W @ X`` on an NCHW activation;
 - a 12 x 32 tile of ``C`` stays in 24 vector registers for the whole of ``k`` and is stored
   once, with its epilogue applied there: a bias per column (a linear layer) or per row (a
   convolution's channels), an addend of the output's shape (a residual), then a clip (``ReLU``
@@ -74,6 +76,7 @@ _SRC = ACTIVATION_C + r"""
 #define SG_MR 12
 #define SG_MC 96
 #define SG_CONV_SCRATCH ((int64_t)1 << 22)
+#define SG_CONV_CHUNK ((int64_t)1 << 18)
 
 static int64_t sg_isa(void) {
 #if defined(__AVX512F__)
@@ -100,6 +103,8 @@ typedef struct {
     int64_t row_blocks, groups, per_group, panels;
     int64_t cgroups;                      /* a grouped convolution's groups: A, B, C (and a row bias,
                                              Z) of group g start g * m rows (B: g * panels) on */
+    int64_t apack;                        /* A is packed (RowPanels): per group ceil(m / 12) blocks of
+                                             (k, 12), row r0's block at a + (r0 / 12) * k * 12 */
 } sg_ctx;
 
 /* the activation of one tile row, in place: a simd loop per activation (ACTIVATION_C's act32
@@ -124,20 +129,36 @@ static inline __attribute__((always_inline)) void sg_act(float *t, int64_t act) 
 }
 
 #if defined(__AVX512F__)
-static inline __attribute__((always_inline)) void sg_tile(const sg_ctx *q, int mr, int64_t r0, int64_t j0) {
+static inline __attribute__((always_inline)) void sg_tile_(const sg_ctx *q, int mr, int64_t r0, int64_t j0, int pk) {
     __m512 c0[SG_MR], c1[SG_MR];
     for (int r = 0; r < SG_MR; r++) { c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps(); }
     int64_t w = q->n - j0 < SG_NR ? q->n - j0 : SG_NR;
     __mmask16 m0 = w >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << w) - 1u);
     __mmask16 m1 = w >= 32 ? (__mmask16)0xffff : w <= 16 ? (__mmask16)0 : (__mmask16)((1u << (w - 16)) - 1u);
-    const float *a = q->a + r0 * q->lda;
-    int64_t lda = q->lda, k = q->k;
+    /* A in place (row r, column kk at a[r * lda + kk]) or packed (one sequential stream of 12
+       values per kk: the const weight's block, laid out at build time) */
+    int64_t k = q->k;
+    const float *a = pk ? q->a + (r0 / SG_MR) * k * SG_MR : q->a + r0 * q->lda;
+    int64_t rs = pk ? 1 : q->lda, ks = pk ? SG_MR : 1;
     const float *bp = q->b + (j0 / SG_NR) * k * SG_NR;
+    /* the tile's 12 output rows are 12 lines apart by a row of C: fetched (for writing) now, while
+       the k loop runs, instead of one miss per store after it (a model's outputs are not in the
+       cache; these misses were most of a small-k layer's time there) */
+    for (int r = 0; r < mr; r++) {
+        const char *cl = (const char *)(q->c + (r0 + r) * q->ldc + j0);
+        _mm_prefetch(cl, _MM_HINT_ET0);
+        _mm_prefetch(cl + 64, _MM_HINT_ET0);
+        if (q->has_z) {
+            const char *zl = (const char *)(q->z + (r0 + r) * q->ldc + j0);
+            _mm_prefetch(zl, _MM_HINT_T0);
+            _mm_prefetch(zl + 64, _MM_HINT_T0);
+        }
+    }
     for (int64_t kk = 0; kk < k; kk++) {
         __m512 b0 = _mm512_loadu_ps(bp + kk * SG_NR), b1 = _mm512_loadu_ps(bp + kk * SG_NR + 16);
         for (int r = 0; r < SG_MR; r++) {
             if (r < mr) {
-                __m512 x = _mm512_set1_ps(a[r * lda + kk]);
+                __m512 x = _mm512_set1_ps(a[r * rs + kk * ks]);
                 c0[r] = _mm512_fmadd_ps(x, b0, c0[r]);
                 c1[r] = _mm512_fmadd_ps(x, b1, c1[r]);
             }
@@ -179,6 +200,11 @@ static inline __attribute__((always_inline)) void sg_tile(const sg_ctx *q, int m
     }
 }
 
+static inline __attribute__((always_inline)) void sg_tile(const sg_ctx *q, int mr, int64_t r0, int64_t j0) {
+    if (q->apack) sg_tile_(q, mr, r0, j0, 1);
+    else sg_tile_(q, mr, r0, j0, 0);
+}
+
 /* task i: rows [rb * MC, +MC) times panels [g * per_group, +per_group) */
 static void sg_task(void *vc, int64_t i, int slot) {
     const sg_ctx *q0 = (const sg_ctx *)vc;
@@ -187,7 +213,7 @@ static void sg_task(void *vc, int64_t i, int slot) {
     sg_ctx l = *q0;
     const sg_ctx *q = &l;
     if (cg > 0) {
-        l.a += cg * l.m * l.lda;
+        l.a += l.apack ? cg * ((l.m + SG_MR - 1) / SG_MR) * SG_MR * l.k : cg * l.m * l.lda;
         l.b += cg * l.panels * l.k * SG_NR;
         l.c += cg * l.m * l.ldc;
         if (l.bias_kind == 2) l.bias += cg * l.m;
@@ -247,7 +273,8 @@ static __thread size_t sg_cap = 0;
 static float *sg_scratch(size_t count) {
     if (count > sg_cap) {
         free(sg_buf);
-        sg_buf = (float *)malloc(count * sizeof(float));
+        /* 64-byte aligned: a panel row is two whole cache lines (a load across two costs twice) */
+        sg_buf = (float *)aligned_alloc(64, ((count * sizeof(float) + 63) / 64) * 64);
         sg_cap = sg_buf ? count : 0;
     }
     return sg_buf;
@@ -285,40 +312,6 @@ static PyObject *sg_packed(PyObject *self, PyObject *const *args, Py_ssize_t n) 
     return sg_run(&q, width);
 }
 
-/* C (m, n) = A (m, k) @ B (k, n) [+ bias per row] [clipped], B read in place; the arguments are
-   (A, B, C, bias, bias_kind 0|2, clip 0|1, lo, hi, threads, Z or None, act 0..5) */
-static PyObject *sg_rows(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    int64_t m, k, kb, nb, mc, nc, kind, clip, width;
-    if (ge_nargs(n, 11)) return NULL;
-    if (ge_int(args, 4, 0, 2, &kind) || ge_int(args, 5, 0, 1, &clip) || ge_int(args, 8, 1, 4096, &width)) return NULL;
-    if (kind == 1) return ge_fail();
-    const float *a = (const float *)ge_mat(args, 0, NPY_FLOAT, 0, &m, &k);
-    const float *b = a ? (const float *)ge_mat(args, 1, NPY_FLOAT, 0, &kb, &nb) : NULL;
-    float *c = b ? (float *)ge_mat(args, 2, NPY_FLOAT, 1, &mc, &nc) : NULL;
-    if (!c) return NULL;
-    if (kb != k || mc != m || nc != nb) return ge_fail();
-    sg_ctx q = {a, k, b, c, nc, m, nc, k, NULL, kind, NULL, 0, clip, 0, 0, 0, 0, 0, 0, 0, 1};
-    if (sg_epilogue(args, &q, m)) return NULL;
-    /* B is an activation: packed here into panels (a copy of B, a small part of the product's
-       time; read in place by rows it ran 3x slower), in the calling thread's scratch buffer: a
-       fresh allocation of that size is fresh pages, whose faults cost more than the copy */
-    int64_t panels = (nb + SG_NR - 1) / SG_NR;
-    float *bp = sg_scratch((size_t)(panels > 0 ? panels : 1) * (size_t)(k > 0 ? k : 1) * SG_NR);
-    if (!bp) return PyErr_NoMemory();
-    Py_BEGIN_ALLOW_THREADS
-    for (int64_t p = 0; p < panels; p++) {
-        int64_t j0 = p * SG_NR, w = nb - j0 < SG_NR ? nb - j0 : SG_NR;
-        float *dst = bp + p * k * SG_NR;
-        for (int64_t kk = 0; kk < k; kk++) {
-            memcpy(dst + kk * SG_NR, b + kk * nb + j0, (size_t)w * sizeof(float));
-            if (w < SG_NR) memset(dst + kk * SG_NR + w, 0, (size_t)(SG_NR - w) * sizeof(float));
-        }
-    }
-    Py_END_ALLOW_THREADS
-    q.b = bp;
-    return sg_run(&q, width);
-}
-
 /* a convolution's column matrix, packed straight into panels: group g, panel p holds rows
    (c, ky, kx) of the group's channels times 32 output pixels; a read outside the image is 0 */
 typedef struct {
@@ -332,6 +325,21 @@ static void sg_pack_task(void *vc, int64_t i, int slot) {
     (void)slot;
     int64_t g = i / q->panels, p = i % q->panels;
     float *dst = q->bp + (g * q->panels + p) * q->k * SG_NR;
+    if (q->kh == 1 && q->kw == 1 && q->sh == 1 && q->sw == 1 && q->pt == 0 && q->pl == 0 && q->oh == q->h
+        && q->ow == q->w) {
+        /* a 1x1 stride-1 convolution (W @ B): the panel is 32 columns of each channel's plane */
+        int64_t j0 = (q->p0 + p) * SG_NR, w = q->n - j0 < SG_NR ? q->n - j0 : SG_NR;
+        const float *src = q->x + g * q->cg * q->h * q->w + j0;
+        for (int64_t c = 0; c < q->cg; c++) {
+            /* each channel is its own stream (too many for the hardware prefetcher): the lines
+               of the panel four ahead fetched now */
+            _mm_prefetch((const char *)(src + c * q->n + 4 * SG_NR), _MM_HINT_T0);
+            _mm_prefetch((const char *)(src + c * q->n + 4 * SG_NR + 16), _MM_HINT_T0);
+            memcpy(dst + c * SG_NR, src + c * q->n, (size_t)w * sizeof(float));
+            if (w < SG_NR) memset(dst + c * SG_NR + w, 0, (size_t)(SG_NR - w) * sizeof(float));
+        }
+        return;
+    }
     /* the panel's 32 pixels as runs along output rows: run r covers columns [js[r], js[r+1])
        of output row oy[r], starting at output column ox[r] */
     int64_t js[SG_NR + 1], oys[SG_NR], oxs[SG_NR], runs = 0;
@@ -344,6 +352,70 @@ static void sg_pack_task(void *vc, int64_t i, int slot) {
         pix += len;
     }
     js[runs] = end - base;
+#if defined(__AVX512F__)
+    if (q->sw <= 2 && q->kh <= 16 && q->kw <= 16) {
+        /* stride 1 or 2: each run's in-image columns are one masked load per 16 lanes (stride 2:
+           two, then the even elements picked); a panel row is two stores. Which lanes a run
+           fills depends on kx only and whether its input row is inside on ky only: both are
+           worked out once per panel, not per channel. A masked-off lane reads nothing, so an
+           address it would name outside the image is never touched. */
+        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        uint32_t lanes[SG_NR * 16];
+        int64_t coloff[SG_NR * 16], rowoff[SG_NR * 16];
+        for (int64_t r = 0; r < runs; r++) {
+            int64_t j0 = js[r], j1 = js[r + 1];
+            for (int64_t ky = 0; ky < q->kh; ky++) {
+                int64_t iy = oys[r] * q->sh - q->pt + ky * q->dh;
+                rowoff[r * 16 + ky] = iy < 0 || iy >= q->h ? -1 : iy * q->w;
+            }
+            for (int64_t kx = 0; kx < q->kw; kx++) {
+                int64_t ix0 = oxs[r] * q->sw - q->pl + kx * q->dw;  /* the input column of j0 */
+                int64_t lo = j0, hi = j1;
+                if (ix0 < 0) lo = j0 + (-ix0 + q->sw - 1) / q->sw;
+                if (ix0 + (j1 - 1 - j0) * q->sw >= q->w) {
+                    int64_t last = q->w - 1 - ix0;
+                    hi = last < 0 ? j0 : j0 + last / q->sw + 1;
+                }
+                if (lo > j1) lo = j1;
+                lanes[r * 16 + kx] = hi <= lo ? 0u : (hi - lo >= 32 ? 0xffffffffu : ((1u << (hi - lo)) - 1u)) << lo;
+                coloff[r * 16 + kx] = ix0 - j0 * q->sw;  /* lane j reads element (coloff + j * sw) of the row */
+            }
+        }
+        int64_t kk = 0;
+        for (int64_t c = 0; c < q->cg; c++) {
+            const float *plane = q->x + (g * q->cg + c) * q->h * q->w;
+            for (int64_t ky = 0; ky < q->kh; ky++) {
+                for (int64_t kx = 0; kx < q->kw; kx++, kk++) {
+                    __m512 v[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+                    for (int64_t r = 0; r < runs; r++) {
+                        uint32_t ln = lanes[r * 16 + kx];
+                        int64_t ro = rowoff[r * 16 + ky];
+                        if (!ln || ro < 0) continue;
+                        intptr_t base = (intptr_t)plane + (intptr_t)(ro + coloff[r * 16 + kx]) * (intptr_t)sizeof(float);
+                        for (int h = 0; h < 2; h++) {
+                            __mmask16 km = (__mmask16)(ln >> (16 * h));
+                            if (!km) continue;
+                            if (q->sw == 1) {
+                                v[h] = _mm512_mask_loadu_ps(v[h], km, (const void *)(base + 64 * h));
+                            } else {
+                                uint32_t e0 = km & 0xffu, e1 = (km >> 8) & 0xffu;  /* lanes -> their even elements */
+                                e0 = (e0 | (e0 << 4)) & 0x0f0fu; e0 = (e0 | (e0 << 2)) & 0x3333u; e0 = (e0 | (e0 << 1)) & 0x5555u;
+                                e1 = (e1 | (e1 << 4)) & 0x0f0fu; e1 = (e1 | (e1 << 2)) & 0x3333u; e1 = (e1 | (e1 << 1)) & 0x5555u;
+                                __m512 lo16 = _mm512_maskz_loadu_ps((__mmask16)e0, (const void *)(base + 128 * h));
+                                __m512 hi16 = _mm512_maskz_loadu_ps((__mmask16)e1, (const void *)(base + 128 * h + 64));
+                                v[h] = _mm512_mask_mov_ps(v[h], km, _mm512_permutex2var_ps(lo16, even, hi16));
+                            }
+                        }
+                    }
+                    float *row = dst + kk * SG_NR;
+                    _mm512_storeu_ps(row, v[0]);
+                    _mm512_storeu_ps(row + 16, v[1]);
+                }
+            }
+        }
+        return;
+    }
+#endif
     int64_t kk = 0;
     for (int64_t c = 0; c < q->cg; c++) {
         const float *plane = q->x + (g * q->cg + c) * q->h * q->w;
@@ -383,15 +455,19 @@ static void sg_pack_task(void *vc, int64_t i, int slot) {
 }
 
 /* one image's convolution: C (M, OH*OW) = W (M, Cg*KH*KW) @ im2col(X (C, H, W)) per group, with
-   the epilogue; the arguments are (X, W, C, bias, bias_kind 0|2, clip 0|1, lo, hi, threads, Z or
-   None, act, geometry: int64 [group, kh, kw, sh, sw, dh, dw, pad top, pad left, oh, ow]) */
+   the epilogue (a 1x1 stride-1 one, or a plain W @ B, is the geometry of ones with B as (K, 1, N));
+   the arguments are (X, W, C, bias, bias_kind 0|2, clip 0|1, lo, hi, threads, Z or None, act,
+   geometry: int64 [group, kh, kw, sh, sw, dh, dw, pad top, pad left, oh, ow], arows): W is the
+   (M, Cg*KH*KW) matrix read in place when arows is -1, else the M = arows rows packed by
+   RowPanels, a (group * ceil(M / group / 12) * Cg*KH*KW, 12) array */
 static PyObject *sg_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    int64_t xd[3], m, kg, mc, nc, kind, clip, width, count;
-    if (ge_nargs(n, 12)) return NULL;
-    if (ge_int(args, 4, 0, 2, &kind) || ge_int(args, 5, 0, 1, &clip) || ge_int(args, 8, 1, 4096, &width)) return NULL;
+    int64_t xd[3], m, kg, ar, ac, mc, nc, kind, clip, width, count, arows;
+    if (ge_nargs(n, 13)) return NULL;
+    if (ge_int(args, 4, 0, 2, &kind) || ge_int(args, 5, 0, 1, &clip) || ge_int(args, 8, 1, 4096, &width)
+        || ge_int(args, 12, -1, (int64_t)1 << 30, &arows)) return NULL;
     if (kind == 1) return ge_fail();
     const float *x = (const float *)ge_nd(args, 0, NPY_FLOAT, 0, 3, xd);
-    const float *a = x ? (const float *)ge_mat(args, 1, NPY_FLOAT, 0, &m, &kg) : NULL;
+    const float *a = x ? (const float *)ge_mat(args, 1, NPY_FLOAT, 0, &ar, &ac) : NULL;
     float *c = a ? (float *)ge_mat(args, 2, NPY_FLOAT, 1, &mc, &nc) : NULL;
     const int64_t *geo = c ? (const int64_t *)ge_vec(args, 11, NPY_INT64, 0, &count) : NULL;
     if (!geo) return NULL;
@@ -400,15 +476,23 @@ static PyObject *sg_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     const int64_t lim = (int64_t)1 << 30;
     for (int i = 0; i < 11; i++)
         if (geo[i] < (i == 7 || i == 8 ? 0 : 1) || geo[i] > lim) return ge_fail();
-    if (xd[0] % group || m % group || mc != m || kg != (xd[0] / group) * geo[1] * geo[2] || nc != geo[9] * geo[10])
-        return ge_fail();
+    if (xd[0] % group) return ge_fail();
+    kg = (xd[0] / group) * geo[1] * geo[2];
+    m = arows < 0 ? ar : arows;
+    if (m % group || mc != m || nc != geo[9] * geo[10]) return ge_fail();
+    if (arows < 0 ? ac != kg : (ac != SG_MR || ar != group * ((m / group + SG_MR - 1) / SG_MR) * kg)) return ge_fail();
     int64_t mg = m / group, panels = (nc + SG_NR - 1) / SG_NR;
-    sg_ctx q = {a, kg, NULL, c, nc, m, nc, kg, NULL, kind, NULL, 0, clip, 0, 0, 0, 0, 0, 0, 0, group};
+    sg_ctx q = {a, kg, NULL, c, nc, m, nc, kg, NULL, kind, NULL, 0, clip, 0, 0, 0, 0, 0, 0, 0, group, arows >= 0};
     if (sg_epilogue(args, &q, m)) return NULL;
     q.m = mg;
-    /* the column matrix in chunks of panels: the scratch stays under SG_CONV_SCRATCH floats (a
-       large plane's whole column matrix would be hundreds of MB held by the thread) */
-    int64_t chunk = SG_CONV_SCRATCH / (group * kg * SG_NR);
+    /* the column matrix in chunks of panels, packed then multiplied while they are in the
+       cache: about SG_CONV_CHUNK floats, at least a few panels per thread, and never over
+       SG_CONV_SCRATCH floats (a large plane's whole column matrix would be hundreds of MB held
+       by the thread) */
+    int64_t per_panel = group * kg * SG_NR;
+    int64_t chunk = SG_CONV_CHUNK / per_panel, least = width > 1 ? 2 * width : 1;
+    if (chunk < least) chunk = least;
+    if (chunk > SG_CONV_SCRATCH / per_panel) chunk = SG_CONV_SCRATCH / per_panel;
     if (chunk < 1) chunk = 1;
     if (chunk > panels) chunk = panels;
     float *bp = sg_scratch((size_t)group * (size_t)(chunk > 0 ? chunk : 1) * (size_t)kg * SG_NR);
@@ -446,7 +530,7 @@ def _mod() -> Any:
             if st is False:
                 st = None
                 if jit_enabled("GE_NATIVE_SGEMM") and native.available():
-                    mod = native.build(_SRC, ["sg_ok", "sg_packed", "sg_rows", "sg_conv"])
+                    mod = native.build(_SRC, ["sg_ok", "sg_packed", "sg_conv"])
                     if mod is not None and mod.sg_ok() == 1:
                         st = mod
                 _state["mod"] = st
@@ -513,40 +597,38 @@ def matmul_packed(a2: np.ndarray, panels: Panels, out2: np.ndarray, bias: np.nda
     return _call(mod.sg_packed, a2, panels.data, out2, bias, panels.n, 1, clip, width, addend, act)
 
 
-def matmul_rows(a2: np.ndarray, b2: np.ndarray, out2: np.ndarray, bias: np.ndarray | None = None,
-                clip: tuple[float, float] | None = None, width: int = 1, addend: np.ndarray | None = None,
-                act: str | None = None) -> bool:
-    """``out2 = act(clip(a2 @ b2 + bias[:, None] + addend))`` with ``a2`` read in place and
-    ``b2`` packed by the call (``bias``: one value per row of ``a2``, or None), on ``width``
-    threads: a 1x1 convolution's ``W @ X``. False (nothing done) when the path cannot run these
-    arrays."""
-    mod = _mod()
-    if mod is None or a2.dtype != np.float32 or b2.dtype != np.float32 or out2.dtype != np.float32:
-        return False
-    if a2.ndim != 2 or b2.ndim != 2 or out2.shape != (a2.shape[0], b2.shape[1]) or a2.shape[1] != b2.shape[0]:
-        return False
-    return _call(mod.sg_rows, a2, b2, out2, bias, a2.shape[0], 2, clip, width, addend, act)
+class RowPanels:
+    """A constant ``(m, k)`` float32 matrix (``group`` row blocks of ``m / group`` rows: a
+    convolution's weight) packed into blocks of 12 rows laid out ``(k, 12)``, zero-padded: the
+    ``A`` operand :func:`matmul_rows` and :func:`conv2d` then read as one sequential stream (in
+    place they read 12 rows at once, 12 streams a prefetcher loses when the weight is not in the
+    cache, as in a whole model's run)."""
+
+    def __init__(self, w: np.ndarray, group: int = 1) -> None:
+        if w.ndim != 2 or w.dtype != np.float32 or group < 1 or w.shape[0] % group:
+            raise ValueError(f"RowPanels takes a 2-D float32 matrix of rows divisible by the group, not {w.dtype} {w.shape} / {group}")
+        self.m, self.k = w.shape
+        self.group = int(group)
+        mg = self.m // self.group
+        nb = -(-mg // MR)
+        padded = np.zeros((self.group, nb * MR, self.k), np.float32)
+        padded[:, :mg] = w.reshape(self.group, mg, self.k)
+        self.data = np.ascontiguousarray(
+            padded.reshape(self.group, nb, MR, self.k).transpose(0, 1, 3, 2)).reshape(-1, MR)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.m, self.k)
 
 
-def conv2d(x3: np.ndarray, w2: np.ndarray, out2: np.ndarray, group: int, kernel: tuple[int, int],
-           strides: tuple[int, int], dilations: tuple[int, int], pads: tuple[int, int], out_hw: tuple[int, int],
-           bias: np.ndarray | None = None, clip: tuple[float, float] | None = None, width: int = 1,
-           addend: np.ndarray | None = None, act: str | None = None) -> bool:
-    """One image's 2-D convolution ``out2 (M, OH*OW) = act(clip(W @ im2col(x3) + bias + addend))``
-    per group: ``x3`` is ``(C, H, W)``, ``w2`` ``(M, C/group*KH*KW)``; the column matrix is
-    packed straight into panels (one pass over the image; a read outside it is 0, so ``pads``,
-    top and left, is the only padding given). False (nothing done) when the arrays or the
-    geometry do not fit."""
-    mod = _mod()
-    if mod is None or any(t.dtype != np.float32 for t in (x3, w2, out2)) or x3.ndim != 3:
-        return False
-    try:
-        geo = _geometry(int(group), *map(tuple, (kernel, strides, dilations, pads, out_hw)))
-    except (TypeError, ValueError):
-        return False
-    if geo.shape != (11,) or out2.ndim != 2 or out2.shape[0] != w2.shape[0]:
-        return False
-    return _call(lambda *a: mod.sg_conv(*a, geo), x3, w2, out2, bias, w2.shape[0], 2, clip, width, addend, act)
+def _a_operand(a2: np.ndarray | RowPanels, group: int) -> tuple[np.ndarray, int, int] | None:
+    """(array, arows, rows) for the kernel's A argument: a matrix read in place (arows -1) or a
+    :class:`RowPanels` packed for ``group`` (arows its rows); None when it does not fit."""
+    if isinstance(a2, RowPanels):
+        return (a2.data, a2.m, a2.m) if a2.group == group else None
+    if a2.dtype != np.float32 or a2.ndim != 2:
+        return None
+    return a2, -1, a2.shape[0]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -556,3 +638,44 @@ def _geometry(group: int, *parts: tuple) -> np.ndarray:
     geo = np.array([group, *(int(v) for p in parts for v in p)], np.int64)
     geo.setflags(write=False)
     return geo
+
+
+def matmul_rows(a2: np.ndarray | RowPanels, b2: np.ndarray, out2: np.ndarray, bias: np.ndarray | None = None,
+                clip: tuple[float, float] | None = None, width: int = 1, addend: np.ndarray | None = None,
+                act: str | None = None) -> bool:
+    """``out2 = act(clip(a2 @ b2 + bias[:, None] + addend))`` with ``a2`` a matrix read in place
+    or a :class:`RowPanels` and ``b2`` packed by the call, in cache-sized chunks (``bias``: one
+    value per row of ``a2``, or None), on ``width`` threads: a 1x1 convolution's ``W @ X``.
+    False (nothing done) when the path cannot run these arrays."""
+    mod = _mod()
+    a = _a_operand(a2, 1)
+    if mod is None or a is None or b2.dtype != np.float32 or out2.dtype != np.float32 or b2.ndim != 2:
+        return False
+    if out2.shape != (a[2], b2.shape[1]) or a2.shape[1] != b2.shape[0] or not b2.flags.c_contiguous:
+        return False
+    k, n = b2.shape
+    geo = _geometry(1, (1, 1), (1, 1), (1, 1), (0, 0), (1, n))
+    return _call(lambda *r: mod.sg_conv(*r, geo, a[1]), b2.reshape(k, 1, n), a[0], out2, bias, a[2], 2, clip,
+                 width, addend, act)
+
+
+def conv2d(x3: np.ndarray, w2: np.ndarray | RowPanels, out2: np.ndarray, group: int, kernel: tuple[int, int],
+           strides: tuple[int, int], dilations: tuple[int, int], pads: tuple[int, int], out_hw: tuple[int, int],
+           bias: np.ndarray | None = None, clip: tuple[float, float] | None = None, width: int = 1,
+           addend: np.ndarray | None = None, act: str | None = None) -> bool:
+    """One image's 2-D convolution ``out2 (M, OH*OW) = act(clip(W @ im2col(x3) + bias + addend))``
+    per group: ``x3`` is ``(C, H, W)``, ``w2`` ``(M, C/group*KH*KW)`` (a matrix read in place, or
+    a :class:`RowPanels` of that group); the column matrix is packed straight into panels in
+    cache-sized chunks (a read outside the image is 0, so ``pads``, top and left, is the only
+    padding given). False (nothing done) when the arrays or the geometry do not fit."""
+    mod = _mod()
+    a = _a_operand(w2, int(group)) if isinstance(group, (int, np.integer)) else None
+    if mod is None or a is None or x3.dtype != np.float32 or out2.dtype != np.float32 or x3.ndim != 3:
+        return False
+    try:
+        geo = _geometry(int(group), *map(tuple, (kernel, strides, dilations, pads, out_hw)))
+    except (TypeError, ValueError):
+        return False
+    if geo.shape != (11,) or out2.ndim != 2 or out2.shape[0] != a[2]:
+        return False
+    return _call(lambda *r: mod.sg_conv(*r, geo, a[1]), x3, a[0], out2, bias, a[2], 2, clip, width, addend, act)

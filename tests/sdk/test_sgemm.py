@@ -193,21 +193,41 @@ def test_a_convolution_with_its_epilogue_at_the_store_matches_onnxruntime(cin, c
     np.testing.assert_allclose(_run(model, feeds, 1), want, rtol=1e-4, atol=1e-4)
 
 
-def test_pointwise_convolutions_on_large_planes_stay_on_blas(monkeypatch):
-    import ge_cpu.kernels.nn as nn
-
-    model, feeds = _conv_model(24, 40, 16, "add relu", 2, k=1)  # 256 pixels a plane
+def test_pointwise_convolutions_run_on_the_kernel_with_the_weight_packed_once(monkeypatch):
+    model, feeds = _conv_model(24, 40, 56, "add relu", 2, k=1)  # 3136 pixels a plane: the large planes too
     want = _ort(model, feeds)
     calls = []
-    for name in ("conv2d", "matmul_rows"):
-        real = getattr(sgemm, name)
-        monkeypatch.setattr(sgemm, name, lambda *a, _r=real, **k: calls.append(a) or _r(*a, **k))
-    assert 16 * 16 > nn.POINTWISE_SGEMM_MAX_PIXELS
-    np.testing.assert_allclose(_run(model, feeds, 1), want, rtol=1e-4, atol=1e-4)
-    assert not calls  # BLAS's blocked kernel is faster on large planes
-    monkeypatch.setattr(nn, "POINTWISE_SGEMM_MAX_PIXELS", 256)
+    real = sgemm.conv2d
+    monkeypatch.setattr(sgemm, "conv2d", lambda *a, **k: calls.append(a) or real(*a, **k))
     np.testing.assert_allclose(_run(model, feeds, 1), want, rtol=1e-4, atol=1e-4)
     assert len(calls) == 2 and calls[0][-2] is not None  # one GEMM per image, the residual at the store
+    assert isinstance(calls[0][1], sgemm.RowPanels) and calls[0][1] is calls[1][1]  # packed when built, not per call
+
+
+@pytest.mark.parametrize("m,k,group", [(1, 1, 1), (12, 5, 1), (13, 40, 1), (50, 33, 2), (36, 7, 3), (200, 96, 4)])
+def test_row_panels_give_the_bits_of_the_matrix_read_in_place(m, k, group):
+    rng = np.random.default_rng(m * k + group)
+    w = rng.standard_normal((m, k)).astype(np.float32)
+    rows = sgemm.RowPanels(w, group)
+    assert rows.shape == (m, k) and rows.data.shape == (group * -(-(m // group) // sgemm.MR) * k, sgemm.MR)
+    x = rng.standard_normal((k * group, 5, 9)).astype(np.float32)
+    bias = rng.standard_normal(m).astype(np.float32)
+    geo = (group, (1, 1), (1, 1), (1, 1), (0, 0), (5, 9))
+    plain, packed = np.empty((m, 45), np.float32), np.empty((m, 45), np.float32)
+    assert sgemm.conv2d(x, w, plain, *geo, bias, (0.0, 6.0), 2, None, "silu")
+    assert sgemm.conv2d(x, rows, packed, *geo, bias, (0.0, 6.0), 2, None, "silu")
+    np.testing.assert_array_equal(packed, plain)  # the same chains of fused multiply-adds
+    if group == 1:
+        b = x.reshape(k, 45)
+        via_rows = np.empty((m, 45), np.float32)
+        assert sgemm.matmul_rows(rows, b, via_rows, bias, (0.0, 6.0), 1, None, "silu")
+        np.testing.assert_array_equal(via_rows, plain)
+    # a RowPanels of another group, or of other rows, is refused
+    out = np.full((m, 45), 7.0, np.float32)
+    assert not sgemm.conv2d(x, sgemm.RowPanels(w, 1) if group > 1 else rows, out, group + 1, *geo[1:])
+    assert np.all(out == 7.0)
+    with pytest.raises(ValueError, match="divisible by the group"):
+        sgemm.RowPanels(np.ones((5, 3), np.float32), 2)
 
 
 CONVS = [  # (C, H, W, M, group, kernel, strides, dilations, pads begin, pads end, batch)
@@ -221,6 +241,9 @@ CONVS = [  # (C, H, W, M, group, kernel, strides, dilations, pads begin, pads en
     (48, 35, 35, 96, 2, (3, 3), (2, 2), (1, 1), (0, 0), (0, 0), 1),  # more than one panel row per row
     (256, 64, 64, 8, 1, (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), 1),  # a column matrix packed in 3 chunks
     (512, 40, 40, 6, 2, (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), 1),  # groups, in 2 chunks
+    (4, 3, 60, 5, 1, (1, 19), (1, 1), (1, 2), (0, 0), (0, 9), 1),  # a kernel wider than the vector pack's 16 taps
+    (6, 17, 23, 8, 1, (3, 3), (2, 2), (1, 1), (1, 1), (0, 1), 2),  # stride 2, odd planes, uneven pads
+    (32, 56, 56, 24, 1, (1, 1), (1, 1), (1, 1), (0, 0), (0, 0), 1),  # a 1x1 stride-1 layer: rows copied
 ]
 
 
