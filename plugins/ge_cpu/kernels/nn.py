@@ -162,17 +162,13 @@ class _PlanCache:
 _COLS_BLOCK = 1 << 24
 
 
-#: 1x1 stride-1 convolutions run on GE's GEMM up to this many output pixels per image, BLAS
-#: above (its blocked kernel is faster on the large planes of a CNN's first stages; on small
-#: planes its per-call packing of the weights is most of the time)
-POINTWISE_SGEMM_MAX_PIXELS = 196
-
-def _conv2d_sgemm(x, wk, b, out, shape, group, k, strides, dilations, pb, epi):
+def _conv2d_sgemm(x, wk, b, out, shape, group, k, strides, dilations, pb, epi, rows=None):
     """A 2-D convolution per image on GE's own GEMM (:func:`ge_sdk.sgemm.conv2d`: the column
     matrix packed straight into its panels, the bias and the caller's epilogue ``epi`` at the
     store), written into the planned output; None when that path does not run these arrays. A
     1-D convolution (wav2vec2's feature extractor and its grouped positional conv) runs as a
-    2-D one of height 1."""
+    2-D one of height 1. ``rows``: the constant weight as :class:`ge_sdk.sgemm.RowPanels`, or
+    None (then ``wk`` is read in place)."""
     if x.dtype != np.float32 or wk.dtype != np.float32 or x.ndim not in (3, 4) or not sgemm.available():
         return None
     out_hw = tuple(shape[2:])
@@ -184,7 +180,7 @@ def _conv2d_sgemm(x, wk, b, out, shape, group, k, strides, dilations, pb, epi):
     bias, clip, z3, act = _epilogue_args(b, shape, epi)
     if bias is False:
         return None
-    w2 = wk.reshape(m, -1)
+    w2 = wk.reshape(m, -1) if rows is None else rows
     width = parallel.native_width()
     geo = (group, tuple(k), tuple(strides), tuple(dilations), (pb[0], pb[1]), out_hw)
     return _per_image(shape, out, z3, epi, lambda i, t2, z2: sgemm.conv2d(x[i], w2, t2, *geo, bias, clip, width, z2, act))
@@ -235,12 +231,13 @@ def _epilogue_args(b, shape, epi):
     return bias, epi["clip"], None if z is None else z.reshape(n, m, -1), epi["act"]
 
 
-def _pointwise_sgemm(wk, xs, b, out, shape, epi=None):
+def _pointwise_sgemm(wk, xs, b, out, shape, epi=None, rows=None):
     """A 1x1 convolution (or an im2col column matrix) as ``W @ X`` per image on GE's own GEMM
     (:mod:`ge_sdk.sgemm`: the activation packed by the call; the bias and the caller's epilogue
     ``epi`` -- an addend, a clip, an activation: :class:`ge_core.kernel.KernelCaps` -- applied
     at the store), written into the planned output; None when that path does not run these
-    arrays (the caller's BLAS form runs)."""
+    arrays (the caller's BLAS form runs). ``rows``: the constant weight as
+    :class:`ge_sdk.sgemm.RowPanels`, or None."""
     if xs.dtype != np.float32 or wk.dtype != np.float32 or not xs.flags.c_contiguous or not sgemm.available():
         return None
     n, m = shape[:2]
@@ -248,7 +245,8 @@ def _pointwise_sgemm(wk, xs, b, out, shape, epi=None):
     if bias is False:
         return None
     width = parallel.native_width()
-    return _per_image(shape, out, z3, epi, lambda i, t2, z2: sgemm.matmul_rows(wk[0], xs[i], t2, bias, clip, width, z2, act))
+    a = wk[0] if rows is None else rows
+    return _per_image(shape, out, z3, epi, lambda i, t2, z2: sgemm.matmul_rows(a, xs[i], t2, bias, clip, width, z2, act))
 
 
 @_reg("Conv")
@@ -302,8 +300,12 @@ def conv_factory(spec: KernelSpec):
     if use_loop and w_const is not None:
         _window.prepare("conv", math.prod(w_const.shape[2:]), in_dtype(spec, 0))  # built now, not on the first run
     loop_w: dict = {}  # constant weights as (M, taps) and bias as (M,) per dtype
-    if in_dtype(spec, 0) == np.float32 and wino is None and not use_loop:
-        sgemm.available()  # GE's GEMM built now (or read from the kernel cache), not on the first run
+    # the constant float32 weight packed once for GE's GEMM (one sequential stream per row block)
+    # (not a depthwise one: the window loop runs those)
+    w_rows = None
+    if (in_dtype(spec, 0) == np.float32 and wino is None and w_const is not None and w_const.dtype == np.float32
+            and w_const.ndim >= 3 and (group == 1 or w_const.shape[1] > 1) and sgemm.available()):
+        w_rows = sgemm.RowPanels(np.ascontiguousarray(w_const.reshape(w_const.shape[0], -1)), group)
 
     def _depthwise_loop(x, w, b, out, key, epi=None):
         """Depthwise conv through the compiled window loop, its planes split over the run's
@@ -372,9 +374,12 @@ def conv_factory(spec: KernelSpec):
             return (y,) if o is None else out
         wk = packed["w"] if w_const is not None else pack(w)
         p = math.prod(out_sp)
-        pointwise = all(ki == 1 for ki in k) and not any(pb) and not any(pe) and all(si == 1 for si in strides)
-        if nd <= 2 and not (cg == 1 and group == c and group > 1) and (not pointwise or p <= POINTWISE_SGEMM_MAX_PIXELS):
-            done = _conv2d_sgemm(x, wk, b, out, (n, m) + tuple(out_sp), group, k, strides, dilations, pb, epi)
+        # every 1-D/2-D convolution but a depthwise one on GE's GEMM (a 1x1 stride-1 one too, at
+        # every plane size: its panels are copies of the activation's rows, and the weight is
+        # packed once; BLAS packs both on every call and needs a pass of its own for the epilogue)
+        if nd <= 2 and not (cg == 1 and group == c and group > 1):
+            done = _conv2d_sgemm(x, wk, b, out, (n, m) + tuple(out_sp), group, k, strides, dilations, pb, epi,
+                                 w_rows if w is w_const else None)
             if done is not None:
                 return done
         if all(ki == 1 for ki in k) and not any(pb) and not any(pe):
@@ -382,7 +387,8 @@ def conv_factory(spec: KernelSpec):
             if any(si != 1 for si in strides):
                 xs = x[(slice(None), slice(None)) + tuple(slice(None, None, si) for si in strides)]
             xs = xs.reshape(n, group, cg, p) if group > 1 else xs.reshape(n, cg, p)
-            done = _pointwise_sgemm(wk, xs, b, out, (n, m) + tuple(out_sp), epi) if group == 1 and p <= POINTWISE_SGEMM_MAX_PIXELS else None
+            done = (_pointwise_sgemm(wk, xs, b, out, (n, m) + tuple(out_sp), epi, w_rows if w is w_const else None)
+                    if group == 1 else None)
             if done is not None:
                 return done
             if out is not None and group == 1:

@@ -10,8 +10,9 @@ transforms the products back (additions only). The transforms' coefficients are 
 +-1/2, so the rounding stays within a few units of float32 of the direct sum; the tests bound it
 against a float64 reference.
 
-Buffers for a shape are kept per thread and reused by every run at that shape (no page faults on
-the hot path).
+The compiled path's buffers are the thread's, shared by all its Winograd layers (one set stays in
+the cache); the NumPy path's are kept per layer, thread and shape. Neither page-faults on the hot
+path.
 """
 
 from __future__ import annotations
@@ -28,12 +29,18 @@ from ge_sdk.jit import enabled as jit_enabled
 G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
 
 #: Winograd pays when the GEMMs dominate its transforms: at least this many input and output
-#: channels (the transforms cost O(C + M) per tile, the products O(C * M)).
-MIN_CHANNELS = 16
+#: channels (the transforms cost O(C + M) per tile, the products O(C * M)). Measured against GE's
+#: own GEMM on the im2col panels (ge_sdk.sgemm, the epilogue at its store): squeezenet's
+#: 16 -> 64 and 32 -> 128 layers and ResNet's 64 -> 256 at 13x13 ran 1.1-1.4x slower as Winograd.
+MIN_CHANNELS = 64
 #: ... and with groups, at least this many channels per group (each group's GEMMs are that wide).
 MIN_GROUP_CHANNELS = 32
-#: ... and at least this many output tiles (2x2 outputs each).
-MIN_TILES = 16
+#: ... and at least this many output tiles (2x2 outputs each: a 13x13 plane; 7x7 planes lose,
+#: 1.2x at 1 thread, 1.5x at 2, 512 channels)
+MIN_TILES = 49
+#: ... and at least this many input channels times tiles (the GEMMs' k times n: 64 channels on
+#: 13x13 lose, 256 on 14x14 and 64 on 56x56 gain)
+MIN_WORK = 8192
 #: ... with groups, this many (a group's GEMMs are narrow: 7x7 planes lose, 14x14 gain)
 MIN_GROUP_TILES = 49
 #: Shapes whose buffers a thread keeps (the transformed tiles and products are 4x an activation:
@@ -64,7 +71,9 @@ def applies(x_shape: tuple, w_shape: tuple, strides, dilations, group: int, dtyp
         return False
     if len(x_shape) == 4 and all(isinstance(d, int) for d in x_shape[2:]):
         tiles = ((x_shape[2] + 1) // 2) * ((x_shape[3] + 1) // 2) * (x_shape[0] if isinstance(x_shape[0], int) else 1)
-        return tiles >= (MIN_TILES if group == 1 else MIN_GROUP_TILES)
+        if group == 1:
+            return tiles >= MIN_TILES and c * tiles >= MIN_WORK
+        return tiles >= MIN_GROUP_TILES
     return True
 
 
@@ -207,6 +216,30 @@ def native_transforms(dtype: Any):
     return (mod.in_f32, mod.out_f32) if dt == np.float32 else (mod.in_f64, mod.out_f64)
 
 
+#: Each thread's transformed tiles and products of the compiled path, shared by every Winograd
+#: layer it runs (layers run one after the other on a thread): one set the size of the largest
+#: layer stays in the cache from layer to layer, where a set per layer (4x an activation each) is
+#: tens of MB a model, evicted by the time its layer runs again, and written and read back
+#: through DRAM on every run (3x a layer's own time, measured in squeezenet).
+_shared = threading.local()
+
+
+def _scratch(shape_v: tuple, shape_mm: tuple, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The calling thread's (V, M) buffers of these shapes: views of its two flat buffers, grown
+    to the largest size asked for (never shrunk)."""
+    bufs = getattr(_shared, "bufs", None)
+    if bufs is None:
+        bufs = _shared.bufs = {}
+    out = []
+    for role, shape in (("v", shape_v), ("mm", shape_mm)):
+        count = int(np.prod(shape))
+        flat = bufs.get((role, np.dtype(dtype)))
+        if flat is None or flat.size < count:
+            flat = bufs[(role, np.dtype(dtype))] = np.empty(max(count, 1), dtype)
+        out.append(flat[:count].reshape(shape))
+    return out[0], out[1]
+
+
 class Winograd:
     """A 3x3 convolution with constant weights (M, C / group, 3, 3), run as F(2x2, 3x3):
     ``run(x, pads, out, bias)``."""
@@ -296,15 +329,14 @@ class Winograd:
         n, c, h, wd = x.shape
         oh, ow = h + pads[0] + pads[2] - 2, wd + pads[1] + pads[3] - 2
         th, tw = (oh + 1) // 2, (ow + 1) // 2
-        b = self._cached(("native", n, th, tw), lambda: {"v": np.empty((16, c, n * th * tw), self.dtype),
-                                                         "mm": np.empty((16, self.m, n * th * tw), self.dtype)})
+        v, mm = _scratch((16, c, n * th * tw), (16, self.m, n * th * tw), self.dtype)
         width = parallel.threads()
         fin, fout = fns
-        fin(x, b["v"], n, c, h, wd, pads[0], pads[1], th, tw, width)
-        self._products(b["v"], b["mm"])
+        fin(x, v, n, c, h, wd, pads[0], pads[1], th, tw, width)
+        self._products(v, mm)
         y = out if out is not None else np.empty((n, self.m, oh, ow), self.dtype)
         bb = None if bias is None else self._bias(bias)
-        fout(b["mm"], y, bb, n, self.m, oh, ow, width)
+        fout(mm, y, bb, n, self.m, oh, ow, width)
         return y
 
     def _run_numpy(self, x: np.ndarray, pads: tuple[int, int, int, int], out: np.ndarray | None = None) -> np.ndarray:
