@@ -129,6 +129,59 @@ static inline __attribute__((always_inline)) void sg_act(float *t, int64_t act) 
 }
 
 #if defined(__AVX512F__)
+#define SG_C(v) _mm512_set1_ps(v)
+/* exp of 16 lanes in registers: the prelude's exp32 (Cephes: the same reduction, polynomial,
+   clamps and two-factor scaling; a NaN lane passes through), with fused multiply-adds */
+static inline __attribute__((always_inline)) __m512 sg_exp16(__m512 x) {
+    __m512 xc = _mm512_max_ps(_mm512_min_ps(x, SG_C(88.8f)), SG_C(-104.0f));
+    __m512 t = _mm512_fmadd_ps(xc, SG_C(1.44269504088896341f), SG_C(12582912.0f));
+    __m512 fx = _mm512_sub_ps(t, SG_C(12582912.0f));
+    __m512 r = _mm512_fnmadd_ps(fx, SG_C(-2.12194440e-4f), _mm512_fnmadd_ps(fx, SG_C(0.693359375f), xc));
+    __m512 p = _mm512_fmadd_ps(SG_C(1.9875691500e-4f), r, SG_C(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, SG_C(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, SG_C(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, SG_C(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, SG_C(5.0000001201e-1f));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), SG_C(1.0f));
+    __m512i n = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B400000));
+    __m512i n1 = _mm512_srai_epi32(n, 1), n2 = _mm512_sub_epi32(n, n1);
+    __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, _mm512_set1_epi32(127)), 23));
+    __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, _mm512_set1_epi32(127)), 23));
+    y = _mm512_mul_ps(_mm512_mul_ps(y, s1), s2);
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_ORD_Q), x, y);
+}
+
+/* erf of 16 lanes: the prelude's erf32 (a series below 1, Abramowitz-Stegun 7.1.26 above) */
+static inline __attribute__((always_inline)) __m512 sg_erf16(__m512 x) {
+    __m512 z = _mm512_mul_ps(x, x);
+    __m512 q = _mm512_fmadd_ps(SG_C(7.853861353153693e-5f), z, SG_C(-8.010193625184903e-4f));
+    q = _mm512_fmadd_ps(q, z, SG_C(5.188327685732524e-3f));
+    q = _mm512_fmadd_ps(q, z, SG_C(-2.685381193529856e-2f));
+    q = _mm512_fmadd_ps(q, z, SG_C(1.128358514861418e-1f));
+    q = _mm512_fmadd_ps(q, z, SG_C(-3.761262582423300e-1f));
+    __m512 small = _mm512_mul_ps(x, _mm512_fmadd_ps(q, z, SG_C(1.128379165726710f)));
+    __m512 a = _mm512_abs_ps(x);
+    __m512 t = _mm512_div_ps(SG_C(1.0f), _mm512_fmadd_ps(SG_C(0.3275911f), a, SG_C(1.0f)));
+    __m512 pl = _mm512_fmadd_ps(SG_C(1.061405429f), t, SG_C(-1.453152027f));
+    pl = _mm512_fmadd_ps(pl, t, SG_C(1.421413741f));
+    pl = _mm512_fmadd_ps(pl, t, SG_C(-0.284496736f));
+    pl = _mm512_fmadd_ps(pl, t, SG_C(0.254829592f));
+    pl = _mm512_mul_ps(pl, t);
+    __m512 big = _mm512_fnmadd_ps(pl, sg_exp16(_mm512_sub_ps(_mm512_setzero_ps(), z)), SG_C(1.0f));
+    /* the sign of x on big (x < 0: -big) */
+    big = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(big),
+                                              _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u))));
+    __m512 r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, SG_C(1.0f), _CMP_LT_OQ), big, small);
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_ORD_Q), x, r);
+}
+
+/* the activations on 16 lanes in registers (sigmoid, SiLU, erf GELU: the others through act32) */
+static inline __attribute__((always_inline)) __m512 sg_act16(__m512 v, int64_t act) {
+    if (act == 1) return _mm512_div_ps(SG_C(1.0f), _mm512_add_ps(SG_C(1.0f), sg_exp16(_mm512_sub_ps(_mm512_setzero_ps(), v))));
+    if (act == 2) return _mm512_div_ps(v, _mm512_add_ps(SG_C(1.0f), sg_exp16(_mm512_sub_ps(_mm512_setzero_ps(), v))));
+    return _mm512_mul_ps(_mm512_mul_ps(SG_C(0.5f), v), _mm512_add_ps(SG_C(1.0f), sg_erf16(_mm512_mul_ps(v, SG_C(0.70710678118654752f)))));
+}
+
 static inline __attribute__((always_inline)) void sg_tile_(const sg_ctx *q, int mr, int64_t r0, int64_t j0, int pk) {
     __m512 c0[SG_MR], c1[SG_MR];
     for (int r = 0; r < SG_MR; r++) { c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps(); }
@@ -187,7 +240,10 @@ static inline __attribute__((always_inline)) void sg_tile_(const sg_ctx *q, int 
             y1 = _mm512_min_ps(_mm512_max_ps(y1, lo), hi);
         }
         float *cr = q->c + (r0 + r) * q->ldc + j0;
-        if (q->act) {
+        if (q->act >= 1 && q->act <= 3) {
+            y0 = sg_act16(y0, q->act);
+            y1 = sg_act16(y1, q->act);
+        } else if (q->act) {
             float t[SG_NR] __attribute__((aligned(64)));
             _mm512_store_ps(t, y0);
             _mm512_store_ps(t + 16, y1);

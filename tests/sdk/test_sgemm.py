@@ -341,3 +341,22 @@ def test_a_1d_convolution_runs_as_a_2d_one_of_height_1(c, length, m, group, k, s
     assert len(calls) == 2 and calls[0][0].shape == (c, 1, length) and calls[0][4] == (1, k)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(c // group * k))
     np.testing.assert_array_equal(_run(model, {"x": x}, 2), got)
+
+
+@pytest.mark.parametrize("act", ["sigmoid", "silu", "gelu", "hardswish", "gelu_tanh"])
+def test_activations_at_the_store_on_special_values(act):
+    """The activations the tile applies in registers (sigmoid, SiLU, GELU) and through the shared
+    C (the others), on the edges of their range: large arguments, signed zeros, inf, NaN."""
+    v = np.array([-200, -88.5, -30, -4, -1, -1e-3, -0.0, 0.0, 1e-3, 0.7, 1, 3.9, 30, 88.5, 200, np.inf, np.nan]
+                 * 3, np.float32)
+    out = np.empty((1, v.size), np.float32)
+    assert sgemm.matmul_rows(np.ones((1, 1), np.float32), v.reshape(1, -1), out, act=act)
+    finite = np.isfinite(v)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = ACTS[act](v[finite].astype(np.float64))
+    # (erf's approximation is within 1.5e-7 absolute: GELU's error scales with |x| where 1 + erf is small)
+    atol = 1e-7 * (1 + np.abs(v[finite])) if act.startswith("gelu") else 1e-30
+    assert np.all(np.abs(out[0][finite] - want) <= 2e-6 * np.abs(want) + atol)
+    assert np.isnan(out[0][np.isnan(v)]).all()  # NaN passes through
+    pos_inf = out[0][v == np.inf]
+    assert np.all(pos_inf == (1.0 if act == "sigmoid" else np.inf))
