@@ -69,65 +69,11 @@ static inline __attribute__((always_inline)) float act32(float v, int64_t act) {
 }
 """
 
-_SRC = ACTIVATION_C + r"""
+#: C of the activations 1-3 of :data:`ACTIVATIONS` on 16 float32 lanes in AVX-512 registers,
+#: ``sg_act16(v, code)`` (and ``sg_exp16``, ``sg_erf16``): the prelude's exp32 and erf32 with
+#: fused multiply-adds; fixed source, empty without AVX-512, shared like :data:`ACTIVATION_C`
+ACTIVATION_C16 = r"""
 #include <immintrin.h>
-#include <stdlib.h>
-#define SG_NR 32
-#define SG_MR 12
-#define SG_MC 96
-#define SG_CONV_SCRATCH ((int64_t)1 << 22)
-#define SG_CONV_CHUNK ((int64_t)1 << 18)
-
-static int64_t sg_isa(void) {
-#if defined(__AVX512F__)
-    return 1;
-#else
-    return 0;
-#endif
-}
-
-static PyObject *sg_ok(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (ge_nargs(n, 0)) return NULL;
-    return PyLong_FromLongLong(sg_isa());
-}
-
-typedef struct {
-    const float *a; int64_t lda;         /* A (m, k): a[r * lda + kk] */
-    const float *b;                      /* B packed: panel p (k, 32) at b + p * k * 32 */
-    float *c; int64_t ldc;
-    int64_t m, n, k;
-    const float *bias; int64_t bias_kind; /* 0 none, 1 per column (n values), 2 per row (m values) */
-    const float *z; int64_t has_z;        /* an addend of C's shape (a residual), or none */
-    int64_t clip; float lo, hi;
-    int64_t act;                          /* then 0 none, 1 sigmoid, 2 silu, 3 gelu, 4 gelu (tanh), 5 hardswish */
-    int64_t row_blocks, groups, per_group, panels;
-    int64_t cgroups;                      /* a grouped convolution's groups: A, B, C (and a row bias,
-                                             Z) of group g start g * m rows (B: g * panels) on */
-    int64_t apack;                        /* A is packed (RowPanels): per group ceil(m / 12) blocks of
-                                             (k, 12), row r0's block at a + (r0 / 12) * k * 12 */
-} sg_ctx;
-
-/* the activation of one tile row, in place: a simd loop per activation (ACTIVATION_C's act32
-   with a constant code inlines to the prelude's branch-free math) */
-static inline __attribute__((always_inline)) void sg_act(float *t, int64_t act) {
-    if (act == 1) {
-#pragma omp simd
-        for (int j = 0; j < SG_NR; j++) t[j] = act32(t[j], 1);
-    } else if (act == 2) {
-#pragma omp simd
-        for (int j = 0; j < SG_NR; j++) t[j] = act32(t[j], 2);
-    } else if (act == 3) {
-#pragma omp simd
-        for (int j = 0; j < SG_NR; j++) t[j] = act32(t[j], 3);
-    } else if (act == 4) {
-#pragma omp simd
-        for (int j = 0; j < SG_NR; j++) t[j] = act32(t[j], 4);
-    } else if (act == 5) {
-#pragma omp simd
-        for (int j = 0; j < SG_NR; j++) t[j] = act32(t[j], 5);
-    }
-}
-
 #if defined(__AVX512F__)
 #define SG_C(v) _mm512_set1_ps(v)
 /* exp of 16 lanes in registers: the prelude's exp32 (Cephes: the same reduction, polynomial,
@@ -175,13 +121,81 @@ static inline __attribute__((always_inline)) __m512 sg_erf16(__m512 x) {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_ORD_Q), x, r);
 }
 
-/* the activations on 16 lanes in registers (sigmoid, SiLU, erf GELU: the others through act32) */
+/* tanh of 16 lanes: the prelude's tanh32 (a series below 0.625, 1 - 2 / (exp(2|x|) + 1) above) */
+static inline __attribute__((always_inline)) __m512 sg_tanh16(__m512 x) {
+    __m512 z = _mm512_mul_ps(x, x);
+    __m512 q = _mm512_fmadd_ps(SG_C(-5.70498872745e-3f), z, SG_C(2.06390887954e-2f));
+    q = _mm512_fmadd_ps(q, z, SG_C(-5.37397155531e-2f));
+    q = _mm512_fmadd_ps(q, z, SG_C(1.33314422036e-1f));
+    q = _mm512_fmadd_ps(q, z, SG_C(-3.33332819422e-1f));
+    __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(q, z), x, x);
+    __m512 ax = _mm512_abs_ps(x);
+    __m512 big = _mm512_sub_ps(SG_C(1.0f), _mm512_div_ps(SG_C(2.0f), _mm512_add_ps(sg_exp16(_mm512_add_ps(ax, ax)), SG_C(1.0f))));
+    big = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(big),
+                                              _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u))));
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax, SG_C(0.625f), _CMP_LT_OQ), big, small);
+}
+
+/* the activations of ACTIVATIONS on 16 lanes in registers (act32's math, lane for lane) */
 static inline __attribute__((always_inline)) __m512 sg_act16(__m512 v, int64_t act) {
     if (act == 1) return _mm512_div_ps(SG_C(1.0f), _mm512_add_ps(SG_C(1.0f), sg_exp16(_mm512_sub_ps(_mm512_setzero_ps(), v))));
     if (act == 2) return _mm512_div_ps(v, _mm512_add_ps(SG_C(1.0f), sg_exp16(_mm512_sub_ps(_mm512_setzero_ps(), v))));
-    return _mm512_mul_ps(_mm512_mul_ps(SG_C(0.5f), v), _mm512_add_ps(SG_C(1.0f), sg_erf16(_mm512_mul_ps(v, SG_C(0.70710678118654752f)))));
+    if (act == 3)
+        return _mm512_mul_ps(_mm512_mul_ps(SG_C(0.5f), v), _mm512_add_ps(SG_C(1.0f), sg_erf16(_mm512_mul_ps(v, SG_C(0.70710678118654752f)))));
+    if (act == 4) {
+        __m512 u = _mm512_mul_ps(SG_C(0.79788456080286536f), _mm512_fmadd_ps(_mm512_mul_ps(SG_C(0.044715f), v), _mm512_mul_ps(v, v), v));
+        return _mm512_mul_ps(_mm512_mul_ps(SG_C(0.5f), v), _mm512_add_ps(SG_C(1.0f), sg_tanh16(u)));
+    }
+    if (act == 5) {  /* (a NaN lane: max/min return their second operand, so it stays NaN in g and v * g) */
+        __m512 g = _mm512_fmadd_ps(v, SG_C(1.0f / 6.0f), SG_C(0.5f));
+        g = _mm512_min_ps(SG_C(1.0f), _mm512_max_ps(SG_C(0.0f), g));
+        return _mm512_mul_ps(v, g);
+    }
+    return v;
 }
 
+#endif
+"""
+
+_SRC = ACTIVATION_C + ACTIVATION_C16 + r"""
+#include <immintrin.h>
+#include <stdlib.h>
+#define SG_NR 32
+#define SG_MR 12
+#define SG_MC 96
+#define SG_CONV_SCRATCH ((int64_t)1 << 22)
+#define SG_CONV_CHUNK ((int64_t)1 << 18)
+
+static int64_t sg_isa(void) {
+#if defined(__AVX512F__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static PyObject *sg_ok(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (ge_nargs(n, 0)) return NULL;
+    return PyLong_FromLongLong(sg_isa());
+}
+
+typedef struct {
+    const float *a; int64_t lda;         /* A (m, k): a[r * lda + kk] */
+    const float *b;                      /* B packed: panel p (k, 32) at b + p * k * 32 */
+    float *c; int64_t ldc;
+    int64_t m, n, k;
+    const float *bias; int64_t bias_kind; /* 0 none, 1 per column (n values), 2 per row (m values) */
+    const float *z; int64_t has_z;        /* an addend of C's shape (a residual), or none */
+    int64_t clip; float lo, hi;
+    int64_t act;                          /* then 0 none, 1 sigmoid, 2 silu, 3 gelu, 4 gelu (tanh), 5 hardswish */
+    int64_t row_blocks, groups, per_group, panels;
+    int64_t cgroups;                      /* a grouped convolution's groups: A, B, C (and a row bias,
+                                             Z) of group g start g * m rows (B: g * panels) on */
+    int64_t apack;                        /* A is packed (RowPanels): per group ceil(m / 12) blocks of
+                                             (k, 12), row r0's block at a + (r0 / 12) * k * 12 */
+} sg_ctx;
+
+#if defined(__AVX512F__)
 static inline __attribute__((always_inline)) void sg_tile_(const sg_ctx *q, int mr, int64_t r0, int64_t j0, int pk) {
     __m512 c0[SG_MR], c1[SG_MR];
     for (int r = 0; r < SG_MR; r++) { c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps(); }
@@ -240,16 +254,9 @@ static inline __attribute__((always_inline)) void sg_tile_(const sg_ctx *q, int 
             y1 = _mm512_min_ps(_mm512_max_ps(y1, lo), hi);
         }
         float *cr = q->c + (r0 + r) * q->ldc + j0;
-        if (q->act >= 1 && q->act <= 3) {
+        if (q->act) {
             y0 = sg_act16(y0, q->act);
             y1 = sg_act16(y1, q->act);
-        } else if (q->act) {
-            float t[SG_NR] __attribute__((aligned(64)));
-            _mm512_store_ps(t, y0);
-            _mm512_store_ps(t + 16, y1);
-            sg_act(t, q->act);
-            y0 = _mm512_load_ps(t);
-            y1 = _mm512_load_ps(t + 16);
         }
         _mm512_mask_storeu_ps(cr, m0, y0);
         _mm512_mask_storeu_ps(cr + 16, m1, y1);
