@@ -199,6 +199,14 @@ def test_global_pools(op):
     check(op, [rand(2, 5, 6, 7)])
 
 
+@pytest.mark.parametrize("shape", [(1, 1152, 7, 7), (2, 24, 112, 112), (3, 4, 9), (1, 3, 2, 3, 4), (1, 5, 1, 1)])
+def test_global_average_pool_on_se_block_planes(shape):
+    """GlobalAveragePool's sums as dot products with ones: large planes, many channels, 1-D and
+    3-D, a 1x1 plane, offset data (a mean of 100 +- 1: the sums' rounding shows)."""
+    check("GlobalAveragePool", [rand(*shape, lo=99.0, hi=101.0)], rtol=2e-6)
+    check("GlobalAveragePool", [rand(*shape, dtype=np.float64)], rtol=1e-12, atol=1e-14, ref="onnx")
+
+
 @pytest.mark.parametrize("size", [3, 5])
 def test_lrn(size):
     check("LRN", [rand(2, 7, 5, 5)], {"size": size, "alpha": 1e-3, "beta": 0.75, "bias": 2.0})
