@@ -165,6 +165,7 @@ _SRC = ACTIVATION_C + ACTIVATION_C16 + r"""
 #define SG_MC 96
 #define SG_CONV_SCRATCH ((int64_t)1 << 22)
 #define SG_CONV_CHUNK ((int64_t)1 << 18)
+#define SG_PACK_KW 128  /* the widest kernel the vector pack takes (wav2vec2's positional conv) */
 
 static int64_t sg_isa(void) {
 #if defined(__AVX512F__)
@@ -416,15 +417,17 @@ static void sg_pack_task(void *vc, int64_t i, int slot) {
     }
     js[runs] = end - base;
 #if defined(__AVX512F__)
-    if (q->sw <= 2 && q->kh <= 16 && q->kw <= 16) {
-        /* stride 1 or 2: each run's in-image columns are one masked load per 16 lanes (stride 2:
-           two, then the even elements picked); a panel row is two stores. Which lanes a run
-           fills depends on kx only and whether its input row is inside on ky only: both are
-           worked out once per panel, not per channel. A masked-off lane reads nothing, so an
-           address it would name outside the image is never touched. */
+    if (q->kh <= 16 && q->kw <= SG_PACK_KW && q->sw <= ((int64_t)1 << 26)) {
+        /* each run's in-image columns are one masked load per 16 lanes at stride 1 (stride 2:
+           two, then the even elements picked; a larger stride: a masked gather); a panel row is
+           two stores. Which lanes a run fills depends on kx only and whether its input row is
+           inside on ky only: both are worked out once per panel, not per channel. A masked-off
+           lane reads nothing, so an address it would name outside the image is never touched. */
         const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        uint32_t lanes[SG_NR * 16];
-        int64_t coloff[SG_NR * 16], rowoff[SG_NR * 16];
+        const __m512i step = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                _mm512_set1_epi32((int)q->sw));
+        uint32_t lanes[SG_NR * SG_PACK_KW];
+        int64_t coloff[SG_NR * SG_PACK_KW], rowoff[SG_NR * 16];
         for (int64_t r = 0; r < runs; r++) {
             int64_t j0 = js[r], j1 = js[r + 1];
             for (int64_t ky = 0; ky < q->kh; ky++) {
@@ -440,8 +443,8 @@ static void sg_pack_task(void *vc, int64_t i, int slot) {
                     hi = last < 0 ? j0 : j0 + last / q->sw + 1;
                 }
                 if (lo > j1) lo = j1;
-                lanes[r * 16 + kx] = hi <= lo ? 0u : (hi - lo >= 32 ? 0xffffffffu : ((1u << (hi - lo)) - 1u)) << lo;
-                coloff[r * 16 + kx] = ix0 - j0 * q->sw;  /* lane j reads element (coloff + j * sw) of the row */
+                lanes[r * SG_PACK_KW + kx] = hi <= lo ? 0u : (hi - lo >= 32 ? 0xffffffffu : ((1u << (hi - lo)) - 1u)) << lo;
+                coloff[r * SG_PACK_KW + kx] = ix0 - j0 * q->sw;  /* lane j reads element (coloff + j * sw) of the row */
             }
         }
         int64_t kk = 0;
@@ -451,15 +454,18 @@ static void sg_pack_task(void *vc, int64_t i, int slot) {
                 for (int64_t kx = 0; kx < q->kw; kx++, kk++) {
                     __m512 v[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
                     for (int64_t r = 0; r < runs; r++) {
-                        uint32_t ln = lanes[r * 16 + kx];
+                        uint32_t ln = lanes[r * SG_PACK_KW + kx];
                         int64_t ro = rowoff[r * 16 + ky];
                         if (!ln || ro < 0) continue;
-                        intptr_t base = (intptr_t)plane + (intptr_t)(ro + coloff[r * 16 + kx]) * (intptr_t)sizeof(float);
+                        intptr_t base = (intptr_t)plane + (intptr_t)(ro + coloff[r * SG_PACK_KW + kx]) * (intptr_t)sizeof(float);
                         for (int h = 0; h < 2; h++) {
                             __mmask16 km = (__mmask16)(ln >> (16 * h));
                             if (!km) continue;
                             if (q->sw == 1) {
                                 v[h] = _mm512_mask_loadu_ps(v[h], km, (const void *)(base + 64 * h));
+                            } else if (q->sw > 2) {
+                                v[h] = _mm512_mask_i32gather_ps(v[h], km, step,
+                                                                (const void *)(base + (intptr_t)(64 * h) * (intptr_t)q->sw), 4);
                             } else {
                                 uint32_t e0 = km & 0xffu, e1 = (km >> 8) & 0xffu;  /* lanes -> their even elements */
                                 e0 = (e0 | (e0 << 4)) & 0x0f0fu; e0 = (e0 | (e0 << 2)) & 0x3333u; e0 = (e0 | (e0 << 1)) & 0x5555u;
