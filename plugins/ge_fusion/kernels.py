@@ -328,6 +328,7 @@ def _row_softmax(dtype: Any):
 
 
 def attention_factory(spec: KernelSpec):
+    from .attention import SERIAL_WORK as serial_work
     scale = float(spec.attr("scale", 1.0))
     dt = _out_type(spec)[0]
     rows = _row_softmax(dt)
@@ -339,7 +340,8 @@ def attention_factory(spec: KernelSpec):
 
     def kernel(q, kt, v, mask=None, out=None):
         o = None if out is None else out[0]
-        if width > 1:
+        work = q.size // max(1, q.shape[-1]) * kt.shape[-1] * (q.shape[-1] + v.shape[-1])  # multiply-adds
+        if width > 1 and work >= serial_work:
             # one task per (batch, head) on native threads (ge_fusion.attention)
             from . import attention
 

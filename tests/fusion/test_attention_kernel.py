@@ -81,16 +81,25 @@ def test_arrays_it_cannot_take_are_left_to_the_numpy_form():
     assert attention.run(q, kt, v, np.array(0.5, np.float32), 1.0, None, 2) is None  # a 0-d mask
 
 
-def test_the_fused_kernel_uses_it_when_built_for_several_threads():
+@pytest.mark.parametrize("heads,tokens,native", [(4, 32, False), (12, 128, True)])
+def test_the_fused_kernel_uses_it_when_built_for_several_threads_and_the_work_pays(monkeypatch, heads, tokens, native):
+    """On several threads the per-head kernel runs, unless the heads are so small that NumPy's
+    batched products on the calling thread are faster (wav2vec2's 4 heads of 49 tokens)."""
     from ge_core.ir.types import TensorType
     from ge_core.kernel import KernelSpec
     from ge_fusion.kernels import attention_factory
 
+    calls = []
+    real = attention.run
+    monkeypatch.setattr(attention, "run", lambda *a, **k: calls.append(a) or real(*a, **k))
     rng = np.random.default_rng(5)
-    q, kt, v = (rng.standard_normal(s).astype(np.float32) for s in [(1, 4, 32, 16), (1, 4, 16, 32), (1, 4, 32, 16)])
-    spec = KernelSpec(name="att", op_type="Attention", domain="ge.fused", attrs={"scale": 0.25},
-                      inputs=[TensorType.of(x) for x in (q, kt, v)], outputs=[TensorType("float32", (1, 4, 32, 16))],
+    shapes = [(1, heads, tokens, 64), (1, heads, 64, tokens), (1, heads, tokens, 64)]
+    q, kt, v = (rng.standard_normal(s).astype(np.float32) for s in shapes)
+    assert (heads * tokens * tokens * 128 >= attention.SERIAL_WORK) == native
+    spec = KernelSpec(name="att", op_type="Attention", domain="ge.fused", attrs={"scale": 0.125},
+                      inputs=[TensorType.of(x) for x in (q, kt, v)], outputs=[TensorType("float32", shapes[0])],
                       const_inputs=[None] * 3, options={"parallel_width": 2})
     with parallel.use_threads(2):
         got = attention_factory(spec)(q, kt, v)[0]
-    np.testing.assert_allclose(got, _reference(q, kt, v, None, 0.25), rtol=2e-5, atol=2e-6)
+    assert len(calls) == int(native)
+    np.testing.assert_allclose(got, _reference(q, kt, v, None, 0.125), rtol=2e-5, atol=2e-6)
