@@ -320,6 +320,35 @@ def test_onnx_softmax_runs_as_a_row_kernel(shape, axis, dtype):
         np.testing.assert_allclose(v, want[k], rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("cols", [1, 7, 16, 197, 1000])
+def test_softmax_row_kernel_in_place_and_not_on_edge_values(cols):
+    """The float32 row softmax (16 lanes in registers, a masked tail): every row width mod 16, in
+    place and into another buffer, large logits, a row of -inf but one, and NaN or +inf in a
+    row making it all NaN, as NumPy does."""
+    from ge_fusion.loopgen import row_kernel
+
+    fn = row_kernel("softmax", "float32")
+    if fn is None:
+        pytest.skip("no C compiler: the NumPy softmax runs (tested elsewhere)")
+    rng = np.random.default_rng(cols)
+    x = (rng.standard_normal((6, cols)) * 10).astype(np.float32)
+    x[1, 0] = 88.0
+    x[2, :] = -np.inf
+    x[2, -1] = 0.0
+    x[3, cols // 2] = np.nan
+    x[4, 0] = np.inf
+    with np.errstate(invalid="ignore"):
+        want = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+        want /= want.sum(axis=1, keepdims=True)
+    out = np.full_like(x, 7.0)
+    fn(x, out)
+    inplace = x.copy()
+    fn(inplace, inplace)
+    for got in (out, inplace):
+        np.testing.assert_allclose(got[[0, 1, 2, 5]], want[[0, 1, 2, 5]], rtol=1e-5, atol=1e-30)
+        assert np.isnan(got[3]).all() and np.isnan(got[4]).all()
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("case", ["scale_bias", "scale_only", "input_scale", "stats_unused", "mean_used", "axis_1"])
 def test_onnx_layernorm_runs_as_a_row_kernel(case, dtype):
