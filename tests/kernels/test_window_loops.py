@@ -269,6 +269,35 @@ def test_maxpool_propagates_nan_like_numpy(monkeypatch):
     np.testing.assert_array_equal(loop[~np.isnan(loop)], numpy_path[~np.isnan(numpy_path)])
 
 
+@pytest.mark.parametrize("op,attrs,const", [
+    ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, ()),  # -inf borders
+    ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}, ()),  # zero borders
+    ("Conv", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "group": 4}, (1,)),  # depthwise, zero borders
+])
+def test_the_loops_buffers_kept_with_the_plan_stay_right_from_call_to_call(monkeypatch, op, attrs, const):
+    """A layer's bordered buffers are made once (per thread) and reused: every call, with other
+    data each time (a NaN in one, large values in another), matches the reference."""
+    seen = []
+    real = _window.buffers
+    monkeypatch.setattr(_window, "buffers", lambda *a: seen.append(real(*a)) or seen[-1])
+    x0 = rand(2, 4, 9, 9)
+    w = rand(4, 1, 3, 3)
+    inputs = [x0, w] if op == "Conv" else [x0]
+    want0 = reference(op, inputs, attrs, const)
+    kernel = build(op, inputs, attrs, const, want0)
+    for i in range(4):
+        x = rand(2, 4, 9, 9) * (1000.0 if i == 2 else 1.0)
+        if i == 1:
+            x[0, 1, 0, 0] = np.nan
+        args = [x, w] if op == "Conv" else [x]
+        want = reference(op, [np.nan_to_num(x) if i == 1 else x] + args[1:], attrs, const)
+        got = kernel(*args)[0]
+        ok = ~np.isnan(got)
+        assert ok.all() if i != 1 else not ok.all()
+        np.testing.assert_allclose(got[ok], want[ok], rtol=1e-4, atol=1e-3 if i == 2 else 1e-5)
+    assert len(seen) == 4 and all(b[0] is seen[0][0] and b[1] is seen[0][1] for b in seen)  # one set, reused
+
+
 def test_pools_without_the_loops(monkeypatch):
     monkeypatch.setenv("GE_CPU_JIT", "0")
     for attrs in POOL_CASES[:5]:

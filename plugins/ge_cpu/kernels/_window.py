@@ -355,7 +355,7 @@ def prepare(kind: str, taps: int, dtype: Any) -> None:
 class WindowPlan:
     """Buffer layout of one 2-D window op for one input plane size (see the module docstring)."""
 
-    __slots__ = ("in_hw", "out_hw", "Wp", "sw", "rows", "offs", "nbuf", "L", "ok")
+    __slots__ = ("in_hw", "out_hw", "Wp", "sw", "rows", "offs", "nbuf", "L", "ok", "bufs")
 
     def __init__(self, in_hw: Sequence[int], k: Sequence[int], s: Sequence[int], d: Sequence[int],
                  pb: Sequence[int], out_hw: Sequence[int]) -> None:
@@ -369,6 +369,8 @@ class WindowPlan:
         plane = hq * wp
         self.in_hw = (h, w)
         self.out_hw = (oh, ow)
+        #: (calling thread, kind, dtype, threads) -> its (buf, tmp): :func:`buffers`
+        self.bufs: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self.Wp = wp
         self.sw = sw
         # where each input row starts in the buffer: row phase, row in the phase, left padding
@@ -397,6 +399,21 @@ def _dummy(dt: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     return a
 
 
+def buffers(plan: WindowPlan, kind: str, dt: np.dtype, threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """The calling thread's ``(buf, tmp)`` for ``plan``: one plane's bordered buffer rows and flat
+    run per pool thread, made once and kept with the plan. The loops write a plane's own pixels
+    only, so the borders (zero, or -inf for max) stay as made; a plan is one geometry, so a
+    kept buffer always fits the run that gets it. Two runs on two threads get two sets."""
+    key = (threading.get_ident(), kind, dt, threads)
+    got = plan.bufs.get(key)
+    if got is None:
+        if len(plan.bufs) >= 8:  # (threads come and go: a bounded memo)
+            plan.bufs.clear()
+        buf = np.full(plan.nbuf * threads, -np.inf, dt) if kind == "max" else np.zeros(plan.nbuf * threads, dt)
+        got = plan.bufs[key] = (buf, np.empty(plan.L * threads, dt))
+    return got
+
+
 def run(kind: str, plan: WindowPlan, x: np.ndarray, out: np.ndarray, wt: np.ndarray | None = None,
         b: np.ndarray | None = None, dv: np.ndarray | None = None, *, threads: int = 1,
         clip: tuple[float, float] | None = None, act: str | None = None) -> bool:
@@ -422,10 +439,7 @@ def run(kind: str, plan: WindowPlan, x: np.ndarray, out: np.ndarray, wt: np.ndar
     x = np.require(x, dt, ["C_CONTIGUOUS", "ALIGNED"])  # a strided view is copied once
     n, c, h, w = x.shape
     threads = max(1, min(int(threads), n * c))
-    # one plane's buffer rows per thread (each zero or -inf bordered once: the loop writes the
-    # plane's own pixels only)
-    buf = np.full(plan.nbuf * threads, -np.inf, dt) if kind == "max" else np.zeros(plan.nbuf * threads, dt)
-    tmp = np.empty(plan.L * threads, dt)
+    buf, tmp = buffers(plan, kind, dt, threads)
     one, one2 = _dummy(dt)
     mult = out.shape[1] // x.shape[1] if x.shape[1] else 1
     oh, ow = out.shape[2:]
