@@ -52,7 +52,8 @@ _state: dict[str, Any] = {}
 ACTIVATIONS = {"sigmoid": 1, "silu": 2, "gelu": 3, "gelu_tanh": 4, "hardswish": 5}
 
 #: C of ``act32(v, code)``, the activation of :data:`ACTIVATIONS` code ``code`` (0: none) on the
-#: native prelude's float32 math; fixed source, shared by the kernels that apply an epilogue
+#: native prelude's float32 math, one value at a time; fixed source, for kernels without AVX-512
+#: (the window loops' epilogue falls back to it); :data:`ACTIVATION_C16` is the same math in registers
 ACTIVATION_C = r"""
 static inline __attribute__((always_inline)) float act32(float v, int64_t act) {
     if (act == 1) return 1.0f / (1.0f + exp32(-v));
@@ -157,7 +158,7 @@ static inline __attribute__((always_inline)) __m512 sg_act16(__m512 v, int64_t a
 #endif
 """
 
-_SRC = ACTIVATION_C + ACTIVATION_C16 + r"""
+_SRC = ACTIVATION_C16 + r"""
 #include <immintrin.h>
 #include <stdlib.h>
 #define SG_NR 32
@@ -384,6 +385,18 @@ typedef struct {
     int64_t p0;                           /* the chunk's first panel: it packs panels [p0, p0 + panels) */
 } sg_im2col;
 
+#if defined(__AVX512F__)
+/* the 16 elements two loads bring for 8 lanes at stride 2: lane t of `lanes8` (its low 8 bits)
+   reads element 2t */
+static inline __mmask16 sg_even(uint32_t lanes8) {
+    uint32_t e = lanes8 & 0xffu;
+    e = (e | (e << 4)) & 0x0f0fu;
+    e = (e | (e << 2)) & 0x3333u;
+    e = (e | (e << 1)) & 0x5555u;
+    return (__mmask16)e;
+}
+#endif
+
 static void sg_pack_task(void *vc, int64_t i, int slot) {
     const sg_im2col *q = (const sg_im2col *)vc;
     (void)slot;
@@ -467,11 +480,8 @@ static void sg_pack_task(void *vc, int64_t i, int slot) {
                                 v[h] = _mm512_mask_i32gather_ps(v[h], km, step,
                                                                 (const void *)(base + (intptr_t)(64 * h) * (intptr_t)q->sw), 4);
                             } else {
-                                uint32_t e0 = km & 0xffu, e1 = (km >> 8) & 0xffu;  /* lanes -> their even elements */
-                                e0 = (e0 | (e0 << 4)) & 0x0f0fu; e0 = (e0 | (e0 << 2)) & 0x3333u; e0 = (e0 | (e0 << 1)) & 0x5555u;
-                                e1 = (e1 | (e1 << 4)) & 0x0f0fu; e1 = (e1 | (e1 << 2)) & 0x3333u; e1 = (e1 | (e1 << 1)) & 0x5555u;
-                                __m512 lo16 = _mm512_maskz_loadu_ps((__mmask16)e0, (const void *)(base + 128 * h));
-                                __m512 hi16 = _mm512_maskz_loadu_ps((__mmask16)e1, (const void *)(base + 128 * h + 64));
+                                __m512 lo16 = _mm512_maskz_loadu_ps(sg_even(km), (const void *)(base + 128 * h));
+                                __m512 hi16 = _mm512_maskz_loadu_ps(sg_even(km >> 8), (const void *)(base + 128 * h + 64));
                                 v[h] = _mm512_mask_mov_ps(v[h], km, _mm512_permutex2var_ps(lo16, even, hi16));
                             }
                         }
