@@ -187,10 +187,7 @@ def conv_factory(spec: KernelSpec):
             res, applied = conv(x, w, b, out=o, clip=clip, addend=extra[0] if uses_addend else None, act=act)
             y = res[0]
             if applied:
-                if out is not None and y is not out[0]:
-                    np.copyto(out[0], y)
-                    return out
-                return res
+                return _placed(y, None if out is None else out[0])
         else:
             y = conv(x, w, b, out=o)[0]
         target = out[0] if out is not None else (y if y.flags.writeable else None)
