@@ -324,12 +324,16 @@ def test_onnx_softmax_runs_as_a_row_kernel(shape, axis, dtype):
 def test_softmax_row_kernel_in_place_and_not_on_edge_values(cols):
     """The float32 row softmax (16 lanes in registers, a masked tail): every row width mod 16, in
     place and into another buffer, large logits, a row of -inf but one, and NaN or +inf in a
-    row making it all NaN, as NumPy does."""
+    row making it all NaN, as NumPy does. (Without a C compiler the fused kernel's NumPy form
+    runs, and is held to the same.)"""
+    from ge_fusion.kernels import _softmax_inplace
     from ge_fusion.loopgen import row_kernel
 
     fn = row_kernel("softmax", "float32")
     if fn is None:
-        pytest.skip("no C compiler: the NumPy softmax runs (tested elsewhere)")
+        def fn(x, out):
+            np.copyto(out, x)
+            _softmax_inplace(out, -1)
     rng = np.random.default_rng(cols)
     x = (rng.standard_normal((6, cols)) * 10).astype(np.float32)
     x[1, 0] = 88.0
