@@ -12,7 +12,10 @@ from ge_sdk import parallel, sgemm
 # CI's machines (Intel and AMD EPYC) have AVX-512: the kernel must run there
 pytestmark = pytest.mark.skipif(not sgemm.available(), reason="GE's sgemm needs a CPU with AVX-512F")
 
-SHAPES = [(1, 1, 1), (5, 7, 3), (11, 64, 31), (12, 13, 32), (13, 96, 33), (97, 768, 100), (200, 33, 257)]
+# (m, k, n); k above 384 is summed in blocks of 256 (the last block up to 383), partial sums
+# stored in C between them; 2304 and 1000 leave a remainder block
+SHAPES = [(1, 1, 1), (5, 7, 3), (11, 64, 31), (12, 13, 32), (13, 96, 33), (97, 768, 100), (200, 33, 257),
+          (30, 1000, 49), (25, 2304, 70)]
 
 
 EPS = float(np.finfo(np.float32).eps)
@@ -66,7 +69,7 @@ def test_packed_and_rows_match_float64_with_their_epilogue(m, k, n, with_bias, w
     assert np.all(np.abs(out2 - want2) <= tol), np.max(np.abs(out2 - want2) - tol)
 
 
-@pytest.mark.parametrize("m,k,n", [(200, 96, 1000), (37, 300, 65), (2048, 64, 49)])
+@pytest.mark.parametrize("m,k,n", [(200, 96, 1000), (37, 300, 65), (2048, 64, 49), (110, 1000, 300)])
 def test_the_same_bits_at_every_thread_count(m, k, n):
     rng = np.random.default_rng(n)
     a = rng.standard_normal((m, k)).astype(np.float32)
