@@ -165,7 +165,6 @@ _SRC = ACTIVATION_C16 + r"""
 #define SG_MR 12
 #define SG_MC 96
 #define SG_PBLOCK ((int64_t)1 << 16)  /* floats of B a task's row tiles share (256 KB) */
-#define SG_KC 256                     /* k per block */
 #define SG_CONV_SCRATCH ((int64_t)1 << 22)
 #define SG_CONV_CHUNK ((int64_t)1 << 18)
 #define SG_PACK_KW 128  /* the widest kernel the vector pack takes (wav2vec2's positional conv) */
@@ -200,25 +199,12 @@ typedef struct {
 } sg_ctx;
 
 #if defined(__AVX512F__)
-/* the tile's sums over k in [k0, k1): started from zero at k0 == 0, else from the partial sums
-   the tile's previous block stored in C; stored as partial sums unless k1 == k, where the
-   epilogue is applied at the store (each element stays one chain of multiply-adds in k order) */
-static inline __attribute__((always_inline)) void sg_tile_(const sg_ctx *q, int mr, int64_t r0, int64_t j0, int pk,
-                                                           int64_t k0, int64_t k1) {
+static inline __attribute__((always_inline)) void sg_tile_(const sg_ctx *q, int mr, int64_t r0, int64_t j0, int pk) {
     __m512 c0[SG_MR], c1[SG_MR];
+    for (int r = 0; r < SG_MR; r++) { c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps(); }
     int64_t w = q->n - j0 < SG_NR ? q->n - j0 : SG_NR;
     __mmask16 m0 = w >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << w) - 1u);
     __mmask16 m1 = w >= 32 ? (__mmask16)0xffff : w <= 16 ? (__mmask16)0 : (__mmask16)((1u << (w - 16)) - 1u);
-    for (int r = 0; r < SG_MR; r++) {
-        if (k0 > 0 && r < mr) {
-            const float *cr = q->c + (r0 + r) * q->ldc + j0;
-            c0[r] = _mm512_maskz_loadu_ps(m0, cr);
-            c1[r] = _mm512_maskz_loadu_ps(m1, cr + 16);
-        } else {
-            c0[r] = _mm512_setzero_ps();
-            c1[r] = _mm512_setzero_ps();
-        }
-    }
     /* A in place (row r, column kk at a[r * lda + kk]) or packed (one sequential stream of 12
        values per kk: the const weight's block, laid out at build time) */
     int64_t k = q->k;
@@ -228,22 +214,20 @@ static inline __attribute__((always_inline)) void sg_tile_(const sg_ctx *q, int 
     /* the tile's 12 output rows are 12 lines apart by a row of C: fetched (for writing) now, while
        the k loop runs, instead of one miss per store after it (a model's outputs are not in the
        cache; these misses were most of a small-k layer's time there) */
-    for (int r = 0; r < mr && k1 == k; r++) {
+    for (int r = 0; r < mr; r++) {
         const char *cl = (const char *)(q->c + (r0 + r) * q->ldc + j0);
-        if (k0 == 0) {
-            _mm_prefetch(cl, _MM_HINT_ET0);
-            _mm_prefetch(cl + 64, _MM_HINT_ET0);
-        }
+        _mm_prefetch(cl, _MM_HINT_ET0);
+        _mm_prefetch(cl + 64, _MM_HINT_ET0);
         if (q->has_z) {
             const char *zl = (const char *)(q->z + (r0 + r) * q->ldc + j0);
             _mm_prefetch(zl, _MM_HINT_T0);
             _mm_prefetch(zl + 64, _MM_HINT_T0);
         }
     }
-    for (int64_t kk = k0; kk < k1; kk++) {
-        /* the packed weight's stream, 32 steps ahead: a large-k layer's weight comes from memory
-           (512 x 4608 at 7x7: 40 -> 55 GFLOP/s) */
-        if (pk) _mm_prefetch((const char *)(a + (kk + 32) * SG_MR), _MM_HINT_T0);
+    for (int64_t kk = 0; kk < k; kk++) {
+        /* the packed weight's stream, 32 steps ahead (never past its end): a large-k layer's weight
+           comes from memory (512 x 4608 at 7x7: 40 -> 55 GFLOP/s) */
+        if (pk && kk + 32 < k) _mm_prefetch((const char *)(a + (kk + 32) * SG_MR), _MM_HINT_T0);
         __m512 b0 = _mm512_loadu_ps(bp + kk * SG_NR), b1 = _mm512_loadu_ps(bp + kk * SG_NR + 16);
         for (int r = 0; r < SG_MR; r++) {
             if (r < mr) {
@@ -252,14 +236,6 @@ static inline __attribute__((always_inline)) void sg_tile_(const sg_ctx *q, int 
                 c1[r] = _mm512_fmadd_ps(x, b1, c1[r]);
             }
         }
-    }
-    if (k1 < k) {  /* a partial sum: stored as it is */
-        for (int r = 0; r < mr; r++) {
-            float *cr = q->c + (r0 + r) * q->ldc + j0;
-            _mm512_mask_storeu_ps(cr, m0, c0[r]);
-            _mm512_mask_storeu_ps(cr + 16, m1, c1[r]);
-        }
-        return;
     }
     __m512 bc0 = _mm512_setzero_ps(), bc1 = _mm512_setzero_ps();
     if (q->bias_kind == 1) {
@@ -293,10 +269,9 @@ static inline __attribute__((always_inline)) void sg_tile_(const sg_ctx *q, int 
     }
 }
 
-static inline __attribute__((always_inline)) void sg_tile(const sg_ctx *q, int mr, int64_t r0, int64_t j0,
-                                                          int64_t k0, int64_t k1) {
-    if (q->apack) sg_tile_(q, mr, r0, j0, 1, k0, k1);
-    else sg_tile_(q, mr, r0, j0, 0, k0, k1);
+static inline __attribute__((always_inline)) void sg_tile(const sg_ctx *q, int mr, int64_t r0, int64_t j0) {
+    if (q->apack) sg_tile_(q, mr, r0, j0, 1);
+    else sg_tile_(q, mr, r0, j0, 0);
 }
 
 /* task i: rows [rb * MC, +MC) times panels [g * per_group, +per_group) */
@@ -317,29 +292,22 @@ static void sg_task(void *vc, int64_t i, int slot) {
     int64_t rb = i % q->row_blocks, g = i / q->row_blocks;
     int64_t r_lo = rb * SG_MC, r_hi = r_lo + SG_MC < q->m ? r_lo + SG_MC : q->m;
     int64_t p_lo = g * q->per_group, p_hi = p_lo + q->per_group < q->panels ? p_lo + q->per_group : q->panels;
-    /* k in blocks of SG_KC (a tile's slice of B, SG_KC x 32, stays in L1 while the row tiles
-       read it; unblocked, a large-k layer streamed its A and B slices from L2 for every tile at
-       half the kernel's speed), then panels in blocks of about SG_PBLOCK floats (kept in L2 while
-       every row tile reads them), each row tile sweeping the block: a tile's 12 rows of C are
-       then written as 12 long runs, not 96 rows 128 bytes at a time (which the store prefetch
-       cannot follow: a small-k layer with a large output, like a 1x1 expansion on a 56x56 plane,
-       ran at a third of the speed) */
-    int64_t kc = q->k > SG_KC + SG_KC / 2 ? SG_KC : q->k;
-    int64_t pb = SG_PBLOCK / ((kc > 0 ? kc : 1) * SG_NR);
+    /* panels in blocks of about SG_PBLOCK floats of B (kept in L2 while every row tile reads
+       them), each row tile sweeping the block: a tile's 12 rows of C are then written as 12 long
+       runs, not 96 rows 128 bytes at a time, which the store prefetch cannot follow (a small-k
+       layer with a large output, a 1x1 expansion on a 56x56 plane, ran at a third of BLAS's
+       speed); a large-k layer's block is one panel, the panel-outer order it had */
+    int64_t pb = SG_PBLOCK / ((q->k > 0 ? q->k : 1) * SG_NR);
     if (pb < 1) pb = 1;
-    for (int64_t k0 = 0; k0 < q->k || k0 == 0; k0 += kc) {
-        int64_t k1 = q->k - k0 < kc + kc / 2 ? q->k : k0 + kc;
-        for (int64_t pp = p_lo; pp < p_hi; pp += pb) {
-            int64_t pe = pp + pb < p_hi ? pp + pb : p_hi;
-            for (int64_t r = r_lo; r < r_hi; r += SG_MR) {
-                int64_t mr = r_hi - r < SG_MR ? r_hi - r : SG_MR;
-                for (int64_t p = pp; p < pe; p++) {
-                    if (mr == SG_MR) sg_tile(q, SG_MR, r, p * SG_NR, k0, k1);
-                    else sg_tile(q, (int)mr, r, p * SG_NR, k0, k1);
-                }
+    for (int64_t pp = p_lo; pp < p_hi; pp += pb) {
+        int64_t pe = pp + pb < p_hi ? pp + pb : p_hi;
+        for (int64_t r = r_lo; r < r_hi; r += SG_MR) {
+            int64_t mr = r_hi - r < SG_MR ? r_hi - r : SG_MR;
+            for (int64_t p = pp; p < pe; p++) {
+                if (mr == SG_MR) sg_tile(q, SG_MR, r, p * SG_NR);
+                else sg_tile(q, (int)mr, r, p * SG_NR);
             }
         }
-        if (k1 >= q->k) break;
     }
 }
 #endif

@@ -12,8 +12,7 @@ from ge_sdk import parallel, sgemm
 # CI's machines (Intel and AMD EPYC) have AVX-512: the kernel must run there
 pytestmark = pytest.mark.skipif(not sgemm.available(), reason="GE's sgemm needs a CPU with AVX-512F")
 
-# (m, k, n); k above 384 is summed in blocks of 256 (the last block up to 383), partial sums
-# stored in C between them; 2304 and 1000 leave a remainder block
+# (m, k, n); the last two: large k, whose panel blocks are one panel (the weight prefetch's end)
 SHAPES = [(1, 1, 1), (5, 7, 3), (11, 64, 31), (12, 13, 32), (13, 96, 33), (97, 768, 100), (200, 33, 257),
           (30, 1000, 49), (25, 2304, 70)]
 
