@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
 import random
@@ -379,11 +380,9 @@ def run_in_subprocess(
             with open(out, encoding="utf-8") as f:
                 return json.load(f)
         at = -1
-        try:
+        with contextlib.suppress(OSError, ValueError):
             with open(progress, encoding="ascii") as f:
                 at = int(f.read().strip() or -1)
-        except (OSError, ValueError):
-            pass
         what = "timed out" if rc is None else f"exited with status {rc}"
         died = Crash(at, "process", "ProcessDied", f"the fuzzing child {what} at case {at}", (err or "")[-3000:])
         try:  # the figures of the cases before the one that killed it
@@ -419,13 +418,11 @@ def format_stats(s: dict[str, Any]) -> str:
 
 def _address_space() -> int:
     """Bytes of address space this process maps now (0 where /proc is not there)."""
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError):
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:
                 if line.startswith("VmSize:"):
                     return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
     return 0
 
 

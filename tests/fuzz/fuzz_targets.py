@@ -17,12 +17,14 @@ Each target keeps a handful of small valid seeds and mixes two kinds of mutation
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
 import os
 import random
 import struct
+import time
 import zlib
 from collections.abc import Mapping
 from typing import Any, cast
@@ -391,13 +393,11 @@ class OnnxTarget(Target):
             leaf = helper.make_graph([helper.make_node("Identity", ["x"], ["o"])], "leaf", [],
                                      [helper.make_tensor_value_info("o", TensorProto.FLOAT, [2])])
             inner = leaf
-            try:
+            with contextlib.suppress(Exception):  # protobuf's own depth limit (about 33 levels) reached
                 for k in range(depth):
                     node = helper.make_node("If", ["cond"], [f"o{k}"], then_branch=inner, else_branch=leaf)
                     inner = helper.make_graph([node], f"lvl{k}", [],
                                               [helper.make_tensor_value_info(f"o{k}", TensorProto.FLOAT, [2])])
-            except Exception:  # protobuf's own depth limit (about 33 levels) reached
-                pass
             m.graph.node.extend(inner.node)
             m.graph.input.extend([helper.make_tensor_value_info("cond", TensorProto.BOOL, [])])
         elif kind == "function":
@@ -1098,11 +1098,9 @@ class TfTarget(Target):
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         import tensorflow as tf
 
-        try:
+        with contextlib.suppress(RuntimeError):  # the context was initialized already
             tf.config.threading.set_intra_op_parallelism_threads(1)
             tf.config.threading.set_inter_op_parallelism_threads(1)
-        except RuntimeError:  # the context was initialized already
-            pass
         import ge_core as ge
 
         seeds = _tf_seeds()
@@ -1305,10 +1303,8 @@ class TfTarget(Target):
             pool = [0, 1, 2, 3, -1, -2, 5, 100, -100, 2**31 - 1, -(2**31)] if flat.dtype.kind in "iu" else \
                 [0.0, 1.0, -1.0, 1e30, float("nan"), float("inf")]
             v = rng.choice(pool)
-            try:
+            with contextlib.suppress(OverflowError, ValueError):
                 flat[rng.randrange(flat.size)] = np.array(v).astype(flat.dtype)
-            except (OverflowError, ValueError):
-                pass
             new = flat.reshape(arr.shape)
         elif r < 0.6:
             new = flat[::-1].reshape(arr.shape)
@@ -2240,10 +2236,8 @@ class Pt2Target(CanaryTarget):
         elif kind == "delete":
             paths = [p for p in _json_paths(prog) if p]
             p = rng.choice(paths)
-            try:
+            with contextlib.suppress(KeyError, IndexError, TypeError):
                 del _at(prog, p[:-1])[p[-1]]
-            except (KeyError, IndexError, TypeError):
-                pass
         else:
             kind += ":" + _json_mutate(prog, rng)
         return prog, kind
@@ -2645,8 +2639,8 @@ class SelfTestTarget(Target):
             except MemoryError:
                 raise ModelFileError("needs more memory than is available") from None
         if mode == "hang":
-            while True:
-                pass
+            while True:  # until the case's alarm (a real-time timer) ends it
+                time.sleep(0.01)
         if mode == "segfault":
             import ctypes
 

@@ -37,7 +37,7 @@ def _no_strict_env(monkeypatch):
 
 def _pass_plugin(run, name="bad_pass", stage="optimize"):
     class BadPass(Pass):
-        pass
+        """A pass whose name, stage and run the caller sets."""
 
     BadPass.name, BadPass.stage = name, stage
     BadPass.run = lambda self, graph, ctx: run(graph)  # type: ignore[method-assign]
@@ -397,7 +397,7 @@ def test_base_exception_instantiating_a_plugin_class_is_isolated(fresh_host):
 
         @hookimpl
         def ge_register_passes(self, register):
-            pass
+            """Never called: the plugin fails when it is made."""
 
     fresh_host.register_plugin(Explodes, "explodes_at_init")
     assert "SystemExit: 4" in fresh_host.info["explodes_at_init"].errors[0]

@@ -106,8 +106,7 @@ def test_directory_fifo_and_device_link_are_refused(tmp_path):
     t.start()
     t.join(10)
     if t.is_alive():  # unblock the reader so the test process can end, then fail
-        with open(fifo, "wb"):
-            pass
+        open(fifo, "wb").close()  # a writer's open lets the reader's open return
         t.join(5)
         pytest.fail("reading a FIFO feed blocked")
     assert done and "FIFO" in str(done[0].value)

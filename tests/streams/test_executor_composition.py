@@ -100,7 +100,7 @@ def test_one_stream_runner_serves_both_multi_stream_executors(executor):
     names = []
 
     class Spy(ExecutionError):
-        pass
+        """The error the spied kernel raises."""
 
     def record(k, wait, signal):
         names.append(threading.current_thread().name)
