@@ -12,7 +12,7 @@ before it runs, so a wrong call raises instead of touching memory it does not ow
 The cache is the user's own folder (:mod:`ge_core.cache`: ``$GE_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/ge-python``, else ``~/.cache/ge-python``, mode 0700). An entry is
 ``ge_<key>.so`` with ``ge_<key>.sum`` (the SHA-256 of the ``.so``) and ``ge_<key>.c`` (its
-source, for reading). The key hashes the source, the compiler (path, size, modification time), the flags,
+source, for reading). The key hashes the source and the prelude compiled before it, the compiler (path, size, modification time), the flags,
 the Python ABI, NumPy's version and the CPU's feature flags, so another compiler, interpreter or
 CPU never loads an entry built for a different one. Before an entry is loaded its folder and
 files must be owned by this user and writable by nobody else, and the ``.so`` must hash to its
@@ -137,7 +137,9 @@ def key_for(source: str) -> str | None:
     assert cc is not None
     import numpy as np
 
-    parts = [str(ABI), source, _compiler_id(cc), " ".join(_flags()), sys.implementation.cache_tag or "",
+    # the prelude is compiled into every module: a change to it (an upgrade of this package)
+    # must not load modules built from the old one
+    parts = [str(ABI), PRELUDE, source, _compiler_id(cc), " ".join(_flags()), sys.implementation.cache_tag or "",
              sys.version, np.__version__, _cpu_flags()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
@@ -675,13 +677,16 @@ static inline float exp32(float x) {
     return x == x ? y : x;
 }
 
-/* exp for x <= 0 (softmax's shifted logits): one scaling factor; below -87.3 the result is
-   exp(-87.3) instead of a denormal or 0 */
+/* exp for x <= 0 (softmax's shifted logits): one scaling factor; below -87.3 the result is 0,
+   never a denormal nor the smallest normal (a masked score's weight: every product a later
+   GEMM makes from a value near 1e-38 is denormal, and each costs the CPU a microcode assist:
+   GPT-2's causal attention ran 20x slower on them) */
 static inline float expneg32(float x) {
     float xc = x > -87.3f ? x : -87.3f;
     float t;
     float y = ge_exp_core(xc, &t);
     y = y * ge_bits_f32((ge_f32_bits(t) - 0x4B400000 + 127) << 23);
+    y = x >= -87.3f ? y : 0.0f;
     return x == x ? y : x;
 }
 

@@ -83,7 +83,7 @@ def exp32(x):  # type: ignore[no-untyped-def]
 @numba.njit(inline="always")
 def expneg32(x):  # type: ignore[no-untyped-def]
     """exp for x <= 0 (softmax's shifted logits), faster than exp32: one scaling factor, and
-    below -87.3 the result is exp(-87.3) ~ 1.2e-38 instead of a denormal or 0."""
+    below -87.3 the result is 0, never a denormal (products of denormals are slow)."""
     xc = x if x > F(-87.3) else F(-87.3)
     t = xc * _LOG2E + _MAGIC
     fx = t - _MAGIC
@@ -91,6 +91,7 @@ def expneg32(x):  # type: ignore[no-untyped-def]
     z = r * r
     y = (((((_E0 * r + _E1) * r + _E2) * r + _E3) * r + _E4) * r + _E5) * z + r + _ONE
     y = y * bits_to_f32((f32_to_bits(t) - I32(0x4B400000) + I32(127)) << I32(23))
+    y = y if x >= F(-87.3) else F(0.0)
     return y if x == x else x
 
 

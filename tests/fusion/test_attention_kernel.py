@@ -70,6 +70,25 @@ def test_rows_that_are_nan_or_fully_masked_come_out_nan_like_numpy():
         np.testing.assert_allclose(got[idx], want[idx], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("fill", [-100.0, -1e9, float(np.finfo(np.float32).min), -np.inf])
+def test_masked_scores_weigh_exactly_zero_never_a_denormal(fill):
+    """A causal mask's weights are 0, not exp(-87.3) scaled below the normal range: every
+    product P @ V then makes from a denormal costs a microcode assist (GPT-2's attention ran
+    20x slower). With V the identity the output is P itself."""
+    rng = np.random.default_rng(3)
+    s = 64
+    q = rng.standard_normal((1, 2, s, 16)).astype(np.float32)
+    kt = rng.standard_normal((1, 2, 16, s)).astype(np.float32)
+    v = np.broadcast_to(np.eye(s, dtype=np.float32), (1, 2, s, s)).copy()
+    mask = np.triu(np.full((s, s), fill, np.float32), 1)[None, None]
+    p = attention.run(q, kt, v, mask, 0.25, None, 2)
+    assert p is not None
+    tiny = np.finfo(np.float32).tiny
+    assert not np.any((p != 0) & (np.abs(p) < tiny))
+    assert np.all(p[..., np.triu_indices(s, 1)[0], np.triu_indices(s, 1)[1]] == 0)
+    np.testing.assert_allclose(p, _reference(q, kt, v, np.nan_to_num(mask, neginf=-1e30), 0.25), rtol=1e-5, atol=1e-6)
+
+
 def test_arrays_it_cannot_take_are_left_to_the_numpy_form():
     q = np.ones((1, 2, 4, 8), np.float32)
     kt = np.ones((1, 2, 8, 4), np.float32)

@@ -160,9 +160,14 @@ def test_another_compiler_does_not_use_the_entries_of_this_one(cache, tmp_path):
     assert run()["stats"]["cached"] == 1  # the first compiler's entry is still there and used
 
 
-def test_the_key_covers_the_abi_numpy_and_the_source(monkeypatch):
+def test_the_key_covers_the_abi_numpy_the_prelude_and_the_source(monkeypatch):
     k = native.key_for(SRC)
     assert k == native.key_for(SRC) and k != native.key_for(SRC + " ")
+    # the prelude (exp32, ge_parallel, ...) is compiled into every module: an upgraded prelude
+    # must never load a module built from the old one
+    monkeypatch.setattr(native, "PRELUDE", native.PRELUDE + "\n/* changed */\n")
+    assert native.key_for(SRC) != k
+    monkeypatch.undo()
     monkeypatch.setattr(native, "ABI", native.ABI + 1)
     assert native.key_for(SRC) != k
     monkeypatch.setattr(native, "ABI", native.ABI - 1)
