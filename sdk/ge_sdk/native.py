@@ -729,7 +729,9 @@ static inline float tanh32(float x) {
     float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z + -5.37397155531e-2f) * z + 1.33314422036e-1f) * z
                    + -3.33332819422e-1f) * z * x + x;
     float ax = fabsf(x);
-    float big = 1.0f - 2.0f / (exp32(ax + ax) + 1.0f);
+    /* exp's argument stops at 40 (tanh is 1.0f from 9.1 on): 2 / (exp + 1) never goes below the
+       normal range, whose denormals cost a microcode assist per use (NaN passes) */
+    float big = 1.0f - 2.0f / (exp32(ax > 20.0f ? 40.0f : ax + ax) + 1.0f);
     big = x < 0.0f ? -big : big;
     return ax < 0.625f ? small : big;
 }
@@ -742,7 +744,9 @@ static inline float erf32(float x) {
     float a = fabsf(x);
     float t = 1.0f / (1.0f + 0.3275911f * a);
     float poly = ((((1.061405429f * t + -1.453152027f) * t + 1.421413741f) * t + -0.284496736f) * t + 0.254829592f) * t;
-    float big = 1.0f - poly * exp32(-z);
+    /* exp's argument stops at -16 (erf is 1.0f from 3.9 on, and poly * exp(-16) < 1e-8 rounds
+       away): no denormal exp for a large |x|, each of which cost a microcode assist */
+    float big = 1.0f - poly * exp32(z > 16.0f ? -16.0f : -z);
     big = x < 0.0f ? -big : big;
     float r = a < 1.0f ? small : big;
     return x == x ? r : x;

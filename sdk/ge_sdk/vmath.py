@@ -149,7 +149,9 @@ def tanh32(x):  # type: ignore[no-untyped-def]
     z = x * x
     small = ((((_T0 * z + _T1) * z + _T2) * z + _T3) * z + _T4) * z * x + x
     ax = abs(x)
-    big = _ONE - _TWO / (exp32(ax + ax) + _ONE)
+    # exp's argument stops at 40 (tanh is 1.0 from 9.1 on): no denormal 2 / (exp + 1), each of
+    # which costs a microcode assist (NaN passes: it is not > 20)
+    big = _ONE - _TWO / (exp32(F(40.0) if ax > F(20.0) else ax + ax) + _ONE)
     big = -big if x < _ZERO else big
     return small if ax < F(0.625) else big
 
@@ -176,7 +178,9 @@ def erf32(x):  # type: ignore[no-untyped-def]
     a = abs(x)
     t = _ONE / (_ONE + _ERF_P * a)
     poly = ((((_A5 * t + _A4) * t + _A3) * t + _A2) * t + _A1) * t
-    big = _ONE - poly * exp32(-z)
+    # exp's argument stops at -16 (erf is 1.0 from 3.9 on; poly * exp(-16) < 1e-8 rounds away):
+    # no denormal exp for a large |x|
+    big = _ONE - poly * exp32(F(-16.0) if z > F(16.0) else -z)
     big = -big if x < _ZERO else big
     r = small if a < _ONE else big
     return r if x == x else x
