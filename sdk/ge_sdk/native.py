@@ -201,6 +201,27 @@ def build(source: str, functions: Sequence[str], *, count: bool = True) -> Modul
         return mod
 
 
+def lazy_module(switch: str, source: str, functions: Sequence[str], ok: str) -> Any:
+    """A function returning the module of ``source`` (built once, on the first call, by
+    :func:`build`) when the environment switch ``switch`` leaves it on and its ``ok()`` entry
+    returns 1 (the instruction set it was compiled for is there), else None: the kernels of
+    :mod:`ge_sdk.sgemm` and :mod:`ge_sdk.nchwc`."""
+    lock = threading.Lock()
+    state: dict[str, Any] = {}
+
+    def get() -> ModuleType | None:
+        if "mod" not in state:
+            with lock:
+                if "mod" not in state:
+                    from .jit import enabled as jit_enabled
+
+                    mod = build(source, functions) if jit_enabled(switch) and available() else None
+                    state["mod"] = mod if mod is not None and getattr(mod, ok)() == 1 else None
+        return state["mod"]
+
+    return get
+
+
 def _module_table(functions: Sequence[str]) -> str:
     rows = "".join(f'    {{"{f}", (PyCFunction)(void (*)(void)){f}, METH_FASTCALL, 0}},\n' for f in functions)
     return ("\nstatic PyMethodDef ge_methods[] = {\n" + rows

@@ -33,19 +33,15 @@ path. ``GE_NATIVE_SGEMM=0`` turns it off.
 from __future__ import annotations
 
 import functools
-import threading
 from typing import Any
 
 import numpy as np
 
 from . import native
-from .jit import enabled as jit_enabled
 
 #: columns of a panel and rows of a register tile (the C source's SG_NR / SG_MR)
 NR, MR = 32, 12
 
-_lock = threading.Lock()
-_state: dict[str, Any] = {}
 
 #: the activations an epilogue applies at the store, by code (this kernel's and the depthwise
 #: window loops' of ge_cpu: one table)
@@ -646,19 +642,8 @@ static PyObject *sg_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
 _NO_BIAS = np.zeros(1, np.float32)
 
 
-def _mod() -> Any:
-    st = _state.get("mod", False)
-    if st is False:
-        with _lock:
-            st = _state.get("mod", False)
-            if st is False:
-                st = None
-                if jit_enabled("GE_NATIVE_SGEMM") and native.available():
-                    mod = native.build(_SRC, ["sg_ok", "sg_packed", "sg_conv"])
-                    if mod is not None and mod.sg_ok() == 1:
-                        st = mod
-                _state["mod"] = st
-    return st
+#: the module of _SRC, built on first use
+_mod = native.lazy_module("GE_NATIVE_SGEMM", _SRC, ["sg_ok", "sg_packed", "sg_conv"], "sg_ok")
 
 
 def available() -> bool:

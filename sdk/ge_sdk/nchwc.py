@@ -1,0 +1,824 @@
+"""Convolutions on channel-blocked activations (NCHWc, 16 channels a block) in AVX-512 registers.
+
+An NCHW convolution has to bring each output pixel's ``C x KH x KW`` inputs together: im2col
+copies them into a column matrix (or the GEMM packs them), every layer, every run. In the
+blocked layout ``(N, C/16, H, W, 16)`` (onnxruntime's NCHWc, GE's NC1HWC0) the 16 channels of a
+pixel are one vector, so a direct kernel reads its inputs in place:
+
+- :func:`conv`: a register tile of up to 8 output pixels of a row times up to 4 blocks of 16
+  output channels (24-32 sums in registers) over ``C x KH x KW``: per input channel, 4 weight
+  vectors and one broadcast input value per pixel, no copy of the activation; pixels whose window
+  crosses the border run one at a time with the taps outside skipped (zero padding);
+- :func:`depthwise`: a tile of up to 12 pixels of one block, a vector multiply-add per tap;
+- the epilogue at the store, as GE's GEMM has it (:mod:`ge_sdk.sgemm`): a bias per channel, an
+  addend of the output's layout (a residual), a clip, an activation;
+- :func:`pool` (max, average with or without the padding), :func:`global_average`, and the
+  reorders :func:`to_blocked` / :func:`from_blocked` between NCHW and the blocked layout (a
+  channel count that is not a multiple of 16 is zero-padded in the last block).
+
+Each output vector is one chain of fused multiply-adds in a fixed order (input block, tap,
+channel) whatever the thread count, so the results have the same bits at every width. Tasks are
+(image, output channel group, output row) on the native pool. Every entry checks its arrays'
+dtype, layout and sizes against the geometry before it runs; a geometry whose reads would leave
+an array is refused.
+
+:func:`available` says whether the kernels run here (the native kernels build and the compiler
+targets AVX-512F); ``GE_NATIVE_NCHWC=0`` turns them off. Callers keep a NumPy form elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import native
+from .sgemm import ACTIVATION_C16, ACTIVATIONS
+
+#: channels per block (one AVX-512 vector of float32)
+BLOCK = 16
+#: output channel blocks a convolution tile holds
+GROUP = 4
+
+_SRC = ACTIVATION_C16 + r"""
+#include <immintrin.h>
+#include <stdlib.h>
+#define NC_AI static inline __attribute__((always_inline))
+
+static PyObject *nc_ok(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (ge_nargs(n, 0)) return NULL;
+#if defined(__AVX512F__)
+    return PyLong_FromLongLong(1);
+#else
+    return PyLong_FromLongLong(0);
+#endif
+}
+
+typedef struct {
+    const float *x, *w, *bias, *z;
+    float *y;
+    int64_t n, cb, h, wd;                 /* input: n images of cb blocks of (h, wd, 16) */
+    int64_t mb, oh, ow;                   /* output: mb blocks of (oh, ow, 16) */
+    int64_t kh, kw, sh, sw, dh, dw, pt, pl;
+    int64_t lo_w, hi_w;                   /* output columns [lo_w, hi_w) whose taps all lie inside the row */
+    int64_t has_bias, clip, act, groups;
+    int64_t chunk, chunks;                /* a task's output columns: chunks of chunk columns a row */
+    int64_t rblk;                         /* ... and rows: blocks of rblk rows */
+    float lo, hi;
+} nc_ctx;
+
+#if defined(__AVX512F__)
+/* the epilogue over `count` pixels of block ob stored from y + off on (in the cache, just
+   written): + bias, + the addend, the clip, the activation; one copy of the math, not one per
+   register of every tile */
+static __attribute__((noinline)) void nc_epi(const nc_ctx *q, int64_t ob, int64_t off, int64_t count) {
+    __m512 b = q->has_bias ? _mm512_loadu_ps(q->bias + ob * 16) : _mm512_setzero_ps();
+    __m512 lo = _mm512_set1_ps(q->lo), hi = _mm512_set1_ps(q->hi);
+    float *y = q->y + off;
+    const float *z = q->z ? q->z + off : NULL;
+    for (int64_t i = 0; i < count; i++) {
+        __m512 v = _mm512_add_ps(_mm512_loadu_ps(y + i * 16), b);
+        if (z) v = _mm512_add_ps(v, _mm512_loadu_ps(z + i * 16));
+        if (q->clip) v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+        if (q->act) v = sg_act16(v, q->act);
+        _mm512_storeu_ps(y + i * 16, v);
+    }
+}
+
+NC_AI int64_t nc_off(const nc_ctx *q, int64_t img, int64_t ob, int64_t oh, int64_t ow) {
+    return (((img * q->mb + ob) * q->oh + oh) * q->ow + ow) * 16;
+}
+
+/* the sums of PC pixels of block ob: stored, then the epilogue over them */
+NC_AI void nc_put(const nc_ctx *q, const __m512 *acc, int stride, const int PC, int64_t img, int64_t ob,
+                  int64_t oh, int64_t ow0) {
+    int64_t off = nc_off(q, img, ob, oh, ow0);
+#pragma GCC unroll 12
+    for (int p = 0; p < PC; p++) _mm512_storeu_ps(q->y + off + p * 16, acc[p * stride]);
+    if (q->has_bias || q->z || q->clip || q->act) nc_epi(q, ob, off, PC);
+}
+
+/* PC output pixels (ow0 ...) of row oh times FB output blocks of group g; CHECKED (PC 1): taps
+   outside the row are skipped. The weight of group g: (cb, kh, kw, 16 in, FB * 16 out) from
+   g * 4 * cb * kh * kw * 256 on. */
+NC_AI void nc_tile(const nc_ctx *q, int64_t img, int64_t g, int64_t oh, int64_t ow0, const int PC, const int FB,
+                   const int CHECKED, const int S1, int64_t cb0, int64_t cb1) {
+    __m512 acc[8][4];
+    if (cb0 == 0) {
+#pragma GCC unroll 8
+        for (int p = 0; p < PC; p++)
+#pragma GCC unroll 4
+            for (int f = 0; f < FB; f++) acc[p][f] = _mm512_setzero_ps();
+    } else {  /* the sums of the input blocks before cb0, stored by the previous batch */
+#pragma GCC unroll 4
+        for (int f = 0; f < FB; f++) {
+            const float *y = q->y + nc_off(q, img, g * 4 + f, oh, ow0);
+#pragma GCC unroll 8
+            for (int p = 0; p < PC; p++) acc[p][f] = _mm512_loadu_ps(y + p * 16);
+        }
+    }
+    const int64_t sx = q->sw * 16;
+    const float *wg = q->w + g * 4 * q->cb * q->kh * q->kw * 256;
+    for (int64_t cb = cb0; cb < cb1; cb++) {
+        for (int64_t kh = 0; kh < q->kh; kh++) {
+            int64_t ih = oh * q->sh - q->pt + kh * q->dh;
+            if (ih < 0 || ih >= q->h) continue;
+            const float *xr = q->x + ((img * q->cb + cb) * q->h + ih) * q->wd * 16;
+            const float *wr = wg + (cb * q->kh + kh) * q->kw * FB * 256;
+            for (int64_t kw = 0; kw < q->kw; kw++) {
+                int64_t iw0 = ow0 * q->sw - q->pl + kw * q->dw;
+                if (CHECKED && (iw0 < 0 || iw0 >= q->wd)) continue;
+                const float *xp = xr + iw0 * 16;
+                const float *wp = wr + kw * FB * 256;
+                /* the pixels' inputs: at stride 1 one base and constant offsets; else a pointer
+                   each (offsets p * sx + ci computed per step would be reloaded from the stack) */
+                const float *xq[8];
+#pragma GCC unroll 8
+                for (int p = 0; p < PC; p++) xq[p] = xp + (S1 ? p * 16 : p * sx);
+#pragma GCC unroll 4
+                for (int ci = 0; ci < 16; ci++) {
+                    __m512 wv[4];
+#pragma GCC unroll 4
+                    for (int f = 0; f < FB; f++) {
+                        /* the weight streams from memory in a model: fetch it 32 channels ahead */
+                        if (!CHECKED) _mm_prefetch((const char *)(wp + (ci * FB + f) * 16 + 512 * FB), _MM_HINT_T0);
+                        wv[f] = _mm512_loadu_ps(wp + (ci * FB + f) * 16);
+                    }
+#pragma GCC unroll 8
+                    for (int p = 0; p < PC; p++) {
+                        __m512 b = _mm512_set1_ps(S1 ? xp[p * 16 + ci] : xq[p][ci]);
+#pragma GCC unroll 4
+                        for (int f = 0; f < FB; f++) acc[p][f] = _mm512_fmadd_ps(b, wv[f], acc[p][f]);
+                    }
+                }
+            }
+        }
+    }
+    if (cb1 == q->cb) {
+#pragma GCC unroll 4
+        for (int f = 0; f < FB; f++) nc_put(q, &acc[0][f], 4, PC, img, g * 4 + f, oh, ow0);
+    } else {
+#pragma GCC unroll 4
+        for (int f = 0; f < FB; f++) {
+            float *y = q->y + nc_off(q, img, g * 4 + f, oh, ow0);
+#pragma GCC unroll 8
+            for (int p = 0; p < PC; p++) _mm512_storeu_ps(y + p * 16, acc[p][f]);
+        }
+    }
+}
+
+#define NC_REST(FB, PCMAX, S1)                                                                            \
+    switch (r) {                                                                                      \
+    case 1: nc_tile(q, img, g, oh, ow, 1, FB, 0, S1, cb0, cb1); break;                                              \
+    case 2: nc_tile(q, img, g, oh, ow, 2, FB, 0, S1, cb0, cb1); break;                                              \
+    case 3: nc_tile(q, img, g, oh, ow, 3, FB, 0, S1, cb0, cb1); break;                                              \
+    case 4: if (PCMAX > 4) nc_tile(q, img, g, oh, ow, 4, FB, 0, S1, cb0, cb1); break;                               \
+    case 5: if (PCMAX > 5) nc_tile(q, img, g, oh, ow, 5, FB, 0, S1, cb0, cb1); break;                               \
+    case 6: if (PCMAX > 6) nc_tile(q, img, g, oh, ow, 6, FB, 0, S1, cb0, cb1); break;                               \
+    case 7: if (PCMAX > 7) nc_tile(q, img, g, oh, ow, 7, FB, 0, S1, cb0, cb1); break;                               \
+    default: break;                                                                                   \
+    }
+
+/* rows [r0, r1) of group g at FB blocks, columns [c0, c1): the input blocks in batches whose
+   weights (cbb blocks x taps x 16 x FB * 16) stay in L1 while the tiles sweep every row of the
+   task (the weights come from memory once a task, the sums go through the output between
+   batches); in a row the border pixels one at a time (checked), the inside in tiles of PCMAX */
+NC_AI void nc_rows_fb(const nc_ctx *q, int64_t img, int64_t g, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                      const int FB, const int PCMAX, const int S1) {
+    int64_t lo = q->lo_w > c0 ? q->lo_w : c0, hi = q->hi_w < c1 ? q->hi_w : c1;
+    if (lo > c1) lo = c1;
+    if (hi < lo) hi = lo;
+    int64_t cbb = 8192 / (q->kh * q->kw * 256 * FB);
+    if (cbb < 1) cbb = 1;
+    for (int64_t cb0 = 0; cb0 < q->cb; cb0 += cbb) {
+        int64_t cb1 = cb0 + cbb < q->cb ? cb0 + cbb : q->cb;
+        for (int64_t oh = r0; oh < r1; oh++) {
+            int64_t ow = c0;
+            for (; ow < lo; ow++) nc_tile(q, img, g, oh, ow, 1, FB, 1, 0, cb0, cb1);
+            for (; ow + PCMAX <= hi; ow += PCMAX) nc_tile(q, img, g, oh, ow, PCMAX, FB, 0, S1, cb0, cb1);
+            int64_t r = hi - ow;
+            if (r > 0) { NC_REST(FB, PCMAX, S1) }
+            for (ow = hi; ow < c1; ow++) nc_tile(q, img, g, oh, ow, 1, FB, 1, 0, cb0, cb1);
+        }
+    }
+}
+
+/* task t: (image, group of 4 output blocks, block of rblk rows, chunk of columns) */
+static void nc_conv_task(void *ctx, int64_t t, int slot) {
+    const nc_ctx *q = (const nc_ctx *)ctx;
+    (void)slot;
+    int64_t rb = (q->oh + q->rblk - 1) / q->rblk, per_g = rb * q->chunks, per_img = q->groups * per_g;
+    int64_t img = t / per_img, r = t % per_img, g = r / per_g, b = (r % per_g) / q->chunks, ch = r % q->chunks;
+    int64_t r0 = b * q->rblk, r1 = r0 + q->rblk < q->oh ? r0 + q->rblk : q->oh;
+    int64_t c0 = ch * q->chunk, c1 = c0 + q->chunk < q->ow ? c0 + q->chunk : q->ow;
+    int64_t fb = q->mb - g * 4 < 4 ? q->mb - g * 4 : 4;
+    /* (stride 1, the common case: one input pointer and constant offsets for the pixels) */
+    if (q->sw == 1) {
+        switch (fb) {
+        case 4: nc_rows_fb(q, img, g, r0, r1, c0, c1, 4, 6, 1); break;
+        case 3: nc_rows_fb(q, img, g, r0, r1, c0, c1, 3, 8, 1); break;
+        case 2: nc_rows_fb(q, img, g, r0, r1, c0, c1, 2, 8, 1); break;
+        default: nc_rows_fb(q, img, g, r0, r1, c0, c1, 1, 8, 1); break;
+        }
+    } else {
+        switch (fb) {
+        case 4: nc_rows_fb(q, img, g, r0, r1, c0, c1, 4, 6, 0); break;
+        case 3: nc_rows_fb(q, img, g, r0, r1, c0, c1, 3, 8, 0); break;
+        case 2: nc_rows_fb(q, img, g, r0, r1, c0, c1, 2, 8, 0); break;
+        default: nc_rows_fb(q, img, g, r0, r1, c0, c1, 1, 8, 0); break;
+        }
+    }
+}
+
+/* an NCHW input (a stem's 3 channels; cb is its channel count): PC pixels times FB output
+   blocks, a broadcast input value per pixel, channel and tap; the weight of group g:
+   (c, kh, kw, FB * 16) from g * 4 * c * kh * kw * 16 on */
+NC_AI void nc_plain_tile(const nc_ctx *q, int64_t img, int64_t g, int64_t oh, int64_t ow0, const int PC, const int FB,
+                         const int CHECKED) {
+    __m512 acc[8][4];
+#pragma GCC unroll 8
+    for (int p = 0; p < PC; p++)
+#pragma GCC unroll 4
+        for (int f = 0; f < FB; f++) acc[p][f] = _mm512_setzero_ps();
+    const float *wg = q->w + g * 4 * q->cb * q->kh * q->kw * 16;
+    for (int64_t c = 0; c < q->cb; c++) {
+        for (int64_t kh = 0; kh < q->kh; kh++) {
+            int64_t ih = oh * q->sh - q->pt + kh * q->dh;
+            if (ih < 0 || ih >= q->h) continue;
+            const float *xr = q->x + ((img * q->cb + c) * q->h + ih) * q->wd;
+            const float *wr = wg + (c * q->kh + kh) * q->kw * FB * 16;
+            for (int64_t kw = 0; kw < q->kw; kw++) {
+                int64_t iw0 = ow0 * q->sw - q->pl + kw * q->dw;
+                if (CHECKED && (iw0 < 0 || iw0 >= q->wd)) continue;
+                const float *xp = xr + iw0;
+                __m512 wv[4];
+#pragma GCC unroll 4
+                for (int f = 0; f < FB; f++) wv[f] = _mm512_loadu_ps(wr + (kw * FB + f) * 16);
+#pragma GCC unroll 8
+                for (int p = 0; p < PC; p++) {
+                    __m512 b = _mm512_set1_ps(xp[p * q->sw]);
+#pragma GCC unroll 4
+                    for (int f = 0; f < FB; f++) acc[p][f] = _mm512_fmadd_ps(b, wv[f], acc[p][f]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int f = 0; f < FB; f++) nc_put(q, &acc[0][f], 4, PC, img, g * 4 + f, oh, ow0);
+}
+
+NC_AI void nc_plain_rows(const nc_ctx *q, int64_t img, int64_t g, int64_t r0, int64_t r1, const int FB) {
+    for (int64_t oh = r0; oh < r1; oh++) {
+        int64_t ow = 0;
+        for (; ow < q->lo_w; ow++) nc_plain_tile(q, img, g, oh, ow, 1, FB, 1);
+        for (; ow + 6 <= q->hi_w; ow += 6) nc_plain_tile(q, img, g, oh, ow, 6, FB, 0);
+        for (; ow + 2 <= q->hi_w; ow += 2) nc_plain_tile(q, img, g, oh, ow, 2, FB, 0);
+        for (; ow < q->hi_w; ow++) nc_plain_tile(q, img, g, oh, ow, 1, FB, 0);
+        for (ow = q->hi_w > q->lo_w ? q->hi_w : q->lo_w; ow < q->ow; ow++) nc_plain_tile(q, img, g, oh, ow, 1, FB, 1);
+    }
+}
+
+static void nc_plain_task(void *ctx, int64_t t, int slot) {
+    const nc_ctx *q = (const nc_ctx *)ctx;
+    (void)slot;
+    int64_t rb = (q->oh + q->rblk - 1) / q->rblk, per_img = q->groups * rb;
+    int64_t img = t / per_img, r = t % per_img, g = r / rb, b = r % rb;
+    int64_t r0 = b * q->rblk, r1 = r0 + q->rblk < q->oh ? r0 + q->rblk : q->oh;
+    int64_t fb = q->mb - g * 4 < 4 ? q->mb - g * 4 : 4;
+    switch (fb) {
+    case 4: nc_plain_rows(q, img, g, r0, r1, 4); break;
+    case 3: nc_plain_rows(q, img, g, r0, r1, 3); break;
+    case 2: nc_plain_rows(q, img, g, r0, r1, 2); break;
+    default: nc_plain_rows(q, img, g, r0, r1, 1); break;
+    }
+}
+
+/* depthwise: PC pixels of block cb (its own weight (kh, kw, 16)) */
+NC_AI void nc_dw_tile(const nc_ctx *q, int64_t img, int64_t cb, int64_t oh, int64_t ow0, const int PC,
+                      const int CHECKED) {
+    __m512 acc[12];
+#pragma GCC unroll 12
+    for (int p = 0; p < PC; p++) acc[p] = _mm512_setzero_ps();
+    const int64_t sx = q->sw * 16;
+    for (int64_t kh = 0; kh < q->kh; kh++) {
+        int64_t ih = oh * q->sh - q->pt + kh * q->dh;
+        if (ih < 0 || ih >= q->h) continue;
+        const float *xr = q->x + ((img * q->cb + cb) * q->h + ih) * q->wd * 16;
+        const float *wr = q->w + (cb * q->kh + kh) * q->kw * 16;
+        for (int64_t kw = 0; kw < q->kw; kw++) {
+            int64_t iw0 = ow0 * q->sw - q->pl + kw * q->dw;
+            if (CHECKED && (iw0 < 0 || iw0 >= q->wd)) continue;
+            __m512 wv = _mm512_loadu_ps(wr + kw * 16);
+            const float *xp = xr + iw0 * 16;
+#pragma GCC unroll 12
+            for (int p = 0; p < PC; p++) acc[p] = _mm512_fmadd_ps(_mm512_loadu_ps(xp + p * sx), wv, acc[p]);
+        }
+    }
+    nc_put(q, acc, 1, PC, img, cb, oh, ow0);
+}
+
+static void nc_dw_task(void *ctx, int64_t t, int slot) {
+    const nc_ctx *q = (const nc_ctx *)ctx;
+    (void)slot;
+    int64_t per_img = q->cb * q->oh;
+    int64_t img = t / per_img, r = t % per_img, cb = r / q->oh, oh = r % q->oh;
+    int64_t lo = q->lo_w, hi = q->hi_w, ow = 0;
+    for (; ow < lo; ow++) nc_dw_tile(q, img, cb, oh, ow, 1, 1);
+    for (; ow + 12 <= hi; ow += 12) nc_dw_tile(q, img, cb, oh, ow, 12, 0);
+    for (; ow + 4 <= hi; ow += 4) nc_dw_tile(q, img, cb, oh, ow, 4, 0);
+    for (; ow < hi; ow++) nc_dw_tile(q, img, cb, oh, ow, 1, 0);
+    for (ow = hi > lo ? hi : lo; ow < q->ow; ow++) nc_dw_tile(q, img, cb, oh, ow, 1, 1);
+}
+
+/* pooling: kind 0 max (taps outside skipped), 1 average over the window with the padding,
+   2 average over the taps inside */
+static void nc_pool_task(void *ctx, int64_t t, int slot) {
+    const nc_ctx *q = (const nc_ctx *)ctx;
+    (void)slot;
+    int64_t per_img = q->cb * q->oh;
+    int64_t img = t / per_img, r = t % per_img, cb = r / q->oh, oh = r % q->oh;
+    for (int64_t ow = 0; ow < q->ow; ow++) {
+        __m512 acc = q->act == 0 ? _mm512_set1_ps(-INFINITY) : _mm512_setzero_ps();
+        int64_t inside = 0;
+        for (int64_t kh = 0; kh < q->kh; kh++) {
+            int64_t ih = oh * q->sh - q->pt + kh * q->dh;
+            if (ih < 0 || ih >= q->h) continue;
+            const float *xr = q->x + ((img * q->cb + cb) * q->h + ih) * q->wd * 16;
+            for (int64_t kw = 0; kw < q->kw; kw++) {
+                int64_t iw = ow * q->sw - q->pl + kw * q->dw;
+                if (iw < 0 || iw >= q->wd) continue;
+                __m512 v = _mm512_loadu_ps(xr + iw * 16);
+                acc = q->act == 0 ? _mm512_max_ps(v, acc) : _mm512_add_ps(acc, v);
+                inside++;
+            }
+        }
+        /* (max: a NaN input lane stays NaN: vmaxps returns its second operand when either is NaN,
+           and the input is the first) */
+        if (q->act == 1) acc = _mm512_mul_ps(acc, _mm512_set1_ps(1.0f / (float)(q->kh * q->kw)));
+        else if (q->act == 2) acc = _mm512_mul_ps(acc, _mm512_set1_ps(inside ? 1.0f / (float)inside : 0.0f));
+        _mm512_storeu_ps(q->y + (((img * q->cb + cb) * q->oh + oh) * q->ow + ow) * 16, acc);
+    }
+}
+
+/* the mean of each (image, block) plane: y (n, mb * 16) */
+static void nc_gap_task(void *ctx, int64_t t, int slot) {
+    const nc_ctx *q = (const nc_ctx *)ctx;
+    (void)slot;
+    const float *xr = q->x + t * q->h * q->wd * 16;
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int64_t hw = q->h * q->wd, i = 0;
+    for (; i + 2 <= hw; i += 2) {
+        a0 = _mm512_add_ps(a0, _mm512_loadu_ps(xr + i * 16));
+        a1 = _mm512_add_ps(a1, _mm512_loadu_ps(xr + i * 16 + 16));
+    }
+    if (i < hw) a0 = _mm512_add_ps(a0, _mm512_loadu_ps(xr + i * 16));
+    _mm512_storeu_ps(q->y + t * 16, _mm512_mul_ps(_mm512_add_ps(a0, a1), _mm512_set1_ps(1.0f / (float)hw)));
+}
+#endif
+
+/* the columns [lo, hi) of an output row whose taps all lie inside an input row of wd */
+static void nc_inside(nc_ctx *q) {
+    int64_t lo = (q->pl + q->sw - 1) / q->sw;                /* ow * sw - pl >= 0 */
+    int64_t last = q->wd - 1 + q->pl - (q->kw - 1) * q->dw;  /* ow * sw <= last */
+    int64_t hi = last < 0 ? 0 : last / q->sw + 1;
+    if (hi > q->ow) hi = q->ow;
+    if (lo > q->ow) lo = q->ow;
+    if (hi < lo) hi = lo;
+    q->lo_w = lo;
+    q->hi_w = hi;
+}
+
+/* the geometry int64 [kh, kw, sh, sw, dh, dw, pt, pl] of argument i, checked */
+static int nc_geometry(PyObject *const *args, int i, nc_ctx *q) {
+    int64_t count;
+    const int64_t *geo = (const int64_t *)ge_vec(args, i, NPY_INT64, 0, &count);
+    if (!geo) return -1;
+    if (count != 8) { ge_fail(); return -1; }
+    for (int k = 0; k < 8; k++)
+        if (geo[k] < (k >= 6 ? 0 : 1) || geo[k] > ((int64_t)1 << 20)) { ge_fail(); return -1; }
+    q->kh = geo[0]; q->kw = geo[1]; q->sh = geo[2]; q->sw = geo[3]; q->dh = geo[4]; q->dw = geo[5];
+    q->pt = geo[6]; q->pl = geo[7];
+    return 0;
+}
+
+/* x (n, cb, h, w, 16) and y (n, mb, oh, ow, 16) at args 0 and 2; mb free (-1) or given */
+static int nc_arrays(PyObject *const *args, nc_ctx *q, int64_t want_mb) {
+    int64_t xd[5], yd[5];
+    q->x = (const float *)ge_nd(args, 0, NPY_FLOAT, 0, 5, xd);
+    q->y = q->x ? (float *)ge_nd(args, 2, NPY_FLOAT, 1, 5, yd) : NULL;
+    if (!q->y) return -1;
+    if (xd[4] != 16 || yd[4] != 16 || yd[0] != xd[0] || (want_mb >= 0 && yd[1] != want_mb)) { ge_fail(); return -1; }
+    q->n = xd[0]; q->cb = xd[1]; q->h = xd[2]; q->wd = xd[3];
+    q->mb = yd[1]; q->oh = yd[2]; q->ow = yd[3];
+    /* (no read leaves x whatever the geometry: a tap's row is tested against h, its column
+       against wd, except in the columns nc_inside proves inside) */
+    if ((const void *)q->x == (const void *)q->y) { ge_fail(); return -1; }
+    nc_inside(q);
+    return 0;
+}
+
+/* the epilogue arguments at 3..: bias (mb * 16), has_bias, clip, lo, hi, threads, Z or None, act */
+static int nc_epilogue(PyObject *const *args, nc_ctx *q, int64_t *width) {
+    if (ge_int(args, 4, 0, 1, &q->has_bias) || ge_int(args, 5, 0, 1, &q->clip) || ge_int(args, 8, 1, 4096, width)
+        || ge_int(args, 10, 0, 5, &q->act)) return -1;
+    q->bias = (const float *)ge_arr(args, 3, NPY_FLOAT, 0, q->has_bias ? q->mb * 16 : 0);
+    if (!q->bias) return -1;
+    double lo = PyFloat_AsDouble(args[6]), hi = PyFloat_AsDouble(args[7]);
+    if (PyErr_Occurred()) return -1;
+    q->lo = (float)lo;
+    q->hi = (float)hi;
+    int64_t size = q->n * q->mb * q->oh * q->ow * 16;
+    q->z = args[9] == Py_None ? NULL : (const float *)ge_arr(args, 9, NPY_FLOAT, 0, size);
+    if (args[9] != Py_None && !q->z) return -1;
+    if (q->z && (const void *)q->z == (const void *)q->y) { ge_fail(); return -1; }
+    return 0;
+}
+
+typedef struct { const float *x; float *xp; int64_t h, wd, wp, pl; } nc_padding;
+
+/* the calling thread's padded copy, kept between calls (a fresh block per call would be new
+   pages to fault in, every layer of every run) */
+static __thread float *nc_buf = NULL;
+static __thread size_t nc_cap = 0;
+static float *nc_scratch(size_t count) {
+    if (count > nc_cap) {
+        free(nc_buf);
+        nc_buf = (float *)aligned_alloc(64, ((count * sizeof(float) + 63) / 64) * 64);
+        nc_cap = nc_buf ? count : 0;
+    }
+    return nc_buf;
+}
+
+/* one input row (image, block, row) into the copy padded left and right with zeros */
+static void nc_pad_task(void *ctx, int64_t t, int slot) {
+    const nc_padding *r = (const nc_padding *)ctx;
+    (void)slot;
+    const float *src = r->x + t * r->wd * 16;
+    float *dst = r->xp + t * r->wp * 16;
+    memset(dst, 0, (size_t)r->pl * 16 * sizeof(float));
+    memcpy(dst + r->pl * 16, src, (size_t)r->wd * 16 * sizeof(float));
+    memset(dst + (r->pl + r->wd) * 16, 0, (size_t)(r->wp - r->pl - r->wd) * 16 * sizeof(float));
+}
+
+/* y = act(clip(conv(x, w) + bias + z)): (x, w packed (1-D), y, bias, has_bias, clip, lo, hi,
+   threads, z or None, act, geometry); depthwise when dw is 1 (w (cb, kh, kw, 16), mb == cb) */
+static PyObject *nc_conv_any(PyObject *const *args, Py_ssize_t n, int dw) {
+    nc_ctx q;
+    memset(&q, 0, sizeof(q));
+    int64_t width, wn;
+    if (ge_nargs(n, 12) || nc_geometry(args, 11, &q) || nc_arrays(args, &q, -1)) return NULL;
+    if (nc_epilogue(args, &q, &width)) return NULL;
+    q.w = (const float *)ge_vec(args, 1, NPY_FLOAT, 0, &wn);
+    if (!q.w) return NULL;
+    q.groups = (q.mb + 3) / 4;
+    q.chunk = q.ow > 0 ? q.ow : 1;
+    q.chunks = 1;
+    if (!dw && q.kh == 1 && q.kw == 1 && q.sh == 1 && q.sw == 1 && q.pt == 0 && q.pl == 0 && q.oh == q.h && q.ow == q.wd) {
+        /* a 1x1 convolution: the plane is one row of h * w pixels (full tiles on small planes),
+           in chunks of whole tiles (tasks for the threads when there are few channel groups) */
+        q.wd = q.ow = q.h * q.wd;
+        q.h = q.oh = 1;
+        nc_inside(&q);
+        q.chunks = (q.ow + 767) / 768;
+        q.chunk = ((q.ow + q.chunks - 1) / q.chunks + 23) / 24 * 24;
+        q.chunks = (q.ow + q.chunk - 1) / q.chunk;
+    }
+    /* rows per task: all of them (each weight batch read once), halved until the tasks keep
+       the threads busy (4 a thread) */
+    q.rblk = q.oh > 0 ? q.oh : 1;
+    if (!dw) {
+        while (q.rblk > 1 && q.n * q.groups * q.chunks * ((q.oh + q.rblk - 1) / q.rblk) < 4 * width) q.rblk = (q.rblk + 1) / 2;
+        /* ... and chunks of columns halved too when a plane is one row (a 1x1 one) */
+        while (q.chunk > 24 && q.n * q.groups * q.chunks * ((q.oh + q.rblk - 1) / q.rblk) < 4 * width) {
+            q.chunk = ((q.chunk / 2) + 23) / 24 * 24;
+            q.chunks = (q.ow + q.chunk - 1) / q.chunk;
+        }
+    }
+    int64_t need = dw ? ge_prod(q.cb, q.kh, q.kw, 16) : ge_prod(q.mb * 16, q.cb * 16, q.kh, q.kw);
+    if ((dw && q.mb != q.cb) || need < 0 || wn != need) return ge_fail();
+    if (q.n <= 0 || q.mb <= 0 || q.oh <= 0 || q.ow <= 0) Py_RETURN_NONE;
+#if defined(__AVX512F__)
+    /* columns whose window crosses the left or right border: the rows are copied with zeros
+       on both sides first, so every tile is a whole one (pixels one at a time, there, cost
+       a third of a 7x7 plane's row) */
+    float *padded = NULL;
+    if (q.lo_w > 0 || q.hi_w < q.ow) {
+        int64_t wp = (q.ow - 1) * q.sw + (q.kw - 1) * q.dw + 1;
+        if (wp < q.wd + q.pl) wp = q.wd + q.pl;
+        int64_t rows = q.n * q.cb * q.h, size = ge_prod(rows, wp, 16, 1);
+        if (size < 0 || wp > ((int64_t)1 << 24)) return ge_fail();
+        padded = nc_scratch((size_t)size);
+        if (!padded) return PyErr_NoMemory();
+        nc_padding r = {q.x, padded, q.h, q.wd, wp, q.pl};
+        Py_BEGIN_ALLOW_THREADS
+        ge_parallel(nc_pad_task, &r, rows, width);
+        Py_END_ALLOW_THREADS
+        q.x = padded;
+        q.wd = wp;
+        q.pl = 0;
+        nc_inside(&q);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (dw) ge_parallel(nc_dw_task, &q, q.n * q.cb * q.oh, width);
+    else ge_parallel(nc_conv_task, &q, q.n * q.groups * ((q.oh + q.rblk - 1) / q.rblk) * q.chunks, width);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+#else
+    return ge_fail();
+#endif
+}
+
+/* the convolution of an NCHW x (n, c, h, w) into a blocked y: the arguments of nc_conv, the
+   weight packed (c, kh, kw, 16 out) per group of 4 output blocks */
+static PyObject *nc_conv_plain(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    nc_ctx q;
+    memset(&q, 0, sizeof(q));
+    int64_t width, wn, xd[4], yd[5];
+    if (ge_nargs(n, 12) || nc_geometry(args, 11, &q)) return NULL;
+    q.x = (const float *)ge_nd(args, 0, NPY_FLOAT, 0, 4, xd);
+    q.y = q.x ? (float *)ge_nd(args, 2, NPY_FLOAT, 1, 5, yd) : NULL;
+    if (!q.y) return NULL;
+    if (yd[4] != 16 || yd[0] != xd[0] || (const void *)q.x == (const void *)q.y) return ge_fail();
+    q.n = xd[0]; q.cb = xd[1]; q.h = xd[2]; q.wd = xd[3];
+    q.mb = yd[1]; q.oh = yd[2]; q.ow = yd[3];
+    nc_inside(&q);
+    if (nc_epilogue(args, &q, &width)) return NULL;
+    q.w = (const float *)ge_vec(args, 1, NPY_FLOAT, 0, &wn);
+    if (!q.w) return NULL;
+    int64_t need = ge_prod(q.mb * 16, q.cb, q.kh, q.kw);
+    if (need < 0 || wn != need) return ge_fail();
+    if (q.n <= 0 || q.mb <= 0 || q.oh <= 0 || q.ow <= 0) Py_RETURN_NONE;
+    q.groups = (q.mb + 3) / 4;
+    q.rblk = q.oh;
+    while (q.rblk > 1 && q.n * q.groups * ((q.oh + q.rblk - 1) / q.rblk) < 8 * width) q.rblk = (q.rblk + 1) / 2;
+#if defined(__AVX512F__)
+    Py_BEGIN_ALLOW_THREADS
+    ge_parallel(nc_plain_task, &q, q.n * q.groups * ((q.oh + q.rblk - 1) / q.rblk), width);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+#else
+    return ge_fail();
+#endif
+}
+
+static PyObject *nc_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) { return nc_conv_any(args, n, 0); }
+static PyObject *nc_dwconv(PyObject *self, PyObject *const *args, Py_ssize_t n) { return nc_conv_any(args, n, 1); }
+
+/* (x, kind 0|1|2, y, threads, geometry) */
+static PyObject *nc_pool(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    nc_ctx q;
+    memset(&q, 0, sizeof(q));
+    int64_t width;
+    if (ge_nargs(n, 5) || ge_int(args, 1, 0, 2, &q.act) || ge_int(args, 3, 1, 4096, &width)
+        || nc_geometry(args, 4, &q) || nc_arrays(args, &q, -1)) return NULL;
+    if (q.mb != q.cb) return ge_fail();
+    if (q.n <= 0 || q.cb <= 0 || q.oh <= 0 || q.ow <= 0) Py_RETURN_NONE;
+#if defined(__AVX512F__)
+    Py_BEGIN_ALLOW_THREADS
+    ge_parallel(nc_pool_task, &q, q.n * q.cb * q.oh, width);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+#else
+    return ge_fail();
+#endif
+}
+
+/* (x (n, cb, h, w, 16), y (n, cb * 16), threads) */
+static PyObject *nc_gap(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    nc_ctx q;
+    memset(&q, 0, sizeof(q));
+    int64_t xd[5], yr, yc, width;
+    if (ge_nargs(n, 3) || ge_int(args, 2, 1, 4096, &width)) return NULL;
+    q.x = (const float *)ge_nd(args, 0, NPY_FLOAT, 0, 5, xd);
+    q.y = q.x ? (float *)ge_mat(args, 1, NPY_FLOAT, 1, &yr, &yc) : NULL;
+    if (!q.y) return NULL;
+    if (xd[4] != 16 || yr != xd[0] || yc != xd[1] * 16 || xd[2] * xd[3] <= 0) return ge_fail();
+    q.h = xd[2]; q.wd = xd[3];
+#if defined(__AVX512F__)
+    Py_BEGIN_ALLOW_THREADS
+    ge_parallel(nc_gap_task, &q, xd[0] * xd[1], width);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+#else
+    return ge_fail();
+#endif
+}
+
+typedef struct { const float *s; float *d; int64_t c, cb, hw; } nc_reo;
+
+static void nc_in_task(void *ctx, int64_t t, int slot) {
+    const nc_reo *r = (const nc_reo *)ctx;
+    (void)slot;
+    int64_t img = t / r->cb, cb = t % r->cb;
+    float *d = r->d + t * r->hw * 16;
+    for (int64_t c = 0; c < 16; c++) {
+        int64_t ch = cb * 16 + c;
+        if (ch < r->c) {
+            const float *s = r->s + (img * r->c + ch) * r->hw;
+            for (int64_t i = 0; i < r->hw; i++) d[i * 16 + c] = s[i];
+        } else {
+            for (int64_t i = 0; i < r->hw; i++) d[i * 16 + c] = 0.0f;
+        }
+    }
+}
+
+static void nc_out_task(void *ctx, int64_t t, int slot) {
+    const nc_reo *r = (const nc_reo *)ctx;
+    (void)slot;
+    int64_t img = t / r->cb, cb = t % r->cb;
+    const float *s = r->s + t * r->hw * 16;
+    for (int64_t c = 0; c < 16 && cb * 16 + c < r->c; c++) {
+        float *d = r->d + (img * r->c + cb * 16 + c) * r->hw;
+        for (int64_t i = 0; i < r->hw; i++) d[i] = s[i * 16 + c];
+    }
+}
+
+/* (src, dst, threads, direction 0: NCHW (n, c, h, w) -> blocked (n, cb, h, w, 16); 1: back) */
+static PyObject *nc_reorder(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    int64_t width, back, pd[4], bd[5];
+    if (ge_nargs(n, 4) || ge_int(args, 2, 1, 4096, &width) || ge_int(args, 3, 0, 1, &back)) return NULL;
+    nc_reo r;
+    const float *plain = (const float *)ge_nd(args, back ? 1 : 0, NPY_FLOAT, back, 4, pd);
+    const float *blk = plain ? (const float *)ge_nd(args, back ? 0 : 1, NPY_FLOAT, !back, 5, bd) : NULL;
+    if (!blk) return NULL;
+    if (bd[0] != pd[0] || bd[1] != (pd[1] + 15) / 16 || bd[2] != pd[2] || bd[3] != pd[3] || bd[4] != 16) return ge_fail();
+    if ((const void *)plain == (const void *)blk) return ge_fail();
+    r.c = pd[1]; r.cb = bd[1]; r.hw = pd[2] * pd[3];
+    r.s = back ? blk : plain;
+    r.d = (float *)(back ? plain : blk);
+    Py_BEGIN_ALLOW_THREADS
+    ge_parallel(back ? nc_out_task : nc_in_task, &r, pd[0] * bd[1], width);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+"""
+
+_NO_BIAS = np.zeros(1, np.float32)
+
+
+#: the module of _SRC, built on first use
+_mod = native.lazy_module("GE_NATIVE_NCHWC", _SRC, ["nc_ok", "nc_conv", "nc_conv_plain", "nc_dwconv", "nc_pool",
+                                                    "nc_gap", "nc_reorder"], "nc_ok")
+
+
+def available() -> bool:
+    """True when the blocked kernels run here (AVX-512F and the native kernels build)."""
+    return _mod() is not None
+
+
+def blocks(channels: int) -> int:
+    """Blocks of :data:`BLOCK` channels that hold ``channels``."""
+    return -(-int(channels) // BLOCK)
+
+
+def blocked_shape(shape: tuple) -> tuple:
+    """The blocked shape ``(N, C/16, H, W, 16)`` of an NCHW ``shape``."""
+    n, c, h, w = shape
+    return (n, blocks(c), h, w, BLOCK)
+
+
+def pack_weights(w: np.ndarray, in_blocks: int | None = None) -> np.ndarray:
+    """A convolution's ``(M, C, KH, KW)`` weight as :func:`conv` reads it (1-D float32): groups of
+    :data:`GROUP` output blocks, each ``(cb, kh, kw, 16 in, FB * 16 out)``; the channels past M and
+    C (up to ``in_blocks`` blocks) are zeros."""
+    m, c, kh, kw = w.shape
+    mb, cb = blocks(m), max(blocks(c), int(in_blocks or 0))
+    full = np.zeros((mb * BLOCK, cb * BLOCK, kh, kw), np.float32)
+    full[:m, :c] = w
+    parts = []
+    for g0 in range(0, mb, GROUP):
+        fb = min(GROUP, mb - g0)
+        blk = full[g0 * BLOCK:(g0 + fb) * BLOCK].reshape(fb, BLOCK, cb, BLOCK, kh, kw)
+        # (f, out, cb, in, kh, kw) -> (cb, kh, kw, in, f, out)
+        parts.append(blk.transpose(2, 4, 5, 3, 0, 1).reshape(-1))
+    return np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
+
+
+def pack_plain(w: np.ndarray) -> np.ndarray:
+    """A convolution's ``(M, C, KH, KW)`` weight as :func:`conv_plain` reads it: groups of
+    :data:`GROUP` output blocks, each ``(c, kh, kw, FB * 16 out)`` (the channels past M zeros)."""
+    m, c, kh, kw = w.shape
+    mb = blocks(m)
+    full = np.zeros((mb * BLOCK, c, kh, kw), np.float32)
+    full[:m] = w
+    parts = []
+    for g0 in range(0, mb, GROUP):
+        fb = min(GROUP, mb - g0)
+        blk = full[g0 * BLOCK:(g0 + fb) * BLOCK].reshape(fb, BLOCK, c, kh, kw)
+        parts.append(blk.transpose(2, 3, 4, 0, 1).reshape(-1))  # (f, out, c, kh, kw) -> (c, kh, kw, f, out)
+    return np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
+
+
+def pack_depthwise(w: np.ndarray) -> np.ndarray:
+    """A depthwise ``(C, 1, KH, KW)`` weight as :func:`depthwise` reads it: ``(cb, kh, kw, 16)``."""
+    c, _, kh, kw = w.shape
+    cb = blocks(c)
+    full = np.zeros((cb * BLOCK, kh, kw), np.float32)
+    full[:c] = w[:, 0]
+    return np.ascontiguousarray(full.reshape(cb, BLOCK, kh, kw).transpose(0, 2, 3, 1).reshape(-1))
+
+
+def pad_bias(b: np.ndarray | None, m: int) -> np.ndarray | None:
+    """A bias of ``m`` channels padded to whole blocks (None stays None)."""
+    if b is None:
+        return None
+    out = np.zeros(blocks(m) * BLOCK, np.float32)
+    out[:m] = np.asarray(b, np.float32).reshape(-1)
+    return out
+
+
+def _geometry(kernel, strides, dilations, pads) -> np.ndarray:
+    return np.array([*kernel, *strides, *dilations, *pads], np.int64)
+
+
+def _conv_call(entry, x5, wpk, out5, kernel, strides, dilations, pads, bias, clip, width, addend, act,
+               x_ndim: int = 5) -> bool:
+    mod = _mod()
+    if mod is None or act not in (None, *ACTIVATIONS):
+        return False
+    for a, nd in ((x5, x_ndim), (out5, 5)) + (() if addend is None else ((addend, 5),)):
+        if a.dtype != np.float32 or a.ndim != nd or not a.flags.c_contiguous:
+            return False
+    if addend is not None and (addend.shape != out5.shape or np.shares_memory(addend, out5)):
+        return False
+    if np.shares_memory(x5, out5):
+        return False
+    lo, hi = (0.0, 0.0) if clip is None else (float(clip[0]), float(clip[1]))
+    try:
+        getattr(mod, entry)(x5, wpk, out5, _NO_BIAS if bias is None else bias, int(bias is not None),
+                            int(clip is not None), lo, hi, max(1, int(width)), addend, ACTIVATIONS.get(act or "", 0),
+                            _geometry(kernel, strides, dilations, pads))
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def conv(x5: np.ndarray, wpk: np.ndarray, out5: np.ndarray, kernel: tuple[int, int], strides: tuple[int, int],
+         dilations: tuple[int, int], pads: tuple[int, int], bias: np.ndarray | None = None,
+         clip: tuple[float, float] | None = None, width: int = 1, addend: np.ndarray | None = None,
+         act: str | None = None) -> bool:
+    """``out5 = act(clip(conv(x5) + bias + addend))`` on blocked arrays (``wpk`` from
+    :func:`pack_weights`, ``bias`` from :func:`pad_bias`; ``pads`` top and left: the taps outside
+    the input are zeros). False (nothing done) when the arrays or the geometry do not fit."""
+    return _conv_call("nc_conv", x5, wpk, out5, kernel, strides, dilations, pads, bias, clip, width, addend, act)
+
+
+def conv_plain(x4: np.ndarray, wpk: np.ndarray, out5: np.ndarray, kernel: tuple[int, int], strides: tuple[int, int],
+               dilations: tuple[int, int], pads: tuple[int, int], bias: np.ndarray | None = None,
+               clip: tuple[float, float] | None = None, width: int = 1, addend: np.ndarray | None = None,
+               act: str | None = None) -> bool:
+    """:func:`conv` of an NCHW ``x4`` (a network's first layer, on its 3 channels) into a blocked
+    ``out5`` (``wpk`` from :func:`pack_plain`): the layout is entered without a reorder."""
+    mod = _mod()
+    if mod is None or x4.dtype != np.float32 or x4.ndim != 4 or not x4.flags.c_contiguous:
+        return False
+    return _conv_call("nc_conv_plain", x4, wpk, out5, kernel, strides, dilations, pads, bias, clip, width, addend,
+                      act, x_ndim=4)
+
+
+def depthwise(x5: np.ndarray, wpk: np.ndarray, out5: np.ndarray, kernel: tuple[int, int], strides: tuple[int, int],
+              dilations: tuple[int, int], pads: tuple[int, int], bias: np.ndarray | None = None,
+              clip: tuple[float, float] | None = None, width: int = 1, addend: np.ndarray | None = None,
+              act: str | None = None) -> bool:
+    """The depthwise form of :func:`conv` (``wpk`` from :func:`pack_depthwise`)."""
+    return _conv_call("nc_dwconv", x5, wpk, out5, kernel, strides, dilations, pads, bias, clip, width, addend, act)
+
+
+#: pooling kinds of :func:`pool`
+POOLS = {"max": 0, "avg_pad": 1, "avg": 2}
+
+
+def pool(x5: np.ndarray, out5: np.ndarray, kind: str, kernel: tuple[int, int], strides: tuple[int, int],
+         dilations: tuple[int, int], pads: tuple[int, int], width: int = 1) -> bool:
+    """Max or average pooling of blocked arrays (``kind`` of :data:`POOLS`; ``avg_pad`` divides by
+    the whole window, ``avg`` by the taps inside). False when the arrays do not fit."""
+    if kind not in POOLS:
+        return False
+    return _entry("nc_pool", x5, POOLS[kind], out5, max(1, int(width)), _geometry(kernel, strides, dilations, pads))
+
+
+def _entry(entry: str, *args: Any) -> bool:
+    """Call a kernel entry whose arrays it checks itself; False when it refuses them."""
+    mod = _mod()
+    if mod is None:
+        return False
+    try:
+        getattr(mod, entry)(*args)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def global_average(x5: np.ndarray, out2: np.ndarray, width: int = 1) -> bool:
+    """``out2 (N, CB * 16)``: the mean of each blocked plane. False when the arrays do not fit."""
+    return _entry("nc_gap", x5, out2, max(1, int(width)))
+
+
+def to_blocked(x4: np.ndarray, out5: np.ndarray, width: int = 1) -> bool:
+    """NCHW ``x4`` into the blocked ``out5`` (the channels past C zeros). False when they do not fit."""
+    return _entry("nc_reorder", x4, out5, max(1, int(width)), 0)
+
+
+def from_blocked(x5: np.ndarray, out4: np.ndarray, width: int = 1) -> bool:
+    """The blocked ``x5`` back into NCHW ``out4`` (its channel count: the padding is dropped)."""
+    return _entry("nc_reorder", x5, out4, max(1, int(width)), 1)

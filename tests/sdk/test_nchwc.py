@@ -1,0 +1,189 @@
+"""The blocked-layout kernels (ge_sdk.nchwc): odd convolution shapes against float64, the
+epilogue, depthwise, pooling, the reorders, the same bits at every thread count, what they refuse.
+
+On a CPU without AVX-512 each entry must refuse (return False, leave the output alone): the
+cpu backend's kernels then run their NumPy form, which tests/kernels/test_nchwc_layout.py checks."""
+
+import math
+
+import numpy as np
+import pytest
+
+from ge_sdk import nchwc
+
+RNG = np.random.default_rng(7)
+EPS = float(np.finfo(np.float32).eps)
+
+# (n, c, m, h, w, k, stride, pad (t, l, b, r), dilation)
+CONVS = [
+    (1, 16, 16, 1, 1, 1, 1, (0, 0, 0, 0), 1),
+    (1, 32, 64, 9, 11, 3, 1, (1, 1, 1, 1), 1),
+    (2, 16, 48, 7, 7, 3, 2, (1, 1, 1, 1), 1),
+    (1, 20, 70, 13, 5, 1, 1, (0, 0, 0, 0), 1),   # channels that are not whole blocks
+    (1, 256, 32, 6, 6, 1, 1, (0, 0, 0, 0), 1),   # several input-channel batches
+    (1, 160, 80, 6, 7, 3, 1, (1, 1, 1, 1), 1),   # ... of a 3x3
+    (1, 32, 32, 10, 10, 3, 1, (2, 2, 2, 2), 2),  # dilation
+    (1, 48, 16, 5, 9, 5, 1, (0, 2, 1, 0), 1),    # asymmetric padding
+    (1, 16, 16, 3, 3, 3, 1, (2, 2, 2, 2), 1),    # pads as wide as the plane
+    (1, 64, 64, 56, 3, 1, 2, (0, 0, 0, 0), 1),   # a strided 1x1
+    (3, 16, 112, 4, 30, 7, 3, (3, 3, 2, 2), 1),
+]
+
+
+def blocked(x4):
+    out = np.empty(nchwc.blocked_shape(x4.shape), np.float32)
+    assert nchwc.to_blocked(np.ascontiguousarray(x4), out)
+    return out
+
+
+def plain(x5, c):
+    out = np.empty((x5.shape[0], c, x5.shape[2], x5.shape[3]), np.float32)
+    assert nchwc.from_blocked(x5, out)
+    return out
+
+
+def conv64(x, w, stride, pads, dil, group=1):
+    """The convolution in float64, and the bound of its float32 rounding."""
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    pt, pl, pb, pr = pads
+    oh = (h + pt + pb - dil * (kh - 1) - 1) // stride + 1
+    ow = (wd + pl + pr - dil * (kw - 1) - 1) // stride + 1
+    xp = np.zeros((n, c, h + pt + pb + stride, wd + pl + pr + stride))
+    xp[:, :, pt:pt + h, pl:pl + wd] = x
+    y = np.zeros((n, m, oh, ow))
+    mag = np.zeros_like(y)
+    for i in range(kh):
+        for j in range(kw):
+            xs = xp[:, :, i * dil:i * dil + stride * oh:stride, j * dil:j * dil + stride * ow:stride]
+            if group == 1:
+                y += np.einsum("nchw,mc->nmhw", xs, w[:, :, i, j])
+                mag += np.einsum("nchw,mc->nmhw", np.abs(xs), np.abs(w[:, :, i, j]))
+            else:
+                y += xs * w[None, :, 0, i, j, None, None]
+                mag += np.abs(xs * w[None, :, 0, i, j, None, None])
+    return y, (cg * kh * kw + 4) * EPS * mag + 1e-30
+
+
+ACTS = {None: lambda y: y, "sigmoid": lambda y: 1 / (1 + np.exp(-y)), "silu": lambda y: y / (1 + np.exp(-y)),
+        "gelu": lambda y: 0.5 * y * (1 + np.vectorize(math.erf)(y / np.sqrt(2))),
+        "hardswish": lambda y: y * np.clip(y / 6 + 0.5, 0, 1)}
+
+
+def test_kernels_refuse_without_avx512_or_run_with_it():
+    x = RNG.standard_normal((1, 16, 4, 4)).astype(np.float32)
+    out = np.full((1, 1, 4, 4, 16), 7.0, np.float32)
+    x5 = np.zeros((1, 1, 4, 4, 16), np.float32)
+    ok = nchwc.to_blocked(x, x5)
+    assert ok == nchwc.available()
+    if not ok:
+        assert not nchwc.conv(x5, nchwc.pack_weights(np.ones((16, 16, 1, 1), np.float32)), out, (1, 1), (1, 1),
+                              (1, 1), (0, 0))
+        assert (out == 7.0).all()  # refused: nothing written
+
+
+needs_kernels = pytest.mark.skipif(not nchwc.available(), reason="checked by the refusal test on this CPU")
+
+
+@needs_kernels
+@pytest.mark.parametrize("case", CONVS, ids=lambda c: "x".join(map(str, c[:7])))
+@pytest.mark.parametrize("act", [None, "silu"])
+def test_conv_is_within_float_rounding_of_float64(case, act):
+    n, c, m, h, wd, k, s, pads, d = case
+    x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
+    w = RNG.standard_normal((m, c, k, k)).astype(np.float32)
+    b = RNG.standard_normal(m).astype(np.float32)
+    ref, tol = conv64(x.astype(np.float64), w.astype(np.float64), s, pads, d)
+    z = RNG.standard_normal(ref.shape).astype(np.float32)
+    out = np.full((n, nchwc.blocks(m)) + ref.shape[2:] + (16,), np.nan, np.float32)
+    assert nchwc.conv(blocked(x), nchwc.pack_weights(w), out, (k, k), (s, s), (d, d), pads[:2], nchwc.pad_bias(b, m),
+                      clip=(-1.5, 2.5), width=2, addend=blocked(z), act=act)
+    want = ACTS[act](np.clip(ref + b[None, :, None, None] + z, -1.5, 2.5))
+    got = plain(out, m)
+    assert np.all(np.abs(got - want) <= tol + 1e-6 * (1 + np.abs(want))), np.abs(got - want).max()
+    # the padded lanes of the last block hold zeros + the padded bias (0): clip(0) then act(0)
+    if m % 16:
+        assert np.allclose(out[:, -1, ..., m % 16:], ACTS[act](np.clip(0.0, -1.5, 2.5)), atol=1e-7)
+
+
+@needs_kernels
+@pytest.mark.parametrize("case", [c for c in CONVS if c[0] * c[1] * c[3] * c[4] < 5000], ids=lambda c: "x".join(map(str, c[:7])))
+def test_depthwise_is_within_float_rounding(case):
+    n, c, _, h, wd, k, s, pads, d = case
+    x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
+    w = RNG.standard_normal((c, 1, k, k)).astype(np.float32)
+    ref, tol = conv64(x.astype(np.float64), w.astype(np.float64), s, pads, d, group=c)
+    out = np.empty((n, nchwc.blocks(c)) + ref.shape[2:] + (16,), np.float32)
+    assert nchwc.depthwise(blocked(x), nchwc.pack_depthwise(w), out, (k, k), (s, s), (d, d), pads[:2], clip=(0, 6))
+    got = plain(out, c)
+    assert np.all(np.abs(got - np.clip(ref, 0, 6)) <= tol + 1e-6), np.abs(got - np.clip(ref, 0, 6)).max()
+
+
+@needs_kernels
+def test_every_thread_count_gives_the_same_bits():
+    x5 = blocked(RNG.standard_normal((2, 64, 15, 17)).astype(np.float32))
+    w = nchwc.pack_weights(RNG.standard_normal((96, 64, 3, 3)).astype(np.float32))
+    outs = []
+    for width in (1, 2, 3, 8):
+        o = np.empty((2, 6, 15, 17, 16), np.float32)
+        assert nchwc.conv(x5, w, o, (3, 3), (1, 1), (1, 1), (1, 1), width=width)
+        outs.append(o)
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+
+
+POOL_GEOMETRY = [((3, 3), (2, 2), (1, 1), (1, 1, 1, 1)), ((2, 2), (2, 2), (1, 1), (0, 0, 0, 0)),
+                 ((3, 3), (1, 1), (2, 2), (2, 2, 2, 2)), ((5, 3), (1, 2), (1, 1), (2, 1, 2, 1))]
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind,geo", [(kind, geo) for kind in ("max", "avg_pad", "avg") for geo in POOL_GEOMETRY
+                                      if kind == "max" or geo[2] == (1, 1)])  # (average pooling: no dilation)
+def test_pooling_matches_a_float64_window(kind, geo):
+    import torch
+
+    k, s, d, pads = geo
+    x = RNG.standard_normal((2, 24, 11, 9)).astype(np.float32)
+    xt = torch.nn.functional.pad(torch.from_numpy(x).double(), (pads[1], pads[3], pads[0], pads[2]),
+                                 value=-math.inf if kind == "max" else 0.0)
+    if kind == "max":
+        ref = torch.nn.functional.max_pool2d(xt, k, s, 0, d).numpy()
+    else:
+        ones = torch.nn.functional.pad(torch.ones_like(torch.from_numpy(x)).double(), (pads[1], pads[3], pads[0], pads[2]))
+        sums = torch.nn.functional.avg_pool2d(xt, k, s, 0) * (k[0] * k[1])
+        cnt = torch.nn.functional.avg_pool2d(ones, k, s, 0) * (k[0] * k[1]) if kind == "avg" else k[0] * k[1]
+        ref = (sums / cnt).numpy()
+    out = np.empty((2, 2) + ref.shape[2:] + (16,), np.float32)
+    assert nchwc.pool(blocked(x), out, kind, k, s, d, pads[:2])
+    assert np.allclose(plain(out, 24), ref, rtol=1e-6, atol=1e-6)
+
+
+@needs_kernels
+def test_global_average_and_reorders_round_trip():
+    x = RNG.standard_normal((3, 40, 7, 5)).astype(np.float32)
+    x5 = blocked(x)
+    assert x5.shape == (3, 3, 7, 5, 16) and (x5[:, 2, ..., 8:] == 0).all()  # 40 = 2.5 blocks: zeros after
+    assert np.array_equal(plain(x5, 40), x)
+    g = np.empty((3, 48), np.float32)
+    assert nchwc.global_average(x5, g)
+    assert np.allclose(g[:, :40], x.astype(np.float64).mean(axis=(2, 3)), rtol=1e-6, atol=1e-7)
+
+
+@needs_kernels
+def test_bad_arrays_and_geometry_are_refused():
+    x5 = np.zeros((1, 2, 5, 5, 16), np.float32)
+    w = nchwc.pack_weights(np.ones((32, 32, 3, 3), np.float32))
+    out = np.zeros((1, 2, 5, 5, 16), np.float32)
+    geo = ((3, 3), (1, 1), (1, 1), (1, 1))
+    assert nchwc.conv(x5, w, out, *geo)
+    assert not nchwc.conv(x5, w[:-1], out, *geo)  # a weight of the wrong size
+    assert not nchwc.conv(x5, w, out[:, :1], *geo)  # ... for these output channels
+    assert not nchwc.conv(x5.astype(np.float64), w, out, *geo)
+    assert not nchwc.conv(x5, w, np.zeros((1, 2, 5, 5, 8), np.float32), *geo)  # not 16 lanes
+    assert not nchwc.conv(x5, w, out, (3, 3), (0, 1), (1, 1), (1, 1))  # stride 0
+    assert not nchwc.conv(x5, w, out, (3, 3), (1, 1), (1, 1), (-1, 1))  # negative padding
+    assert not nchwc.conv(x5, w, x5, *geo)  # the output over the input
+    assert not nchwc.conv(x5, w, out, *geo, addend=out)  # the addend over the output
+    assert not nchwc.conv(x5, w, out, *geo, bias=np.zeros(16, np.float32))  # a bias too short
+    assert not nchwc.conv(x5, w, out, *geo, act="tanh")
+    assert not nchwc.pool(x5, np.zeros((1, 1, 5, 5, 16), np.float32), "max", *geo)  # blocks must agree
+    assert not nchwc.to_blocked(np.zeros((1, 33, 5, 5), np.float32), x5)  # 33 channels are 3 blocks
