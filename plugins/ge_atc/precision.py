@@ -46,8 +46,9 @@ MODES = (
     "allow_mix_precision", "allow_mix_precision_fp16", "allow_mix_precision_bf16", "allow_fp32_to_bf16",
 )
 
-#: Ops GE calls matrix ("cube") ops, by this engine's names (ONNX and the fused ones).
-MATRIX_OPS = frozenset("Conv ConvTranspose MatMul Gemm FusedConv FusedMatMul".split())
+#: Ops GE calls matrix ("cube") ops, by this engine's names (ONNX, the fused ones, the cpu
+#: backend's blocked convolution).
+MATRIX_OPS = frozenset("Conv ConvTranspose MatMul Gemm FusedConv FusedMatMul NchwcConv".split())
 #: Vector ops whose float inputs force_fp32 computes in float32.
 VECTOR_OPS = frozenset("""Add Sub Mul Div BatchNormalization LayerNormalization InstanceNormalization PRelu
     Relu Sigmoid Tanh Softmax LogSoftmax Gelu Erf Exp Log Sqrt Pow ReduceMean ReduceSum MaxPool AveragePool
@@ -192,7 +193,7 @@ def precision_pass(graph: Graph, ctx: PassContext) -> bool:
 
 
 #: Fused ops and the op types they were made from (a kept OpType keeps its fused form too).
-FUSED_FROM = {"FusedConv": ("Conv",), "FusedMatMul": ("MatMul", "Gemm")}
+FUSED_FROM = {"FusedConv": ("Conv",), "FusedMatMul": ("MatMul", "Gemm"), "NchwcConv": ("Conv",)}
 _SUFFIX = re.compile(r"_\d+$")
 
 

@@ -42,12 +42,33 @@ def ge_register_backends(register):
 
 
 @hookimpl
+def ge_register_ops(register):
+    """The blocked-layout ops (domain ge.cpu) the nchwc_layout pass makes."""
+    from .blocked import OPDEFS
+
+    for d in OPDEFS:
+        register(d)
+
+
+@hookimpl
+def ge_register_passes(register):
+    """nchwc_layout (stage "fuse"): runs of convolutions in the blocked layout."""
+    from .blocked import NchwcLayout
+
+    register(NchwcLayout())
+
+
+@hookimpl
 def ge_register_kernels(register):
     from .kernels import KERNELS
     from .kernels.reference_fallback import fallback_ops, reference_factory
 
     for (domain, op_type), factory in KERNELS.items():
         register(op_type, _native_first(factory, reference_factory), domain=domain, backend="cpu")
+    from .kernels.nchwc import KERNELS as BLOCKED  # the blocked-layout ops of the nchwc_layout pass
+
+    for (domain, op_type), factory in BLOCKED.items():
+        register(op_type, with_caps(factory, kind=NATIVE), domain=domain, backend="cpu")
     # The long tail of ONNX (default, ai.onnx.ml, training and preview domains) runs through
     # onnx.reference behind the same interface.
     for domain, op_type in fallback_ops():

@@ -1,0 +1,588 @@
+"""The cpu backend's blocked layout: the ``nchwc_layout`` pass and its ops (domain ``ge.cpu``).
+
+A run of convolutions in NCHW pays for bringing each output pixel's inputs together (im2col, or
+the GEMM's pack) at every layer. The pass keeps the activations between such layers in the
+blocked layout ``(N, C/16, H, W, 16)`` (onnxruntime's NCHWc transformer, GE's NC1HWC0), where
+:mod:`ge_sdk.nchwc`'s direct kernels read them in place, and converts only at the edges:
+
+- ``NchwcConv`` (an ungrouped or depthwise 2-D Conv/FusedConv with constant weights, its
+  epilogue of a residual, a clip and an activation kept), ``NchwcMaxPool``,
+  ``NchwcAveragePool``, and the elementwise ops between them (Relu, Sigmoid, Clip, Add, Mul,
+  ... on 5-D values: a ``(N, C, 1, 1)`` operand, an SE block's scale, is reordered too and
+  broadcasts the same), ``NchwcGlobalAveragePool`` (its NCHW ``(N, C, 1, 1)`` result leaves
+  the layout for free);
+- ``NchwcReorderInput`` / ``NchwcReorderOutput`` where a value enters or leaves.
+
+Only channel counts that are whole blocks are taken (no padded lanes can carry a value into a
+consumer), and only groups of connected nodes holding at least two convolutions: a lone
+convolution would pay two reorders for one layer. The pass runs where the kernels run (the cpu
+backend, AVX-512); the ops' kernels keep a NumPy form for an .om loaded on another machine.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from ge_core.errors import GraphError
+from ge_core.ir.graph import Graph, Node, Value
+from ge_core.ir.types import TensorType
+from ge_core.ops import OpDef, OpKind
+from ge_core.passes import Pass, PassContext, PassResult
+from ge_sdk import nchwc
+
+from .kernels.nchwc import ACTIVATIONS, DOMAIN
+
+BLOCK = nchwc.BLOCK
+FUSED = "ge.fused"
+
+#: ops that map an element to an element (0 to a finite value) and run on 5-D values unchanged
+UNARY = frozenset(("Relu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "LeakyRelu", "Neg", "Abs", "Identity"))
+#: binary ops whose operands are full activations or a per-channel (N|1, C, 1, 1) scale
+BINARY = frozenset(("Add", "Mul", "Sub"))
+#: epilogue ops of a FusedConv the kernel applies at its store, by activation name
+STORE_ACTS = {"Sigmoid": "sigmoid", "Silu": "silu", "HardSwish": "hardswish"}
+#: the most input channels a convolution reading NCHW directly takes (a stem's RGB, a mask)
+PLAIN_MAX_CHANNELS = 8
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
+
+
+def _static4(v: Value | None) -> tuple[int, ...] | None:
+    if v is None or v.type is None or v.type.shape is None or len(v.type.shape) != 4:
+        return None
+    if v.type.dtype is None or np.dtype(v.type.dtype) != np.float32:
+        return None
+    return tuple(v.type.shape) if all(isinstance(d, int) and d > 0 for d in v.type.shape) else None
+
+
+def _blocked_ok(v: Value | None) -> bool:
+    s = _static4(v)
+    return s is not None and s[1] % BLOCK == 0
+
+
+def _epilogue(node: Node) -> tuple[bool, float | None, float | None, str] | None:
+    """``(has_addend, clip_min, clip_max, activation)`` of a Conv/FusedConv, or None when its
+    epilogue program is one the kernel does not apply (an Add of the residual, then one Relu,
+    Clip, Sigmoid, Silu, HardSwish or Gelu)."""
+    if node.op_type == "Conv":
+        return False, None, None, ""
+    text = _text(node.attrs.get("epilogue", ""))
+    if not text:
+        return (False, None, None, "") if len(node.inputs) <= 3 else None
+    try:
+        steps = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(steps, list) or len(steps) > 2:
+        return None
+    addend, last = False, "y"
+    if steps and steps[0][:2] == ["Add", ["y", "a0"]] and not steps[0][2]:
+        if len(node.inputs) != 4:
+            return None
+        addend, steps, last = True, steps[1:], "t0"
+    elif len(node.inputs) > 3:
+        return None
+    if not steps:
+        return addend, None, None, ""
+    if len(steps) != 1 or not isinstance(steps[0], list) or len(steps[0]) != 3 or steps[0][1] != [last]:
+        return None
+    op, _, attrs = steps[0]
+    if not isinstance(attrs, dict):
+        return None
+    if op == "Relu" and not attrs:
+        return addend, 0.0, None, ""
+    if op == "Clip" and set(attrs) <= {"min", "max"}:
+        lo, hi = attrs.get("min"), attrs.get("max")
+        if not all(isinstance(x, (int, float)) for x in (lo, hi) if x is not None):
+            return None
+        return addend, None if lo is None else float(lo), None if hi is None else float(hi), ""
+    if op in STORE_ACTS and not attrs:
+        return addend, None, None, STORE_ACTS[op]
+    if op == "Gelu" and set(attrs) <= {"approximate"}:
+        return addend, None, None, "gelu_tanh" if _text(attrs.get("approximate", "none")) == "tanh" else "gelu"
+    return None
+
+
+def _conv_plan(node: Node) -> dict | None:
+    """The NchwcConv attributes of a Conv/FusedConv the blocked kernels run, or None."""
+    if not ((node.op_type == "Conv" and node.domain in ("", "ai.onnx")) or (node.op_type == "FusedConv" and node.domain == FUSED)):
+        return None
+    if len(node.inputs) < 2 or len(node.outputs) != 1:
+        return None
+    x, w = node.inputs[0], node.inputs[1]
+    xs, ys = _static4(x), _static4(node.outputs[0])
+    if xs is None or ys is None or w is None or w.const_value is None:
+        return None
+    wv = w.const_value
+    if wv.ndim != 4 or wv.dtype != np.float32:
+        return None
+    b = node.inputs[2] if len(node.inputs) > 2 else None
+    if b is not None and (b.const_value is None or b.const_value.size != wv.shape[0]):
+        return None
+    group = int(node.attrs.get("group", 1) or 1)
+    m, c = wv.shape[0], xs[1]
+    # a network's first layer (3 channels) reads its NCHW input directly (no reorder, no padding
+    # of 3 channels to a block); other channel counts must be whole blocks
+    plain = c % BLOCK != 0 and c <= PLAIN_MAX_CHANNELS and group == 1
+    if (c % BLOCK and not plain) or m % BLOCK:
+        return None
+    if group != 1 and not (group == c == m and wv.shape[1] == 1):
+        return None
+    if group == 1 and wv.shape[1] != c:
+        return None
+    if _text(node.attrs.get("auto_pad", "NOTSET")) not in ("NOTSET", ""):
+        return None
+    k = tuple(int(v) for v in (node.attrs.get("kernel_shape") or wv.shape[2:]))
+    if k != tuple(wv.shape[2:]):
+        return None
+    strides = [int(v) for v in (node.attrs.get("strides") or (1, 1))]
+    dil = [int(v) for v in (node.attrs.get("dilations") or (1, 1))]
+    pads = [int(v) for v in (node.attrs.get("pads") or (0, 0, 0, 0))]
+    if len(strides) != 2 or len(dil) != 2 or len(pads) != 4 or min(strides + dil) < 1 or min(pads) < 0:
+        return None
+    epi = _epilogue(node)
+    if epi is None:
+        return None
+    addend, lo, hi, act = epi
+    if addend and _static4(node.inputs[3]) != ys:
+        return None
+    attrs: dict[str, Any] = {"kernel_shape": list(k), "strides": strides, "dilations": dil, "pads": pads,
+                             "group": group}
+    if lo is not None:
+        attrs["clip_min"] = lo
+    if hi is not None:
+        attrs["clip_max"] = hi
+    if act:
+        attrs["activation"] = act
+    if plain:
+        attrs["plain_input"] = 1
+    return {"attrs": attrs, "addend": addend, "plain": plain}
+
+
+def _pool_plan(node: Node) -> dict | None:
+    if node.op_type not in ("MaxPool", "AveragePool") or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+        return None
+    if not _blocked_ok(node.inputs[0]) or _static4(node.outputs[0]) is None:
+        return None
+    a = node.attrs
+    if _text(a.get("auto_pad", "NOTSET")) not in ("NOTSET", "") or int(a.get("storage_order", 0) or 0):
+        return None
+    if node.op_type == "AveragePool" and int(a.get("ceil_mode", 0) or 0):
+        return None  # (the window past the input's end counts differently there)
+    k = [int(v) for v in (a.get("kernel_shape") or ())]
+    strides = [int(v) for v in (a.get("strides") or (1, 1))]
+    dil = [int(v) for v in (a.get("dilations") or (1, 1))]
+    pads = [int(v) for v in (a.get("pads") or (0, 0, 0, 0))]
+    if len(k) != 2 or len(strides) != 2 or len(dil) != 2 or len(pads) != 4 or min(k + strides + dil) < 1 or min(pads) < 0:
+        return None
+    attrs: dict[str, Any] = {"kernel_shape": k, "strides": strides, "dilations": dil, "pads": pads}
+    if node.op_type == "AveragePool":
+        attrs["count_include_pad"] = int(a.get("count_include_pad", 0) or 0)
+    return {"attrs": attrs}
+
+
+def _is_scale(v: Value | None, full: tuple[int, ...]) -> bool:
+    """A per-channel (N or 1, C, 1, 1) activation operand (not a constant) of a full one."""
+    s = _static4(v)
+    return s is not None and v is not None and not v.is_constant and s[1] == full[1] and s[2:] == (1, 1) and s[0] in (1, full[0])
+
+
+def _elementwise_plan(node: Node) -> dict | None:
+    if node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+        return None
+    ys = _static4(node.outputs[0])
+    if ys is None or ys[1] % BLOCK:
+        return None
+    if node.op_type in UNARY and len(node.inputs) == 1 and _static4(node.inputs[0]) == ys:
+        return {}
+    if node.op_type == "Clip" and node.inputs and _static4(node.inputs[0]) == ys:
+        if all(v is None or (v.const_value is not None and v.const_value.size == 1) for v in node.inputs[1:]):
+            return {}
+        return None
+    if node.op_type in BINARY and len(node.inputs) == 2:
+        a, b = node.inputs
+        full = [v is not None and _static4(v) == ys and not v.is_constant for v in (a, b)]
+        if all(full) or (full[0] and _is_scale(b, ys)) or (full[1] and _is_scale(a, ys)):
+            return {}
+        if (full[0] and _channel_const(b, ys[1]) is not None) or (full[1] and _channel_const(a, ys[1]) is not None):
+            return {}
+    return None
+
+
+def _channel_const(v: Value | None, c: int) -> np.ndarray | None:
+    """A constant of one value per channel ((C, 1, 1) or (1, C, 1, 1): a folded BatchNorm's scale
+    and shift) or a scalar, as the blocked (1, C/16, 1, 1, 16) array it broadcasts as; else None."""
+    if v is None or v.const_value is None:
+        return None
+    a = v.const_value
+    if a.dtype != np.float32:
+        return None
+    if a.size == 1:
+        return a.reshape(())
+    if a.shape not in ((c, 1, 1), (1, c, 1, 1)):
+        return None
+    return np.ascontiguousarray(a.reshape(1, c // BLOCK, BLOCK, 1, 1).transpose(0, 1, 3, 4, 2))
+
+
+Plan = tuple[str, dict[str, Any]]
+
+
+def _shape(v: Value | None) -> tuple[int, ...]:
+    """The static NCHW shape of a value :func:`_plan` accepted."""
+    s = _static4(v)
+    if s is None:  # pragma: no cover - the plans only take static 4-D values
+        raise GraphError(f"nchwc_layout: value '{getattr(v, 'name', '?')}' has no static 4-D shape")
+    return s
+
+
+def _plan(node: Node) -> Plan | None:
+    """(kind, plan) for a node the layout can take: conv, pool, elementwise, or gap."""
+    p = _conv_plan(node)
+    if p is not None:
+        return "conv", p
+    p = _pool_plan(node)
+    if p is not None:
+        return "pool", p
+    if node.op_type == "GlobalAveragePool" and node.domain in ("", "ai.onnx") and _blocked_ok(node.inputs[0]):
+        return "gap", {}
+    p = _elementwise_plan(node)
+    if p is not None:
+        return "elementwise", p
+    if _concat_ok(node):
+        return "concat", {}
+    p = _batchnorm_plan(node)
+    if p is not None:
+        return "batchnorm", p
+    return None
+
+
+def _batchnorm_plan(node: Node) -> dict | None:
+    """An inference BatchNormalization of constant statistics (a pre-activation one, DenseNet's,
+    that no convolution absorbed): its per-channel scale and shift, blocked."""
+    if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+        return None
+    if len(node.inputs) != 5 or int(node.attrs.get("training_mode", 0) or 0):
+        return None
+    ys = _static4(node.outputs[0])
+    if ys is None or ys[1] % BLOCK or _static4(node.inputs[0]) != ys:
+        return None
+    vals = [v.const_value if v is not None else None for v in node.inputs[1:]]
+    if any(a is None or a.size != ys[1] for a in vals):
+        return None
+    scale, bias, mean, var = (np.asarray(a, np.float64).reshape(-1) for a in vals)  # type: ignore[union-attr]
+    k = scale / np.sqrt(var + float(node.attrs.get("epsilon", 1e-5)))
+    shift = bias - mean * k
+    c = ys[1]
+
+    def blocked(a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a.astype(np.float32).reshape(1, c // BLOCK, BLOCK, 1, 1).transpose(0, 1, 3, 4, 2))
+
+    return {"scale": blocked(k), "shift": blocked(shift)}
+
+
+def _concat_ok(node: Node) -> bool:
+    """A Concat of whole-block activations along the channels (blocks concatenate the same)."""
+    if node.op_type != "Concat" or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1 or not node.inputs:
+        return False
+    if int(node.attrs.get("axis", 0) or 0) not in (1, -3):
+        return False
+    ys = _static4(node.outputs[0])
+    if ys is None:
+        return False
+    for v in node.inputs:
+        s = _static4(v)
+        if v is None or v.is_constant or s is None or s[1] % BLOCK or (s[0], s[2], s[3]) != (ys[0], ys[2], ys[3]):
+            return False
+    return True
+
+
+def _blocked_type(shape: tuple[int, ...]) -> TensorType:
+    n, c, h, w = shape
+    return TensorType(np.dtype("float32"), (n, nchwc.blocks(c), h, w, BLOCK))
+
+
+def _groups(graph: Graph, plans: dict[Node, Plan]) -> list[set[Node]]:
+    """Connected groups of planned nodes (joined through the values between them)."""
+    parent = {n: n for n in plans}
+
+    def find(n):
+        while parent[n] is not n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for n in plans:
+        for v in n.inputs:
+            p = v.producer if v is not None else None
+            if p in parent and plans[p][0] != "gap":  # (a gap's result is NCHW: no join through it)
+                parent[find(n)] = find(p)
+    out: dict[Node, set[Node]] = {}
+    for n in plans:
+        out.setdefault(find(n), set()).add(n)
+    return list(out.values())
+
+
+def _edges(grp: set[Node], plans: dict[Node, Plan]) -> int:
+    """The whole planes a group would reorder: the values it reads from outside (not an NCHW
+    stem input, a constant or a 1x1 scale) and the values it hands outside."""
+    entering: set[Value] = set()
+    leaving = 0
+    for n in grp:
+        kind, p = plans[n]
+        for i, v in enumerate(n.inputs):
+            if v is None or v.is_constant or (v.producer in grp and plans[v.producer][0] != "gap"):
+                continue
+            if kind == "conv" and (i in (1, 2) or (i == 0 and p["plain"])):
+                continue
+            s = _static4(v)
+            if s is not None and s[2:] != (1, 1):
+                entering.add(v)
+        if kind != "gap":
+            out = n.outputs[0]
+            leaving += int(out.is_graph_output or any(u not in grp for u in out.users))
+    return len(entering) + leaving
+
+
+def apply_layout(graph: Graph, min_convs: int = 2) -> dict[str, int]:
+    """Rewrite ``graph``'s top level: the groups of :func:`_plan` nodes with at least
+    ``min_convs`` convolutions run in the blocked layout. Returns counts per kind."""
+    plans: dict[Node, Plan] = {}
+    for n in graph.node_list():
+        got = _plan(n)
+        if got is not None:
+            plans[n] = got
+    keep: set[Node] = set()
+    for grp in _groups(graph, plans):
+        convs = sum(1 for n in grp if plans[n][0] == "conv")
+        # a group pays for its reorders: at least min_convs convolutions, and two for each plane
+        # that enters or leaves (zfnet's three between two LRNs do not)
+        if convs >= min_convs and convs >= 2 * _edges(grp, plans):
+            keep |= grp
+    stats = {"convs": 0, "pools": 0, "elementwise": 0, "concats": 0, "reorders": 0}
+    if not keep:
+        return stats
+    blocked: dict[Value, Value] = {}  # an NCHW value -> its blocked form
+    order = [n for n in graph.node_list() if n in keep]
+
+    def block_of(v: Value | None, before: Node) -> Value:
+        if v is None:  # pragma: no cover - the plans only take present inputs
+            raise GraphError(f"nchwc_layout: {before.describe()} lacks an input")
+        got = blocked.get(v)
+        if got is not None:
+            return got
+        r = graph.add_node("NchwcReorderInput", [v], domain=DOMAIN, name=f"{v.name}_to_nchwc", before=before,
+                           output_types=[_blocked_type(_shape(v))])
+        stats["reorders"] += 1
+        blocked[v] = r.outputs[0]
+        return r.outputs[0]
+
+    made: dict[Node, Node] = {}
+    for n in order:
+        kind, p = plans[n]
+        out = n.outputs[0]
+        ys = _shape(out)
+        if kind == "conv":
+            x_in = n.inputs[0] if p["plain"] else block_of(n.inputs[0], n)
+            ins = [x_in, n.inputs[1], n.inputs[2] if len(n.inputs) > 2 else None]
+            if p["addend"]:
+                ins.append(block_of(n.inputs[3], n))
+            new = graph.add_node("NchwcConv", ins, dict(p["attrs"]), domain=DOMAIN, name=n.name, before=n,
+                                 output_types=[_blocked_type(ys)])
+            stats["convs"] += 1
+        elif kind == "pool":
+            op = "NchwcMaxPool" if n.op_type == "MaxPool" else "NchwcAveragePool"
+            new = graph.add_node(op, [block_of(n.inputs[0], n)], dict(p["attrs"]), domain=DOMAIN, name=n.name,
+                                 before=n, output_types=[_blocked_type(ys)])
+            stats["pools"] += 1
+        elif kind == "batchnorm":
+            x5 = block_of(n.inputs[0], n)
+            sc = graph.add_constant(p["scale"])
+            sh = graph.add_constant(p["shift"])
+            mul = graph.add_node("Mul", [x5, sc], name=f"{n.name}_scale", before=n, output_types=[_blocked_type(ys)])
+            new = graph.add_node("Add", [mul.outputs[0], sh], name=n.name, before=n, output_types=[_blocked_type(ys)])
+            stats["elementwise"] += 2
+        elif kind == "gap":
+            new = graph.add_node("NchwcGlobalAveragePool", [block_of(n.inputs[0], n)], domain=DOMAIN, name=n.name,
+                                 before=n, output_types=[out.type])
+            made[n] = new
+            out.replace_all_uses_with(new.outputs[0])
+            continue
+        else:
+            ins = [v if v is None or v.is_constant else block_of(v, n) for v in n.inputs]
+            if kind == "elementwise" and n.op_type in BINARY:
+                for i, v in enumerate(ins):
+                    cc = _channel_const(v, ys[1]) if v is not None and v.is_constant else None
+                    if cc is not None and cc.ndim == 5:
+                        ins[i] = graph.add_constant(cc)
+            attrs = dict(n.attrs)
+            if kind == "concat":
+                attrs["axis"] = 1  # (the blocks' axis in 5-D: -3 would name H there)
+            new = graph.add_node(n.op_type, ins, attrs, domain=n.domain, name=n.name, before=n,
+                                 output_types=[_blocked_type(ys)])
+            stats["elementwise" if kind == "elementwise" else "concats"] += 1
+        made[n] = new
+        blocked[out] = new.outputs[0]
+    # values read outside the layout (or graph outputs) leave it through a reorder
+    for n in order:
+        if plans[n][0] == "gap":
+            continue
+        out = n.outputs[0]
+        outside = [u for u in out.users if u not in keep] or out.is_graph_output
+        if outside:
+            r = graph.add_node("NchwcReorderOutput", [blocked[out]], {"channels": _shape(out)[1]}, domain=DOMAIN,
+                               name=f"{out.name}_from_nchwc", after=made[n], output_types=[out.type])
+            stats["reorders"] += 1
+            for u, i in out.uses():
+                if u not in keep:
+                    u.set_input(i, r.outputs[0])
+            if out.is_graph_output:
+                out.replace_all_uses_with(r.outputs[0])
+    for n in reversed(order):
+        for v in n.outputs:
+            for u, _ in v.uses():
+                if u in keep:
+                    continue
+                raise GraphError(f"nchwc_layout: node '{u.name}' still reads '{v.name}'")
+        _detach(graph, n)
+    # the blocked nodes take their originals' names (what --keep_dtype, the tools and the
+    # reports name them by)
+    for old, new in made.items():
+        if old.name != new.name and old.name not in graph.node_names:
+            graph.node_names.release(new.name)
+            new.name = graph.node_names.claim(old.name)
+    return stats
+
+
+def _detach(graph: Graph, node: Node) -> None:
+    for i in range(len(node.inputs)):
+        node.set_input(i, None)
+    graph.remove_node(node)
+
+
+class NchwcLayout(Pass):
+    """Keep runs of convolutions in the blocked NCHWc layout (the cpu backend's direct kernels)."""
+
+    name = "nchwc_layout"
+    stage = "fuse"
+    opt_level = 1
+    after = ("pattern_fusion",)
+    before = ("auto_fusion",)  # (which then fuses the elementwise ops left between, on 5-D values)
+    params = {"min_convs": 2}
+    description = "keep runs of convolutions in the blocked (N, C/16, H, W, 16) layout, reorders at the edges"
+
+    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
+        if ctx.options.soc_version != "cpu" or not nchwc.available():
+            return PassResult(False)
+        stats = apply_layout(graph, int(ctx.params.get("min_convs", self.params["min_convs"])))
+        return PassResult(any(stats.values()), {k: v for k, v in stats.items() if v})
+
+
+# ------------------------------------------------------------------------------------------------
+# the ops
+# ------------------------------------------------------------------------------------------------
+def _bad(node: Node, why: str) -> GraphError:
+    return GraphError(f"{node.describe()}: {why}", hint="the .om was not made by this compiler's nchwc_layout pass")
+
+
+def _ints_ok(v: Any, n: int, low: int) -> bool:
+    return isinstance(v, (list, tuple)) and len(v) == n and all(isinstance(a, (int, np.integer)) and low <= a <= 1 << 20
+                                                                for a in v)
+
+
+def check_node(node: Node) -> None:
+    """Validate a blocked op's attributes (raises GraphError naming the node)."""
+    a = node.attrs
+    if node.op_type in ("NchwcConv", "NchwcMaxPool", "NchwcAveragePool"):
+        for name, n, low in (("kernel_shape", 2, 1), ("strides", 2, 1), ("dilations", 2, 1), ("pads", 4, 0)):
+            if name in a and not _ints_ok(a[name], n, low):
+                raise _bad(node, f"attribute {name} must be {n} ints of at least {low}")
+    if node.op_type == "NchwcConv":
+        if _text(a.get("activation", "")) not in ACTIVATIONS:
+            raise _bad(node, f"activation must be one of {', '.join(x or '(none)' for x in ACTIVATIONS)}")
+        for name in ("clip_min", "clip_max"):
+            if name in a and not isinstance(a[name], (int, float, np.floating)):
+                raise _bad(node, f"attribute {name} must be a number")
+        if not isinstance(a.get("group", 1), (int, np.integer)) or int(a.get("group", 1)) < 1:
+            raise _bad(node, "attribute group must be a positive int")
+        if a.get("plain_input", 0) not in (0, 1):
+            raise _bad(node, "attribute plain_input must be 0 or 1")
+    if node.op_type == "NchwcReorderOutput":
+        c = a.get("channels")
+        if not isinstance(c, (int, np.integer)) or c < 1:
+            raise _bad(node, "attribute channels must be a positive int")
+
+
+def _window_infer(channels_from_weight: bool):
+    def infer(node, opset):
+        x = node.inputs[0].type
+        rank = 4 if channels_from_weight and int(node.attrs.get("plain_input", 0) or 0) else 5
+        if x.shape is None or len(x.shape) != rank:
+            return [TensorType(x.dtype, None)]
+        a = node.attrs
+        k = list(a.get("kernel_shape") or node.inputs[1].type.shape[2:])
+        s = list(a.get("strides") or (1, 1))
+        d = list(a.get("dilations") or (1, 1))
+        p = list(a.get("pads") or (0, 0, 0, 0))
+        dims = []
+        for i in range(2):
+            size = x.shape[2 + i]
+            if not isinstance(size, int):
+                dims.append(None)
+                continue
+            dims.append((size + p[i] + p[i + 2] - d[i] * (k[i] - 1) - 1) // s[i] + 1)
+        cb = x.shape[1]
+        if channels_from_weight:
+            w = node.inputs[1].type.shape
+            cb = nchwc.blocks(w[0]) if w is not None else None
+        return [TensorType(x.dtype, (x.shape[0], cb, dims[0], dims[1], BLOCK))]
+
+    return infer
+
+
+def _reorder_in_infer(node, opset):
+    x = node.inputs[0].type
+    if x.shape is None or len(x.shape) != 4:
+        return [TensorType(x.dtype, None)]
+    n, c, h, w = x.shape
+    return [TensorType(x.dtype, (n, nchwc.blocks(c) if isinstance(c, int) else None, h, w, BLOCK))]
+
+
+def _reorder_out_infer(node, opset):
+    x = node.inputs[0].type
+    if x.shape is None or len(x.shape) != 5:
+        return [TensorType(x.dtype, None)]
+    return [TensorType(x.dtype, (x.shape[0], int(node.attrs.get("channels", 0)), x.shape[2], x.shape[3]))]
+
+
+def _gap_infer(node, opset):
+    x = node.inputs[0].type
+    if x.shape is None or len(x.shape) != 5:
+        return [TensorType(x.dtype, None)]
+    return [TensorType(x.dtype, (x.shape[0], x.shape[1] * BLOCK if isinstance(x.shape[1], int) else None, 1, 1))]
+
+
+_OPS: dict[str, Any] = {"internal": True, "check": check_node, "alias": ""}
+_WINDOW = {"kernel_shape": None, "strides": None, "dilations": None, "pads": None}
+
+OPDEFS = [
+    OpDef("NchwcConv", DOMAIN, **_OPS, min_inputs=2, max_inputs=4, kind=OpKind.OPAQUE, infer=_window_infer(True),
+          attrs={**_WINDOW, "group": 1, "clip_min": None, "clip_max": None, "activation": "", "plain_input": 0},
+          doc="a 2-D convolution on blocked (N, C/16, H, W, 16) values (plain_input: X is NCHW): "
+              "act(clip(conv(X, W) + B + Z))"),
+    OpDef("NchwcMaxPool", DOMAIN, **_OPS, min_inputs=1, max_inputs=1, kind=OpKind.OPAQUE, infer=_window_infer(False),
+          attrs=dict(_WINDOW), doc="max pooling of a blocked value"),
+    OpDef("NchwcAveragePool", DOMAIN, **_OPS, min_inputs=1, max_inputs=1, kind=OpKind.OPAQUE,
+          infer=_window_infer(False), attrs={**_WINDOW, "count_include_pad": 0},
+          doc="average pooling of a blocked value"),
+    OpDef("NchwcGlobalAveragePool", DOMAIN, **_OPS, min_inputs=1, max_inputs=1, kind=OpKind.OPAQUE, infer=_gap_infer,
+          doc="the mean of each channel of a blocked value, as NCHW (N, C, 1, 1)"),
+    OpDef("NchwcReorderInput", DOMAIN, **_OPS, min_inputs=1, max_inputs=1, kind=OpKind.OPAQUE, infer=_reorder_in_infer,
+          doc="NCHW to the blocked (N, C/16, H, W, 16) layout"),
+    OpDef("NchwcReorderOutput", DOMAIN, **_OPS, min_inputs=1, max_inputs=1, kind=OpKind.OPAQUE,
+          infer=_reorder_out_infer, attrs={"channels": 0}, doc="the blocked layout back to NCHW (C channels)"),
+]

@@ -1,0 +1,259 @@
+"""Kernels of the blocked-layout ops (domain ``ge.cpu``) the ``nchwc_layout`` pass makes.
+
+An activation in the blocked layout is ``(N, C/16, H, W, 16)`` (:mod:`ge_sdk.nchwc`). The
+convolution packs its constant weight once, when the kernel is built; each op runs the AVX-512
+kernels of :mod:`ge_sdk.nchwc` into the planned output, or, where they do not run (no AVX-512, an
+.om compiled elsewhere), the same math in NumPy on the NCHW form.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ge_core.errors import UnsupportedOpError
+from ge_core.kernel import KernelSpec, with_caps
+from ge_sdk import nchwc, parallel
+
+DOMAIN = "ge.cpu"
+
+#: the activation names an NchwcConv's ``activation`` attribute may hold ("" none)
+ACTIVATIONS = ("", *nchwc.ACTIVATIONS)
+
+
+def _refuse(spec: KernelSpec, why: str) -> UnsupportedOpError:
+    return UnsupportedOpError(f"{spec.describe()}: {why}")
+
+
+def _ints(spec: KernelSpec, name: str, n: int, default: int) -> tuple[int, ...]:
+    v = spec.attr(name)
+    vals = tuple(int(a) for a in v) if v is not None else (default,) * n
+    if len(vals) != n or any(a < (0 if name == "pads" else 1) for a in vals):
+        raise _refuse(spec, f"attribute {name} must be {n} {'non-negative' if name == 'pads' else 'positive'} ints")
+    return vals
+
+
+def _geometry(spec: KernelSpec, kernel_shape=None):
+    k = _ints(spec, "kernel_shape", 2, 1) if kernel_shape is None else kernel_shape
+    return k, _ints(spec, "strides", 2, 1), _ints(spec, "dilations", 2, 1), _ints(spec, "pads", 4, 0)
+
+
+def _out(spec: KernelSpec, out):
+    if out is not None:
+        return out[0]
+    shape = spec.outputs[0].shape
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        raise _refuse(spec, "needs a static output shape")
+    return np.empty(shape, np.float32)
+
+
+def _unblock(x5: np.ndarray, c: int) -> np.ndarray:
+    n, cb, h, w, b = x5.shape
+    return np.ascontiguousarray(x5.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)[:, :c])
+
+
+def _block(x4: np.ndarray, out5: np.ndarray) -> np.ndarray:
+    n, c, h, w = x4.shape
+    cb = out5.shape[1]
+    full = np.zeros((n, cb * nchwc.BLOCK, h, w), np.float32)
+    full[:, :c] = x4
+    out5[...] = full.reshape(n, cb, nchwc.BLOCK, h, w).transpose(0, 1, 3, 4, 2)
+    return out5
+
+
+def _windows(x4: np.ndarray, k, s, d, pads, out_hw, fill: float) -> np.ndarray:
+    """``(N, C, OH, OW, KH, KW)`` windows of ``x4`` padded with ``fill`` (the NumPy form)."""
+    pt, pl, pb, pr = pads
+    oh, ow = out_hw
+    need_h = (oh - 1) * s[0] + (k[0] - 1) * d[0] + 1
+    need_w = (ow - 1) * s[1] + (k[1] - 1) * d[1] + 1
+    n, c, h, w = x4.shape
+    xp = np.full((n, c, max(need_h, pt + h), max(need_w, pl + w)), fill, x4.dtype)
+    xp[:, :, pt:pt + h, pl:pl + w] = x4
+    xp = xp[:, :, :need_h, :need_w]
+    v = np.lib.stride_tricks.sliding_window_view(xp, ((k[0] - 1) * d[0] + 1, (k[1] - 1) * d[1] + 1), axis=(2, 3))
+    return v[:, :, ::s[0], ::s[1], ::d[0], ::d[1]][:, :, :oh, :ow]
+
+
+_NUMPY_ACTS = {
+    "sigmoid": lambda v: 1.0 / (1.0 + np.exp(-v)),
+    "silu": lambda v: v / (1.0 + np.exp(-v)),
+    "hardswish": lambda v: v * np.clip(v / 6.0 + 0.5, 0.0, 1.0),
+}
+
+
+def _numpy_act(v: np.ndarray, act: str) -> np.ndarray:
+    if act in _NUMPY_ACTS:
+        return _NUMPY_ACTS[act](v)
+    from math import erf, sqrt
+
+    if act == "gelu":
+        return 0.5 * v * (1.0 + np.vectorize(erf)(v / sqrt(2.0)))
+    return 0.5 * v * (1.0 + np.tanh(0.7978845608028654 * (v + 0.044715 * v ** 3)))  # gelu_tanh
+
+
+def conv_factory(spec: KernelSpec):
+    """NchwcConv(x5, W, [B], [Z]): ``act(clip(conv(x5, W) + B + Z))`` on blocked arrays."""
+    w = spec.const_inputs[1] if len(spec.const_inputs) > 1 else None
+    w_t = spec.inputs[1] if len(spec.inputs) > 1 else None
+    w_shape = tuple(w.shape) if w is not None else (tuple(w_t.shape) if w_t is not None and w_t.shape else ())
+    if len(w_shape) != 4 or not all(isinstance(d, int) for d in w_shape) or (w is not None and w.dtype != np.float32):
+        raise _refuse(spec, "needs a float32 (M, C, KH, KW) weight of a static shape")
+    b = spec.const_inputs[2] if len(spec.const_inputs) > 2 else None
+    has_b = len(spec.inputs) > 2 and spec.inputs[2] is not None
+    group = int(spec.attr("group", 1) or 1)
+    m, cg = w_shape[:2]
+    depthwise = group > 1
+    if depthwise and (cg != 1 or group != m):
+        raise _refuse(spec, "takes an ungrouped or a depthwise convolution only")
+    x_t = spec.inputs[0]
+    plain = bool(int(spec.attr("plain_input", 0) or 0))
+    if plain:  # an NCHW input (a stem)
+        if depthwise or x_t is None or x_t.shape is None or len(x_t.shape) != 4 or x_t.shape[1] != cg:
+            raise _refuse(spec, f"plain_input needs an ungrouped NCHW input of the weight's {cg} channels")
+        cb = 0
+    elif x_t is None or x_t.shape is None or len(x_t.shape) != 5 or x_t.shape[4] != nchwc.BLOCK:
+        raise _refuse(spec, "needs a blocked (N, C/16, H, W, 16) input")
+    else:
+        cb = x_t.shape[1]
+        if not isinstance(cb, int) or (depthwise and cb != nchwc.blocks(m)) or (not depthwise and cb < nchwc.blocks(cg)):
+            raise _refuse(spec, f"input blocks {cb} do not hold the weight's channels {w_shape}")
+    k, s, d, pads = _geometry(spec, tuple(w_shape[2:]))
+    act = spec.attr("activation", "") or ""
+    act = act.decode() if isinstance(act, bytes) else act
+    if act not in ACTIVATIONS:
+        raise _refuse(spec, f"activation must be one of {', '.join(a or '(none)' for a in ACTIVATIONS)}")
+    lo, hi = spec.attr("clip_min"), spec.attr("clip_max")
+    clip = None if lo is None and hi is None else (float(-np.inf if lo is None else lo), float(np.inf if hi is None else hi))
+    if plain:
+        pack, run = nchwc.pack_plain, nchwc.conv_plain
+    elif depthwise:
+        pack, run = nchwc.pack_depthwise, nchwc.depthwise
+    else:
+        pack, run = (lambda a: nchwc.pack_weights(a, in_blocks=cb)), nchwc.conv
+    # a constant weight is packed once, here; one computed at run time (a Cast of the float16
+    # weight ATC's precision modes store) is packed at each call
+    const_pack = pack(w) if w is not None else None
+    const_bias = nchwc.pad_bias(b, m) if b is not None else None
+
+    def numpy_conv(x5, w, b, z, y):
+        if plain:
+            x4 = np.asarray(x5, np.float32)
+        else:
+            x4 = _unblock(x5, cb * nchwc.BLOCK if not depthwise else m)
+        if not depthwise:
+            x4 = x4[:, :cg]
+        oh, ow = y.shape[2:4]
+        win = _windows(x4, k, s, d, pads, (oh, ow), 0.0)
+        if depthwise:
+            r = np.einsum("nchwij,cij->nchw", win, w[:, 0], optimize=True)
+        else:
+            r = np.einsum("nchwij,mcij->nmhw", win, w, optimize=True)
+        if b is not None:
+            r = r + b.reshape(1, m, 1, 1)
+        if z is not None:
+            r = r + _unblock(z, m)
+        if clip is not None:
+            r = np.clip(r, clip[0], clip[1])
+        if act:
+            r = _numpy_act(r, act)
+        return _block(r.astype(np.float32), y)
+
+    def kernel(x, w_in=None, b_in=None, z=None, out=None):
+        y = _out(spec, out)
+        if plain:
+            x = np.ascontiguousarray(x, np.float32)
+        wv = w if w is not None else np.asarray(w_in, np.float32)
+        if wv.shape != w_shape:
+            raise ValueError(f"{spec.describe()}: weight of shape {wv.shape}, the kernel was built for {w_shape}")
+        wpk = const_pack if const_pack is not None else pack(wv)
+        bv = b if b is not None else (None if not has_b or b_in is None else np.asarray(b_in, np.float32).reshape(-1))
+        if bv is not None and bv.shape != (m,):
+            raise ValueError(f"{spec.describe()}: a bias of shape {bv.shape} for {m} channels")
+        bias = const_bias if const_bias is not None else nchwc.pad_bias(bv, m)
+        if not run(x, wpk, y, k, s, d, pads[:2], bias, clip, parallel.native_width(), z, act or None):
+            numpy_conv(x, wv, bv, z, y)
+        return (y,)
+
+    return with_caps(kernel, accepts_out=True, mode="nchwc")
+
+
+def reorder_input_factory(spec: KernelSpec):
+    """NchwcReorderInput(x): NCHW to blocked (the channels past C zeros)."""
+
+    def kernel(x, out=None):
+        y = _out(spec, out)
+        x = np.ascontiguousarray(x, np.float32)
+        if not nchwc.to_blocked(x, y, parallel.native_width()):
+            _block(x, y)
+        return (y,)
+
+    return with_caps(kernel, accepts_out=True, mode="nchwc")
+
+
+def reorder_output_factory(spec: KernelSpec):
+    """NchwcReorderOutput(x5, channels=C): blocked to NCHW."""
+
+    def kernel(x, out=None):
+        y = _out(spec, out)
+        if not nchwc.from_blocked(x, y, parallel.native_width()):
+            y[...] = _unblock(x, y.shape[1])
+        return (y,)
+
+    return with_caps(kernel, accepts_out=True, mode="nchwc")
+
+
+def _pool_factory(kind_of):
+    def factory(spec: KernelSpec):
+        k, s, d, pads = _geometry(spec)
+        kind = kind_of(spec)
+
+        def numpy_pool(x5, y):
+            c = x5.shape[1] * nchwc.BLOCK
+            x4 = _unblock(x5, c)
+            win = _windows(x4, k, s, d, pads, y.shape[2:4], -np.inf if kind == "max" else np.nan)
+            if kind == "max":
+                r = win.max(axis=(4, 5))
+            elif kind == "avg_pad":
+                r = np.nan_to_num(win, nan=0.0).sum(axis=(4, 5)) / (k[0] * k[1])
+            else:
+                r = np.nanmean(win, axis=(4, 5))
+            _block(r.astype(np.float32), y)
+
+        def kernel(x, out=None):
+            y = _out(spec, out)
+            if not nchwc.pool(x, y, kind, k, s, d, pads[:2], parallel.native_width()):
+                numpy_pool(x, y)
+            return (y,)
+
+        return with_caps(kernel, accepts_out=True, mode="nchwc")
+
+    return factory
+
+
+maxpool_factory = _pool_factory(lambda spec: "max")
+avgpool_factory = _pool_factory(lambda spec: "avg_pad" if int(spec.attr("count_include_pad", 0) or 0) else "avg")
+
+
+def global_avgpool_factory(spec: KernelSpec):
+    """NchwcGlobalAveragePool(x5) -> (N, C, 1, 1) in NCHW."""
+
+    def kernel(x, out=None):
+        y = _out(spec, out)
+        n, c = y.shape[:2]
+        full = np.empty((n, x.shape[1] * nchwc.BLOCK), np.float32)
+        if not nchwc.global_average(x, full, parallel.native_width()):
+            full[...] = x.mean(axis=(2, 3), dtype=np.float64).reshape(n, -1)
+        y[...] = full[:, :c].reshape(y.shape)
+        return (y,)
+
+    return with_caps(kernel, accepts_out=True, mode="nchwc")
+
+
+KERNELS = {
+    (DOMAIN, "NchwcConv"): conv_factory,
+    (DOMAIN, "NchwcReorderInput"): reorder_input_factory,
+    (DOMAIN, "NchwcReorderOutput"): reorder_output_factory,
+    (DOMAIN, "NchwcMaxPool"): maxpool_factory,
+    (DOMAIN, "NchwcAveragePool"): avgpool_factory,
+    (DOMAIN, "NchwcGlobalAveragePool"): global_avgpool_factory,
+}

@@ -1,0 +1,213 @@
+"""The cpu backend's nchwc_layout pass on real exporter output (torch.onnx.export of small CNN
+blocks: ResNet's bottleneck, MobileNet/EfficientNet's depthwise + SE, DenseNet's pre-activation
+concat, Inception's branches), each against onnxruntime; the kernels' NumPy form; the ops in an
+.om; and the checks an .om's blocked ops get."""
+
+import io
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from torch import nn
+
+import ge_core as ge
+from ge_core.errors import GraphError
+from ge_sdk import nchwc
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+class Bottleneck(nn.Module):
+    def __init__(self, c, mid, stride=1):
+        super().__init__()
+        self.a = nn.Sequential(nn.Conv2d(c, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU())
+        self.b = nn.Sequential(nn.Conv2d(mid, mid, 3, stride, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU())
+        self.c = nn.Sequential(nn.Conv2d(mid, c * 2, 1, bias=False), nn.BatchNorm2d(c * 2))
+        self.skip = nn.Sequential(nn.Conv2d(c, c * 2, 1, stride, bias=False), nn.BatchNorm2d(c * 2))
+
+    def forward(self, x):
+        return torch.relu(self.c(self.b(self.a(x))) + self.skip(x))
+
+
+class ResNetish(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 32, 7, 2, 3), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        self.blocks = nn.Sequential(Bottleneck(32, 16), Bottleneck(64, 32, 2))
+
+    def forward(self, x):
+        return self.blocks(self.stem(x))
+
+
+class MBConv(nn.Module):
+    """MobileNetV2/EfficientNet: expand, depthwise, squeeze-and-excite, project (+ residual)."""
+
+    def __init__(self, c, e, k=3, stride=1, act=nn.SiLU):
+        super().__init__()
+        self.expand = nn.Sequential(nn.Conv2d(c, e, 1, bias=False), nn.BatchNorm2d(e), act())
+        self.dw = nn.Sequential(nn.Conv2d(e, e, k, stride, k // 2, groups=e, bias=False), nn.BatchNorm2d(e), act())
+        self.se = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(e, 16, 1), act(), nn.Conv2d(16, e, 1), nn.Sigmoid())
+        self.project = nn.Sequential(nn.Conv2d(e, c, 1, bias=False), nn.BatchNorm2d(c))
+        self.residual = stride == 1
+
+    def forward(self, x):
+        h = self.dw(self.expand(x))
+        h = self.project(h * self.se(h))
+        return h + x if self.residual else h
+
+
+class MobileNetish(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 32, 3, 2, 1), nn.BatchNorm2d(32), nn.ReLU6())
+        self.blocks = nn.Sequential(MBConv(32, 96), MBConv(32, 96, 5, 2, nn.Hardswish), MBConv(32, 64, 3, 1, nn.ReLU6))
+
+    def forward(self, x):
+        return self.blocks(self.stem(x))
+
+
+class DenseLayer(nn.Module):
+    def __init__(self, c, growth=16):
+        super().__init__()
+        self.f = nn.Sequential(nn.BatchNorm2d(c), nn.ReLU(), nn.Conv2d(c, 32, 1, bias=False), nn.BatchNorm2d(32),
+                               nn.ReLU(), nn.Conv2d(32, growth, 3, 1, 1, bias=False))
+
+    def forward(self, x):
+        return torch.cat([x, self.f(x)], 1)
+
+
+class DenseNetish(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 3, 1, 1)
+        self.layers = nn.Sequential(DenseLayer(32), DenseLayer(48), DenseLayer(64))
+        self.trans = nn.Sequential(nn.BatchNorm2d(80), nn.ReLU(), nn.Conv2d(80, 48, 1), nn.AvgPool2d(2, 2))
+
+    def forward(self, x):
+        return self.trans(self.layers(self.stem(x))).mean((2, 3))
+
+
+class Inceptionish(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 32, 3, 1, 1), nn.ReLU())
+        self.b1 = nn.Conv2d(32, 16, 1)
+        self.b2 = nn.Sequential(nn.Conv2d(32, 16, 1), nn.ReLU(), nn.Conv2d(16, 32, 3, 1, 1))
+        self.b3 = nn.Sequential(nn.MaxPool2d(3, 1, 1), nn.Conv2d(32, 16, 1))
+        self.b4 = nn.Sequential(nn.AvgPool2d(3, 1, 1, count_include_pad=False), nn.Conv2d(32, 16, 1, dilation=1))
+        self.tail = nn.Conv2d(80, 32, 3, 1, 2, dilation=2)
+
+    def forward(self, x):
+        h = self.stem(x)
+        return torch.relu(self.tail(torch.cat([self.b1(h), self.b2(h), self.b3(h), self.b4(h)], 1)))
+
+
+MODELS = {"resnet": (ResNetish, (2, 3, 40, 36)), "mobilenet": (MobileNetish, (1, 3, 34, 30)),
+          "densenet": (DenseNetish, (1, 3, 20, 18)), "inception": (Inceptionish, (1, 3, 17, 23))}
+
+
+def export(name):
+    cls, shape = MODELS[name]
+    torch.manual_seed(0)
+    m = cls().eval()
+    with torch.no_grad():  # BN statistics away from 0/1, so the folds are exercised
+        for mod in m.modules():
+            if isinstance(mod, nn.BatchNorm2d):
+                mod.running_mean.uniform_(-0.5, 0.5)
+                mod.running_var.uniform_(0.5, 2.0)
+                mod.weight.uniform_(0.5, 1.5)
+                mod.bias.uniform_(-0.3, 0.3)
+    x = torch.randn(shape)
+    buf = io.BytesIO()
+    torch.onnx.export(m, (x,), buf, input_names=["x"], output_names=["y"], opset_version=17, dynamo=False)
+    return buf.getvalue(), x.numpy()
+
+
+def ort_run(blob, x):
+    return ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def op_counts(model):
+    out: dict[str, int] = {}
+    for n in model.graph.node_list():
+        out[n.op_type] = out.get(n.op_type, 0) + 1
+    return out
+
+
+def plane_reorders(model, op):
+    """Reorders of whole planes (an SE block's (N, C, 1, 1) scale enters the layout too: 1 pixel)."""
+    return sum(1 for n in model.graph.node_list()
+               if n.op_type == op and tuple(n.inputs[0].type.shape[2:4]) != (1, 1))
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("threads", [1, 2])
+def test_blocked_layout_matches_onnxruntime(name, threads):
+    blob, x = export(name)
+    model = ge.compile(ge.load(blob), {"threads": threads})
+    want = ort_run(blob, x)
+    got = model.run({"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+    ops = op_counts(model)
+    if nchwc.available():
+        # every convolution but the 3-channel stem (and the SE block's 1x1 ones on a 1x1 plane)
+        # runs blocked; the layout is entered and left once (densenet's mean: a reorder back)
+        assert ops.get("NchwcConv", 0) >= {"resnet": 8, "mobilenet": 9, "densenet": 7, "inception": 6}[name], ops
+        assert plane_reorders(model, "NchwcReorderInput") <= 1, ops
+        assert plane_reorders(model, "NchwcReorderOutput") <= 1, ops
+    else:  # the pass leaves the graph alone where the kernels do not run
+        assert not any(op.startswith("Nchwc") for op in ops), ops
+
+
+def test_thread_counts_give_the_same_result():
+    blob, x = export("resnet")
+    outs = [ge.compile(ge.load(blob), {"threads": t}).run({"x": x})["y"] for t in (1, 2, 3)]
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+
+
+def test_the_pass_can_be_switched_off_by_name():
+    blob, x = export("mobilenet")
+    off = ge.compile(ge.load(blob), {"disabled_passes": ["nchwc_layout"]})
+    assert not any(op.startswith("Nchwc") for op in op_counts(off))
+    np.testing.assert_allclose(off.run({"x": x})["y"], ort_run(blob, x), rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.skipif(not nchwc.available(), reason="needs the blocked kernels to compile the blocked ops")
+@pytest.mark.parametrize("name", ["resnet", "mobilenet", "inception"])
+def test_numpy_form_of_the_blocked_ops_matches(name, monkeypatch):
+    """An .om made where the AVX-512 kernels run, run where they do not: the NumPy forms."""
+    blob, x = export(name)
+    model = ge.compile(ge.load(blob))
+    fast = model.run({"x": x})["y"]
+    import ge_sdk.nchwc as mod
+
+    monkeypatch.setattr(mod, "_mod", lambda: None)
+    slow = ge.compile(ge.load(blob), {"disabled_passes": []})  # (compiled again: no blocked ops now)
+    assert not any(op.startswith("Nchwc") for op in op_counts(slow))
+    again = model.run({"x": x})["y"]  # the blocked ops, every kernel on its NumPy form
+    np.testing.assert_allclose(again, fast, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not nchwc.available(), reason="needs the blocked kernels to compile the blocked ops")
+def test_om_round_trip_and_its_blocked_ops_are_checked(tmp_path):
+    blob, x = export("mobilenet")
+    model = ge.compile(ge.load(blob))
+    path = model.save(tmp_path / "m.om")
+    loaded = ge.load_om(path)
+    assert any(n.op_type == "NchwcConv" for n in loaded.graph.node_list())
+    np.testing.assert_array_equal(loaded.run({"x": x})["y"], model.run({"x": x})["y"])
+    from ge_core.plugins import registries
+
+    ops = registries().ops
+    node = next(n for n in loaded.graph.node_list() if n.op_type == "NchwcConv")
+    for attr, bad in (("activation", "exec"), ("strides", [0, 1]), ("pads", [1, 1, -1, 1]), ("clip_min", "0")):
+        saved = node.attrs.get(attr)
+        node.attrs[attr] = bad
+        with pytest.raises(GraphError, match="NchwcConv"):
+            ops.check_node(node)
+        if saved is None:
+            del node.attrs[attr]
+        else:
+            node.attrs[attr] = saved
+    ops.check_node(node)
