@@ -90,12 +90,16 @@ def build_real(name: str):
 
 def conv_kind(node, mode: str) -> str:
     """The convolution algorithm a profiled node ran (None for other ops)."""
-    if node.op_type not in ("Conv", "FusedConv"):
+    if node.op_type not in ("Conv", "FusedConv", "NchwcConv"):
         return ""
     if mode == "winograd":
         return "winograd"
     w = node.inputs[1].type.shape if len(node.inputs) > 1 and node.inputs[1] is not None else None
     group = int(node.attrs.get("group", 1) or 1)
+    if node.op_type == "NchwcConv":  # the blocked layout's direct kernels
+        if group > 1:
+            return "nchwc depthwise"
+        return "nchwc 1x1" if w is not None and all(k == 1 for k in w[2:]) else "nchwc direct"
     if w is not None and len(w) >= 3 and all(k == 1 for k in w[2:]) and not any(node.attrs.get("pads") or ()):
         return "1x1 gemm"
     if group > 1 and w is not None and w[1] == 1:
@@ -120,7 +124,8 @@ def conv_profile(blob: bytes, feeds: dict) -> str:
         e = per.setdefault(kind or "other ops", [0.0, 0])
         e[0] += row["seconds"]
         e[1] += 1
-    order = ["winograd", "1x1 gemm", "im2col gemm", "depthwise", "grouped", "other ops"]
+    order = ["nchwc direct", "nchwc 1x1", "nchwc depthwise", "winograd", "1x1 gemm", "im2col gemm", "depthwise",
+             "grouped", "other ops"]
     return ", ".join(f"{k} {per[k][0] * 1e3:.2f} ms ({per[k][1]})" for k in order if k in per)
 
 

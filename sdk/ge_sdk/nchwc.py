@@ -93,7 +93,7 @@ NC_AI int64_t nc_off(const nc_ctx *q, int64_t img, int64_t ob, int64_t oh, int64
 NC_AI void nc_put(const nc_ctx *q, const __m512 *acc, int stride, const int PC, int64_t img, int64_t ob,
                   int64_t oh, int64_t ow0) {
     int64_t off = nc_off(q, img, ob, oh, ow0);
-#pragma GCC unroll 12
+#pragma GCC unroll 24
     for (int p = 0; p < PC; p++) _mm512_storeu_ps(q->y + off + p * 16, acc[p * stride]);
     if (q->has_bias || q->z || q->clip || q->act) nc_epi(q, ob, off, PC);
 }
@@ -103,9 +103,9 @@ NC_AI void nc_put(const nc_ctx *q, const __m512 *acc, int stride, const int PC, 
    g * 4 * cb * kh * kw * 256 on. */
 NC_AI void nc_tile(const nc_ctx *q, int64_t img, int64_t g, int64_t oh, int64_t ow0, const int PC, const int FB,
                    const int CHECKED, const int S1, int64_t cb0, int64_t cb1) {
-    __m512 acc[8][4];
+    __m512 acc[24][4];
     if (cb0 == 0) {
-#pragma GCC unroll 8
+#pragma GCC unroll 24
         for (int p = 0; p < PC; p++)
 #pragma GCC unroll 4
             for (int f = 0; f < FB; f++) acc[p][f] = _mm512_setzero_ps();
@@ -113,7 +113,7 @@ NC_AI void nc_tile(const nc_ctx *q, int64_t img, int64_t g, int64_t oh, int64_t 
 #pragma GCC unroll 4
         for (int f = 0; f < FB; f++) {
             const float *y = q->y + nc_off(q, img, g * 4 + f, oh, ow0);
-#pragma GCC unroll 8
+#pragma GCC unroll 24
             for (int p = 0; p < PC; p++) acc[p][f] = _mm512_loadu_ps(y + p * 16);
         }
     }
@@ -132,8 +132,8 @@ NC_AI void nc_tile(const nc_ctx *q, int64_t img, int64_t g, int64_t oh, int64_t 
                 const float *wp = wr + kw * FB * 256;
                 /* the pixels' inputs: at stride 1 one base and constant offsets; else a pointer
                    each (offsets p * sx + ci computed per step would be reloaded from the stack) */
-                const float *xq[8];
-#pragma GCC unroll 8
+                const float *xq[24];
+#pragma GCC unroll 24
                 for (int p = 0; p < PC; p++) xq[p] = xp + (S1 ? p * 16 : p * sx);
 #pragma GCC unroll 4
                 for (int ci = 0; ci < 16; ci++) {
@@ -144,7 +144,7 @@ NC_AI void nc_tile(const nc_ctx *q, int64_t img, int64_t g, int64_t oh, int64_t 
                         if (!CHECKED) _mm_prefetch((const char *)(wp + (ci * FB + f) * 16 + 512 * FB), _MM_HINT_T0);
                         wv[f] = _mm512_loadu_ps(wp + (ci * FB + f) * 16);
                     }
-#pragma GCC unroll 8
+#pragma GCC unroll 24
                     for (int p = 0; p < PC; p++) {
                         __m512 b = _mm512_set1_ps(S1 ? xp[p * 16 + ci] : xq[p][ci]);
 #pragma GCC unroll 4
@@ -161,7 +161,7 @@ NC_AI void nc_tile(const nc_ctx *q, int64_t img, int64_t g, int64_t oh, int64_t 
 #pragma GCC unroll 4
         for (int f = 0; f < FB; f++) {
             float *y = q->y + nc_off(q, img, g * 4 + f, oh, ow0);
-#pragma GCC unroll 8
+#pragma GCC unroll 24
             for (int p = 0; p < PC; p++) _mm512_storeu_ps(y + p * 16, acc[p][f]);
         }
     }
@@ -197,6 +197,8 @@ NC_AI void nc_rows_fb(const nc_ctx *q, int64_t img, int64_t g, int64_t r0, int64
             for (; ow < lo; ow++) nc_tile(q, img, g, oh, ow, 1, FB, 1, 0, cb0, cb1);
             for (; ow + PCMAX <= hi; ow += PCMAX) nc_tile(q, img, g, oh, ow, PCMAX, FB, 0, S1, cb0, cb1);
             int64_t r = hi - ow;
+            /* (a wide tile's rest: 8 pixels at a time, then fewer) */
+            for (; PCMAX > 8 && r >= 8; r -= 8, ow += 8) nc_tile(q, img, g, oh, ow, PCMAX > 8 ? 8 : 1, FB, 0, S1, cb0, cb1);
             if (r > 0) { NC_REST(FB, PCMAX, S1) }
             for (ow = hi; ow < c1; ow++) nc_tile(q, img, g, oh, ow, 1, FB, 1, 0, cb0, cb1);
         }
@@ -213,12 +215,13 @@ static void nc_conv_task(void *ctx, int64_t t, int slot) {
     int64_t c0 = ch * q->chunk, c1 = c0 + q->chunk < q->ow ? c0 + q->chunk : q->ow;
     int64_t fb = q->mb - g * 4 < 4 ? q->mb - g * 4 : 4;
     /* (stride 1, the common case: one input pointer and constant offsets for the pixels) */
+    /* (the fewer output blocks, the more pixels a tile: 24 sums in registers whatever FB) */
     if (q->sw == 1) {
         switch (fb) {
         case 4: nc_rows_fb(q, img, g, r0, r1, c0, c1, 4, 6, 1); break;
         case 3: nc_rows_fb(q, img, g, r0, r1, c0, c1, 3, 8, 1); break;
-        case 2: nc_rows_fb(q, img, g, r0, r1, c0, c1, 2, 8, 1); break;
-        default: nc_rows_fb(q, img, g, r0, r1, c0, c1, 1, 8, 1); break;
+        case 2: nc_rows_fb(q, img, g, r0, r1, c0, c1, 2, 12, 1); break;
+        default: nc_rows_fb(q, img, g, r0, r1, c0, c1, 1, 24, 1); break;
         }
     } else {
         switch (fb) {
@@ -502,7 +505,9 @@ static PyObject *nc_conv_any(PyObject *const *args, Py_ssize_t n, int dw) {
        on both sides first, so every tile is a whole one (pixels one at a time, there, cost
        a third of a 7x7 plane's row) */
     float *padded = NULL;
-    if (q.lo_w > 0 || q.hi_w < q.ow) {
+    /* (not for a depthwise one: its border pixels cost little one at a time, and the copy of a
+       large plane as much as the convolution) */
+    if (!dw && (q.lo_w > 0 || q.hi_w < q.ow)) {
         int64_t wp = (q.ow - 1) * q.sw + (q.kw - 1) * q.dw + 1;
         if (wp < q.wd + q.pl) wp = q.wd + q.pl;
         int64_t rows = q.n * q.cb * q.h, size = ge_prod(rows, wp, 16, 1);
