@@ -1701,7 +1701,8 @@ class CodegenTarget(Target):
             self.seeds.append((n, d, blob))
         ops = registries().ops
         self.internal = sorted((d.domain, d.op_type) for d in ops.values() if d.internal)
-        assert self.internal and ops.internal_domains() == {"ge.fused"}, ops.internal_domains()
+        # the fusion plugin's generated kernels and the CPU backend's blocked-layout ops
+        assert self.internal and ops.internal_domains() == {"ge.fused", "ge.cpu"}, ops.internal_domains()
         from ge_fusion import codegen
 
         self.step_ops = sorted(codegen.OPS)

@@ -32,8 +32,8 @@ API_CASES = [(n, f) for n in APPS for f in ("pb", "saved_model")
 def test_app_api(keras_app, name, fmt):
     app = keras_app(name)
     model = ge.compile(app[fmt], {"framework": 3})
-    # convolutions, on their own or fused with what follows them
-    assert sum(n for op, n in model.report["op_counts"].items() if op.split("::")[-1] in ("Conv", "FusedConv")) > 0
+    # convolutions, on their own, fused with what follows them, or in the blocked layout
+    assert sum(n for op, n in model.report["op_counts"].items() if op.split("::")[-1] in ("Conv", "FusedConv", "NchwcConv")) > 0
     _check(model, app["x"], app["ref"])
 
 
