@@ -5,7 +5,8 @@ the GEMM's pack) at every layer. The pass keeps the activations between such lay
 blocked layout ``(N, C/16, H, W, 16)`` (onnxruntime's NCHWc transformer, GE's NC1HWC0), where
 :mod:`ge_sdk.nchwc`'s direct kernels read them in place, and converts only at the edges:
 
-- ``NchwcConv`` (an ungrouped or depthwise 2-D Conv/FusedConv with constant weights, its
+- ``NchwcConv`` (an ungrouped, depthwise or grouped (whole blocks a group) 2-D Conv/FusedConv
+  with constant weights, its
   epilogue of a residual, a clip and an activation kept), ``NchwcMaxPool``,
   ``NchwcAveragePool``, and the elementwise ops between them (Relu, Sigmoid, Clip, Add, Mul,
   ... on 5-D values: a ``(N, C, 1, 1)`` operand, an SE block's scale, is reordered too and
@@ -131,7 +132,10 @@ def _conv_plan(node: Node) -> dict | None:
     plain = c % BLOCK != 0 and c <= PLAIN_MAX_CHANNELS and group == 1
     if (c % BLOCK and not plain) or m % BLOCK:
         return None
-    if group != 1 and not (group == c == m and wv.shape[1] == 1):
+    depthwise = group == c == m and wv.shape[1] == 1
+    # a grouped one (RegNet's, ResNeXt's): each group's input and output channels whole blocks
+    whole_groups = group > 1 and wv.shape[1] * group == c and c % (group * BLOCK) == 0 and m % (group * BLOCK) == 0
+    if group != 1 and not (depthwise or whole_groups):
         return None
     if group == 1 and wv.shape[1] != c:
         return None

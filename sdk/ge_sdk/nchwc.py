@@ -9,6 +9,8 @@ pixel are one vector, so a direct kernel reads its inputs in place:
   output channels (24-32 sums in registers) over ``C x KH x KW``: per input channel, 4 weight
   vectors and one broadcast input value per pixel, no copy of the activation; pixels whose window
   crosses the border run one at a time with the taps outside skipped (zero padding);
+- grouped convolutions whose groups are whole blocks (RegNet's, ResNeXt's) the same way, each
+  tile group inside one convolution group, reading that group's input blocks only;
 - :func:`depthwise`: a tile of up to 12 pixels of one block, a vector multiply-add per tap;
 - the epilogue at the store, as GE's GEMM has it (:mod:`ge_sdk.sgemm`): a bias per channel, an
   addend of the output's layout (a residual), a clip, an activation;
@@ -61,7 +63,8 @@ typedef struct {
     int64_t mb, oh, ow;                   /* output: mb blocks of (oh, ow, 16) */
     int64_t kh, kw, sh, sw, dh, dw, pt, pl;
     int64_t lo_w, hi_w;                   /* output columns [lo_w, hi_w) whose taps all lie inside the row */
-    int64_t has_bias, clip, act, groups;
+    int64_t has_bias, clip, act, groups;  /* groups: tile groups (of up to 4 output blocks) */
+    int64_t cg, gib, gob, tpg;            /* convolution groups of gib input and gob output blocks, tpg tile groups each */
     int64_t chunk, chunks;                /* a task's output columns: chunks of chunk columns a row */
     int64_t rblk;                         /* ... and rows: blocks of rblk rows */
     float lo, hi;
@@ -98,11 +101,12 @@ NC_AI void nc_put(const nc_ctx *q, const __m512 *acc, int stride, const int PC, 
     if (q->has_bias || q->z || q->clip || q->act) nc_epi(q, ob, off, PC);
 }
 
-/* PC output pixels (ow0 ...) of row oh times FB output blocks of group g; CHECKED (PC 1): taps
-   outside the row are skipped. The weight of group g: (cb, kh, kw, 16 in, FB * 16 out) from
-   g * 4 * cb * kh * kw * 256 on. */
-NC_AI void nc_tile(const nc_ctx *q, int64_t img, int64_t g, int64_t oh, int64_t ow0, const int PC, const int FB,
-                   const int CHECKED, const int S1, int64_t cb0, int64_t cb1) {
+/* PC output pixels (ow0 ...) of row oh times FB output blocks from ob0, over the input blocks
+   [ib0 + cb0, ib0 + cb1) of their convolution group; CHECKED (PC 1): taps outside the row are
+   skipped. The weight of the tile group: (gib, kh, kw, 16 in, FB * 16 out) from
+   ob0 * gib * kh * kw * 256 on. */
+NC_AI void nc_tile(const nc_ctx *q, int64_t img, int64_t ob0, int64_t ib0, int64_t oh, int64_t ow0, const int PC,
+                   const int FB, const int CHECKED, const int S1, int64_t cb0, int64_t cb1) {
     __m512 acc[24][4];
     if (cb0 == 0) {
 #pragma GCC unroll 24
@@ -112,18 +116,18 @@ NC_AI void nc_tile(const nc_ctx *q, int64_t img, int64_t g, int64_t oh, int64_t 
     } else {  /* the sums of the input blocks before cb0, stored by the previous batch */
 #pragma GCC unroll 4
         for (int f = 0; f < FB; f++) {
-            const float *y = q->y + nc_off(q, img, g * 4 + f, oh, ow0);
+            const float *y = q->y + nc_off(q, img, ob0 + f, oh, ow0);
 #pragma GCC unroll 24
             for (int p = 0; p < PC; p++) acc[p][f] = _mm512_loadu_ps(y + p * 16);
         }
     }
     const int64_t sx = q->sw * 16;
-    const float *wg = q->w + g * 4 * q->cb * q->kh * q->kw * 256;
+    const float *wg = q->w + ob0 * q->gib * q->kh * q->kw * 256;
     for (int64_t cb = cb0; cb < cb1; cb++) {
         for (int64_t kh = 0; kh < q->kh; kh++) {
             int64_t ih = oh * q->sh - q->pt + kh * q->dh;
             if (ih < 0 || ih >= q->h) continue;
-            const float *xr = q->x + ((img * q->cb + cb) * q->h + ih) * q->wd * 16;
+            const float *xr = q->x + ((img * q->cb + ib0 + cb) * q->h + ih) * q->wd * 16;
             const float *wr = wg + (cb * q->kh + kh) * q->kw * FB * 256;
             for (int64_t kw = 0; kw < q->kw; kw++) {
                 int64_t iw0 = ow0 * q->sw - q->pl + kw * q->dw;
@@ -154,13 +158,13 @@ NC_AI void nc_tile(const nc_ctx *q, int64_t img, int64_t g, int64_t oh, int64_t 
             }
         }
     }
-    if (cb1 == q->cb) {
+    if (cb1 == q->gib) {
 #pragma GCC unroll 4
-        for (int f = 0; f < FB; f++) nc_put(q, &acc[0][f], 4, PC, img, g * 4 + f, oh, ow0);
+        for (int f = 0; f < FB; f++) nc_put(q, &acc[0][f], 4, PC, img, ob0 + f, oh, ow0);
     } else {
 #pragma GCC unroll 4
         for (int f = 0; f < FB; f++) {
-            float *y = q->y + nc_off(q, img, g * 4 + f, oh, ow0);
+            float *y = q->y + nc_off(q, img, ob0 + f, oh, ow0);
 #pragma GCC unroll 24
             for (int p = 0; p < PC; p++) _mm512_storeu_ps(y + p * 16, acc[p][f]);
         }
@@ -169,13 +173,13 @@ NC_AI void nc_tile(const nc_ctx *q, int64_t img, int64_t g, int64_t oh, int64_t 
 
 #define NC_REST(FB, PCMAX, S1)                                                                            \
     switch (r) {                                                                                      \
-    case 1: nc_tile(q, img, g, oh, ow, 1, FB, 0, S1, cb0, cb1); break;                                              \
-    case 2: nc_tile(q, img, g, oh, ow, 2, FB, 0, S1, cb0, cb1); break;                                              \
-    case 3: nc_tile(q, img, g, oh, ow, 3, FB, 0, S1, cb0, cb1); break;                                              \
-    case 4: if (PCMAX > 4) nc_tile(q, img, g, oh, ow, 4, FB, 0, S1, cb0, cb1); break;                               \
-    case 5: if (PCMAX > 5) nc_tile(q, img, g, oh, ow, 5, FB, 0, S1, cb0, cb1); break;                               \
-    case 6: if (PCMAX > 6) nc_tile(q, img, g, oh, ow, 6, FB, 0, S1, cb0, cb1); break;                               \
-    case 7: if (PCMAX > 7) nc_tile(q, img, g, oh, ow, 7, FB, 0, S1, cb0, cb1); break;                               \
+    case 1: nc_tile(q, img, ob0, ib0, oh, ow, 1, FB, 0, S1, cb0, cb1); break;                                              \
+    case 2: nc_tile(q, img, ob0, ib0, oh, ow, 2, FB, 0, S1, cb0, cb1); break;                                              \
+    case 3: nc_tile(q, img, ob0, ib0, oh, ow, 3, FB, 0, S1, cb0, cb1); break;                                              \
+    case 4: if (PCMAX > 4) nc_tile(q, img, ob0, ib0, oh, ow, 4, FB, 0, S1, cb0, cb1); break;                               \
+    case 5: if (PCMAX > 5) nc_tile(q, img, ob0, ib0, oh, ow, 5, FB, 0, S1, cb0, cb1); break;                               \
+    case 6: if (PCMAX > 6) nc_tile(q, img, ob0, ib0, oh, ow, 6, FB, 0, S1, cb0, cb1); break;                               \
+    case 7: if (PCMAX > 7) nc_tile(q, img, ob0, ib0, oh, ow, 7, FB, 0, S1, cb0, cb1); break;                               \
     default: break;                                                                                   \
     }
 
@@ -183,29 +187,30 @@ NC_AI void nc_tile(const nc_ctx *q, int64_t img, int64_t g, int64_t oh, int64_t 
    weights (cbb blocks x taps x 16 x FB * 16) stay in L1 while the tiles sweep every row of the
    task (the weights come from memory once a task, the sums go through the output between
    batches); in a row the border pixels one at a time (checked), the inside in tiles of PCMAX */
-NC_AI void nc_rows_fb(const nc_ctx *q, int64_t img, int64_t g, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
-                      const int FB, const int PCMAX, const int S1) {
+NC_AI void nc_rows_fb(const nc_ctx *q, int64_t img, int64_t ob0, int64_t ib0, int64_t r0, int64_t r1, int64_t c0,
+                      int64_t c1, const int FB, const int PCMAX, const int S1) {
     int64_t lo = q->lo_w > c0 ? q->lo_w : c0, hi = q->hi_w < c1 ? q->hi_w : c1;
     if (lo > c1) lo = c1;
     if (hi < lo) hi = lo;
     int64_t cbb = 8192 / (q->kh * q->kw * 256 * FB);
     if (cbb < 1) cbb = 1;
-    for (int64_t cb0 = 0; cb0 < q->cb; cb0 += cbb) {
-        int64_t cb1 = cb0 + cbb < q->cb ? cb0 + cbb : q->cb;
+    for (int64_t cb0 = 0; cb0 < q->gib; cb0 += cbb) {
+        int64_t cb1 = cb0 + cbb < q->gib ? cb0 + cbb : q->gib;
         for (int64_t oh = r0; oh < r1; oh++) {
             int64_t ow = c0;
-            for (; ow < lo; ow++) nc_tile(q, img, g, oh, ow, 1, FB, 1, 0, cb0, cb1);
-            for (; ow + PCMAX <= hi; ow += PCMAX) nc_tile(q, img, g, oh, ow, PCMAX, FB, 0, S1, cb0, cb1);
+            for (; ow < lo; ow++) nc_tile(q, img, ob0, ib0, oh, ow, 1, FB, 1, 0, cb0, cb1);
+            for (; ow + PCMAX <= hi; ow += PCMAX) nc_tile(q, img, ob0, ib0, oh, ow, PCMAX, FB, 0, S1, cb0, cb1);
             int64_t r = hi - ow;
             /* (a wide tile's rest: 8 pixels at a time, then fewer) */
-            for (; PCMAX > 8 && r >= 8; r -= 8, ow += 8) nc_tile(q, img, g, oh, ow, PCMAX > 8 ? 8 : 1, FB, 0, S1, cb0, cb1);
+            for (; PCMAX > 8 && r >= 8; r -= 8, ow += 8) nc_tile(q, img, ob0, ib0, oh, ow, PCMAX > 8 ? 8 : 1, FB, 0, S1, cb0, cb1);
             if (r > 0) { NC_REST(FB, PCMAX, S1) }
-            for (ow = hi; ow < c1; ow++) nc_tile(q, img, g, oh, ow, 1, FB, 1, 0, cb0, cb1);
+            for (ow = hi; ow < c1; ow++) nc_tile(q, img, ob0, ib0, oh, ow, 1, FB, 1, 0, cb0, cb1);
         }
     }
 }
 
-/* task t: (image, group of 4 output blocks, block of rblk rows, chunk of columns) */
+/* task t: (image, tile group of up to 4 output blocks of one convolution group, block of rblk
+   rows, chunk of columns) */
 static void nc_conv_task(void *ctx, int64_t t, int slot) {
     const nc_ctx *q = (const nc_ctx *)ctx;
     (void)slot;
@@ -213,22 +218,23 @@ static void nc_conv_task(void *ctx, int64_t t, int slot) {
     int64_t img = t / per_img, r = t % per_img, g = r / per_g, b = (r % per_g) / q->chunks, ch = r % q->chunks;
     int64_t r0 = b * q->rblk, r1 = r0 + q->rblk < q->oh ? r0 + q->rblk : q->oh;
     int64_t c0 = ch * q->chunk, c1 = c0 + q->chunk < q->ow ? c0 + q->chunk : q->ow;
-    int64_t fb = q->mb - g * 4 < 4 ? q->mb - g * 4 : 4;
+    int64_t cgi = g / q->tpg, f0 = (g % q->tpg) * 4, ob0 = cgi * q->gob + f0, ib0 = cgi * q->gib;
+    int64_t fb = q->gob - f0 < 4 ? q->gob - f0 : 4;
     /* (stride 1, the common case: one input pointer and constant offsets for the pixels) */
     /* (the fewer output blocks, the more pixels a tile: 24 sums in registers whatever FB) */
     if (q->sw == 1) {
         switch (fb) {
-        case 4: nc_rows_fb(q, img, g, r0, r1, c0, c1, 4, 6, 1); break;
-        case 3: nc_rows_fb(q, img, g, r0, r1, c0, c1, 3, 8, 1); break;
-        case 2: nc_rows_fb(q, img, g, r0, r1, c0, c1, 2, 12, 1); break;
-        default: nc_rows_fb(q, img, g, r0, r1, c0, c1, 1, 24, 1); break;
+        case 4: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 4, 6, 1); break;
+        case 3: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 3, 8, 1); break;
+        case 2: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 2, 12, 1); break;
+        default: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 1, 24, 1); break;
         }
     } else {
         switch (fb) {
-        case 4: nc_rows_fb(q, img, g, r0, r1, c0, c1, 4, 6, 0); break;
-        case 3: nc_rows_fb(q, img, g, r0, r1, c0, c1, 3, 8, 0); break;
-        case 2: nc_rows_fb(q, img, g, r0, r1, c0, c1, 2, 8, 0); break;
-        default: nc_rows_fb(q, img, g, r0, r1, c0, c1, 1, 8, 0); break;
+        case 4: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 4, 6, 0); break;
+        case 3: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 3, 8, 0); break;
+        case 2: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 2, 8, 0); break;
+        default: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 1, 8, 0); break;
         }
     }
 }
@@ -464,16 +470,23 @@ static void nc_pad_task(void *ctx, int64_t t, int slot) {
 }
 
 /* y = act(clip(conv(x, w) + bias + z)): (x, w packed (1-D), y, bias, has_bias, clip, lo, hi,
-   threads, z or None, act, geometry); depthwise when dw is 1 (w (cb, kh, kw, 16), mb == cb) */
+   threads, z or None, act, geometry[, convolution groups]); depthwise when dw is 1 (w (cb, kh,
+   kw, 16), mb == cb); else the groups (whole blocks each) last */
 static PyObject *nc_conv_any(PyObject *const *args, Py_ssize_t n, int dw) {
     nc_ctx q;
     memset(&q, 0, sizeof(q));
     int64_t width, wn;
-    if (ge_nargs(n, 12) || nc_geometry(args, 11, &q) || nc_arrays(args, &q, -1)) return NULL;
+    if (ge_nargs(n, dw ? 12 : 13) || nc_geometry(args, 11, &q) || nc_arrays(args, &q, -1)) return NULL;
     if (nc_epilogue(args, &q, &width)) return NULL;
+    q.cg = 1;
+    if (!dw && ge_int(args, 12, 1, 1 << 20, &q.cg)) return NULL;
+    if (q.cb % q.cg || q.mb % q.cg) return ge_fail();
     q.w = (const float *)ge_vec(args, 1, NPY_FLOAT, 0, &wn);
     if (!q.w) return NULL;
-    q.groups = (q.mb + 3) / 4;
+    q.gib = q.cb / q.cg;
+    q.gob = q.mb / q.cg;
+    q.tpg = (q.gob + 3) / 4;
+    q.groups = q.cg * q.tpg;
     q.chunk = q.ow > 0 ? q.ow : 1;
     q.chunks = 1;
     if (!dw && q.kh == 1 && q.kw == 1 && q.sh == 1 && q.sw == 1 && q.pt == 0 && q.pl == 0 && q.oh == q.h && q.ow == q.wd) {
@@ -497,7 +510,7 @@ static PyObject *nc_conv_any(PyObject *const *args, Py_ssize_t n, int dw) {
             q.chunks = (q.ow + q.chunk - 1) / q.chunk;
         }
     }
-    int64_t need = dw ? ge_prod(q.cb, q.kh, q.kw, 16) : ge_prod(q.mb * 16, q.cb * 16, q.kh, q.kw);
+    int64_t need = dw ? ge_prod(q.cb, q.kh, q.kw, 16) : ge_prod(q.mb * 16, q.gib * 16, q.kh, q.kw);
     if ((dw && q.mb != q.cb) || need < 0 || wn != need) return ge_fail();
     if (q.n <= 0 || q.mb <= 0 || q.oh <= 0 || q.ow <= 0) Py_RETURN_NONE;
 #if defined(__AVX512F__)
@@ -682,11 +695,17 @@ def blocked_shape(shape: tuple) -> tuple:
     return (n, blocks(c), h, w, BLOCK)
 
 
-def pack_weights(w: np.ndarray, in_blocks: int | None = None) -> np.ndarray:
+def pack_weights(w: np.ndarray, in_blocks: int | None = None, groups: int = 1) -> np.ndarray:
     """A convolution's ``(M, C, KH, KW)`` weight as :func:`conv` reads it (1-D float32): groups of
     :data:`GROUP` output blocks, each ``(cb, kh, kw, 16 in, FB * 16 out)``; the channels past M and
-    C (up to ``in_blocks`` blocks) are zeros."""
+    C (up to ``in_blocks`` blocks) are zeros. A grouped one (``groups`` > 1, ``C`` the channels of a
+    group): each group's output channels packed so in turn (M and C whole blocks a group)."""
     m, c, kh, kw = w.shape
+    if groups > 1:
+        if m % (groups * BLOCK) or c % BLOCK:
+            raise ValueError(f"a grouped weight {w.shape} needs whole blocks of {BLOCK} channels a group")
+        step = m // groups
+        return np.concatenate([pack_weights(w[i * step:(i + 1) * step]) for i in range(groups)])
     mb, cb = blocks(m), max(blocks(c), int(in_blocks or 0))
     full = np.zeros((mb * BLOCK, cb * BLOCK, kh, kw), np.float32)
     full[:m, :c] = w
@@ -737,7 +756,7 @@ def _geometry(kernel, strides, dilations, pads) -> np.ndarray:
 
 
 def _conv_call(entry, x5, wpk, out5, kernel, strides, dilations, pads, bias, clip, width, addend, act,
-               x_ndim: int = 5) -> bool:
+               x_ndim: int = 5, groups: int | None = None) -> bool:
     mod = _mod()
     if mod is None or act not in (None, *ACTIVATIONS):
         return False
@@ -752,7 +771,7 @@ def _conv_call(entry, x5, wpk, out5, kernel, strides, dilations, pads, bias, cli
     try:
         getattr(mod, entry)(x5, wpk, out5, _NO_BIAS if bias is None else bias, int(bias is not None),
                             int(clip is not None), lo, hi, max(1, int(width)), addend, ACTIVATIONS.get(act or "", 0),
-                            _geometry(kernel, strides, dilations, pads))
+                            _geometry(kernel, strides, dilations, pads), *(() if groups is None else (int(groups),)))
     except (TypeError, ValueError):
         return False
     return True
@@ -761,11 +780,13 @@ def _conv_call(entry, x5, wpk, out5, kernel, strides, dilations, pads, bias, cli
 def conv(x5: np.ndarray, wpk: np.ndarray, out5: np.ndarray, kernel: tuple[int, int], strides: tuple[int, int],
          dilations: tuple[int, int], pads: tuple[int, int], bias: np.ndarray | None = None,
          clip: tuple[float, float] | None = None, width: int = 1, addend: np.ndarray | None = None,
-         act: str | None = None) -> bool:
+         act: str | None = None, groups: int = 1) -> bool:
     """``out5 = act(clip(conv(x5) + bias + addend))`` on blocked arrays (``wpk`` from
     :func:`pack_weights`, ``bias`` from :func:`pad_bias`; ``pads`` top and left: the taps outside
-    the input are zeros). False (nothing done) when the arrays or the geometry do not fit."""
-    return _conv_call("nc_conv", x5, wpk, out5, kernel, strides, dilations, pads, bias, clip, width, addend, act)
+    the input are zeros; ``groups``: a grouped convolution, whole blocks a group). False (nothing
+    done) when the arrays or the geometry do not fit."""
+    return _conv_call("nc_conv", x5, wpk, out5, kernel, strides, dilations, pads, bias, clip, width, addend, act,
+                      groups=groups)
 
 
 def conv_plain(x4: np.ndarray, wpk: np.ndarray, out5: np.ndarray, kernel: tuple[int, int], strides: tuple[int, int],

@@ -103,8 +103,41 @@ class Inceptionish(nn.Module):
         return torch.relu(self.tail(torch.cat([self.b1(h), self.b2(h), self.b3(h), self.b4(h)], 1)))
 
 
+class YBlock(nn.Module):
+    """RegNetY's block: 1x1, a grouped 3x3 of group width gw, squeeze-and-excite, 1x1 (+ skip)."""
+
+    def __init__(self, c, w, gw, stride=1):
+        super().__init__()
+        self.a = nn.Sequential(nn.Conv2d(c, w, 1, bias=False), nn.BatchNorm2d(w), nn.ReLU())
+        self.b = nn.Sequential(nn.Conv2d(w, w, 3, stride, 1, groups=w // gw, bias=False), nn.BatchNorm2d(w), nn.ReLU())
+        self.se = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(w, c // 4, 1), nn.ReLU(), nn.Conv2d(c // 4, w, 1),
+                                nn.Sigmoid())
+        self.c = nn.Sequential(nn.Conv2d(w, w, 1, bias=False), nn.BatchNorm2d(w))
+        self.skip = nn.Sequential(nn.Conv2d(c, w, 1, stride, bias=False), nn.BatchNorm2d(w)) if stride > 1 or c != w \
+            else nn.Identity()
+
+    def forward(self, x):
+        h = self.b(self.a(x))
+        return torch.relu(self.c(h * self.se(h)) + self.skip(x))
+
+
+class RegNetish(nn.Module):
+    """Grouped convolutions of 64 and 32 channels a group (the blocked kernels'), then one of 8
+    (not whole blocks: it stays NCHW, after the layout is left)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
+        self.blocks = nn.Sequential(YBlock(32, 128, 64, 2), YBlock(128, 128, 64), YBlock(128, 96, 32, 2))
+        self.tail = nn.Conv2d(96, 48, 3, 1, 1, groups=12)
+
+    def forward(self, x):
+        return self.tail(self.blocks(self.stem(x)))
+
+
 MODELS = {"resnet": (ResNetish, (2, 3, 40, 36)), "mobilenet": (MobileNetish, (1, 3, 34, 30)),
-          "densenet": (DenseNetish, (1, 3, 20, 18)), "inception": (Inceptionish, (1, 3, 17, 23))}
+          "densenet": (DenseNetish, (1, 3, 20, 18)), "inception": (Inceptionish, (1, 3, 17, 23)),
+          "regnet": (RegNetish, (2, 3, 30, 26))}
 
 
 def export(name):
@@ -153,9 +186,15 @@ def test_blocked_layout_matches_onnxruntime(name, threads):
     if nchwc.available():
         # every convolution but the 3-channel stem (and the SE block's 1x1 ones on a 1x1 plane)
         # runs blocked; the layout is entered and left once (densenet's mean: a reorder back)
-        assert ops.get("NchwcConv", 0) >= {"resnet": 8, "mobilenet": 9, "densenet": 7, "inception": 6}[name], ops
+        assert ops.get("NchwcConv", 0) >= {"resnet": 8, "mobilenet": 9, "densenet": 7, "inception": 6,
+                                           "regnet": 13}[name], ops
         assert plane_reorders(model, "NchwcReorderInput") <= 1, ops
         assert plane_reorders(model, "NchwcReorderOutput") <= 1, ops
+        if name == "regnet":  # the three grouped 3x3 of whole-block groups run blocked, the last one not
+            grouped = [n for n in model.graph.node_list() if n.op_type == "NchwcConv" and n.attrs.get("group", 1) > 1]
+            assert len(grouped) == 3, ops
+            left = [n.attrs.get("group", 1) for n in model.graph.node_list() if n.op_type in ("Conv", "FusedConv")]
+            assert sorted(left) == [1, 12], left  # the tail and the first SE 1x1 (8 channels, not a block)
     else:  # the pass leaves the graph alone where the kernels do not run
         assert not any(op.startswith("Nchwc") for op in ops), ops
 
@@ -174,7 +213,7 @@ def test_the_pass_can_be_switched_off_by_name():
 
 
 @pytest.mark.skipif(not nchwc.available(), reason="needs the blocked kernels to compile the blocked ops")
-@pytest.mark.parametrize("name", ["resnet", "mobilenet", "inception"])
+@pytest.mark.parametrize("name", ["resnet", "mobilenet", "inception", "regnet"])
 def test_numpy_form_of_the_blocked_ops_matches(name, monkeypatch):
     """An .om made where the AVX-512 kernels run, run where they do not: the NumPy forms."""
     blob, x = export(name)

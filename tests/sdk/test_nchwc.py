@@ -58,12 +58,11 @@ def conv64(x, w, stride, pads, dil, group=1):
     for i in range(kh):
         for j in range(kw):
             xs = xp[:, :, i * dil:i * dil + stride * oh:stride, j * dil:j * dil + stride * ow:stride]
-            if group == 1:
-                y += np.einsum("nchw,mc->nmhw", xs, w[:, :, i, j])
-                mag += np.einsum("nchw,mc->nmhw", np.abs(xs), np.abs(w[:, :, i, j]))
-            else:
-                y += xs * w[None, :, 0, i, j, None, None]
-                mag += np.abs(xs * w[None, :, 0, i, j, None, None])
+            for g in range(group):  # group g: input channels [g * cg, ...) to outputs [g * mg, ...)
+                mg = m // group
+                xg, wg = xs[:, g * cg:(g + 1) * cg], w[g * mg:(g + 1) * mg, :, i, j]
+                y[:, g * mg:(g + 1) * mg] += np.einsum("nchw,mc->nmhw", xg, wg)
+                mag[:, g * mg:(g + 1) * mg] += np.einsum("nchw,mc->nmhw", np.abs(xg), np.abs(wg))
     return y, (cg * kh * kw + 4) * EPS * mag + 1e-30
 
 
@@ -106,6 +105,43 @@ def test_conv_is_within_float_rounding_of_float64(case, act):
     # the padded lanes of the last block hold zeros + the padded bias (0): clip(0) then act(0)
     if m % 16:
         assert np.allclose(out[:, -1, ..., m % 16:], ACTS[act](np.clip(0.0, -1.5, 2.5)), atol=1e-7)
+
+
+# grouped: (n, c, m, groups, h, w, k, stride, pad, dilation); each group whole blocks
+GROUPED = [
+    (1, 128, 128, 2, 9, 13, 3, 1, (1, 1, 1, 1), 1),   # RegNet's: 64 channels a group (one tile group each)
+    (2, 96, 96, 3, 8, 7, 3, 2, (1, 1, 1, 1), 1),      # 32 a group: tile groups of 2 blocks
+    (1, 64, 128, 4, 6, 30, 3, 1, (1, 1, 1, 1), 1),    # 16 in, 32 out a group; one-block input groups
+    (1, 160, 320, 2, 5, 6, 1, 1, (0, 0, 0, 0), 1),    # 80 in and 160 out a group: 5 and 10 blocks
+    (1, 512, 512, 8, 4, 5, 3, 1, (2, 2, 2, 2), 2),    # many groups, dilation
+]
+
+
+@needs_kernels
+@pytest.mark.parametrize("case", GROUPED, ids=lambda c: "x".join(map(str, c[:8])))
+def test_grouped_conv_is_within_float_rounding_of_float64(case):
+    n, c, m, g, h, wd, k, s, pads, d = case
+    x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
+    w = RNG.standard_normal((m, c // g, k, k)).astype(np.float32)
+    b = RNG.standard_normal(m).astype(np.float32)
+    ref, tol = conv64(x.astype(np.float64), w.astype(np.float64), s, pads, d, group=g)
+    outs = []
+    for width in (1, 3):
+        out = np.full((n, m // 16) + ref.shape[2:] + (16,), np.nan, np.float32)
+        assert nchwc.conv(blocked(x), nchwc.pack_weights(w, groups=g), out, (k, k), (s, s), (d, d), pads[:2],
+                          nchwc.pad_bias(b, m), width=width, act="silu", groups=g)
+        outs.append(out)
+    want = ACTS["silu"](ref + b[None, :, None, None])
+    got = plain(outs[0], m)
+    assert np.all(np.abs(got - want) <= tol + 1e-6 * (1 + np.abs(want))), np.abs(got - want).max()
+    assert np.array_equal(outs[0], outs[1])
+    # a group count that does not split the blocks, or a weight packed for other groups, is refused
+    out = np.zeros_like(outs[0])
+    assert not nchwc.conv(blocked(x), nchwc.pack_weights(w, groups=g), out, (k, k), (s, s), (d, d), pads[:2],
+                          groups=2 * g)
+    assert not (out != 0).any()
+    with pytest.raises(ValueError):
+        nchwc.pack_weights(w[:, :-1], groups=g)
 
 
 @needs_kernels

@@ -102,20 +102,22 @@ def conv_factory(spec: KernelSpec):
     has_b = len(spec.inputs) > 2 and spec.inputs[2] is not None
     group = int(spec.attr("group", 1) or 1)
     m, cg = w_shape[:2]
-    depthwise = group > 1
-    if depthwise and (cg != 1 or group != m):
-        raise _refuse(spec, "takes an ungrouped or a depthwise convolution only")
+    depthwise = group > 1 and cg == 1 and group == m
+    if group > 1 and not depthwise and (m % (group * nchwc.BLOCK) or cg % nchwc.BLOCK):
+        raise _refuse(spec, f"a grouped convolution needs whole blocks of {nchwc.BLOCK} channels a group "
+                            f"(weight {w_shape}, group {group})")
     x_t = spec.inputs[0]
     plain = bool(int(spec.attr("plain_input", 0) or 0))
     if plain:  # an NCHW input (a stem)
-        if depthwise or x_t is None or x_t.shape is None or len(x_t.shape) != 4 or x_t.shape[1] != cg:
+        if group > 1 or x_t is None or x_t.shape is None or len(x_t.shape) != 4 or x_t.shape[1] != cg:
             raise _refuse(spec, f"plain_input needs an ungrouped NCHW input of the weight's {cg} channels")
         cb = 0
     elif x_t is None or x_t.shape is None or len(x_t.shape) != 5 or x_t.shape[4] != nchwc.BLOCK:
         raise _refuse(spec, "needs a blocked (N, C/16, H, W, 16) input")
     else:
         cb = x_t.shape[1]
-        if not isinstance(cb, int) or (depthwise and cb != nchwc.blocks(m)) or (not depthwise and cb < nchwc.blocks(cg)):
+        want = nchwc.blocks(m) if depthwise else (cg * group // nchwc.BLOCK if group > 1 else None)
+        if not isinstance(cb, int) or (want is not None and cb != want) or (want is None and cb < nchwc.blocks(cg)):
             raise _refuse(spec, f"input blocks {cb} do not hold the weight's channels {w_shape}")
     k, s, d, pads = _geometry(spec, tuple(w_shape[2:]))
     act = spec.attr("activation", "") or ""
@@ -128,6 +130,9 @@ def conv_factory(spec: KernelSpec):
         pack, run = nchwc.pack_plain, nchwc.conv_plain
     elif depthwise:
         pack, run = nchwc.pack_depthwise, nchwc.depthwise
+    elif group > 1:
+        pack = lambda a: nchwc.pack_weights(a, groups=group)  # noqa: E731
+        run = lambda *a: nchwc.conv(*a, groups=group)  # noqa: E731
     else:
         pack, run = (lambda a: nchwc.pack_weights(a, in_blocks=cb)), nchwc.conv
     # a constant weight is packed once, here; one computed at run time (a Cast of the float16
@@ -140,12 +145,16 @@ def conv_factory(spec: KernelSpec):
             x4 = np.asarray(x5, np.float32)
         else:
             x4 = _unblock(x5, cb * nchwc.BLOCK if not depthwise else m)
-        if not depthwise:
+        if group == 1:
             x4 = x4[:, :cg]
         oh, ow = y.shape[2:4]
         win = _windows(x4, k, s, d, pads, (oh, ow), 0.0)
         if depthwise:
             r = np.einsum("nchwij,cij->nchw", win, w[:, 0], optimize=True)
+        elif group > 1:
+            mg = m // group
+            r = np.concatenate([np.einsum("nchwij,mcij->nmhw", win[:, i * cg:(i + 1) * cg], w[i * mg:(i + 1) * mg],
+                                          optimize=True) for i in range(group)], axis=1)
         else:
             r = np.einsum("nchwij,mcij->nmhw", win, w, optimize=True)
         if b is not None:
