@@ -14,8 +14,12 @@ blocked layout ``(N, C/16, H, W, 16)`` (onnxruntime's NCHWc transformer, GE's NC
   the layout for free);
 - ``NchwcReorderInput`` / ``NchwcReorderOutput`` where a value enters or leaves.
 
-Only channel counts that are whole blocks are taken (no padded lanes can carry a value into a
-consumer), and only groups of connected nodes holding at least two convolutions: a lone
+A channel count that is not a whole number of blocks (MobileNet's 24, EfficientNet's 40) is
+zero-padded to one, as onnxruntime's transformer does: every op taken maps finite values to finite
+ones (so the padded lanes stay finite) and every convolution reads them through zero weights
+(so they never reach a real channel); a Concat takes a padded input only last (the blocks of the
+others must stay whole). A grouped convolution needs whole blocks a group. Only groups of
+connected nodes holding at least two convolutions are rewritten: a lone
 convolution would pay two reorders for one layer. The pass runs where the kernels run (the cpu
 backend, AVX-512); the ops' kernels keep a NumPy form for an .om loaded on another machine.
 """
@@ -62,8 +66,14 @@ def _static4(v: Value | None) -> tuple[int, ...] | None:
 
 
 def _blocked_ok(v: Value | None) -> bool:
-    s = _static4(v)
-    return s is not None and s[1] % BLOCK == 0
+    return _static4(v) is not None
+
+
+def _pad_channels(a: np.ndarray, c: int) -> np.ndarray:
+    """A per-channel ``(c,)`` array as the blocked ``(1, C/16, 1, 1, 16)`` one (zeros past c)."""
+    full = np.zeros(nchwc.blocks(c) * BLOCK, np.float32)
+    full[:c] = a.reshape(-1)
+    return np.ascontiguousarray(full.reshape(1, -1, 1, 1, BLOCK))
 
 
 def _epilogue(node: Node) -> tuple[bool, float | None, float | None, str] | None:
@@ -130,8 +140,6 @@ def _conv_plan(node: Node) -> dict | None:
     # a network's first layer (3 channels) reads its NCHW input directly (no reorder, no padding
     # of 3 channels to a block); other channel counts must be whole blocks
     plain = c % BLOCK != 0 and c <= PLAIN_MAX_CHANNELS and group == 1
-    if (c % BLOCK and not plain) or m % BLOCK:
-        return None
     depthwise = group == c == m and wv.shape[1] == 1
     # a grouped one (RegNet's, ResNeXt's): each group's input and output channels whole blocks
     whole_groups = group > 1 and wv.shape[1] * group == c and c % (group * BLOCK) == 0 and m % (group * BLOCK) == 0
@@ -200,7 +208,7 @@ def _elementwise_plan(node: Node) -> dict | None:
     if node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
         return None
     ys = _static4(node.outputs[0])
-    if ys is None or ys[1] % BLOCK:
+    if ys is None:
         return None
     if node.op_type in UNARY and len(node.inputs) == 1 and _static4(node.inputs[0]) == ys:
         return {}
@@ -230,7 +238,7 @@ def _channel_const(v: Value | None, c: int) -> np.ndarray | None:
         return a.reshape(())
     if a.shape not in ((c, 1, 1), (1, c, 1, 1)):
         return None
-    return np.ascontiguousarray(a.reshape(1, c // BLOCK, BLOCK, 1, 1).transpose(0, 1, 3, 4, 2))
+    return _pad_channels(a, c)
 
 
 Plan = tuple[str, dict[str, Any]]
@@ -273,7 +281,7 @@ def _batchnorm_plan(node: Node) -> dict | None:
     if len(node.inputs) != 5 or int(node.attrs.get("training_mode", 0) or 0):
         return None
     ys = _static4(node.outputs[0])
-    if ys is None or ys[1] % BLOCK or _static4(node.inputs[0]) != ys:
+    if ys is None or _static4(node.inputs[0]) != ys:
         return None
     vals = [v.const_value if v is not None else None for v in node.inputs[1:]]
     if any(a is None or a.size != ys[1] for a in vals):
@@ -281,16 +289,12 @@ def _batchnorm_plan(node: Node) -> dict | None:
     scale, bias, mean, var = (np.asarray(a, np.float64).reshape(-1) for a in vals)  # type: ignore[union-attr]
     k = scale / np.sqrt(var + float(node.attrs.get("epsilon", 1e-5)))
     shift = bias - mean * k
-    c = ys[1]
-
-    def blocked(a: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(a.astype(np.float32).reshape(1, c // BLOCK, BLOCK, 1, 1).transpose(0, 1, 3, 4, 2))
-
-    return {"scale": blocked(k), "shift": blocked(shift)}
+    return {"scale": _pad_channels(k, ys[1]), "shift": _pad_channels(shift, ys[1])}
 
 
 def _concat_ok(node: Node) -> bool:
-    """A Concat of whole-block activations along the channels (blocks concatenate the same)."""
+    """A Concat of activations along the channels, all but the last whole blocks (blocks
+    concatenate the same; the last one's padding is the result's)."""
     if node.op_type != "Concat" or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1 or not node.inputs:
         return False
     if int(node.attrs.get("axis", 0) or 0) not in (1, -3):
@@ -298,9 +302,11 @@ def _concat_ok(node: Node) -> bool:
     ys = _static4(node.outputs[0])
     if ys is None:
         return False
-    for v in node.inputs:
+    for i, v in enumerate(node.inputs):
         s = _static4(v)
-        if v is None or v.is_constant or s is None or s[1] % BLOCK or (s[0], s[2], s[3]) != (ys[0], ys[2], ys[3]):
+        if v is None or v.is_constant or s is None or (s[0], s[2], s[3]) != (ys[0], ys[2], ys[3]):
+            return False
+        if s[1] % BLOCK and i != len(node.inputs) - 1:
             return False
     return True
 
@@ -411,8 +417,8 @@ def apply_layout(graph: Graph, min_convs: int = 2) -> dict[str, int]:
             new = graph.add_node("Add", [mul.outputs[0], sh], name=n.name, before=n, output_types=[_blocked_type(ys)])
             stats["elementwise"] += 2
         elif kind == "gap":
-            new = graph.add_node("NchwcGlobalAveragePool", [block_of(n.inputs[0], n)], domain=DOMAIN, name=n.name,
-                                 before=n, output_types=[out.type])
+            new = graph.add_node("NchwcGlobalAveragePool", [block_of(n.inputs[0], n)], {"channels": ys[1]},
+                                 domain=DOMAIN, name=n.name, before=n, output_types=[out.type])
             made[n] = new
             out.replace_all_uses_with(new.outputs[0])
             continue
@@ -515,10 +521,14 @@ def check_node(node: Node) -> None:
             raise _bad(node, "attribute group must be a positive int")
         if a.get("plain_input", 0) not in (0, 1):
             raise _bad(node, "attribute plain_input must be 0 or 1")
-    if node.op_type == "NchwcReorderOutput":
+    if node.op_type == "NchwcReorderOutput" or (node.op_type == "NchwcGlobalAveragePool" and "channels" in a):
         c = a.get("channels")
         if not isinstance(c, (int, np.integer)) or c < 1:
             raise _bad(node, "attribute channels must be a positive int")
+        x = node.inputs[0].type if node.inputs and node.inputs[0] is not None else None
+        if x is not None and x.shape is not None and len(x.shape) == 5 and isinstance(x.shape[1], int) \
+                and c > x.shape[1] * BLOCK:
+            raise _bad(node, f"attribute channels {c} exceeds the input's {x.shape[1]} blocks of {BLOCK}")
 
 
 def _window_infer(channels_from_weight: bool):
@@ -567,7 +577,10 @@ def _gap_infer(node, opset):
     x = node.inputs[0].type
     if x.shape is None or len(x.shape) != 5:
         return [TensorType(x.dtype, None)]
-    return [TensorType(x.dtype, (x.shape[0], x.shape[1] * BLOCK if isinstance(x.shape[1], int) else None, 1, 1))]
+    c = int(node.attrs.get("channels", 0) or 0)  # (0: every lane of the blocks)
+    if not c and isinstance(x.shape[1], int):
+        c = x.shape[1] * BLOCK
+    return [TensorType(x.dtype, (x.shape[0], c or None, 1, 1))]
 
 
 _OPS: dict[str, Any] = {"internal": True, "check": check_node, "alias": ""}
@@ -584,7 +597,7 @@ OPDEFS = [
           infer=_window_infer(False), attrs={**_WINDOW, "count_include_pad": 0},
           doc="average pooling of a blocked value"),
     OpDef("NchwcGlobalAveragePool", DOMAIN, **_OPS, min_inputs=1, max_inputs=1, kind=OpKind.OPAQUE, infer=_gap_infer,
-          doc="the mean of each channel of a blocked value, as NCHW (N, C, 1, 1)"),
+          attrs={"channels": 0}, doc="the mean of each channel of a blocked value, as NCHW (N, C, 1, 1)"),
     OpDef("NchwcReorderInput", DOMAIN, **_OPS, min_inputs=1, max_inputs=1, kind=OpKind.OPAQUE, infer=_reorder_in_infer,
           doc="NCHW to the blocked (N, C/16, H, W, 16) layout"),
     OpDef("NchwcReorderOutput", DOMAIN, **_OPS, min_inputs=1, max_inputs=1, kind=OpKind.OPAQUE,

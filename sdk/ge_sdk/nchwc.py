@@ -302,41 +302,104 @@ static void nc_plain_task(void *ctx, int64_t t, int slot) {
     }
 }
 
-/* depthwise: PC pixels of block cb (its own weight (kh, kw, 16)) */
-NC_AI void nc_dw_tile(const nc_ctx *q, int64_t img, int64_t cb, int64_t oh, int64_t ow0, const int PC,
+/* a thread's scratch, kept between calls (a fresh block per call would be new pages to fault
+   in, every layer of every run): the convolution's padded copy (the calling thread's) and a
+   depthwise task's padded rows (each thread's) */
+static __thread float *nc_buf = NULL, *nc_dw_buf = NULL;
+static __thread size_t nc_cap = 0, nc_dw_cap = 0;
+static float *nc_grow(float **buf, size_t *cap, size_t count) {
+    if (count > *cap) {
+        free(*buf);
+        *buf = (float *)aligned_alloc(64, ((count * sizeof(float) + 63) / 64) * 64);
+        *cap = *buf ? count : 0;
+    }
+    return *buf;
+}
+static float *nc_scratch(size_t count) { return nc_grow(&nc_buf, &nc_cap, count); }
+
+/* depthwise: PC pixels of one block, xb its input plane (h, wd, 16) (the taps from row -pt,
+   column -pl on), w its weight (kh, kw, 16); CHECKED: a tile that reaches past a border, each
+   pixel's taps outside the row skipped */
+NC_AI void nc_dw_tile(const nc_ctx *q, const float *xb, int64_t h, int64_t wd, int64_t pt, int64_t pl,
+                      const float *w, int64_t img, int64_t cb, int64_t oh, int64_t ow0, const int PC,
                       const int CHECKED) {
     __m512 acc[12];
 #pragma GCC unroll 12
     for (int p = 0; p < PC; p++) acc[p] = _mm512_setzero_ps();
     const int64_t sx = q->sw * 16;
     for (int64_t kh = 0; kh < q->kh; kh++) {
-        int64_t ih = oh * q->sh - q->pt + kh * q->dh;
-        if (ih < 0 || ih >= q->h) continue;
-        const float *xr = q->x + ((img * q->cb + cb) * q->h + ih) * q->wd * 16;
-        const float *wr = q->w + (cb * q->kh + kh) * q->kw * 16;
+        int64_t ih = oh * q->sh - pt + kh * q->dh;
+        if (ih < 0 || ih >= h) continue;
+        const float *xr = xb + ih * wd * 16;
+        const float *wr = w + kh * q->kw * 16;
         for (int64_t kw = 0; kw < q->kw; kw++) {
-            int64_t iw0 = ow0 * q->sw - q->pl + kw * q->dw;
-            if (CHECKED && (iw0 < 0 || iw0 >= q->wd)) continue;
+            int64_t iw0 = ow0 * q->sw - pl + kw * q->dw;
             __m512 wv = _mm512_loadu_ps(wr + kw * 16);
             const float *xp = xr + iw0 * 16;
 #pragma GCC unroll 12
-            for (int p = 0; p < PC; p++) acc[p] = _mm512_fmadd_ps(_mm512_loadu_ps(xp + p * sx), wv, acc[p]);
+            for (int p = 0; p < PC; p++) {
+                if (CHECKED && (iw0 + p * q->sw < 0 || iw0 + p * q->sw >= wd)) continue;
+                acc[p] = _mm512_fmadd_ps(_mm512_loadu_ps(xp + p * sx), wv, acc[p]);
+            }
         }
     }
     nc_put(q, acc, 1, PC, img, cb, oh, ow0);
 }
 
+#define NC_DW_CASE(PCV)                                                                              \
+    case PCV:                                                                                        \
+        if (chk) nc_dw_tile(q, xb, h, wd, pt, pl, w, img, cb, oh, ow, PCV, 1);                       \
+        else nc_dw_tile(q, xb, h, wd, pt, pl, w, img, cb, oh, ow, PCV, 0);                           \
+        break;
+
+/* one output row in tiles of equal width (at most 12: a 14-pixel row is two of 7, not 12 and
+   two latency-bound single pixels); the tiles past [lo, hi) checked */
+static void nc_dw_row(const nc_ctx *q, const float *xb, int64_t h, int64_t wd, int64_t pt, int64_t pl,
+                      int64_t lo, int64_t hi, int64_t img, int64_t cb, int64_t oh) {
+    const float *w = q->w + cb * q->kh * q->kw * 16;
+    int64_t tiles = (q->ow + 11) / 12, pc = (q->ow + tiles - 1) / tiles;
+    for (int64_t ow = 0; ow < q->ow; ow += pc) {
+        int64_t n = q->ow - ow < pc ? q->ow - ow : pc;
+        int chk = ow < lo || ow + n > hi;
+        switch (n) {
+        NC_DW_CASE(1) NC_DW_CASE(2) NC_DW_CASE(3) NC_DW_CASE(4) NC_DW_CASE(5) NC_DW_CASE(6)
+        NC_DW_CASE(7) NC_DW_CASE(8) NC_DW_CASE(9) NC_DW_CASE(10) NC_DW_CASE(11) NC_DW_CASE(12)
+        default: break;
+        }
+    }
+}
+
+/* task t: (image, block, rblk rows). The input rows the task reads are copied first, with zero
+   rows and columns where the window crosses a border, into the thread's scratch (they fit in
+   its cache: at most NC_DW_COPY floats), so every tile runs unchecked (a tile with a tap test
+   per pixel runs several times slower); larger ones check their border tiles */
+#define NC_DW_COPY (64 * 1024)
 static void nc_dw_task(void *ctx, int64_t t, int slot) {
     const nc_ctx *q = (const nc_ctx *)ctx;
     (void)slot;
-    int64_t per_img = q->cb * q->oh;
-    int64_t img = t / per_img, r = t % per_img, cb = r / q->oh, oh = r % q->oh;
-    int64_t lo = q->lo_w, hi = q->hi_w, ow = 0;
-    for (; ow < lo; ow++) nc_dw_tile(q, img, cb, oh, ow, 1, 1);
-    for (; ow + 12 <= hi; ow += 12) nc_dw_tile(q, img, cb, oh, ow, 12, 0);
-    for (; ow + 4 <= hi; ow += 4) nc_dw_tile(q, img, cb, oh, ow, 4, 0);
-    for (; ow < hi; ow++) nc_dw_tile(q, img, cb, oh, ow, 1, 0);
-    for (ow = hi > lo ? hi : lo; ow < q->ow; ow++) nc_dw_tile(q, img, cb, oh, ow, 1, 1);
+    int64_t rb = (q->oh + q->rblk - 1) / q->rblk, per_img = q->cb * rb;
+    int64_t img = t / per_img, r = t % per_img, cb = r / rb, r0 = (r % rb) * q->rblk;
+    int64_t r1 = r0 + q->rblk < q->oh ? r0 + q->rblk : q->oh;
+    const float *xb = q->x + (img * q->cb + cb) * q->h * q->wd * 16;
+    int64_t ih0 = r0 * q->sh - q->pt, ih1 = (r1 - 1) * q->sh - q->pt + (q->kh - 1) * q->dh + 1;
+    int64_t wp = (q->ow - 1) * q->sw + (q->kw - 1) * q->dw + 1;
+    int border = q->lo_w > 0 || q->hi_w < q->ow || ih0 < 0 || ih1 > q->h;
+    float *buf = NULL;
+    if (border && (ih1 - ih0) * wp <= NC_DW_COPY / 16) buf = nc_grow(&nc_dw_buf, &nc_dw_cap, (size_t)((ih1 - ih0) * wp * 16));
+    if (buf) {
+        for (int64_t ih = ih0; ih < ih1; ih++) {
+            float *d = buf + (ih - ih0) * wp * 16;
+            if (ih < 0 || ih >= q->h) { memset(d, 0, (size_t)wp * 16 * sizeof(float)); continue; }
+            /* columns [-pl, wp - pl) of the row: zeros outside [0, wd) */
+            int64_t a = q->pl < wp ? q->pl : wp, e = q->pl + q->wd < wp ? q->pl + q->wd : wp;
+            memset(d, 0, (size_t)a * 16 * sizeof(float));
+            if (e > a) memcpy(d + a * 16, xb + (ih * q->wd + (a - q->pl)) * 16, (size_t)(e - a) * 16 * sizeof(float));
+            if (wp > e) memset(d + e * 16, 0, (size_t)(wp - e) * 16 * sizeof(float));
+        }
+        for (int64_t oh = r0; oh < r1; oh++) nc_dw_row(q, buf, ih1 - ih0, wp, r0 * q->sh, 0, 0, q->ow, img, cb, oh);
+    } else {
+        for (int64_t oh = r0; oh < r1; oh++) nc_dw_row(q, xb, q->h, q->wd, q->pt, q->pl, q->lo_w, q->hi_w, img, cb, oh);
+    }
 }
 
 /* pooling: kind 0 max (taps outside skipped), 1 average over the window with the padding,
@@ -445,18 +508,6 @@ static int nc_epilogue(PyObject *const *args, nc_ctx *q, int64_t *width) {
 
 typedef struct { const float *x; float *xp; int64_t h, wd, wp, pl; } nc_padding;
 
-/* the calling thread's padded copy, kept between calls (a fresh block per call would be new
-   pages to fault in, every layer of every run) */
-static __thread float *nc_buf = NULL;
-static __thread size_t nc_cap = 0;
-static float *nc_scratch(size_t count) {
-    if (count > nc_cap) {
-        free(nc_buf);
-        nc_buf = (float *)aligned_alloc(64, ((count * sizeof(float) + 63) / 64) * 64);
-        nc_cap = nc_buf ? count : 0;
-    }
-    return nc_buf;
-}
 
 /* one input row (image, block, row) into the copy padded left and right with zeros */
 static void nc_pad_task(void *ctx, int64_t t, int slot) {
@@ -502,6 +553,9 @@ static PyObject *nc_conv_any(PyObject *const *args, Py_ssize_t n, int dw) {
     /* rows per task: all of them (each weight batch read once), halved until the tasks keep
        the threads busy (4 a thread) */
     q.rblk = q.oh > 0 ? q.oh : 1;
+    /* (a depthwise task: whole planes of a block, split only until there are 8 tasks a thread:
+       a task claimed is an atomic on a line the threads share) */
+    if (dw) while (q.rblk > 1 && q.n * q.cb * ((q.oh + q.rblk - 1) / q.rblk) < 8 * width) q.rblk = (q.rblk + 1) / 2;
     if (!dw) {
         while (q.rblk > 1 && q.n * q.groups * q.chunks * ((q.oh + q.rblk - 1) / q.rblk) < 4 * width) q.rblk = (q.rblk + 1) / 2;
         /* ... and chunks of columns halved too when a plane is one row (a 1x1 one) */
@@ -537,7 +591,7 @@ static PyObject *nc_conv_any(PyObject *const *args, Py_ssize_t n, int dw) {
         nc_inside(&q);
     }
     Py_BEGIN_ALLOW_THREADS
-    if (dw) ge_parallel(nc_dw_task, &q, q.n * q.cb * q.oh, width);
+    if (dw) ge_parallel(nc_dw_task, &q, q.n * q.cb * ((q.oh + q.rblk - 1) / q.rblk), width);
     else ge_parallel(nc_conv_task, &q, q.n * q.groups * ((q.oh + q.rblk - 1) / q.rblk) * q.chunks, width);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
