@@ -11,8 +11,9 @@ Two families, all with random weights (no downloads):
 Each model is exported once (``torch.onnx.export(dynamo=False, opset 17)``); the engines run it at
 the same thread count, interleaved, with an idle gap before each timed block (the timing and
 table code is ``bench/transformer_models.py``'s). Then, per model, GE's time per convolution
-algorithm (one profiled run at one thread): Winograd F(2x2,3x3), 1x1 as GEMM, depthwise window
-loops, im2col + GEMM.
+algorithm (one profiled run at one thread): the blocked layout's direct kernels (NCHWc direct,
+1x1, depthwise), and outside it Winograd F(2x2,3x3), 1x1 as GEMM, depthwise window loops,
+im2col + GEMM.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/cnn.py [--threads 1,2] [--rounds 5]
         [--families light,real] [--models resnet50,convnext] [--gap 0.3] [--no-profile]
