@@ -392,6 +392,10 @@ def apply_layout(graph: Graph, min_convs: int = 2) -> dict[str, int]:
         return r.outputs[0]
 
     made: dict[Node, Node] = {}
+    # the NCHW values that stand for a source tensor (a reorder's result, a global pool's) take
+    # its name once the original is gone (what --dump-tensors and the comparison tools match
+    # the source by); a blocked one keeps its own
+    named: list[tuple[Value, str]] = []
     for n in order:
         kind, p = plans[n]
         out = n.outputs[0]
@@ -421,6 +425,8 @@ def apply_layout(graph: Graph, min_convs: int = 2) -> dict[str, int]:
                                  domain=DOMAIN, name=n.name, before=n, output_types=[out.type])
             made[n] = new
             out.replace_all_uses_with(new.outputs[0])
+            if not out.is_graph_output:
+                named.append((new.outputs[0], out.name))
             continue
         else:
             ins = [v if v is None or v.is_constant else block_of(v, n) for v in n.inputs]
@@ -452,6 +458,8 @@ def apply_layout(graph: Graph, min_convs: int = 2) -> dict[str, int]:
                     u.set_input(i, r.outputs[0])
             if out.is_graph_output:
                 out.replace_all_uses_with(r.outputs[0])
+            else:
+                named.append((r.outputs[0], out.name))
     for n in reversed(order):
         for v in n.outputs:
             for u, _ in v.uses():
@@ -459,6 +467,9 @@ def apply_layout(graph: Graph, min_convs: int = 2) -> dict[str, int]:
                     continue
                 raise GraphError(f"nchwc_layout: node '{u.name}' still reads '{v.name}'")
         _detach(graph, n)
+    for v, name in named:
+        if name not in graph.names:
+            graph.rename_value(v, name)
     # the blocked nodes take their originals' names (what --keep_dtype, the tools and the
     # reports name them by)
     for old, new in made.items():

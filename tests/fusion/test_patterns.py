@@ -15,8 +15,10 @@ from ge_sdk.testing import GraphBuilder, random_inputs, run_graph, run_onnxrunti
 
 
 def check(g, *, expect=(), absent=(), switch=None, tmp_path=None):
-    """Compile ``g`` with fusion; compare with onnxruntime and the unoptimised graph."""
-    opts = {}
+    """Compile ``g`` with fusion; compare with onnxruntime and the unoptimised graph. (The cpu
+    backend's nchwc_layout pass, which would turn the fused convolutions into its blocked ones
+    after the patterns ran, is off: tests/kernels/test_nchwc_layout.py checks it.)"""
+    opts: dict = {"disabled_passes": ["nchwc_layout"]}
     if switch is not None:
         p = tmp_path / "switch.json"
         p.write_text(json.dumps({"Switch": switch}))
