@@ -424,9 +424,9 @@ def apply_layout(graph: Graph, min_convs: int = 2) -> dict[str, int]:
             new = graph.add_node("NchwcGlobalAveragePool", [block_of(n.inputs[0], n)], {"channels": ys[1]},
                                  domain=DOMAIN, name=n.name, before=n, output_types=[out.type])
             made[n] = new
-            out.replace_all_uses_with(new.outputs[0])
-            if not out.is_graph_output:
+            if not out.is_graph_output:  # (a graph output's name moves over with the replacement)
                 named.append((new.outputs[0], out.name))
+            out.replace_all_uses_with(new.outputs[0])
             continue
         else:
             ins = [v if v is None or v.is_constant else block_of(v, n) for v in n.inputs]
