@@ -21,7 +21,7 @@ ones (so the padded lanes stay finite) and every convolution reads them through 
 others must stay whole). A grouped convolution needs whole blocks a group. Only groups of
 connected nodes holding at least two convolutions are rewritten: a lone
 convolution would pay two reorders for one layer. The pass runs where the kernels run (the cpu
-backend, AVX-512); the ops' kernels keep a NumPy form for an .om loaded on another machine.
+backend, AVX-512F or AVX2 with FMA); the ops' kernels keep a NumPy form for an .om loaded on another machine.
 """
 
 from __future__ import annotations
@@ -119,6 +119,35 @@ def _epilogue(node: Node) -> tuple[bool, float | None, float | None, str] | None
     return None
 
 
+def _explicit_pads(node: Node, k: list[int], strides: list[int], dil: list[int], xs, ys) -> list[int] | None:
+    """The four pads (top, left, bottom, right) of a window op: its ``pads``, or the ones its
+    ``auto_pad`` stands for on the static shapes (``SAME_UPPER``/``SAME_LOWER`` put the odd one
+    at the end/the start, as onnx's shape inference does; HF's EfficientNet exports ``"same"``
+    padding so); None when they do not fit the output shape."""
+    mode = _text(node.attrs.get("auto_pad", "NOTSET")) or "NOTSET"
+    if mode == "NOTSET":
+        pads = [int(v) for v in (node.attrs.get("pads") or (0, 0, 0, 0))]
+    elif mode == "VALID":
+        pads = [0, 0, 0, 0]
+    elif mode in ("SAME_UPPER", "SAME_LOWER") and xs is not None:
+        pads = [0, 0, 0, 0]
+        for i in range(2):
+            size = xs[2 + i]
+            total = max(0, (-(-size // strides[i]) - 1) * strides[i] + (k[i] - 1) * dil[i] + 1 - size)
+            small = total // 2
+            pads[i], pads[i + 2] = (small, total - small) if mode == "SAME_UPPER" else (total - small, small)
+    else:
+        return None
+    if len(pads) != 4 or min(pads) < 0 or xs is None or ys is None:
+        return None
+    ceil = int(node.attrs.get("ceil_mode", 0) or 0)
+    for i in range(2):  # the output size the pads give must be the graph's
+        span = xs[2 + i] + pads[i] + pads[i + 2] - (k[i] - 1) * dil[i] - 1
+        if span < 0 or (-(-span // strides[i]) if ceil else span // strides[i]) + 1 != ys[2 + i]:
+            return None
+    return pads
+
+
 def _conv_plan(node: Node) -> dict | None:
     """The NchwcConv attributes of a Conv/FusedConv the blocked kernels run, or None."""
     if not ((node.op_type == "Conv" and node.domain in ("", "ai.onnx")) or (node.op_type == "FusedConv" and node.domain == FUSED)):
@@ -147,15 +176,15 @@ def _conv_plan(node: Node) -> dict | None:
         return None
     if group == 1 and wv.shape[1] != c:
         return None
-    if _text(node.attrs.get("auto_pad", "NOTSET")) not in ("NOTSET", ""):
-        return None
     k = tuple(int(v) for v in (node.attrs.get("kernel_shape") or wv.shape[2:]))
     if k != tuple(wv.shape[2:]):
         return None
     strides = [int(v) for v in (node.attrs.get("strides") or (1, 1))]
     dil = [int(v) for v in (node.attrs.get("dilations") or (1, 1))]
-    pads = [int(v) for v in (node.attrs.get("pads") or (0, 0, 0, 0))]
-    if len(strides) != 2 or len(dil) != 2 or len(pads) != 4 or min(strides + dil) < 1 or min(pads) < 0:
+    if len(strides) != 2 or len(dil) != 2 or min(strides + dil) < 1:
+        return None
+    pads = _explicit_pads(node, list(k), strides, dil, xs, ys)
+    if pads is None:
         return None
     epi = _epilogue(node)
     if epi is None:
@@ -182,15 +211,17 @@ def _pool_plan(node: Node) -> dict | None:
     if not _blocked_ok(node.inputs[0]) or _static4(node.outputs[0]) is None:
         return None
     a = node.attrs
-    if _text(a.get("auto_pad", "NOTSET")) not in ("NOTSET", "") or int(a.get("storage_order", 0) or 0):
+    if int(a.get("storage_order", 0) or 0):
         return None
     if node.op_type == "AveragePool" and int(a.get("ceil_mode", 0) or 0):
         return None  # (the window past the input's end counts differently there)
     k = [int(v) for v in (a.get("kernel_shape") or ())]
     strides = [int(v) for v in (a.get("strides") or (1, 1))]
     dil = [int(v) for v in (a.get("dilations") or (1, 1))]
-    pads = [int(v) for v in (a.get("pads") or (0, 0, 0, 0))]
-    if len(k) != 2 or len(strides) != 2 or len(dil) != 2 or len(pads) != 4 or min(k + strides + dil) < 1 or min(pads) < 0:
+    if len(k) != 2 or len(strides) != 2 or len(dil) != 2 or min(k + strides + dil) < 1:
+        return None
+    pads = _explicit_pads(node, k, strides, dil, _static4(node.inputs[0]), _static4(node.outputs[0]))
+    if pads is None:
         return None
     attrs: dict[str, Any] = {"kernel_shape": k, "strides": strides, "dilations": dil, "pads": pads}
     if node.op_type == "AveragePool":

@@ -237,7 +237,7 @@ def test_the_pass_can_be_switched_off_by_name():
 @pytest.mark.skipif(not nchwc.available(), reason="needs the blocked kernels to compile the blocked ops")
 @pytest.mark.parametrize("name", ["resnet", "mobilenet", "inception", "regnet", "padded"])
 def test_numpy_form_of_the_blocked_ops_matches(name, monkeypatch):
-    """An .om made where the AVX-512 kernels run, run where they do not: the NumPy forms."""
+    """An .om made where the vector kernels run, run where they do not: the NumPy forms."""
     blob, x = export(name)
     model = ge.compile(ge.load(blob))
     fast = model.run({"x": x})["y"]
@@ -272,3 +272,68 @@ def test_om_round_trip_and_its_blocked_ops_are_checked(tmp_path):
         else:
             node.attrs[attr] = saved
     ops.check_node(node)
+
+
+class SamePadded(nn.Module):
+    """``padding="same"`` convolutions (HF EfficientNet's): exported with ``auto_pad=SAME_UPPER``."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 3, 2, 1)
+        self.a = nn.Conv2d(32, 32, 3, padding="same")
+        self.b = nn.Conv2d(32, 48, 4, padding="same", dilation=1)  # an even kernel: the odd pad at the end
+        self.dw = nn.Conv2d(48, 48, 5, padding="same", groups=48)
+        self.c = nn.Conv2d(48, 32, 1, padding="same")
+
+    def forward(self, x):
+        return self.c(torch.relu(self.dw(torch.relu(self.b(torch.relu(self.a(torch.relu(self.stem(x)))))))))
+
+
+def _auto_pad_graph(mode: str):
+    """Convolutions and a max pool with ``auto_pad`` ``mode``, stride 2 and an even kernel among them."""
+    import onnx
+    from onnx import helper as oh, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits, nodes, cur = [], [], "x"
+    specs = [(3, 32, 3, 2), (32, 32, 4, 1), (32, 48, 3, 2), (48, 32, 2, 1)]
+    for i, (c, m, k, s) in enumerate(specs):
+        inits.append(numpy_helper.from_array((rng.standard_normal((m, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32), f"w{i}"))
+        nodes.append(oh.make_node("Conv", [cur, f"w{i}"], [f"c{i}"], auto_pad=mode, strides=[s, s]))
+        nodes.append(oh.make_node("Relu", [f"c{i}"], [f"r{i}"]))
+        cur = f"r{i}"
+        if i == 1:
+            nodes.append(oh.make_node("MaxPool", [cur], ["p"], auto_pad=mode, kernel_shape=[3, 3], strides=[2, 2]))
+            cur = "p"
+    g = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 37, 42])],
+                      [oh.make_tensor_value_info(cur, onnx.TensorProto.FLOAT, None)], inits)
+    g.output[0].name = cur
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m.SerializeToString(), cur
+
+
+@pytest.mark.parametrize("mode", ["SAME_UPPER", "SAME_LOWER", "VALID"])
+def test_auto_pad_runs_blocked_and_matches_onnxruntime(mode):
+    blob, out = _auto_pad_graph(mode)
+    x = np.random.default_rng(4).standard_normal((1, 3, 37, 42)).astype(np.float32)
+    model = ge.compile(ge.load(blob))
+    want = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(model.run({"x": x})[out], want, rtol=1e-3, atol=1e-4)
+    ops = op_counts(model)
+    if nchwc.available():  # the pads come from the shapes: every convolution and the pool blocked
+        assert ops.get("NchwcConv", 0) == 4 and ops.get("NchwcMaxPool", 0) == 1, ops
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same'")
+def test_same_padding_from_the_exporter_runs_blocked():
+    torch.manual_seed(0)
+    m = SamePadded().eval()
+    x = torch.randn(1, 3, 29, 33)
+    buf = io.BytesIO()
+    torch.onnx.export(m, (x,), buf, input_names=["x"], output_names=["y"], opset_version=17, dynamo=False)
+    blob = buf.getvalue()
+    model = ge.compile(ge.load(blob))
+    np.testing.assert_allclose(model.run({"x": x.numpy()})["y"], ort_run(blob, x.numpy()), rtol=1e-3, atol=1e-4)
+    if nchwc.available():
+        assert op_counts(model).get("NchwcConv", 0) == 5, op_counts(model)
