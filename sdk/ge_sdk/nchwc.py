@@ -1,4 +1,4 @@
-"""Convolutions on channel-blocked activations (NCHWc, 16 channels a block) in AVX-512 registers.
+"""Convolutions on channel-blocked activations (NCHWc, 16 channels a block) in vector registers.
 
 An NCHW convolution has to bring each output pixel's ``C x KH x KW`` inputs together: im2col
 copies them into a column matrix (or the GEMM packs them), every layer, every run. In the
@@ -24,8 +24,13 @@ channel) whatever the thread count, so the results have the same bits at every w
 dtype, layout and sizes against the geometry before it runs; a geometry whose reads would leave
 an array is refused.
 
-:func:`available` says whether the kernels run here (the native kernels build and the compiler
-targets AVX-512F); ``GE_NATIVE_NCHWC=0`` turns them off. Callers keep a NumPy form elsewhere.
+The kernels are built for AVX-512F (a block is one register; tiles of up to 4 blocks x 6-24
+pixels in the 32 registers) or, without it, for AVX2 with FMA (a block is two 8-lane registers;
+tiles of one block x 6 pixels in the 16 registers, the group's blocks in turn). The layout, the
+packed weights and every sum's order are the same on both, so an .om blocked on one machine runs
+on the other with the same bits. :func:`available` says whether the kernels run here (the native
+kernels build and the compiler targets one of the two), :func:`isa` which;
+``GE_NATIVE_NCHWC=0`` turns them off. Callers keep a NumPy form elsewhere.
 """
 
 from __future__ import annotations
@@ -47,10 +52,76 @@ _SRC = ACTIVATION_C16 + r"""
 #include <stdlib.h>
 #define NC_AI static inline __attribute__((always_inline))
 
+/* A block's 16 channels as one value `nv`: an AVX-512 register, or on AVX2 (with FMA) a pair of
+   8-lane ones, the same math lane for lane (the layout, the packed weights and the order of
+   every sum are the same on both: an .om blocked on one runs on the other with the same bits).
+   `nb` is a broadcast input value: one register either way. The tile shapes differ: AVX-512 has
+   32 registers (a tile of up to 4 blocks), AVX2 16 (a tile of one block, 6 pixels: 12 sums). */
+#if defined(__AVX512F__)
+#define NC_VEC 2
+typedef __m512 nv;
+typedef __m512 nb;
+NC_AI nv nv_zero(void) { return _mm512_setzero_ps(); }
+NC_AI nv nv_set1(float v) { return _mm512_set1_ps(v); }
+NC_AI nv nv_load(const float *p) { return _mm512_loadu_ps(p); }
+NC_AI void nv_store(float *p, nv v) { _mm512_storeu_ps(p, v); }
+NC_AI nv nv_add(nv a, nv b) { return _mm512_add_ps(a, b); }
+NC_AI nv nv_mul(nv a, nv b) { return _mm512_mul_ps(a, b); }
+NC_AI nv nv_min(nv a, nv b) { return _mm512_min_ps(a, b); }
+NC_AI nv nv_max(nv a, nv b) { return _mm512_max_ps(a, b); }
+NC_AI nv nv_fma(nv a, nv b, nv c) { return _mm512_fmadd_ps(a, b, c); }
+NC_AI nb nb_set1(float v) { return _mm512_set1_ps(v); }
+NC_AI nv nv_fmab(nb a, nv b, nv c) { return _mm512_fmadd_ps(a, b, c); }
+NC_AI nv nv_act(nv v, int64_t act) { return sg_act16(v, act); }
+#define NC_FT(FB) (FB)     /* output blocks a register tile holds, of a group of FB */
+#define NC_PC4 6           /* pixels a tile of 4, 3, 2 and 1 blocks (stride 1) */
+#define NC_PC3 8
+#define NC_PC2 12
+#define NC_PC1 24
+#define NC_PCS 8           /* ... and at a stride */
+#define NC_DWMAX 12        /* pixels a depthwise tile */
+#define NC_WBATCH 8192     /* floats of weight a batch of input blocks keeps in L1 */
+#elif defined(__AVX2__) && defined(__FMA__)
+#define NC_VEC 1
+typedef struct { __m256 a, b; } nv;
+typedef __m256 nb;
+NC_AI nv nv_mk(__m256 a, __m256 b) { nv r; r.a = a; r.b = b; return r; }
+NC_AI nv nv_zero(void) { return nv_mk(_mm256_setzero_ps(), _mm256_setzero_ps()); }
+NC_AI nv nv_set1(float v) { __m256 s = _mm256_set1_ps(v); return nv_mk(s, s); }
+NC_AI nv nv_load(const float *p) { return nv_mk(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)); }
+NC_AI void nv_store(float *p, nv v) { _mm256_storeu_ps(p, v.a); _mm256_storeu_ps(p + 8, v.b); }
+NC_AI nv nv_add(nv x, nv y) { return nv_mk(_mm256_add_ps(x.a, y.a), _mm256_add_ps(x.b, y.b)); }
+NC_AI nv nv_mul(nv x, nv y) { return nv_mk(_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)); }
+NC_AI nv nv_min(nv x, nv y) { return nv_mk(_mm256_min_ps(x.a, y.a), _mm256_min_ps(x.b, y.b)); }
+NC_AI nv nv_max(nv x, nv y) { return nv_mk(_mm256_max_ps(x.a, y.a), _mm256_max_ps(x.b, y.b)); }
+NC_AI nv nv_fma(nv x, nv y, nv z) { return nv_mk(_mm256_fmadd_ps(x.a, y.a, z.a), _mm256_fmadd_ps(x.b, y.b, z.b)); }
+NC_AI nb nb_set1(float v) { return _mm256_set1_ps(v); }
+NC_AI nv nv_fmab(nb x, nv y, nv z) { return nv_mk(_mm256_fmadd_ps(x, y.a, z.a), _mm256_fmadd_ps(x, y.b, z.b)); }
+NC_AI nv nv_act(nv v, int64_t act) { return nv_mk(sg_act8(v.a, act), sg_act8(v.b, act)); }
+#define NC_FT(FB) 1
+#define NC_PC4 6
+#define NC_PC3 6
+#define NC_PC2 6
+#define NC_PC1 6
+#define NC_PCS 6
+#define NC_DWMAX 6
+#define NC_WBATCH 4096
+#endif
+
 static PyObject *nc_ok(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (ge_nargs(n, 0)) return NULL;
-#if defined(__AVX512F__)
+#if defined(NC_VEC)
     return PyLong_FromLongLong(1);
+#else
+    return PyLong_FromLongLong(0);
+#endif
+}
+
+/* the instruction set the kernels were built for: 2 AVX-512F, 1 AVX2 + FMA, 0 none */
+static PyObject *nc_isa(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (ge_nargs(n, 0)) return NULL;
+#if defined(NC_VEC)
+    return PyLong_FromLongLong(NC_VEC);
 #else
     return PyLong_FromLongLong(0);
 #endif
@@ -70,21 +141,21 @@ typedef struct {
     float lo, hi;
 } nc_ctx;
 
-#if defined(__AVX512F__)
+#if defined(NC_VEC)
 /* the epilogue over `count` pixels of block ob stored from y + off on (in the cache, just
    written): + bias, + the addend, the clip, the activation; one copy of the math, not one per
    register of every tile */
 static __attribute__((noinline)) void nc_epi(const nc_ctx *q, int64_t ob, int64_t off, int64_t count) {
-    __m512 b = q->has_bias ? _mm512_loadu_ps(q->bias + ob * 16) : _mm512_setzero_ps();
-    __m512 lo = _mm512_set1_ps(q->lo), hi = _mm512_set1_ps(q->hi);
+    nv b = q->has_bias ? nv_load(q->bias + ob * 16) : nv_zero();
+    nv lo = nv_set1(q->lo), hi = nv_set1(q->hi);
     float *y = q->y + off;
     const float *z = q->z ? q->z + off : NULL;
     for (int64_t i = 0; i < count; i++) {
-        __m512 v = _mm512_add_ps(_mm512_loadu_ps(y + i * 16), b);
-        if (z) v = _mm512_add_ps(v, _mm512_loadu_ps(z + i * 16));
-        if (q->clip) v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
-        if (q->act) v = sg_act16(v, q->act);
-        _mm512_storeu_ps(y + i * 16, v);
+        nv v = nv_add(nv_load(y + i * 16), b);
+        if (z) v = nv_add(v, nv_load(z + i * 16));
+        if (q->clip) v = nv_min(nv_max(v, lo), hi);
+        if (q->act) v = nv_act(v, q->act);
+        nv_store(y + i * 16, v);
     }
 }
 
@@ -93,36 +164,36 @@ NC_AI int64_t nc_off(const nc_ctx *q, int64_t img, int64_t ob, int64_t oh, int64
 }
 
 /* the sums of PC pixels of block ob: stored, then the epilogue over them */
-NC_AI void nc_put(const nc_ctx *q, const __m512 *acc, int stride, const int PC, int64_t img, int64_t ob,
+NC_AI void nc_put(const nc_ctx *q, const nv *acc, int stride, const int PC, int64_t img, int64_t ob,
                   int64_t oh, int64_t ow0) {
     int64_t off = nc_off(q, img, ob, oh, ow0);
 #pragma GCC unroll 24
-    for (int p = 0; p < PC; p++) _mm512_storeu_ps(q->y + off + p * 16, acc[p * stride]);
+    for (int p = 0; p < PC; p++) nv_store(q->y + off + p * 16, acc[p * stride]);
     if (q->has_bias || q->z || q->clip || q->act) nc_epi(q, ob, off, PC);
 }
 
-/* PC output pixels (ow0 ...) of row oh times FB output blocks from ob0, over the input blocks
-   [ib0 + cb0, ib0 + cb1) of their convolution group; CHECKED (PC 1): taps outside the row are
-   skipped. The weight of the tile group: (gib, kh, kw, 16 in, FB * 16 out) from
-   ob0 * gib * kh * kw * 256 on. */
+/* PC output pixels (ow0 ...) of row oh times the FT output blocks fo ... of the tile group of
+   FB blocks from ob0, over the input blocks [ib0 + cb0, ib0 + cb1) of their convolution group;
+   CHECKED (PC 1): taps outside the row are skipped. The weight of the tile group: (gib, kh, kw,
+   16 in, FB * 16 out) from ob0 * gib * kh * kw * 256 on. */
 NC_AI void nc_tile(const nc_ctx *q, int64_t img, int64_t ob0, int64_t ib0, int64_t oh, int64_t ow0, const int PC,
-                   const int FB, const int CHECKED, const int S1, int64_t cb0, int64_t cb1) {
-    __m512 acc[24][4];
+                   const int FB, int64_t fo, const int FT, const int CHECKED, const int S1, int64_t cb0, int64_t cb1) {
+    nv acc[24][4];
     if (cb0 == 0) {
 #pragma GCC unroll 24
         for (int p = 0; p < PC; p++)
 #pragma GCC unroll 4
-            for (int f = 0; f < FB; f++) acc[p][f] = _mm512_setzero_ps();
+            for (int f = 0; f < FT; f++) acc[p][f] = nv_zero();
     } else {  /* the sums of the input blocks before cb0, stored by the previous batch */
 #pragma GCC unroll 4
-        for (int f = 0; f < FB; f++) {
-            const float *y = q->y + nc_off(q, img, ob0 + f, oh, ow0);
+        for (int f = 0; f < FT; f++) {
+            const float *y = q->y + nc_off(q, img, ob0 + fo + f, oh, ow0);
 #pragma GCC unroll 24
-            for (int p = 0; p < PC; p++) acc[p][f] = _mm512_loadu_ps(y + p * 16);
+            for (int p = 0; p < PC; p++) acc[p][f] = nv_load(y + p * 16);
         }
     }
     const int64_t sx = q->sw * 16;
-    const float *wg = q->w + ob0 * q->gib * q->kh * q->kw * 256;
+    const float *wg = q->w + ob0 * q->gib * q->kh * q->kw * 256 + fo * 16;
     for (int64_t cb = cb0; cb < cb1; cb++) {
         for (int64_t kh = 0; kh < q->kh; kh++) {
             int64_t ih = oh * q->sh - q->pt + kh * q->dh;
@@ -141,18 +212,18 @@ NC_AI void nc_tile(const nc_ctx *q, int64_t img, int64_t ob0, int64_t ib0, int64
                 for (int p = 0; p < PC; p++) xq[p] = xp + (S1 ? p * 16 : p * sx);
 #pragma GCC unroll 4
                 for (int ci = 0; ci < 16; ci++) {
-                    __m512 wv[4];
+                    nv wv[4];
 #pragma GCC unroll 4
-                    for (int f = 0; f < FB; f++) {
+                    for (int f = 0; f < FT; f++) {
                         /* the weight streams from memory in a model: fetch it 32 channels ahead */
                         if (!CHECKED) _mm_prefetch((const char *)(wp + (ci * FB + f) * 16 + 512 * FB), _MM_HINT_T0);
-                        wv[f] = _mm512_loadu_ps(wp + (ci * FB + f) * 16);
+                        wv[f] = nv_load(wp + (ci * FB + f) * 16);
                     }
 #pragma GCC unroll 24
                     for (int p = 0; p < PC; p++) {
-                        __m512 b = _mm512_set1_ps(S1 ? xp[p * 16 + ci] : xq[p][ci]);
+                        nb b = nb_set1(S1 ? xp[p * 16 + ci] : xq[p][ci]);
 #pragma GCC unroll 4
-                        for (int f = 0; f < FB; f++) acc[p][f] = _mm512_fmadd_ps(b, wv[f], acc[p][f]);
+                        for (int f = 0; f < FT; f++) acc[p][f] = nv_fmab(b, wv[f], acc[p][f]);
                     }
                 }
             }
@@ -160,51 +231,57 @@ NC_AI void nc_tile(const nc_ctx *q, int64_t img, int64_t ob0, int64_t ib0, int64
     }
     if (cb1 == q->gib) {
 #pragma GCC unroll 4
-        for (int f = 0; f < FB; f++) nc_put(q, &acc[0][f], 4, PC, img, ob0 + f, oh, ow0);
+        for (int f = 0; f < FT; f++) nc_put(q, &acc[0][f], 4, PC, img, ob0 + fo + f, oh, ow0);
     } else {
 #pragma GCC unroll 4
-        for (int f = 0; f < FB; f++) {
-            float *y = q->y + nc_off(q, img, ob0 + f, oh, ow0);
+        for (int f = 0; f < FT; f++) {
+            float *y = q->y + nc_off(q, img, ob0 + fo + f, oh, ow0);
 #pragma GCC unroll 24
-            for (int p = 0; p < PC; p++) _mm512_storeu_ps(y + p * 16, acc[p][f]);
+            for (int p = 0; p < PC; p++) nv_store(y + p * 16, acc[p][f]);
         }
     }
 }
 
-#define NC_REST(FB, PCMAX, S1)                                                                            \
+/* the tile of PCV pixels at ow for the FT blocks from fo */
+#define NC_T(PCV, CHK, S1V) nc_tile(q, img, ob0, ib0, oh, ow, PCV, FB, fo, NC_FT(FB), CHK, S1V, cb0, cb1)
+/* ... at each of the group's FB / FT block offsets in turn (one on AVX-512, where FT is FB) */
+#define NC_TS(PCV, CHK, S1V) for (int64_t fo = 0; fo < FB; fo += NC_FT(FB)) NC_T(PCV, CHK, S1V)
+
+#define NC_REST(FB, PCMAX, S1)                                                                        \
     switch (r) {                                                                                      \
-    case 1: nc_tile(q, img, ob0, ib0, oh, ow, 1, FB, 0, S1, cb0, cb1); break;                                              \
-    case 2: nc_tile(q, img, ob0, ib0, oh, ow, 2, FB, 0, S1, cb0, cb1); break;                                              \
-    case 3: nc_tile(q, img, ob0, ib0, oh, ow, 3, FB, 0, S1, cb0, cb1); break;                                              \
-    case 4: if (PCMAX > 4) nc_tile(q, img, ob0, ib0, oh, ow, 4, FB, 0, S1, cb0, cb1); break;                               \
-    case 5: if (PCMAX > 5) nc_tile(q, img, ob0, ib0, oh, ow, 5, FB, 0, S1, cb0, cb1); break;                               \
-    case 6: if (PCMAX > 6) nc_tile(q, img, ob0, ib0, oh, ow, 6, FB, 0, S1, cb0, cb1); break;                               \
-    case 7: if (PCMAX > 7) nc_tile(q, img, ob0, ib0, oh, ow, 7, FB, 0, S1, cb0, cb1); break;                               \
+    case 1: NC_TS(1, 0, S1); break;                                                                   \
+    case 2: NC_TS(2, 0, S1); break;                                                                   \
+    case 3: NC_TS(3, 0, S1); break;                                                                   \
+    case 4: if (PCMAX > 4) NC_TS(4, 0, S1); break;                                                    \
+    case 5: if (PCMAX > 5) NC_TS(5, 0, S1); break;                                                    \
+    case 6: if (PCMAX > 6) NC_TS(6, 0, S1); break;                                                    \
+    case 7: if (PCMAX > 7) NC_TS(7, 0, S1); break;                                                    \
     default: break;                                                                                   \
     }
 
 /* rows [r0, r1) of group g at FB blocks, columns [c0, c1): the input blocks in batches whose
-   weights (cbb blocks x taps x 16 x FB * 16) stay in L1 while the tiles sweep every row of the
-   task (the weights come from memory once a task, the sums go through the output between
+   weights (cbb blocks x taps x 16 x FB * 16; an AVX2 tile holds one block, the group's take
+   turns at each tile while its inputs are in L1) stay in L1 while the tiles sweep every row of
+   the task (the weights come from memory once a task, the sums go through the output between
    batches); in a row the border pixels one at a time (checked), the inside in tiles of PCMAX */
 NC_AI void nc_rows_fb(const nc_ctx *q, int64_t img, int64_t ob0, int64_t ib0, int64_t r0, int64_t r1, int64_t c0,
                       int64_t c1, const int FB, const int PCMAX, const int S1) {
     int64_t lo = q->lo_w > c0 ? q->lo_w : c0, hi = q->hi_w < c1 ? q->hi_w : c1;
     if (lo > c1) lo = c1;
     if (hi < lo) hi = lo;
-    int64_t cbb = 8192 / (q->kh * q->kw * 256 * FB);
+    int64_t cbb = NC_WBATCH / (q->kh * q->kw * 256 * FB);
     if (cbb < 1) cbb = 1;
     for (int64_t cb0 = 0; cb0 < q->gib; cb0 += cbb) {
         int64_t cb1 = cb0 + cbb < q->gib ? cb0 + cbb : q->gib;
         for (int64_t oh = r0; oh < r1; oh++) {
             int64_t ow = c0;
-            for (; ow < lo; ow++) nc_tile(q, img, ob0, ib0, oh, ow, 1, FB, 1, 0, cb0, cb1);
-            for (; ow + PCMAX <= hi; ow += PCMAX) nc_tile(q, img, ob0, ib0, oh, ow, PCMAX, FB, 0, S1, cb0, cb1);
+            for (; ow < lo; ow++) NC_TS(1, 1, 0);
+            for (; ow + PCMAX <= hi; ow += PCMAX) NC_TS(PCMAX, 0, S1);
             int64_t r = hi - ow;
             /* (a wide tile's rest: 8 pixels at a time, then fewer) */
-            for (; PCMAX > 8 && r >= 8; r -= 8, ow += 8) nc_tile(q, img, ob0, ib0, oh, ow, PCMAX > 8 ? 8 : 1, FB, 0, S1, cb0, cb1);
+            for (; PCMAX > 8 && r >= 8; r -= 8, ow += 8) NC_TS(PCMAX > 8 ? 8 : 1, 0, S1);
             if (r > 0) { NC_REST(FB, PCMAX, S1) }
-            for (ow = hi; ow < c1; ow++) nc_tile(q, img, ob0, ib0, oh, ow, 1, FB, 1, 0, cb0, cb1);
+            for (ow = hi; ow < c1; ow++) NC_TS(1, 1, 0);
         }
     }
 }
@@ -224,32 +301,32 @@ static void nc_conv_task(void *ctx, int64_t t, int slot) {
     /* (the fewer output blocks, the more pixels a tile: 24 sums in registers whatever FB) */
     if (q->sw == 1) {
         switch (fb) {
-        case 4: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 4, 6, 1); break;
-        case 3: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 3, 8, 1); break;
-        case 2: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 2, 12, 1); break;
-        default: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 1, 24, 1); break;
+        case 4: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 4, NC_PC4, 1); break;
+        case 3: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 3, NC_PC3, 1); break;
+        case 2: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 2, NC_PC2, 1); break;
+        default: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 1, NC_PC1, 1); break;
         }
     } else {
         switch (fb) {
-        case 4: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 4, 6, 0); break;
-        case 3: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 3, 8, 0); break;
-        case 2: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 2, 8, 0); break;
-        default: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 1, 8, 0); break;
+        case 4: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 4, NC_PCS < NC_PC4 ? NC_PCS : NC_PC4, 0); break;
+        case 3: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 3, NC_PCS, 0); break;
+        case 2: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 2, NC_PCS, 0); break;
+        default: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 1, NC_PCS, 0); break;
         }
     }
 }
 
-/* an NCHW input (a stem's 3 channels; cb is its channel count): PC pixels times FB output
-   blocks, a broadcast input value per pixel, channel and tap; the weight of group g:
-   (c, kh, kw, FB * 16) from g * 4 * c * kh * kw * 16 on */
+/* an NCHW input (a stem's 3 channels; cb is its channel count): PC pixels times the FT output
+   blocks fo ... of a group of FB, a broadcast input value per pixel, channel and tap; the
+   weight of group g: (c, kh, kw, FB * 16) from g * 4 * c * kh * kw * 16 on */
 NC_AI void nc_plain_tile(const nc_ctx *q, int64_t img, int64_t g, int64_t oh, int64_t ow0, const int PC, const int FB,
-                         const int CHECKED) {
-    __m512 acc[8][4];
+                         int64_t fo, const int FT, const int CHECKED) {
+    nv acc[8][4];
 #pragma GCC unroll 8
     for (int p = 0; p < PC; p++)
 #pragma GCC unroll 4
-        for (int f = 0; f < FB; f++) acc[p][f] = _mm512_setzero_ps();
-    const float *wg = q->w + g * 4 * q->cb * q->kh * q->kw * 16;
+        for (int f = 0; f < FT; f++) acc[p][f] = nv_zero();
+    const float *wg = q->w + g * 4 * q->cb * q->kh * q->kw * 16 + fo * 16;
     for (int64_t c = 0; c < q->cb; c++) {
         for (int64_t kh = 0; kh < q->kh; kh++) {
             int64_t ih = oh * q->sh - q->pt + kh * q->dh;
@@ -260,30 +337,33 @@ NC_AI void nc_plain_tile(const nc_ctx *q, int64_t img, int64_t g, int64_t oh, in
                 int64_t iw0 = ow0 * q->sw - q->pl + kw * q->dw;
                 if (CHECKED && (iw0 < 0 || iw0 >= q->wd)) continue;
                 const float *xp = xr + iw0;
-                __m512 wv[4];
+                nv wv[4];
 #pragma GCC unroll 4
-                for (int f = 0; f < FB; f++) wv[f] = _mm512_loadu_ps(wr + (kw * FB + f) * 16);
+                for (int f = 0; f < FT; f++) wv[f] = nv_load(wr + (kw * FB + f) * 16);
 #pragma GCC unroll 8
                 for (int p = 0; p < PC; p++) {
-                    __m512 b = _mm512_set1_ps(xp[p * q->sw]);
+                    nb b = nb_set1(xp[p * q->sw]);
 #pragma GCC unroll 4
-                    for (int f = 0; f < FB; f++) acc[p][f] = _mm512_fmadd_ps(b, wv[f], acc[p][f]);
+                    for (int f = 0; f < FT; f++) acc[p][f] = nv_fmab(b, wv[f], acc[p][f]);
                 }
             }
         }
     }
 #pragma GCC unroll 4
-    for (int f = 0; f < FB; f++) nc_put(q, &acc[0][f], 4, PC, img, g * 4 + f, oh, ow0);
+    for (int f = 0; f < FT; f++) nc_put(q, &acc[0][f], 4, PC, img, g * 4 + fo + f, oh, ow0);
 }
+
+#define NC_PLAIN(PCV, CHK) \
+    for (int64_t fo = 0; fo < FB; fo += NC_FT(FB)) nc_plain_tile(q, img, g, oh, ow, PCV, FB, fo, NC_FT(FB), CHK)
 
 NC_AI void nc_plain_rows(const nc_ctx *q, int64_t img, int64_t g, int64_t r0, int64_t r1, const int FB) {
     for (int64_t oh = r0; oh < r1; oh++) {
         int64_t ow = 0;
-        for (; ow < q->lo_w; ow++) nc_plain_tile(q, img, g, oh, ow, 1, FB, 1);
-        for (; ow + 6 <= q->hi_w; ow += 6) nc_plain_tile(q, img, g, oh, ow, 6, FB, 0);
-        for (; ow + 2 <= q->hi_w; ow += 2) nc_plain_tile(q, img, g, oh, ow, 2, FB, 0);
-        for (; ow < q->hi_w; ow++) nc_plain_tile(q, img, g, oh, ow, 1, FB, 0);
-        for (ow = q->hi_w > q->lo_w ? q->hi_w : q->lo_w; ow < q->ow; ow++) nc_plain_tile(q, img, g, oh, ow, 1, FB, 1);
+        for (; ow < q->lo_w; ow++) NC_PLAIN(1, 1);
+        for (; ow + 6 <= q->hi_w; ow += 6) NC_PLAIN(6, 0);
+        for (; ow + 2 <= q->hi_w; ow += 2) NC_PLAIN(2, 0);
+        for (; ow < q->hi_w; ow++) NC_PLAIN(1, 0);
+        for (ow = q->hi_w > q->lo_w ? q->hi_w : q->lo_w; ow < q->ow; ow++) NC_PLAIN(1, 1);
     }
 }
 
@@ -323,9 +403,9 @@ static float *nc_scratch(size_t count) { return nc_grow(&nc_buf, &nc_cap, count)
 NC_AI void nc_dw_tile(const nc_ctx *q, const float *xb, int64_t h, int64_t wd, int64_t pt, int64_t pl,
                       const float *w, int64_t img, int64_t cb, int64_t oh, int64_t ow0, const int PC,
                       const int CHECKED) {
-    __m512 acc[12];
+    nv acc[12];
 #pragma GCC unroll 12
-    for (int p = 0; p < PC; p++) acc[p] = _mm512_setzero_ps();
+    for (int p = 0; p < PC; p++) acc[p] = nv_zero();
     const int64_t sx = q->sw * 16;
     for (int64_t kh = 0; kh < q->kh; kh++) {
         int64_t ih = oh * q->sh - pt + kh * q->dh;
@@ -334,12 +414,12 @@ NC_AI void nc_dw_tile(const nc_ctx *q, const float *xb, int64_t h, int64_t wd, i
         const float *wr = w + kh * q->kw * 16;
         for (int64_t kw = 0; kw < q->kw; kw++) {
             int64_t iw0 = ow0 * q->sw - pl + kw * q->dw;
-            __m512 wv = _mm512_loadu_ps(wr + kw * 16);
+            nv wv = nv_load(wr + kw * 16);
             const float *xp = xr + iw0 * 16;
 #pragma GCC unroll 12
             for (int p = 0; p < PC; p++) {
                 if (CHECKED && (iw0 + p * q->sw < 0 || iw0 + p * q->sw >= wd)) continue;
-                acc[p] = _mm512_fmadd_ps(_mm512_loadu_ps(xp + p * sx), wv, acc[p]);
+                acc[p] = nv_fma(nv_load(xp + p * sx), wv, acc[p]);
             }
         }
     }
@@ -352,18 +432,20 @@ NC_AI void nc_dw_tile(const nc_ctx *q, const float *xb, int64_t h, int64_t wd, i
         else nc_dw_tile(q, xb, h, wd, pt, pl, w, img, cb, oh, ow, PCV, 0);                           \
         break;
 
-/* one output row in tiles of equal width (at most 12: a 14-pixel row is two of 7, not 12 and
-   two latency-bound single pixels); the tiles past [lo, hi) checked */
+/* one output row in tiles of equal width (at most NC_DWMAX: on AVX-512 a 14-pixel row is two
+   of 7, not 12 and two latency-bound single pixels); the tiles past [lo, hi) checked */
 static void nc_dw_row(const nc_ctx *q, const float *xb, int64_t h, int64_t wd, int64_t pt, int64_t pl,
                       int64_t lo, int64_t hi, int64_t img, int64_t cb, int64_t oh) {
     const float *w = q->w + cb * q->kh * q->kw * 16;
-    int64_t tiles = (q->ow + 11) / 12, pc = (q->ow + tiles - 1) / tiles;
+    int64_t tiles = (q->ow + NC_DWMAX - 1) / NC_DWMAX, pc = (q->ow + tiles - 1) / tiles;
     for (int64_t ow = 0; ow < q->ow; ow += pc) {
         int64_t n = q->ow - ow < pc ? q->ow - ow : pc;
         int chk = ow < lo || ow + n > hi;
         switch (n) {
         NC_DW_CASE(1) NC_DW_CASE(2) NC_DW_CASE(3) NC_DW_CASE(4) NC_DW_CASE(5) NC_DW_CASE(6)
+#if NC_DWMAX > 6
         NC_DW_CASE(7) NC_DW_CASE(8) NC_DW_CASE(9) NC_DW_CASE(10) NC_DW_CASE(11) NC_DW_CASE(12)
+#endif
         default: break;
         }
     }
@@ -410,7 +492,7 @@ static void nc_pool_task(void *ctx, int64_t t, int slot) {
     int64_t per_img = q->cb * q->oh;
     int64_t img = t / per_img, r = t % per_img, cb = r / q->oh, oh = r % q->oh;
     for (int64_t ow = 0; ow < q->ow; ow++) {
-        __m512 acc = q->act == 0 ? _mm512_set1_ps(-INFINITY) : _mm512_setzero_ps();
+        nv acc = q->act == 0 ? nv_set1(-INFINITY) : nv_zero();
         int64_t inside = 0;
         for (int64_t kh = 0; kh < q->kh; kh++) {
             int64_t ih = oh * q->sh - q->pt + kh * q->dh;
@@ -419,16 +501,16 @@ static void nc_pool_task(void *ctx, int64_t t, int slot) {
             for (int64_t kw = 0; kw < q->kw; kw++) {
                 int64_t iw = ow * q->sw - q->pl + kw * q->dw;
                 if (iw < 0 || iw >= q->wd) continue;
-                __m512 v = _mm512_loadu_ps(xr + iw * 16);
-                acc = q->act == 0 ? _mm512_max_ps(v, acc) : _mm512_add_ps(acc, v);
+                nv v = nv_load(xr + iw * 16);
+                acc = q->act == 0 ? nv_max(v, acc) : nv_add(acc, v);
                 inside++;
             }
         }
         /* (max: a NaN input lane stays NaN: vmaxps returns its second operand when either is NaN,
            and the input is the first) */
-        if (q->act == 1) acc = _mm512_mul_ps(acc, _mm512_set1_ps(1.0f / (float)(q->kh * q->kw)));
-        else if (q->act == 2) acc = _mm512_mul_ps(acc, _mm512_set1_ps(inside ? 1.0f / (float)inside : 0.0f));
-        _mm512_storeu_ps(q->y + (((img * q->cb + cb) * q->oh + oh) * q->ow + ow) * 16, acc);
+        if (q->act == 1) acc = nv_mul(acc, nv_set1(1.0f / (float)(q->kh * q->kw)));
+        else if (q->act == 2) acc = nv_mul(acc, nv_set1(inside ? 1.0f / (float)inside : 0.0f));
+        nv_store(q->y + (((img * q->cb + cb) * q->oh + oh) * q->ow + ow) * 16, acc);
     }
 }
 
@@ -437,14 +519,14 @@ static void nc_gap_task(void *ctx, int64_t t, int slot) {
     const nc_ctx *q = (const nc_ctx *)ctx;
     (void)slot;
     const float *xr = q->x + t * q->h * q->wd * 16;
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    nv a0 = nv_zero(), a1 = nv_zero();
     int64_t hw = q->h * q->wd, i = 0;
     for (; i + 2 <= hw; i += 2) {
-        a0 = _mm512_add_ps(a0, _mm512_loadu_ps(xr + i * 16));
-        a1 = _mm512_add_ps(a1, _mm512_loadu_ps(xr + i * 16 + 16));
+        a0 = nv_add(a0, nv_load(xr + i * 16));
+        a1 = nv_add(a1, nv_load(xr + i * 16 + 16));
     }
-    if (i < hw) a0 = _mm512_add_ps(a0, _mm512_loadu_ps(xr + i * 16));
-    _mm512_storeu_ps(q->y + t * 16, _mm512_mul_ps(_mm512_add_ps(a0, a1), _mm512_set1_ps(1.0f / (float)hw)));
+    if (i < hw) a0 = nv_add(a0, nv_load(xr + i * 16));
+    nv_store(q->y + t * 16, nv_mul(nv_add(a0, a1), nv_set1(1.0f / (float)hw)));
 }
 #endif
 
@@ -567,7 +649,7 @@ static PyObject *nc_conv_any(PyObject *const *args, Py_ssize_t n, int dw) {
     int64_t need = dw ? ge_prod(q.cb, q.kh, q.kw, 16) : ge_prod(q.mb * 16, q.gib * 16, q.kh, q.kw);
     if ((dw && q.mb != q.cb) || need < 0 || wn != need) return ge_fail();
     if (q.n <= 0 || q.mb <= 0 || q.oh <= 0 || q.ow <= 0) Py_RETURN_NONE;
-#if defined(__AVX512F__)
+#if defined(NC_VEC)
     /* columns whose window crosses the left or right border: the rows are copied with zeros
        on both sides first, so every tile is a whole one (pixels one at a time, there, cost
        a third of a 7x7 plane's row) */
@@ -623,7 +705,7 @@ static PyObject *nc_conv_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     q.groups = (q.mb + 3) / 4;
     q.rblk = q.oh;
     while (q.rblk > 1 && q.n * q.groups * ((q.oh + q.rblk - 1) / q.rblk) < 8 * width) q.rblk = (q.rblk + 1) / 2;
-#if defined(__AVX512F__)
+#if defined(NC_VEC)
     Py_BEGIN_ALLOW_THREADS
     ge_parallel(nc_plain_task, &q, q.n * q.groups * ((q.oh + q.rblk - 1) / q.rblk), width);
     Py_END_ALLOW_THREADS
@@ -645,7 +727,7 @@ static PyObject *nc_pool(PyObject *self, PyObject *const *args, Py_ssize_t n) {
         || nc_geometry(args, 4, &q) || nc_arrays(args, &q, -1)) return NULL;
     if (q.mb != q.cb) return ge_fail();
     if (q.n <= 0 || q.cb <= 0 || q.oh <= 0 || q.ow <= 0) Py_RETURN_NONE;
-#if defined(__AVX512F__)
+#if defined(NC_VEC)
     Py_BEGIN_ALLOW_THREADS
     ge_parallel(nc_pool_task, &q, q.n * q.cb * q.oh, width);
     Py_END_ALLOW_THREADS
@@ -666,7 +748,7 @@ static PyObject *nc_gap(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (!q.y) return NULL;
     if (xd[4] != 16 || yr != xd[0] || yc != xd[1] * 16 || xd[2] * xd[3] <= 0) return ge_fail();
     q.h = xd[2]; q.wd = xd[3];
-#if defined(__AVX512F__)
+#if defined(NC_VEC)
     Py_BEGIN_ALLOW_THREADS
     ge_parallel(nc_gap_task, &q, xd[0] * xd[1], width);
     Py_END_ALLOW_THREADS
@@ -729,13 +811,19 @@ _NO_BIAS = np.zeros(1, np.float32)
 
 
 #: the module of _SRC, built on first use
-_mod = native.lazy_module("GE_NATIVE_NCHWC", _SRC, ["nc_ok", "nc_conv", "nc_conv_plain", "nc_dwconv", "nc_pool",
+_mod = native.lazy_module("GE_NATIVE_NCHWC", _SRC, ["nc_ok", "nc_isa", "nc_conv", "nc_conv_plain", "nc_dwconv", "nc_pool",
                                                     "nc_gap", "nc_reorder"], "nc_ok")
 
 
 def available() -> bool:
-    """True when the blocked kernels run here (AVX-512F and the native kernels build)."""
+    """True when the blocked kernels run here (AVX-512F, or AVX2 with FMA, and the native kernels build)."""
     return _mod() is not None
+
+
+def isa() -> str | None:
+    """The instruction set the blocked kernels run on here: ``"avx512f"``, ``"avx2"``, or None."""
+    mod = _mod()
+    return None if mod is None else {2: "avx512f", 1: "avx2"}.get(int(mod.nc_isa()))
 
 
 def blocks(channels: int) -> int:

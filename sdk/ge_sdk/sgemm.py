@@ -1,4 +1,4 @@
-"""GE's own float32 GEMM: AVX-512 register tiles, a constant operand packed once, epilogue at the store.
+"""GE's own float32 GEMM: register tiles (AVX-512 or AVX2), a constant operand packed once, epilogue at the store.
 
 BLAS (OpenBLAS here) packs *both* operands of every call into its own blocked buffers before it
 multiplies. For inference one operand is a constant weight, and the products are small enough
@@ -26,7 +26,9 @@ multiply-adds in the order of ``k`` whatever the split, so a product has the sam
 thread count. Every entry checks its arrays (dtype, C order, sizes) before it runs.
 
 :func:`available` says whether the path runs here: the native kernels build and the compiler
-targets AVX-512 (``-march=native`` on a CPU with AVX-512F); elsewhere callers keep their BLAS
+targets AVX-512F or AVX2 with FMA (``-march=native``); on AVX2 each 12 x 32 tile runs as four
+6 x 16 ones in the 16 registers, the same sums in the same order (the packed operands are the
+same), the epilogue's math on 8 lanes; :func:`isa` says which. Elsewhere callers keep their BLAS
 path. ``GE_NATIVE_SGEMM=0`` turns it off.
 """
 
@@ -68,7 +70,8 @@ static inline __attribute__((always_inline)) float act32(float v, int64_t act) {
 
 #: C of the activations 1-3 of :data:`ACTIVATIONS` on 16 float32 lanes in AVX-512 registers,
 #: ``sg_act16(v, code)`` (and ``sg_exp16``, ``sg_erf16``): the prelude's exp32 and erf32 with
-#: fused multiply-adds; fixed source, empty without AVX-512, shared like :data:`ACTIVATION_C`
+#: fused multiply-adds; fixed source, shared like :data:`ACTIVATION_C`; on AVX2 (no AVX-512) it
+#: holds the same math on 8 lanes instead, ``sg_act8`` (the blocked kernels' AVX2 form)
 ACTIVATION_C16 = r"""
 #include <immintrin.h>
 #if defined(__AVX512F__)
@@ -155,6 +158,80 @@ static inline __attribute__((always_inline)) __m512 sg_act16(__m512 v, int64_t a
     return v;
 }
 
+#elif defined(__AVX2__) && defined(__FMA__)
+/* the same math on 8 lanes in AVX2 registers (sg_exp8, sg_erf8, sg_tanh8, sg_act8): lane for
+   lane the AVX-512 forms', for the kernels that run on AVX2 (ge_sdk.nchwc) */
+#define SG_C8(v) _mm256_set1_ps(v)
+#define SG_SIGN8 _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u))
+static inline __attribute__((always_inline)) __m256 sg_exp8(__m256 x) {
+    __m256 xc = _mm256_max_ps(_mm256_min_ps(x, SG_C8(88.8f)), SG_C8(-104.0f));
+    __m256 t = _mm256_fmadd_ps(xc, SG_C8(1.44269504088896341f), SG_C8(12582912.0f));
+    __m256 fx = _mm256_sub_ps(t, SG_C8(12582912.0f));
+    __m256 r = _mm256_fnmadd_ps(fx, SG_C8(-2.12194440e-4f), _mm256_fnmadd_ps(fx, SG_C8(0.693359375f), xc));
+    __m256 p = _mm256_fmadd_ps(SG_C8(1.9875691500e-4f), r, SG_C8(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, SG_C8(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, SG_C8(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, SG_C8(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, SG_C8(5.0000001201e-1f));
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), SG_C8(1.0f));
+    __m256i n = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4B400000));
+    __m256i n1 = _mm256_srai_epi32(n, 1), n2 = _mm256_sub_epi32(n, n1);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, _mm256_set1_epi32(127)), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, _mm256_set1_epi32(127)), 23));
+    y = _mm256_mul_ps(_mm256_mul_ps(y, s1), s2);
+    return _mm256_blendv_ps(x, y, _mm256_cmp_ps(x, x, _CMP_ORD_Q));
+}
+
+static inline __attribute__((always_inline)) __m256 sg_erf8(__m256 x) {
+    __m256 z = _mm256_mul_ps(x, x);
+    __m256 q = _mm256_fmadd_ps(SG_C8(7.853861353153693e-5f), z, SG_C8(-8.010193625184903e-4f));
+    q = _mm256_fmadd_ps(q, z, SG_C8(5.188327685732524e-3f));
+    q = _mm256_fmadd_ps(q, z, SG_C8(-2.685381193529856e-2f));
+    q = _mm256_fmadd_ps(q, z, SG_C8(1.128358514861418e-1f));
+    q = _mm256_fmadd_ps(q, z, SG_C8(-3.761262582423300e-1f));
+    __m256 small = _mm256_mul_ps(x, _mm256_fmadd_ps(q, z, SG_C8(1.128379165726710f)));
+    __m256 a = _mm256_andnot_ps(SG_SIGN8, x);
+    __m256 t = _mm256_div_ps(SG_C8(1.0f), _mm256_fmadd_ps(SG_C8(0.3275911f), a, SG_C8(1.0f)));
+    __m256 pl = _mm256_fmadd_ps(SG_C8(1.061405429f), t, SG_C8(-1.453152027f));
+    pl = _mm256_fmadd_ps(pl, t, SG_C8(1.421413741f));
+    pl = _mm256_fmadd_ps(pl, t, SG_C8(-0.284496736f));
+    pl = _mm256_fmadd_ps(pl, t, SG_C8(0.254829592f));
+    pl = _mm256_mul_ps(pl, t);
+    __m256 big = _mm256_fnmadd_ps(pl, sg_exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_min_ps(SG_C8(16.0f), z))), SG_C8(1.0f));
+    big = _mm256_or_ps(big, _mm256_and_ps(x, SG_SIGN8));
+    __m256 r = _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, SG_C8(1.0f), _CMP_LT_OQ));
+    return _mm256_blendv_ps(x, r, _mm256_cmp_ps(x, x, _CMP_ORD_Q));
+}
+
+static inline __attribute__((always_inline)) __m256 sg_tanh8(__m256 x) {
+    __m256 z = _mm256_mul_ps(x, x);
+    __m256 q = _mm256_fmadd_ps(SG_C8(-5.70498872745e-3f), z, SG_C8(2.06390887954e-2f));
+    q = _mm256_fmadd_ps(q, z, SG_C8(-5.37397155531e-2f));
+    q = _mm256_fmadd_ps(q, z, SG_C8(1.33314422036e-1f));
+    q = _mm256_fmadd_ps(q, z, SG_C8(-3.33332819422e-1f));
+    __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(q, z), x, x);
+    __m256 ax = _mm256_andnot_ps(SG_SIGN8, x);
+    __m256 big = _mm256_sub_ps(SG_C8(1.0f), _mm256_div_ps(SG_C8(2.0f), _mm256_add_ps(sg_exp8(_mm256_min_ps(SG_C8(40.0f), _mm256_add_ps(ax, ax))), SG_C8(1.0f))));
+    big = _mm256_or_ps(big, _mm256_and_ps(x, SG_SIGN8));
+    return _mm256_blendv_ps(big, small, _mm256_cmp_ps(ax, SG_C8(0.625f), _CMP_LT_OQ));
+}
+
+static inline __attribute__((always_inline)) __m256 sg_act8(__m256 v, int64_t act) {
+    if (act == 1) return _mm256_div_ps(SG_C8(1.0f), _mm256_add_ps(SG_C8(1.0f), sg_exp8(_mm256_sub_ps(_mm256_setzero_ps(), v))));
+    if (act == 2) return _mm256_div_ps(v, _mm256_add_ps(SG_C8(1.0f), sg_exp8(_mm256_sub_ps(_mm256_setzero_ps(), v))));
+    if (act == 3)
+        return _mm256_mul_ps(_mm256_mul_ps(SG_C8(0.5f), v), _mm256_add_ps(SG_C8(1.0f), sg_erf8(_mm256_mul_ps(v, SG_C8(0.70710678118654752f)))));
+    if (act == 4) {
+        __m256 u = _mm256_mul_ps(SG_C8(0.79788456080286536f), _mm256_fmadd_ps(_mm256_mul_ps(SG_C8(0.044715f), v), _mm256_mul_ps(v, v), v));
+        return _mm256_mul_ps(_mm256_mul_ps(SG_C8(0.5f), v), _mm256_add_ps(SG_C8(1.0f), sg_tanh8(u)));
+    }
+    if (act == 5) {
+        __m256 g = _mm256_fmadd_ps(v, SG_C8(1.0f / 6.0f), SG_C8(0.5f));
+        g = _mm256_min_ps(SG_C8(1.0f), _mm256_max_ps(SG_C8(0.0f), g));
+        return _mm256_mul_ps(v, g);
+    }
+    return v;
+}
 #endif
 """
 
@@ -169,11 +246,29 @@ _SRC = ACTIVATION_C16 + r"""
 #define SG_CONV_CHUNK ((int64_t)1 << 18)
 #define SG_PACK_KW 128  /* the widest kernel the vector pack takes (wav2vec2's positional conv) */
 
-static int64_t sg_isa(void) {
+/* the tiles: AVX-512F (12 x 32: 24 registers of sums), or AVX2 with FMA (each 12 x 32 tile as
+   four of 6 x 16: 12 of its 16 registers; the same sums in the same order) */
 #if defined(__AVX512F__)
+#define SG_VEC 2
+#elif defined(__AVX2__) && defined(__FMA__)
+#define SG_VEC 1
+#endif
+
+static int64_t sg_isa(void) {
+#if defined(SG_VEC)
     return 1;
 #else
     return 0;
+#endif
+}
+
+/* the instruction set of the tiles: 2 AVX-512F, 1 AVX2 + FMA, 0 none */
+static PyObject *sg_width(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (ge_nargs(n, 0)) return NULL;
+#if defined(SG_VEC)
+    return PyLong_FromLongLong(SG_VEC);
+#else
+    return PyLong_FromLongLong(0);
 #endif
 }
 
@@ -299,6 +394,99 @@ static inline __attribute__((always_inline)) void sg_tile(const sg_ctx *q, int m
     else if (pf) sg_tile_(q, mr, r0, j0, 0, 1);
     else sg_tile_(q, mr, r0, j0, 0, 0);
 }
+#elif defined(SG_VEC)
+/* AVX2: sg_store_row's epilogue on 16 columns as two 8-lane halves; w: the columns left (the
+   rest masked) */
+static inline __attribute__((always_inline)) void sg8_store_row(const sg_ctx *q, int64_t row, int64_t j0, __m256 y0,
+                                                                __m256 y1, __m256 bc0, __m256 bc1, __m256 lo, __m256 hi,
+                                                                __m256i m0, __m256i m1, int full, int64_t act) {
+    if (q->bias_kind == 1) { y0 = _mm256_add_ps(y0, bc0); y1 = _mm256_add_ps(y1, bc1); }
+    else if (q->bias_kind == 2) {
+        __m256 br = _mm256_set1_ps(q->bias[row]);
+        y0 = _mm256_add_ps(y0, br); y1 = _mm256_add_ps(y1, br);
+    }
+    if (q->has_z) {
+        const float *zr = q->z + row * q->ldc + j0;
+        if (full) { y0 = _mm256_add_ps(y0, _mm256_loadu_ps(zr)); y1 = _mm256_add_ps(y1, _mm256_loadu_ps(zr + 8)); }
+        else { y0 = _mm256_add_ps(y0, _mm256_maskload_ps(zr, m0)); y1 = _mm256_add_ps(y1, _mm256_maskload_ps(zr + 8, m1)); }
+    }
+    if (q->clip) {
+        y0 = _mm256_min_ps(_mm256_max_ps(y0, lo), hi);
+        y1 = _mm256_min_ps(_mm256_max_ps(y1, lo), hi);
+    }
+    if (act) {
+        y0 = sg_act8(y0, act);
+        y1 = sg_act8(y1, act);
+    }
+    float *cr = q->c + row * q->ldc + j0;
+    if (full) { _mm256_storeu_ps(cr, y0); _mm256_storeu_ps(cr + 8, y1); }
+    else { _mm256_maskstore_ps(cr, m0, y0); _mm256_maskstore_ps(cr + 8, m1, y1); }
+}
+
+/* rows [r0, r0 + mr) (mr <= 6) times the 16 columns j0 ... of half h of a panel */
+static inline __attribute__((always_inline)) void sg8_tile_(const sg_ctx *q, int mr, int64_t r0, int64_t j0, int h,
+                                                            int pk, int pf) {
+    __m256 c0[6], c1[6];
+#pragma GCC unroll 6
+    for (int r = 0; r < 6; r++) { c0[r] = _mm256_setzero_ps(); c1[r] = _mm256_setzero_ps(); }
+    int64_t w = q->n - j0 < 16 ? q->n - j0 : 16;
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)w), lane);
+    __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)w - 8), lane);
+    int full = w == 16;
+    int64_t k = q->k;
+    const float *a = pk ? q->a + (r0 / SG_MR) * k * SG_MR + r0 % SG_MR : q->a + r0 * q->lda;
+    int64_t rs = pk ? 1 : q->lda, ks = pk ? SG_MR : 1;
+    const float *bp = q->b + ((j0 - h * 16) / SG_NR) * k * SG_NR + h * 16;
+    int64_t bleft = (q->panels - j0 / SG_NR) * k;
+    for (int64_t kk = 0; kk < k; kk++) {
+        if (pk && kk + 32 < k) _mm_prefetch((const char *)(a + (kk + 32) * SG_MR), _MM_HINT_T0);
+        if (pf && kk + 32 < bleft) _mm_prefetch((const char *)(bp + (kk + 32) * SG_NR), _MM_HINT_T0);
+        __m256 b0 = _mm256_loadu_ps(bp + kk * SG_NR), b1 = _mm256_loadu_ps(bp + kk * SG_NR + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < 6; r++) {
+            if (r < mr) {
+                __m256 x = _mm256_broadcast_ss(a + r * rs + kk * ks);
+                c0[r] = _mm256_fmadd_ps(x, b0, c0[r]);
+                c1[r] = _mm256_fmadd_ps(x, b1, c1[r]);
+            }
+        }
+    }
+    __m256 bc0 = _mm256_setzero_ps(), bc1 = _mm256_setzero_ps();
+    if (q->bias_kind == 1) {
+        bc0 = _mm256_maskload_ps(q->bias + j0, m0);
+        bc1 = _mm256_maskload_ps(q->bias + j0 + 8, m1);
+    }
+    __m256 lo = _mm256_set1_ps(q->lo), hi = _mm256_set1_ps(q->hi);
+    if (!q->act && mr == 6) {
+#pragma GCC unroll 6
+        for (int r = 0; r < 6; r++) sg8_store_row(q, r0 + r, j0, c0[r], c1[r], bc0, bc1, lo, hi, m0, m1, full, 0);
+        return;
+    }
+    /* (every index a constant: a loop to mr indexing the sums made the compiler keep all of them
+       on the stack, stored at every step of k: a third of the speed) */
+#pragma GCC unroll 6
+    for (int r = 0; r < 6; r++)
+        if (r < mr) sg8_store_row(q, r0 + r, j0, c0[r], c1[r], bc0, bc1, lo, hi, m0, m1, full, q->act);
+}
+
+static inline __attribute__((always_inline)) void sg8_tile(const sg_ctx *q, int mr, int64_t r0, int64_t j0, int h,
+                                                           int pf) {
+    if (q->apack) { if (mr == 6) sg8_tile_(q, 6, r0, j0, h, 1, 0); else sg8_tile_(q, mr, r0, j0, h, 1, 0); }
+    else if (pf) { if (mr == 6) sg8_tile_(q, 6, r0, j0, h, 0, 1); else sg8_tile_(q, mr, r0, j0, h, 0, 1); }
+    else if (mr == 6) sg8_tile_(q, 6, r0, j0, h, 0, 0);
+    else sg8_tile_(q, mr, r0, j0, h, 0, 0);
+}
+
+/* the 12 x 32 tile at (r0, j0) as its 6 x 16 quarters: each half of the panel for both row halves
+   in turn (the half's B lines in L1 for the second) */
+static void sg_tile(const sg_ctx *q, int mr, int64_t r0, int64_t j0, int pf) {
+    for (int h = 0; h < 2 && j0 + h * 16 < q->n; h++)
+        for (int r = 0; r < mr; r += 6) sg8_tile(q, mr - r < 6 ? mr - r : 6, r0 + r, j0 + h * 16, h, pf && r == 0);
+}
+#endif
+
+#if defined(SG_VEC)
 
 /* task i: rows [rb * MC, +MC) times panels [g * per_group, +per_group) */
 static void sg_task(void *vc, int64_t i, int slot) {
@@ -341,7 +529,7 @@ static void sg_task(void *vc, int64_t i, int slot) {
 
 /* the task grid for `width` threads, then the run (without the GIL) */
 static void sg_exec(sg_ctx *q, int64_t width) {
-#if defined(__AVX512F__)
+#if defined(SG_VEC)
     q->panels = (q->n + SG_NR - 1) / SG_NR;
     q->row_blocks = (q->m + SG_MC - 1) / SG_MC;
     if (q->cgroups < 1) q->cgroups = 1;
@@ -359,14 +547,14 @@ static void sg_exec(sg_ctx *q, int64_t width) {
 
 /* the shared end of the GEMM entries */
 static PyObject *sg_run(sg_ctx *q, int64_t width) {
-#if defined(__AVX512F__)
+#if defined(SG_VEC)
     Py_BEGIN_ALLOW_THREADS
     sg_exec(q, width);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 #else
     (void)q; (void)width;
-    PyErr_SetString(PyExc_RuntimeError, "sgemm: built without AVX-512");
+    PyErr_SetString(PyExc_RuntimeError, "sgemm: built without AVX-512 or AVX2");
     return NULL;
 #endif
 }
@@ -617,7 +805,7 @@ static PyObject *sg_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (chunk > panels) chunk = panels;
     float *bp = sg_scratch((size_t)group * (size_t)(chunk > 0 ? chunk : 1) * (size_t)kg * SG_NR);
     if (!bp) return PyErr_NoMemory();
-#if defined(__AVX512F__)
+#if defined(SG_VEC)
     Py_BEGIN_ALLOW_THREADS
     for (int64_t p0 = 0; p0 < panels; p0 += chunk) {
         int64_t np_ = panels - p0 < chunk ? panels - p0 : chunk, j0 = p0 * SG_NR;
@@ -643,12 +831,18 @@ _NO_BIAS = np.zeros(1, np.float32)
 
 
 #: the module of _SRC, built on first use
-_mod = native.lazy_module("GE_NATIVE_SGEMM", _SRC, ["sg_ok", "sg_packed", "sg_conv"], "sg_ok")
+_mod = native.lazy_module("GE_NATIVE_SGEMM", _SRC, ["sg_ok", "sg_width", "sg_packed", "sg_conv"], "sg_ok")
 
 
 def available() -> bool:
-    """True when this machine runs the kernel (AVX-512F and the native kernels build)."""
+    """True when this machine runs the kernel (AVX-512F or AVX2 + FMA, and the native kernels build)."""
     return _mod() is not None
+
+
+def isa() -> str | None:
+    """The instruction set the GEMM's tiles run on here: ``"avx512f"``, ``"avx2"``, or None."""
+    mod = _mod()
+    return None if mod is None else {2: "avx512f", 1: "avx2"}.get(int(mod.sg_width()))
 
 
 class Panels:

@@ -1,7 +1,7 @@
 """The blocked-layout kernels (ge_sdk.nchwc): odd convolution shapes against float64, the
 epilogue, depthwise, pooling, the reorders, the same bits at every thread count, what they refuse.
 
-On a CPU without AVX-512 each entry must refuse (return False, leave the output alone): the
+On a CPU without AVX-512F or AVX2 + FMA each entry must refuse (return False, leave the output alone): the
 cpu backend's kernels then run their NumPy form, which tests/kernels/test_nchwc_layout.py checks."""
 
 import math
@@ -236,3 +236,4 @@ def test_bad_arrays_and_geometry_are_refused():
     assert not nchwc.conv(x5, w, out, *geo, act="tanh")
     assert not nchwc.pool(x5, np.zeros((1, 1, 5, 5, 16), np.float32), "max", *geo)  # blocks must agree
     assert not nchwc.to_blocked(np.zeros((1, 33, 5, 5), np.float32), x5)  # 33 channels are 3 blocks
+

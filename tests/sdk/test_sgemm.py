@@ -9,8 +9,9 @@ from onnx import TensorProto, helper, numpy_helper
 import ge_core as ge
 from ge_sdk import parallel, sgemm
 
-# CI's machines (Intel and AMD EPYC) have AVX-512: the kernel must run there
-pytestmark = pytest.mark.skipif(not sgemm.available(), reason="GE's sgemm needs a CPU with AVX-512F")
+# the kernel runs on AVX-512F and on AVX2 + FMA (the x86 machines seen: Intel and AMD EPYC with
+# AVX-512, AMD EPYC Zen 3 with AVX2 only): tests/sdk/test_native.py checks that it does
+pytestmark = pytest.mark.skipif(not sgemm.available(), reason="GE's sgemm needs a CPU with AVX-512F or AVX2 + FMA")
 
 # (m, k, n); the last two: large k, whose panel blocks are one panel (the weight prefetch's end)
 SHAPES = [(1, 1, 1), (5, 7, 3), (11, 64, 31), (12, 13, 32), (13, 96, 33), (97, 768, 100), (200, 33, 257),
@@ -365,3 +366,4 @@ def test_activations_at_the_store_on_special_values(act):
     assert np.isnan(out[0][np.isnan(v)]).all()  # NaN passes through
     pos_inf = out[0][v == np.inf]
     assert np.all(pos_inf == (1.0 if act == "sigmoid" else np.inf))
+

@@ -1,9 +1,9 @@
 """Kernels of the blocked-layout ops (domain ``ge.cpu``) the ``nchwc_layout`` pass makes.
 
 An activation in the blocked layout is ``(N, C/16, H, W, 16)`` (:mod:`ge_sdk.nchwc`). The
-convolution packs its constant weight once, when the kernel is built; each op runs the AVX-512
-kernels of :mod:`ge_sdk.nchwc` into the planned output, or, where they do not run (no AVX-512, an
-.om compiled elsewhere), the same math in NumPy on the NCHW form.
+convolution packs its constant weight once, when the kernel is built; each op runs the vector
+kernels of :mod:`ge_sdk.nchwc` (AVX-512F or AVX2) into the planned output, or, where they do not
+run (neither, an .om compiled elsewhere), the same math in NumPy on the NCHW form.
 """
 
 from __future__ import annotations
