@@ -565,10 +565,49 @@ static inline void sm_row32(const float *r, float *o, int64_t d) {
     for (k = 0; k + 16 <= d; k += 16) _mm512_storeu_ps(o + k, _mm512_mul_ps(_mm512_loadu_ps(o + k), inv));
     if (tail) _mm512_mask_storeu_ps(o + k, tail, _mm512_mul_ps(et, inv));
 }
+#define SM_VEC 1
+#elif defined(__AVX2__) && defined(__FMA__)
+/* the same on AVX2, 8 lanes (sg_exp8): the max and the sum reduced 8 lanes wide, the tail a
+   masked load whose lanes past d are zeroed after the exp */
+static inline float sm_hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+static inline float sm_hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+static inline void sm_row32(const float *r, float *o, int64_t d) {
+    int64_t k = 0;
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    for (; k + 8 <= d; k += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(r + k));
+    float mi = sm_hmax8(mv);
+    for (; k < d; k++) mi = r[k] > mi ? r[k] : mi;
+    __m256 mm = _mm256_set1_ps(mi), sv = _mm256_setzero_ps();
+    __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(d % 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (k = 0; k + 8 <= d; k += 8) {
+        __m256 e = sg_exp8(_mm256_sub_ps(_mm256_loadu_ps(r + k), mm));
+        _mm256_storeu_ps(o + k, e);
+        sv = _mm256_add_ps(sv, e);
+    }
+    __m256 et = _mm256_setzero_ps();
+    if (d % 8) {
+        et = _mm256_and_ps(_mm256_castsi256_ps(tail), sg_exp8(_mm256_sub_ps(_mm256_maskload_ps(r + k, tail), mm)));
+        sv = _mm256_add_ps(sv, et);
+    }
+    __m256 inv = _mm256_set1_ps(1.0f / sm_hsum8(sv));
+    for (k = 0; k + 8 <= d; k += 8) _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_loadu_ps(o + k), inv));
+    if (d % 8) _mm256_maskstore_ps(o + k, tail, _mm256_mul_ps(et, inv));
+}
+#define SM_VEC 1
 #endif
 
 static inline void sm_row(const T *r, T *o, int64_t d) {
-#if defined(__AVX512F__)
+#if defined(SM_VEC)
     if (sizeof(T) == 4) {
         sm_row32((const float *)r, (float *)o, d);
         return;

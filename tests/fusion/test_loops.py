@@ -320,9 +320,9 @@ def test_onnx_softmax_runs_as_a_row_kernel(shape, axis, dtype):
         np.testing.assert_allclose(v, want[k], rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("cols", [1, 7, 16, 197, 1000])
+@pytest.mark.parametrize("cols", [1, 7, 8, 9, 16, 197, 1000])
 def test_softmax_row_kernel_in_place_and_not_on_edge_values(cols):
-    """The float32 row softmax (16 lanes in registers, a masked tail): every row width mod 16, in
+    """The float32 row softmax (16 lanes in registers, 8 on AVX2, a masked tail): widths with and without a tail, in
     place and into another buffer, large logits, a row of -inf but one, and NaN or +inf in a
     row making it all NaN, as NumPy does. (Without a C compiler the fused kernel's NumPy form
     runs, and is held to the same.)"""
