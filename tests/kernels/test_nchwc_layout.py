@@ -292,7 +292,8 @@ class SamePadded(nn.Module):
 def _auto_pad_graph(mode: str):
     """Convolutions and a max pool with ``auto_pad`` ``mode``, stride 2 and an even kernel among them."""
     import onnx
-    from onnx import helper as oh, numpy_helper
+    from onnx import helper as oh
+    from onnx import numpy_helper
 
     rng = np.random.default_rng(3)
     inits, nodes, cur = [], [], "x"
