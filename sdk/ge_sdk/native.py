@@ -59,6 +59,21 @@ class NativeSourceError(ValueError):
     """Generated C contains a token its generator did not declare (never compiled)."""
 
 
+def aligned(a: Any, alignment: int = 64) -> Any:
+    """A C-contiguous copy of array ``a`` whose data starts on an ``alignment``-byte boundary (a
+    cache line by default). NumPy aligns its buffers to 16 bytes only; a packed weight the vector
+    kernels stream a register at a time then splits a load across two lines in half its reads
+    (the AVX2 blocked convolution: 72-78 GFLOP/s off a line, 76-88 on one)."""
+    import numpy as np
+
+    a = np.asarray(a)
+    raw = np.empty(a.nbytes + alignment, np.uint8)
+    start = (-raw.ctypes.data) % alignment
+    out = raw[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
 def stats() -> dict[str, float]:
     """Modules compiled in this process, loaded from the cache, rebuilt because an entry failed
     its checks, failed to compile; seconds compiling and loading."""

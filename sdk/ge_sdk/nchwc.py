@@ -847,7 +847,7 @@ def pack_weights(w: np.ndarray, in_blocks: int | None = None, groups: int = 1) -
         if m % (groups * BLOCK) or c % BLOCK:
             raise ValueError(f"a grouped weight {w.shape} needs whole blocks of {BLOCK} channels a group")
         step = m // groups
-        return np.concatenate([pack_weights(w[i * step:(i + 1) * step]) for i in range(groups)])
+        return native.aligned(np.concatenate([pack_weights(w[i * step:(i + 1) * step]) for i in range(groups)]))
     mb, cb = blocks(m), max(blocks(c), int(in_blocks or 0))
     full = np.zeros((mb * BLOCK, cb * BLOCK, kh, kw), np.float32)
     full[:m, :c] = w
@@ -857,7 +857,7 @@ def pack_weights(w: np.ndarray, in_blocks: int | None = None, groups: int = 1) -
         blk = full[g0 * BLOCK:(g0 + fb) * BLOCK].reshape(fb, BLOCK, cb, BLOCK, kh, kw)
         # (f, out, cb, in, kh, kw) -> (cb, kh, kw, in, f, out)
         parts.append(blk.transpose(2, 4, 5, 3, 0, 1).reshape(-1))
-    return np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
+    return native.aligned(np.concatenate(parts).astype(np.float32, copy=False))
 
 
 def pack_plain(w: np.ndarray) -> np.ndarray:
@@ -872,7 +872,7 @@ def pack_plain(w: np.ndarray) -> np.ndarray:
         fb = min(GROUP, mb - g0)
         blk = full[g0 * BLOCK:(g0 + fb) * BLOCK].reshape(fb, BLOCK, c, kh, kw)
         parts.append(blk.transpose(2, 3, 4, 0, 1).reshape(-1))  # (f, out, c, kh, kw) -> (c, kh, kw, f, out)
-    return np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
+    return native.aligned(np.concatenate(parts).astype(np.float32, copy=False))
 
 
 def pack_depthwise(w: np.ndarray) -> np.ndarray:
@@ -881,7 +881,7 @@ def pack_depthwise(w: np.ndarray) -> np.ndarray:
     cb = blocks(c)
     full = np.zeros((cb * BLOCK, kh, kw), np.float32)
     full[:c] = w[:, 0]
-    return np.ascontiguousarray(full.reshape(cb, BLOCK, kh, kw).transpose(0, 2, 3, 1).reshape(-1))
+    return native.aligned(full.reshape(cb, BLOCK, kh, kw).transpose(0, 2, 3, 1).reshape(-1))
 
 
 def pad_bias(b: np.ndarray | None, m: int) -> np.ndarray | None:

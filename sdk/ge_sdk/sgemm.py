@@ -856,7 +856,7 @@ class Panels:
         p = -(-self.n // NR)
         padded = np.zeros((self.k, p * NR), np.float32)
         padded[:, : self.n] = w
-        self.data = np.ascontiguousarray(padded.reshape(self.k, p, NR).transpose(1, 0, 2))
+        self.data = native.aligned(padded.reshape(self.k, p, NR).transpose(1, 0, 2))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -916,8 +916,8 @@ class RowPanels:
         nb = -(-mg // MR)
         padded = np.zeros((self.group, nb * MR, self.k), np.float32)
         padded[:, :mg] = w.reshape(self.group, mg, self.k)
-        self.data = np.ascontiguousarray(
-            padded.reshape(self.group, nb, MR, self.k).transpose(0, 1, 3, 2)).reshape(-1, MR)
+        self.data = native.aligned(
+            padded.reshape(self.group, nb, MR, self.k).transpose(0, 1, 3, 2).reshape(-1, MR))
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -254,3 +254,26 @@ def test_vector_kernels_build_for_the_cpus_instruction_set():
     want = "avx512f" if "avx512f" in flags else ("avx2" if {"avx2", "fma"} <= flags else None)
     assert sgemm.isa() == want
     assert nchwc.isa() == want
+
+
+def test_packed_weights_start_on_a_cache_line():
+    """The vector kernels stream packed weights a register at a time: each pack starts on a
+    64-byte line (NumPy alone gives 16), with the values of the NumPy packing."""
+    from ge_sdk import nchwc, sgemm
+
+    rng = np.random.default_rng(0)
+    w4 = rng.standard_normal((40, 24, 3, 3)).astype(np.float32)
+    w2 = rng.standard_normal((29, 37)).astype(np.float32)  # (k, n): two panels, the second of 5 columns
+    packs = [nchwc.pack_weights(w4), nchwc.pack_weights(rng.standard_normal((64, 16, 3, 3)).astype(np.float32),
+                                                         groups=2),
+             nchwc.pack_plain(w4), nchwc.pack_depthwise(w4[:, :1]), sgemm.Panels(w2).data, sgemm.RowPanels(w2).data]
+    for p in packs:
+        assert p.ctypes.data % 64 == 0 and p.flags.c_contiguous and p.dtype == np.float32
+    # the values: a Panels' panel p is columns [32p, 32p + 32) of the matrix, zero-padded
+    panels = sgemm.Panels(w2).data
+    np.testing.assert_array_equal(panels[0], w2[:, :32])
+    np.testing.assert_array_equal(panels[1][:, :5], w2[:, 32:])
+    assert not panels[1][:, 5:].any()
+    got = native.aligned(np.arange(10.0).reshape(2, 5).T)
+    assert got.ctypes.data % 64 == 0 and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, np.arange(10.0).reshape(2, 5).T)
