@@ -26,7 +26,8 @@ an array is refused.
 
 The kernels are built for AVX-512F (a block is one register; tiles of up to 4 blocks x 6-24
 pixels in the 32 registers) or, without it, for AVX2 with FMA (a block is two 8-lane registers;
-tiles of one block x 6 pixels in the 16 registers, the group's blocks in turn). The layout, the
+in the 16 registers tiles of two blocks x 3 pixels on 1x1 convolutions and narrow planes, of
+one block x 6 pixels on wide ones, the group's blocks in turn). The layout, the
 packed weights and every sum's order are the same on both, so an .om blocked on one machine runs
 on the other with the same bits. :func:`available` says whether the kernels run here (the native
 kernels build and the compiler targets one of the two), :func:`isa` which;
@@ -56,7 +57,8 @@ _SRC = ACTIVATION_C16 + r"""
    8-lane ones, the same math lane for lane (the layout, the packed weights and the order of
    every sum are the same on both: an .om blocked on one runs on the other with the same bits).
    `nb` is a broadcast input value: one register either way. The tile shapes differ: AVX-512 has
-   32 registers (a tile of up to 4 blocks), AVX2 16 (a tile of one block, 6 pixels: 12 sums). */
+   32 registers (a tile of up to 4 blocks), AVX2 16 (12 sums: one block x 6 pixels, or two x 3
+   in nc_tile8). */
 #if defined(__AVX512F__)
 #define NC_VEC 2
 typedef __m512 nv;
