@@ -39,6 +39,7 @@ from ge_core.passes import Pass, PassContext, PassResult
 from ge_sdk import nchwc
 
 from .kernels.nchwc import ACTIVATIONS, DOMAIN
+from .kernels.nn import window_plan
 
 BLOCK = nchwc.BLOCK
 FUSED = "ge.fused"
@@ -121,31 +122,17 @@ def _epilogue(node: Node) -> tuple[bool, float | None, float | None, str] | None
 
 def _explicit_pads(node: Node, k: list[int], strides: list[int], dil: list[int], xs, ys) -> list[int] | None:
     """The four pads (top, left, bottom, right) of a window op: its ``pads``, or the ones its
-    ``auto_pad`` stands for on the static shapes (``SAME_UPPER``/``SAME_LOWER`` put the odd one
-    at the end/the start, as onnx's shape inference does; HF's EfficientNet exports ``"same"``
-    padding so); None when they do not fit the output shape."""
+    ``auto_pad`` stands for on the static shapes (the cpu kernels' :func:`window_plan`; HF's
+    EfficientNet exports ``"same"`` padding so); None when they do not give the output shape."""
     mode = _text(node.attrs.get("auto_pad", "NOTSET")) or "NOTSET"
-    if mode == "NOTSET":
-        pads = [int(v) for v in (node.attrs.get("pads") or (0, 0, 0, 0))]
-    elif mode == "VALID":
-        pads = [0, 0, 0, 0]
-    elif mode in ("SAME_UPPER", "SAME_LOWER") and xs is not None:
-        pads = [0, 0, 0, 0]
-        for i in range(2):
-            size = xs[2 + i]
-            total = max(0, (-(-size // strides[i]) - 1) * strides[i] + (k[i] - 1) * dil[i] + 1 - size)
-            small = total // 2
-            pads[i], pads[i + 2] = (small, total - small) if mode == "SAME_UPPER" else (total - small, small)
-    else:
+    pads = [int(v) for v in (node.attrs.get("pads") or (0, 0, 0, 0))]
+    if mode not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID") or len(pads) != 4 or min(pads) < 0 \
+            or xs is None or ys is None:
         return None
-    if len(pads) != 4 or min(pads) < 0 or xs is None or ys is None:
+    pb, pe, out, _ = window_plan(mode, pads, xs[2:], k, strides, dil, bool(int(node.attrs.get("ceil_mode", 0) or 0)))
+    if list(out) != list(ys[2:]):
         return None
-    ceil = int(node.attrs.get("ceil_mode", 0) or 0)
-    for i in range(2):  # the output size the pads give must be the graph's
-        span = xs[2 + i] + pads[i] + pads[i + 2] - (k[i] - 1) * dil[i] - 1
-        if span < 0 or (-(-span // strides[i]) if ceil else span // strides[i]) + 1 != ys[2 + i]:
-            return None
-    return pads
+    return [*pb, *pe]
 
 
 def _conv_plan(node: Node) -> dict | None:

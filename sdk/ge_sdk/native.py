@@ -113,19 +113,28 @@ def _includes() -> list[str] | None:
     return _state["inc"]
 
 
-def _cpu_flags() -> str:
-    if "cpu" not in _state:
-        flags = ""
+def cpu_flags() -> frozenset[str] | None:
+    """The CPU's feature flags as Linux lists them (``/proc/cpuinfo``'s ``flags``, or ``Features``
+    on ARM: ``avx2``, ``fma``, ``avx512f``, ``avx512_vnni`` ...); None where there is no such file."""
+    if "flags" not in _state:
+        flags = None
         try:
             with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
                 for line in f:
                     if line.startswith(("flags", "Features")):
-                        flags = line.split(":", 1)[1].strip()
+                        flags = frozenset(line.split(":", 1)[1].split())
                         break
         except OSError:
             pass
+        _state["flags"] = flags
+    return _state["flags"]
+
+
+def _cpu_flags() -> str:
+    if "cpu" not in _state:
         import platform
 
+        flags = " ".join(sorted(cpu_flags() or ()))
         _state["cpu"] = f"{platform.machine()}|{platform.processor()}|{flags}"
     return _state["cpu"]
 

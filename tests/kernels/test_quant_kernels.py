@@ -10,6 +10,7 @@ import pytest
 
 from ge_core.errors import UnsupportedOpError
 from ge_core.kernel import caps
+from ge_sdk import native
 
 from ._onnx_ref import build_kernel, check, run_kernel
 
@@ -20,12 +21,8 @@ def _cpu_has_vnni() -> bool:
     """Whether onnxruntime's u8 x s8 GEMM is exact here: with VNNI it sums the products in int32;
     without (AVX2 alone, AMD Zen 3) MLAS pairs them with vpmaddubsw, whose int16 sum saturates on
     full-range operands (seen: 7 of 20 outputs off by up to 19749)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return True  # (not x86 Linux: onnxruntime's kernels there do not pair into int16)
-    return bool({"avx512_vnni", "avx_vnni"} & set(flags))
+    flags = native.cpu_flags()
+    return bool({"avx512_vnni", "avx_vnni"} & flags) if flags is not None else True
 
 
 def _x(shape, lo=-6.0, hi=6.0, dtype=np.float32):

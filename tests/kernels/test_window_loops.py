@@ -372,7 +372,7 @@ def test_kernels_use_the_compiled_loops(monkeypatch):
 def test_window_plans_stay_inside_their_buffer():
     # the loops do not check bounds: every plan of a valid window op must fit its buffer
     # (a plan that does not is refused and the NumPy kernel runs, which would hide a slow path)
-    from ge_cpu.kernels.nn import _plan_2d, _window_plan
+    from ge_cpu.kernels.nn import _plan_2d, window_plan
 
     rng = np.random.default_rng(3)
     for _ in range(2000):
@@ -384,7 +384,7 @@ def test_window_plans_stay_inside_their_buffer():
         pads = [int(v) for v in rng.integers(0, 4, 2 * nd)]
         auto_pad = str(rng.choice(["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
         ceil_mode = bool(rng.integers(0, 2))
-        pb, _, out, _ = _window_plan(auto_pad, pads, in_sp, k, s, d, ceil_mode)
+        pb, _, out, _ = window_plan(auto_pad, pads, in_sp, k, s, d, ceil_mode)
         if min(out) <= 0:
             continue
         plan = _plan_2d(in_sp, k, s, d, pb, out)

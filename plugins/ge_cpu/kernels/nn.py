@@ -55,7 +55,7 @@ def _spatial_rank(spec: KernelSpec, kernel_shape, input_index: int = 0, weight_i
     return None
 
 
-def _window_plan(auto_pad, pads, in_sp, k, s, d, ceil_mode=False):
+def window_plan(auto_pad, pads, in_sp, k, s, d, ceil_mode=False):
     """Return (pad_begin, pad_end, out_spatial, padded_end) for a sliding-window op.
 
     ``padded_end`` is the end padding the buffer needs so every output window fits (it can
@@ -286,7 +286,7 @@ def conv_factory(spec: KernelSpec):
 
     def planner(key):
         in_sp, k = key
-        return _window_plan(auto_pad, pads, in_sp, k, strides, dilations)
+        return window_plan(auto_pad, pads, in_sp, k, strides, dilations)
 
     plans = _PlanCache(planner)
 
@@ -731,7 +731,7 @@ def maxpool_factory(spec: KernelSpec):
     want_idx = spec.num_outputs > 1
 
     def planner(in_sp):
-        pb, pe, out, pend = _window_plan(auto_pad, pads, in_sp, k, s, d, ceil_mode)
+        pb, pe, out, pend = window_plan(auto_pad, pads, in_sp, k, s, d, ceil_mode)
         return pb, pend, out, _position_slices(k, s, d, out), _separable_plan(in_sp, k, s, d, pb, out)
 
     plans = _PlanCache(planner)
@@ -800,7 +800,7 @@ def avgpool_factory(spec: KernelSpec):
     include_pad = bool(spec.attr("count_include_pad", 0))
 
     def planner(in_sp):
-        pb, pe, out, pend = _window_plan(auto_pad, pads, in_sp, k, s, d, ceil_mode)
+        pb, pe, out, pend = window_plan(auto_pad, pads, in_sp, k, s, d, ceil_mode)
         div = _avg_divisor(in_sp, k, s, d, pb, pe, out, include_pad)
         full = math.prod(k)
         uniform = bool(np.all(div == full))
@@ -813,7 +813,7 @@ def avgpool_factory(spec: KernelSpec):
         _window.prepare("avg", math.prod(k), in_dtype(spec, 0))
 
     def loop_planner(in_sp):
-        pb, pe, out, _ = _window_plan(auto_pad, pads, in_sp, k, s, d, ceil_mode)
+        pb, pe, out, _ = window_plan(auto_pad, pads, in_sp, k, s, d, ceil_mode)
         return _plan_2d(in_sp, k, s, d, pb, out)
 
     window_plans = _PlanCache(loop_planner)
@@ -823,7 +823,7 @@ def avgpool_factory(spec: KernelSpec):
         # window counts per output element, flattened, in the input dtype
         dv = divisors.get((in_sp, dt))
         if dv is None:
-            pb, pe, out, _ = _window_plan(auto_pad, pads, in_sp, k, s, d, ceil_mode)
+            pb, pe, out, _ = window_plan(auto_pad, pads, in_sp, k, s, d, ceil_mode)
             div = _avg_divisor(in_sp, k, s, d, pb, pe, out, include_pad)
             dv = np.ascontiguousarray(np.broadcast_to(div, tuple(out)).reshape(-1), dtype=dt)
             if len(divisors) < 64:
@@ -855,7 +855,7 @@ def lppool_factory(spec: KernelSpec):
     p = float(spec.attr("p", 2))
 
     def kernel(x):
-        pb, pe, out, pend = _window_plan(auto_pad, pads, x.shape[2:], k, s, d, ceil_mode)
+        pb, pe, out, pend = window_plan(auto_pad, pads, x.shape[2:], k, s, d, ceil_mode)
         xp = _pad_spatial(np.abs(x) ** x.dtype.type(p), pb, pend, 0)
         lead = (slice(None), slice(None))
         slices = _position_slices(k, s, d, out)
