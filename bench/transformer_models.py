@@ -259,7 +259,9 @@ def geomean(v):
 
 
 def time_model(blob: bytes, feeds: dict, threads: int, rounds: int, gap: float):
-    """``(median ms per engine, max |diff| to onnxruntime per engine, errors per engine)``."""
+    """``(median ms per engine, (max |diff|, max |diff| / max |ref|) to onnxruntime per engine, errors
+    per engine)``; the relative figure shows whether the diff says anything (an output that vanishes
+    matches anything)."""
     runs, errors = engines(blob, threads)
     outs = {}
     for k, fn in list(runs.items()):
@@ -274,7 +276,9 @@ def time_model(blob: bytes, feeds: dict, threads: int, rounds: int, gap: float):
     diffs = {}
     for k, o in outs.items():
         if k in runs and ref is not None:
-            diffs[k] = float(np.max(np.abs(o.astype(np.float64) - ref))) if o.shape == ref.shape else float("inf")
+            d = float(np.max(np.abs(o.astype(np.float64) - ref))) if o.shape == ref.shape else float("inf")
+            scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+            diffs[k] = (d, d / scale if scale > 0 else float("inf"))
     return interleaved(runs, feeds, rounds, gap), diffs, errors
 
 
@@ -300,7 +304,8 @@ def run_table(onnx_models: dict, thread_counts: list[int], rounds: int, gap: flo
     results: dict[int, dict[str, dict[str, float]]] = {}
     for threads in thread_counts:
         results[threads] = {}
-        print(f"\n{title}threads={threads}   (median ms; ratio to onnxruntime; max |diff| to onnxruntime)")
+        print(f"\n{title}threads={threads}   (median ms; ratio to onnxruntime; max |diff| to onnxruntime, "
+              "and that over max |onnxruntime's output|)")
         ratios: dict[str, dict[str, list[float]]] = {}  # family -> engine -> ratios
         for name, entry in onnx_models.items():
             if isinstance(entry, str):
@@ -315,8 +320,8 @@ def run_table(onnx_models: dict, thread_counts: list[int], rounds: int, gap: flo
                 if base:
                     r = ms / base
                     ratios.setdefault(family_of[name], {}).setdefault(k, []).append(r)
-                    d = diffs.get(k, float("nan"))
-                    parts.append(f"{k} {ms:.2f} ms ({r:.2f}x, diff {d:.1e})")
+                    d, rel = diffs.get(k, (float("nan"), float("nan")))
+                    parts.append(f"{k} {ms:.2f} ms ({r:.2f}x, diff {d:.1e}, rel {rel:.0e})")
                 else:
                     parts.append(f"{k} {ms:.2f} ms")
             for k, e in errors.items():
