@@ -12,9 +12,9 @@ Two families, all with random weights (no downloads):
 Each model is exported once (``torch.onnx.export(dynamo=False, opset 17)``); the engines run it at
 the same thread count, interleaved, with an idle gap before each timed block (the timing and
 table code is ``bench/transformer_models.py``'s). Then, per model, GE's time per convolution
-algorithm (one profiled run at one thread): the blocked layout's direct kernels (NCHWc direct,
-1x1, depthwise), and outside it Winograd F(2x2,3x3), 1x1 as GEMM, depthwise window loops,
-im2col + GEMM.
+algorithm (one profiled run at one thread): the blocked layout's kernels (NCHWc direct, Winograd
+F(2x2,3x3) on blocked values for 3x3 stride-1 layers, 1x1, depthwise), and outside it Winograd
+F(2x2,3x3), 1x1 as GEMM, depthwise window loops, im2col + GEMM.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/cnn.py [--threads 1,2] [--rounds 5]
         [--families light,real] [--models resnet50,convnext] [--gap 0.3] [--no-profile]
@@ -148,6 +148,8 @@ def conv_kind(node, mode: str) -> str:
         return ""
     if mode == "winograd":
         return "winograd"
+    if mode.startswith("nchwc winograd"):  # the blocked layout's Winograd F(2x2) / F(4x4)
+        return "nchwc winograd"
     w = node.inputs[1].type.shape if len(node.inputs) > 1 and node.inputs[1] is not None else None
     group = int(node.attrs.get("group", 1) or 1)
     if node.op_type == "NchwcConv":  # the blocked layout's direct kernels
@@ -178,8 +180,8 @@ def conv_profile(blob: bytes, feeds: dict) -> str:
         e = per.setdefault(kind or "other ops", [0.0, 0])
         e[0] += row["seconds"]
         e[1] += 1
-    order = ["nchwc direct", "nchwc 1x1", "nchwc depthwise", "winograd", "1x1 gemm", "im2col gemm", "depthwise",
-             "grouped", "other ops"]
+    order = ["nchwc direct", "nchwc winograd", "nchwc 1x1", "nchwc depthwise", "winograd", "1x1 gemm", "im2col gemm",
+             "depthwise", "grouped", "other ops"]
     return ", ".join(f"{k} {per[k][0] * 1e3:.2f} ms ({per[k][1]})" for k in order if k in per)
 
 

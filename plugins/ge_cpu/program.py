@@ -40,7 +40,7 @@ from .checked import checked_kernel
 from .values import as_output, describe_value
 
 #: Values of the ``conv_algorithm`` option (the cpu Conv kernel's choice per layer).
-CONV_ALGORITHMS = ("auto", "im2col", "winograd")
+CONV_ALGORITHMS = ("auto", "im2col", "winograd", "winograd4")
 
 
 def conv_algorithm_option(options: Any) -> str:

@@ -11,9 +11,13 @@ pixel are one vector, so a direct kernel reads its inputs in place:
   crosses the border run one at a time with the taps outside skipped (zero padding);
 - grouped convolutions whose groups are whole blocks (RegNet's, ResNeXt's) the same way, each
   tile group inside one convolution group, reading that group's input blocks only;
+- :func:`winograd`: a 3x3 stride-1 convolution by Winograd F(2x2, 3x3) or F(4x4, 3x3) (2.25x or
+  4x fewer multiplies): the input tiles transformed per block (``B^T d B``), the products at each
+  of the 16 or 36 points a 1x1 convolution over the plane of tiles (the tiles above, the weight
+  transformed and packed once by :func:`winograd_weights`), the output transform and epilogue;
 - :func:`depthwise`: a tile of up to 12 pixels of one block, a vector multiply-add per tap;
-- the epilogue at the store, as GE's GEMM has it (:mod:`ge_sdk.sgemm`): a bias per channel, an
-  addend of the output's layout (a residual), a clip, an activation;
+- the epilogue, as GE's GEMM has it (:mod:`ge_sdk.sgemm`): a bias per channel, an addend of the
+  output's layout (a residual), a clip, an activation, over each span of a row while it is in L1;
 - :func:`pool` (max, average with or without the padding), :func:`global_average`, and the
   reorders :func:`to_blocked` / :func:`from_blocked` between NCHW and the blocked layout (a
   channel count that is not a multiple of 16 is zero-padded in the last block).
@@ -48,6 +52,14 @@ BLOCK = 16
 #: output channel blocks a convolution tile holds
 GROUP = 4
 
+#: Winograd's weight transforms G ((m + 2) x 3) of F(m x m, 3 x 3) by output tile size m (Lavin &
+#: Gray's points 0, +-1, +-2 and infinity for m 4; 0, +-1 and infinity for m 2)
+WINOGRAD_G = {
+    2: np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]]),
+    4: np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
+                 [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]]),
+}
+
 _SRC = ACTIVATION_C16 + r"""
 #include <immintrin.h>
 #include <stdlib.h>
@@ -68,6 +80,7 @@ NC_AI nv nv_set1(float v) { return _mm512_set1_ps(v); }
 NC_AI nv nv_load(const float *p) { return _mm512_loadu_ps(p); }
 NC_AI void nv_store(float *p, nv v) { _mm512_storeu_ps(p, v); }
 NC_AI nv nv_add(nv a, nv b) { return _mm512_add_ps(a, b); }
+NC_AI nv nv_sub(nv a, nv b) { return _mm512_sub_ps(a, b); }
 NC_AI nv nv_mul(nv a, nv b) { return _mm512_mul_ps(a, b); }
 NC_AI nv nv_min(nv a, nv b) { return _mm512_min_ps(a, b); }
 NC_AI nv nv_max(nv a, nv b) { return _mm512_max_ps(a, b); }
@@ -83,7 +96,7 @@ NC_AI nv nv_act(nv v, int64_t act) { return sg_act16(v, act); }
 #define NC_PC1 24
 #define NC_PCS 8           /* ... and at a stride */
 #define NC_DWMAX 12        /* pixels a depthwise tile */
-#define NC_WBATCH 8192     /* floats of weight a batch of input blocks keeps in L1 */
+#define NC_WBATCH 4096     /* floats of weight a batch of input blocks keeps in L1 */
 #elif defined(__AVX2__) && defined(__FMA__)
 #define NC_VEC 1
 typedef struct { __m256 a, b; } nv;
@@ -94,6 +107,7 @@ NC_AI nv nv_set1(float v) { __m256 s = _mm256_set1_ps(v); return nv_mk(s, s); }
 NC_AI nv nv_load(const float *p) { return nv_mk(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)); }
 NC_AI void nv_store(float *p, nv v) { _mm256_storeu_ps(p, v.a); _mm256_storeu_ps(p + 8, v.b); }
 NC_AI nv nv_add(nv x, nv y) { return nv_mk(_mm256_add_ps(x.a, y.a), _mm256_add_ps(x.b, y.b)); }
+NC_AI nv nv_sub(nv x, nv y) { return nv_mk(_mm256_sub_ps(x.a, y.a), _mm256_sub_ps(x.b, y.b)); }
 NC_AI nv nv_mul(nv x, nv y) { return nv_mk(_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)); }
 NC_AI nv nv_min(nv x, nv y) { return nv_mk(_mm256_min_ps(x.a, y.a), _mm256_min_ps(x.b, y.b)); }
 NC_AI nv nv_max(nv x, nv y) { return nv_mk(_mm256_max_ps(x.a, y.a), _mm256_max_ps(x.b, y.b)); }
@@ -141,6 +155,7 @@ typedef struct {
     int64_t has_bias, clip, act, groups;  /* groups: tile groups (of up to 4 output blocks) */
     int64_t cg, gib, gob, tpg;            /* convolution groups of gib input and gob output blocks, tpg tile groups each */
     int64_t chunk, chunks;                /* a task's output columns: chunks of chunk columns a row */
+    int64_t wn;                           /* floats of the packed weight */
     int64_t rblk;                         /* ... and rows: blocks of rblk rows */
     float lo, hi;
 } nc_ctx;
@@ -149,7 +164,7 @@ typedef struct {
 /* the epilogue over `count` pixels of block ob stored from y + off on (in the cache, just
    written): + bias, + the addend, the clip, the activation; one copy of the math, not one per
    register of every tile */
-static __attribute__((noinline)) void nc_epi(const nc_ctx *q, int64_t ob, int64_t off, int64_t count) {
+static inline void nc_epi(const nc_ctx *q, int64_t ob, int64_t off, int64_t count) {
     nv b = q->has_bias ? nv_load(q->bias + ob * 16) : nv_zero();
     nv lo = nv_set1(q->lo), hi = nv_set1(q->hi);
     float *y = q->y + off;
@@ -167,7 +182,60 @@ NC_AI int64_t nc_off(const nc_ctx *q, int64_t img, int64_t ob, int64_t oh, int64
     return (((img * q->mb + ob) * q->oh + oh) * q->ow + ow) * 16;
 }
 
-/* the sums of PC pixels of block ob: stored, then the epilogue over them */
+/* nc_epi over `count` pixels from ow0 of row oh of the fb blocks from ob0: a span of a row whose
+   tiles were just stored (in the cache), one call for many tiles */
+static __attribute__((noinline)) void nc_epi_span(const nc_ctx *q, int64_t img, int64_t ob0, int64_t fb, int64_t oh,
+                                                  int64_t ow0, int64_t count) {
+    if (count <= 0 || !(q->has_bias || q->z || q->clip || q->act)) return;
+    for (int64_t f = 0; f < fb; f++) nc_epi(q, ob0 + f, nc_off(q, img, ob0 + f, oh, ow0), count);
+}
+
+/* the activation over `count` pixels stored from y + off on (in the cache, just written): one
+   copy of its math, not one per register of every tile */
+static __attribute__((noinline)) void nc_epi_act(const nc_ctx *q, int64_t off, int64_t count) {
+    float *y = q->y + off;
+    for (int64_t i = 0; i < count; i++) nv_store(y + i * 16, nv_act(nv_load(y + i * 16), q->act));
+}
+
+/* the bias, addend and clip of the epilogue on a tile's sums in registers (nc_epi's order):
+   acc[p][f] holds pixel p of block ob0 + f */
+NC_AI void nc_fin(const nc_ctx *q, nv acc[][4], const int PC, const int FT, int64_t img, int64_t ob0,
+                  int64_t oh, int64_t ow0) {
+    if (q->has_bias) {
+#pragma GCC unroll 4
+        for (int f = 0; f < FT; f++) {
+            nv b = nv_load(q->bias + (ob0 + f) * 16);
+#pragma GCC unroll 24
+            for (int p = 0; p < PC; p++) acc[p][f] = nv_add(acc[p][f], b);
+        }
+    }
+    if (q->z) {
+#pragma GCC unroll 4
+        for (int f = 0; f < FT; f++) {
+            const float *z = q->z + nc_off(q, img, ob0 + f, oh, ow0);
+#pragma GCC unroll 24
+            for (int p = 0; p < PC; p++) acc[p][f] = nv_add(acc[p][f], nv_load(z + p * 16));
+        }
+    }
+    if (q->clip) {
+        nv lo = nv_set1(q->lo), hi = nv_set1(q->hi);
+#pragma GCC unroll 24
+        for (int p = 0; p < PC; p++)
+#pragma GCC unroll 4
+            for (int f = 0; f < FT; f++) acc[p][f] = nv_min(nv_max(acc[p][f], lo), hi);
+    }
+}
+
+/* the sums of PC pixels of block ob (nc_fin applied) stored, then the activation over them */
+NC_AI void nc_put_act(const nc_ctx *q, const nv *acc, int stride, const int PC, int64_t img, int64_t ob,
+                      int64_t oh, int64_t ow0) {
+    int64_t off = nc_off(q, img, ob, oh, ow0);
+#pragma GCC unroll 24
+    for (int p = 0; p < PC; p++) nv_store(q->y + off + p * 16, acc[p * stride]);
+    if (q->act) nc_epi_act(q, off, PC);
+}
+
+/* the sums of PC pixels of block ob: stored, then the whole epilogue over them */
 NC_AI void nc_put(const nc_ctx *q, const nv *acc, int stride, const int PC, int64_t img, int64_t ob,
                   int64_t oh, int64_t ow0) {
     int64_t off = nc_off(q, img, ob, oh, ow0);
@@ -181,8 +249,10 @@ NC_AI void nc_put(const nc_ctx *q, const nv *acc, int stride, const int PC, int6
    CHECKED (PC 1): taps outside the row are skipped. The weight of the tile group: (gib, kh, kw,
    16 in, FB * 16 out) from ob0 * gib * kh * kw * 256 on. */
 NC_AI void nc_tile(const nc_ctx *q, int64_t img, int64_t ob0, int64_t ib0, int64_t oh, int64_t ow0, const int PC,
-                   const int FB, int64_t fo, const int FT, const int CHECKED, const int S1, int64_t cb0, int64_t cb1) {
+                   const int FB, int64_t fo, const int FT, const int CHECKED, const int S1, int64_t cb0, int64_t cb1,
+                   const float **pfp, const float *pfe) {
     nv acc[24][4];
+    const float *pf = *pfp;
     if (cb0 == 0) {
 #pragma GCC unroll 24
         for (int p = 0; p < PC; p++)
@@ -218,10 +288,12 @@ NC_AI void nc_tile(const nc_ctx *q, int64_t img, int64_t ob0, int64_t ib0, int64
                 for (int ci = 0; ci < 16; ci++) {
                     nv wv[4];
 #pragma GCC unroll 4
-                    for (int f = 0; f < FT; f++) {
-                        /* the weight streams from memory in a model: fetch it 32 channels ahead */
-                        if (!CHECKED) _mm_prefetch((const char *)(wp + (ci * FB + f) * 16 + 512 * FB), _MM_HINT_T0);
-                        wv[f] = nv_load(wp + (ci * FB + f) * 16);
+                    for (int f = 0; f < FT; f++) wv[f] = nv_load(wp + (ci * FB + f) * 16);
+                    /* the next weight batch streams from memory meanwhile (a line a step), so no
+                       tile waits for a whole batch at its start */
+                    if (pf < pfe) {
+                        _mm_prefetch((const char *)pf, _MM_HINT_T1);
+                        pf += 16;
                     }
 #pragma GCC unroll 24
                     for (int p = 0; p < PC; p++) {
@@ -233,16 +305,13 @@ NC_AI void nc_tile(const nc_ctx *q, int64_t img, int64_t ob0, int64_t ib0, int64
             }
         }
     }
-    if (cb1 == q->gib) {
+    *pfp = pf;
+    /* (the epilogue runs over a span of the row once its tiles are stored: nc_rows_fb) */
 #pragma GCC unroll 4
-        for (int f = 0; f < FT; f++) nc_put(q, &acc[0][f], 4, PC, img, ob0 + fo + f, oh, ow0);
-    } else {
-#pragma GCC unroll 4
-        for (int f = 0; f < FT; f++) {
-            float *y = q->y + nc_off(q, img, ob0 + fo + f, oh, ow0);
+    for (int f = 0; f < FT; f++) {
+        float *y = q->y + nc_off(q, img, ob0 + fo + f, oh, ow0);
 #pragma GCC unroll 24
-            for (int p = 0; p < PC; p++) nv_store(y + p * 16, acc[p][f]);
-        }
+        for (int p = 0; p < PC; p++) nv_store(y + p * 16, acc[p][f]);
     }
 }
 
@@ -304,12 +373,9 @@ NC_AI void nc_tile8(const nc_ctx *q, int64_t img, int64_t ob0, int64_t ib0, int6
         nv t[6];
 #pragma GCC unroll 3
         for (int p = 0; p < PC; p++) t[p] = nv_mk(acc[p][2 * f], acc[p][2 * f + 1]);
-        if (cb1 == q->gib) nc_put(q, t, 1, PC, img, ob0 + fo + f, oh, ow0);
-        else {
-            float *y = q->y + nc_off(q, img, ob0 + fo + f, oh, ow0);
+        float *y = q->y + nc_off(q, img, ob0 + fo + f, oh, ow0);
 #pragma GCC unroll 3
-            for (int p = 0; p < PC; p++) nv_store(y + p * 16, t[p]);
-        }
+        for (int p = 0; p < PC; p++) nv_store(y + p * 16, t[p]);
     }
 }
 #endif
@@ -319,10 +385,10 @@ NC_AI void nc_tile8(const nc_ctx *q, int64_t img, int64_t ob0, int64_t ib0, int6
 #define NC_T(PCV, CHK, S1V)                                                                          \
     do {                                                                                             \
         if (NC_FT(FB) == 2) nc_tile8(q, img, ob0, ib0, oh, ow, PCV, FB, fo, CHK, S1V, cb0, cb1);     \
-        else nc_tile(q, img, ob0, ib0, oh, ow, PCV, FB, fo, 1, CHK, S1V, cb0, cb1);                  \
+        else nc_tile(q, img, ob0, ib0, oh, ow, PCV, FB, fo, 1, CHK, S1V, cb0, cb1, &pf, pfe);       \
     } while (0)
 #else
-#define NC_T(PCV, CHK, S1V) nc_tile(q, img, ob0, ib0, oh, ow, PCV, FB, fo, NC_FT(FB), CHK, S1V, cb0, cb1)
+#define NC_T(PCV, CHK, S1V) nc_tile(q, img, ob0, ib0, oh, ow, PCV, FB, fo, NC_FT(FB), CHK, S1V, cb0, cb1, &pf, pfe)
 #endif
 /* ... at each of the group's FB / FT block offsets in turn (one on AVX-512, where FT is FB) */
 #define NC_TS(PCV, CHK, S1V) for (int64_t fo = 0; fo < FB; fo += NC_FT(FB)) NC_T(PCV, CHK, S1V)
@@ -352,15 +418,28 @@ NC_AI void nc_rows_fb(const nc_ctx *q, int64_t img, int64_t ob0, int64_t ib0, in
     if (hi < lo) hi = lo;
     int64_t cbb = NC_WBATCH / (q->kh * q->kw * 256 * FB);
     if (cbb < 1) cbb = 1;
+    const int64_t span = q->kh * q->kw * FB * 256;  /* the weight of an input block of the tile group */
+    const float *wbase = q->w + ob0 * q->gib * q->kh * q->kw * 256, *wend = q->w + q->wn;
     for (int64_t cb0 = 0; cb0 < q->gib; cb0 += cbb) {
         int64_t cb1 = cb0 + cbb < q->gib ? cb0 + cbb : q->gib;
+        /* the weight after this batch: the group's next batch, or the next group's first */
+        const float *pf = wbase + cb1 * span, *pfe = pf + cbb * span < wend ? pf + cbb * span : wend;
+        const int last = cb1 == q->gib;
         for (int64_t oh = r0; oh < r1; oh++) {
-            int64_t ow = c0;
+            int64_t ow = c0, done = c0;  /* [c0, done): the epilogue ran there */
             for (; ow < lo; ow++) NC_TS(1, 1, 0);
             /* (tiles of 3: a row that leaves 1 ends in two tiles of 2 instead, not in 3 and a
                latency-bound single pixel: a 28-wide row cost 8% more) */
             int64_t stop = PCMAX == 3 && (hi - ow) % 3 == 1 && hi - ow >= 4 ? hi - 4 : hi;
-            for (; ow + PCMAX <= stop; ow += PCMAX) NC_TS(PCMAX, 0, S1);
+            for (; ow + PCMAX <= stop; ow += PCMAX) {
+                NC_TS(PCMAX, 0, S1);
+                /* (a long row, a 1x1 convolution's plane: the epilogue every 48 pixels or so,
+                   while they are in L1) */
+                if (last && ow + PCMAX - done >= 48) {
+                    nc_epi_span(q, img, ob0, FB, oh, done, ow + PCMAX - done);
+                    done = ow + PCMAX;
+                }
+            }
             if (stop != hi) {
                 NC_TS(2, 0, S1);
                 ow += 2;
@@ -372,19 +451,14 @@ NC_AI void nc_rows_fb(const nc_ctx *q, int64_t img, int64_t ob0, int64_t ib0, in
             for (; PCMAX > 8 && r >= 8; r -= 8, ow += 8) NC_TS(PCMAX > 8 ? 8 : 1, 0, S1);
             if (r > 0) { NC_REST(FB, PCMAX, S1) }
             for (ow = hi; ow < c1; ow++) NC_TS(1, 1, 0);
+            if (last) nc_epi_span(q, img, ob0, FB, oh, done, c1 - done);
         }
     }
 }
 
-/* task t: (image, tile group of up to 4 output blocks of one convolution group, block of rblk
-   rows, chunk of columns) */
-static void nc_conv_task(void *ctx, int64_t t, int slot) {
-    const nc_ctx *q = (const nc_ctx *)ctx;
-    (void)slot;
-    int64_t rb = (q->oh + q->rblk - 1) / q->rblk, per_g = rb * q->chunks, per_img = q->groups * per_g;
-    int64_t img = t / per_img, r = t % per_img, g = r / per_g, b = (r % per_g) / q->chunks, ch = r % q->chunks;
-    int64_t r0 = b * q->rblk, r1 = r0 + q->rblk < q->oh ? r0 + q->rblk : q->oh;
-    int64_t c0 = ch * q->chunk, c1 = c0 + q->chunk < q->ow ? c0 + q->chunk : q->ow;
+/* tile group g (up to 4 output blocks of one convolution group) of image img over output rows
+   [r0, r1) and columns [c0, c1) */
+static void nc_conv_part(const nc_ctx *q, int64_t img, int64_t g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     int64_t cgi = g / q->tpg, f0 = (g % q->tpg) * 4, ob0 = cgi * q->gob + f0, ib0 = cgi * q->gib;
     int64_t fb = q->gob - f0 < 4 ? q->gob - f0 : 4;
 #if NC_VEC == 1
@@ -419,6 +493,18 @@ static void nc_conv_task(void *ctx, int64_t t, int slot) {
         default: nc_rows_fb(q, img, ob0, ib0, r0, r1, c0, c1, 1, NC_PCS, 0, 0); break;
         }
     }
+}
+
+/* task t: (image, block of rblk rows, chunk of columns, tile group): the tile groups of a part
+   of the plane one after the other (its input stays in the cache while their weights stream) */
+static void nc_conv_task(void *ctx, int64_t t, int slot) {
+    const nc_ctx *q = (const nc_ctx *)ctx;
+    (void)slot;
+    int64_t rb = (q->oh + q->rblk - 1) / q->rblk, per_g = rb * q->chunks, per_img = q->groups * per_g;
+    int64_t img = t / per_img, r = t % per_img, g = r % q->groups, b = (r / q->groups) / q->chunks, ch = (r / q->groups) % q->chunks;
+    int64_t r0 = b * q->rblk, r1 = r0 + q->rblk < q->oh ? r0 + q->rblk : q->oh;
+    int64_t c0 = ch * q->chunk, c1 = c0 + q->chunk < q->ow ? c0 + q->chunk : q->ow;
+    nc_conv_part(q, img, g, r0, r1, c0, c1);
 }
 
 /* an NCHW input (a stem's 3 channels; cb is its channel count): PC pixels times the FT output
@@ -721,6 +807,7 @@ static PyObject *nc_conv_any(PyObject *const *args, Py_ssize_t n, int dw) {
     if (q.cb % q.cg || q.mb % q.cg) return ge_fail();
     q.w = (const float *)ge_vec(args, 1, NPY_FLOAT, 0, &wn);
     if (!q.w) return NULL;
+    q.wn = wn;
     q.gib = q.cb / q.cg;
     q.gob = q.mb / q.cg;
     q.tpg = (q.gob + 3) / 4;
@@ -804,6 +891,7 @@ static PyObject *nc_conv_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     if (nc_epilogue(args, &q, &width)) return NULL;
     q.w = (const float *)ge_vec(args, 1, NPY_FLOAT, 0, &wn);
     if (!q.w) return NULL;
+    q.wn = wn;
     int64_t need = ge_prod(q.mb * 16, q.cb, q.kh, q.kw);
     if (need < 0 || wn != need) return ge_fail();
     if (q.n <= 0 || q.mb <= 0 || q.oh <= 0 || q.ow <= 0) Py_RETURN_NONE;
@@ -818,6 +906,257 @@ static PyObject *nc_conv_plain(PyObject *self, PyObject *const *args, Py_ssize_t
 #else
     return ge_fail();
 #endif
+}
+
+/* ------------------------------------------------------------------------------------------------
+   Winograd F(m x m, 3 x 3) on blocked values (m = 4 or 2; Lavin & Gray), for 3x3 stride-1
+   undilated ungrouped convolutions. Each m x m block of outputs (a tile) comes from the
+   (m + 2) x (m + 2) inputs around it: V = B^T d B per input block (P = (m + 2)^2 points, additions
+   and small multiples), Y = U . V summed over the input channels at each point (P products of
+   (tiles x C) and (C x M): 1x1 convolutions over a plane of tiles, nc_conv_part's tiles), then
+   o = A^T Y A and the epilogue. U = G g G^T was made when the weight was packed (one 1x1 packing
+   per point). F(4x4) multiplies 4x less than the direct sum, F(2x2) 2.25x less. */
+#if defined(NC_VEC)
+typedef struct {
+    const float *x, *z, *bias;
+    float *y, *v, *yy;
+    const float *u;
+    int64_t n, cb, h, wd, mb, oh, ow, pt, pl, m, r, p, th, tw, t, ulen;
+    int64_t has_bias, clip, act;
+    float lo, hi;
+    nc_ctx gemm;                      /* the products' 1x1 convolution (x, y, w set per task) */
+} nc_wino_ctx;
+
+/* 1-D transforms of R = M + 2 values: the input's B^T, the output's A^T */
+NC_AI void nc_wb(const int M, const nv *d, nv *r) {
+    if (M == 4) {
+        nv four = nv_set1(4.0f), five = nv_set1(5.0f), two = nv_set1(2.0f), m4 = nv_set1(-4.0f), m5 = nv_set1(-5.0f);
+        nv t0 = nv_fma(m4, d[2], d[4]), t1 = nv_fma(m4, d[1], d[3]);
+        nv t2 = nv_sub(d[4], d[2]), t3 = nv_sub(d[3], d[1]);
+        r[0] = nv_fma(four, d[0], nv_fma(m5, d[2], d[4]));
+        r[1] = nv_add(t0, t1);
+        r[2] = nv_sub(t0, t1);
+        r[3] = nv_fma(two, t3, t2);
+        r[4] = nv_fma(nv_set1(-2.0f), t3, t2);
+        r[5] = nv_fma(four, d[1], nv_fma(m5, d[3], d[5]));
+        (void)five;
+    } else {
+        r[0] = nv_sub(d[0], d[2]);
+        r[1] = nv_add(d[1], d[2]);
+        r[2] = nv_sub(d[2], d[1]);
+        r[3] = nv_sub(d[1], d[3]);
+    }
+}
+NC_AI void nc_wa(const int M, const nv *y, nv *o) {
+    if (M == 4) {
+        nv a = nv_add(y[1], y[2]), b = nv_sub(y[1], y[2]), c = nv_add(y[3], y[4]), d = nv_sub(y[3], y[4]);
+        o[0] = nv_add(nv_add(y[0], a), c);
+        o[1] = nv_fma(nv_set1(2.0f), d, b);
+        o[2] = nv_fma(nv_set1(4.0f), c, a);
+        o[3] = nv_add(nv_fma(nv_set1(8.0f), d, b), y[5]);
+    } else {
+        o[0] = nv_add(nv_add(y[0], y[1]), y[2]);
+        o[1] = nv_sub(nv_sub(y[1], y[2]), y[3]);
+    }
+}
+
+/* V of the tiles of tile row th of input block cb of image img: V[(img * P + point) * cb + cb][t] */
+NC_AI void nc_wino_in(const nc_wino_ctx *q, int64_t img, int64_t cb, int64_t th, const int M) {
+    const int R = M + 2;
+    const float *xb = q->x + (img * q->cb + cb) * q->h * q->wd * 16;
+    const int64_t pstride = q->cb * q->t * 16;  /* floats between two points of a tile */
+    float *vb = q->v + ((img * q->p) * q->cb + cb) * q->t * 16;
+    int64_t ih0 = th * M - q->pt;
+    for (int64_t tw = 0; tw < q->tw; tw++) {
+        int64_t iw0 = tw * M - q->pl, t = th * q->tw + tw;
+        nv tmp[6][6];
+        int inside = ih0 >= 0 && ih0 + R <= q->h && iw0 >= 0 && iw0 + R <= q->wd;
+#pragma GCC unroll 6
+        for (int i = 0; i < R; i++) {
+            nv d[6];
+            int64_t ih = ih0 + i;
+            if (inside) {
+#pragma GCC unroll 6
+                for (int j = 0; j < R; j++) d[j] = nv_load(xb + (ih * q->wd + iw0 + j) * 16);
+            } else {
+#pragma GCC unroll 6
+                for (int j = 0; j < R; j++) {
+                    int64_t iw = iw0 + j;
+                    d[j] = ih >= 0 && ih < q->h && iw >= 0 && iw < q->wd ? nv_load(xb + (ih * q->wd + iw) * 16) : nv_zero();
+                }
+            }
+            nc_wb(M, d, tmp[i]);  /* tmp[i][b]: row i, column point b */
+        }
+#pragma GCC unroll 6
+        for (int b = 0; b < R; b++) {
+            nv col[6], r[6];
+#pragma GCC unroll 6
+            for (int i = 0; i < R; i++) col[i] = tmp[i][b];
+            nc_wb(M, col, r);
+#pragma GCC unroll 6
+            for (int a = 0; a < R; a++) nv_store(vb + (a * R + b) * pstride + t * 16, r[a]);
+        }
+    }
+}
+
+static void nc_wino_in_task(void *ctx, int64_t t, int slot) {
+    const nc_wino_ctx *q = (const nc_wino_ctx *)ctx;
+    (void)slot;
+    int64_t img = t / (q->cb * q->th), r = t % (q->cb * q->th);
+    if (q->m == 4) nc_wino_in(q, img, r / q->th, r % q->th, 4);
+    else nc_wino_in(q, img, r / q->th, r % q->th, 2);
+}
+
+/* the products at one point: task (image, point, tile group); the tiles one plane of q->t pixels */
+static void nc_wino_gemm_task(void *ctx, int64_t t, int slot) {
+    const nc_wino_ctx *q = (const nc_wino_ctx *)ctx;
+    (void)slot;
+    int64_t groups = q->gemm.groups, img = t / (q->p * groups), r = t % (q->p * groups), pt = r / groups;
+    nc_ctx g = q->gemm;
+    g.x = q->v + (img * q->p + pt) * q->cb * q->t * 16;
+    g.y = q->yy + (img * q->p + pt) * q->mb * q->t * 16;
+    g.w = q->u + pt * q->ulen;
+    g.wn = (q->p - pt) * q->ulen;
+    nc_conv_part(&g, 0, r % groups, 0, 1, 0, q->t);
+}
+
+/* the outputs of tile row th of output block ob of image img: A^T Y A, then the epilogue */
+NC_AI void nc_wino_out(const nc_wino_ctx *q, int64_t img, int64_t ob, int64_t th, const int M) {
+    const int R = M + 2;
+    const int64_t pstride = q->mb * q->t * 16;
+    const float *yb = q->yy + ((img * q->p) * q->mb + ob) * q->t * 16;
+    float *ob_out = q->y + (img * q->mb + ob) * q->oh * q->ow * 16;
+    const float *zb = q->z ? q->z + (img * q->mb + ob) * q->oh * q->ow * 16 : NULL;
+    nv bias = q->has_bias ? nv_load(q->bias + ob * 16) : nv_zero();
+    nv lo = nv_set1(q->lo), hi = nv_set1(q->hi);
+    for (int64_t tw = 0; tw < q->tw; tw++) {
+        int64_t t = th * q->tw + tw;
+        nv tmp[4][6];
+#pragma GCC unroll 6
+        for (int b = 0; b < R; b++) {
+            nv col[6], o[4];
+#pragma GCC unroll 6
+            for (int a = 0; a < R; a++) col[a] = nv_load(yb + (a * R + b) * pstride + t * 16);
+            nc_wa(M, col, o);
+#pragma GCC unroll 4
+            for (int i = 0; i < M; i++) tmp[i][b] = o[i];
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < M; i++) {
+            int64_t oh = th * M + i;
+            if (oh >= q->oh) break;
+            nv o[4];
+            nc_wa(M, tmp[i], o);
+#pragma GCC unroll 4
+            for (int j = 0; j < M; j++) {
+                int64_t ow = tw * M + j;
+                if (ow >= q->ow) break;
+                int64_t off = (oh * q->ow + ow) * 16;
+                nv v = nv_add(o[j], bias);
+                if (zb) v = nv_add(v, nv_load(zb + off));
+                if (q->clip) v = nv_min(nv_max(v, lo), hi);
+                nv_store(ob_out + off, v);
+            }
+        }
+    }
+    if (q->act) {  /* (the activation over the rows just written: one copy of its math) */
+        int64_t r0 = th * M, r1 = r0 + M < q->oh ? r0 + M : q->oh;
+        nc_ctx e;
+        memset(&e, 0, sizeof(e));
+        e.y = q->y; e.mb = q->mb; e.oh = q->oh; e.ow = q->ow; e.act = q->act;
+        nc_epi_act(&e, nc_off(&e, img, ob, r0, 0), (r1 - r0) * q->ow);
+    }
+}
+
+static void nc_wino_out_task(void *ctx, int64_t t, int slot) {
+    const nc_wino_ctx *q = (const nc_wino_ctx *)ctx;
+    (void)slot;
+    int64_t img = t / (q->mb * q->th), r = t % (q->mb * q->th);
+    if (q->m == 4) nc_wino_out(q, img, r / q->th, r % q->th, 4);
+    else nc_wino_out(q, img, r / q->th, r % q->th, 2);
+}
+
+static __thread float *nc_wv_buf = NULL, *nc_wy_buf = NULL;
+static __thread size_t nc_wv_cap = 0, nc_wy_cap = 0;
+#endif
+
+/* y = act(clip(conv3x3(x, w) + bias + z)) by Winograd: (x, u (1-D, winograd_weights), y, bias,
+   has_bias, clip, lo, hi, threads, z or None, act, geometry, m) */
+static PyObject *nc_wino(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    nc_ctx q;
+    memset(&q, 0, sizeof(q));
+    int64_t width, un, m;
+    if (ge_nargs(n, 13) || nc_geometry(args, 11, &q) || nc_arrays(args, &q, -1)) return NULL;
+    if (nc_epilogue(args, &q, &width) || ge_int(args, 12, 2, 4, &m)) return NULL;
+    if ((m != 2 && m != 4) || q.kh != 3 || q.kw != 3 || q.sh != 1 || q.sw != 1 || q.dh != 1 || q.dw != 1) return ge_fail();
+    const float *u = (const float *)ge_vec(args, 1, NPY_FLOAT, 0, &un);
+    if (!u) return NULL;
+    int64_t r = m + 2, p = r * r, ulen = ge_prod(q.mb * 16, q.cb * 16, 1, 1);
+    if (ulen < 0 || ge_prod(ulen, p, 1, 1) != un) return ge_fail();
+    if (q.n <= 0 || q.mb <= 0 || q.oh <= 0 || q.ow <= 0) Py_RETURN_NONE;
+#if defined(NC_VEC)
+    nc_wino_ctx w;
+    memset(&w, 0, sizeof(w));
+    w.x = q.x; w.y = q.y; w.z = q.z; w.bias = q.bias; w.u = u;
+    w.n = q.n; w.cb = q.cb; w.h = q.h; w.wd = q.wd; w.mb = q.mb; w.oh = q.oh; w.ow = q.ow;
+    w.pt = q.pt; w.pl = q.pl; w.m = m; w.r = r; w.p = p; w.ulen = ulen;
+    w.th = (q.oh + m - 1) / m; w.tw = (q.ow + m - 1) / m; w.t = w.th * w.tw;
+    w.has_bias = q.has_bias; w.clip = q.clip; w.act = q.act; w.lo = q.lo; w.hi = q.hi;
+    int64_t vs = ge_prod(q.n * p, q.cb * w.t, 16, 1), ys = ge_prod(q.n * p, q.mb * w.t, 16, 1);
+    if (vs < 0 || ys < 0) return ge_fail();
+    w.v = nc_grow(&nc_wv_buf, &nc_wv_cap, (size_t)vs);
+    w.yy = w.v ? nc_grow(&nc_wy_buf, &nc_wy_cap, (size_t)ys) : NULL;
+    if (!w.yy) return PyErr_NoMemory();
+    /* the products: a 1x1 convolution of cb input blocks into mb output blocks over a plane of
+       1 x t pixels, no epilogue */
+    nc_ctx *g = &w.gemm;
+    g->n = 1; g->cb = q.cb; g->h = 1; g->wd = w.t; g->mb = q.mb; g->oh = 1; g->ow = w.t;
+    g->kh = g->kw = g->sh = g->sw = g->dh = g->dw = 1;
+    g->cg = 1; g->gib = q.cb; g->gob = q.mb; g->tpg = (q.mb + 3) / 4; g->groups = g->tpg;
+    g->chunk = w.t; g->chunks = 1; g->rblk = 1;
+    nc_inside(g);
+    Py_BEGIN_ALLOW_THREADS
+    ge_parallel(nc_wino_in_task, &w, q.n * q.cb * w.th, width);
+    ge_parallel(nc_wino_gemm_task, &w, q.n * p * g->groups, width);
+    ge_parallel(nc_wino_out_task, &w, q.n * q.mb * w.th, width);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+#else
+    return ge_fail();
+#endif
+}
+
+/* the Winograd weight of F(m x m, 3x3) as nc_wino reads it: (w (M * C * 9 float32), M, C, cb (input
+   blocks), m, out (P * mb * 16 * cb * 16 float32, zeros where no channel is), kron(G, G) (P * 9
+   float64)); U at each point summed in double, each point packed as pack_weights packs a 1x1 */
+static PyObject *nc_wino_pack(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    int64_t mo, c, cb, m, wn, on, kn;
+    if (ge_nargs(n, 7) || ge_int(args, 1, 1, 1 << 20, &mo) || ge_int(args, 2, 1, 1 << 20, &c)
+        || ge_int(args, 3, 1, 1 << 20, &cb) || ge_int(args, 4, 2, 4, &m)) return NULL;
+    const float *w = (const float *)ge_vec(args, 0, NPY_FLOAT, 0, &wn);
+    float *out = w ? (float *)ge_vec(args, 5, NPY_FLOAT, 1, &on) : NULL;
+    const double *k = out ? (const double *)ge_vec(args, 6, NPY_DOUBLE, 0, &kn) : NULL;
+    if (!k) return NULL;
+    int64_t p = (m + 2) * (m + 2), mb = (mo + 15) / 16, plen = ge_prod(mb * 16, cb * 16, 1, 1);
+    if ((m != 2 && m != 4) || cb * 16 < c || plen < 0 || wn != ge_prod(mo, c, 9, 1) || kn != p * 9
+        || on != ge_prod(plen, p, 1, 1)) return ge_fail();
+    Py_BEGIN_ALLOW_THREADS
+    memset(out, 0, (size_t)on * sizeof(float));
+    for (int64_t o = 0; o < mo; o++) {
+        int64_t ob = o / 16, g0 = ob / 4 * 4, fb = mb - g0 < 4 ? mb - g0 : 4;
+        float *og = out + g0 * 16 * cb * 16 + (ob - g0) * 16 + o % 16;  /* the group's (cb, in, fb, out) */
+        for (int64_t ci = 0; ci < c; ci++) {
+            const float *g = w + (o * c + ci) * 9;
+            float *dst = og + ci * fb * 16;
+            for (int64_t pt = 0; pt < p; pt++) {
+                double u = 0;
+                for (int j = 0; j < 9; j++) u += k[pt * 9 + j] * (double)g[j];
+                dst[pt * plen] = (float)u;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
 }
 
 static PyObject *nc_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) { return nc_conv_any(args, n, 0); }
@@ -917,7 +1256,7 @@ _NO_BIAS = np.zeros(1, np.float32)
 
 #: the module of _SRC, built on first use
 _mod = native.lazy_module("GE_NATIVE_NCHWC", _SRC, ["nc_ok", "nc_isa", "nc_conv", "nc_conv_plain", "nc_dwconv", "nc_pool",
-                                                    "nc_gap", "nc_reorder"], "nc_ok")
+                                                    "nc_gap", "nc_reorder", "nc_wino", "nc_wino_pack"], "nc_ok")
 
 
 def available() -> bool:
@@ -1034,6 +1373,47 @@ def conv(x5: np.ndarray, wpk: np.ndarray, out5: np.ndarray, kernel: tuple[int, i
     done) when the arrays or the geometry do not fit."""
     return _conv_call("nc_conv", x5, wpk, out5, kernel, strides, dilations, pads, bias, clip, width, addend, act,
                       groups=groups)
+
+
+def winograd_weights(w: np.ndarray, m: int, in_blocks: int | None = None) -> np.ndarray:
+    """A 3x3 convolution's ``(M, C, 3, 3)`` weight as :func:`winograd` reads it for F(m x m, 3 x 3)
+    (``m`` 4 or 2): ``U = G g G^T`` in float64 at each of the ``(m + 2)^2`` points, each point's
+    ``(M, C)`` matrix packed as a 1x1 convolution's weight (:func:`pack_weights`), one after the other."""
+    mo, c, kh, kw = w.shape
+    if (kh, kw) != (3, 3) or m not in WINOGRAD_G:
+        raise ValueError(f"winograd_weights takes a 3x3 weight and m of {sorted(WINOGRAD_G)}, not {w.shape} and {m}")
+    g = WINOGRAD_G[m]
+    r = g.shape[0]
+    mb, cb = blocks(mo), max(blocks(c), int(in_blocks or 0))
+    # U[a, b] = sum over i, j of G[a, i] G[b, j] w[i, j]: kron(G, G) (P x 9), in float64
+    k = np.kron(g, g)
+    mod = _mod()
+    if mod is not None:  # one pass, in place (a large weight's NumPy copies cost 0.1-0.4 s)
+        out = native.aligned(np.empty(r * r * mb * BLOCK * cb * BLOCK, np.float32))
+        mod.nc_wino_pack(np.ascontiguousarray(w, np.float32).reshape(-1), mo, c, cb, m, out, k.reshape(-1))
+        return out
+    u = np.matmul(k, w.reshape(-1, 9).astype(np.float64).T).reshape(r * r, mo, c)
+    # each point's (M, C) packed as pack_weights packs a 1x1 weight, all points at once
+    full = np.zeros((r * r, mb * BLOCK, cb * BLOCK), np.float32)
+    full[:, :mo, :c] = u
+    parts = []
+    for g0 in range(0, mb, GROUP):
+        fb = min(GROUP, mb - g0)
+        blk = full[:, g0 * BLOCK:(g0 + fb) * BLOCK].reshape(r * r, fb, BLOCK, cb, BLOCK)
+        parts.append(blk.transpose(0, 3, 4, 1, 2).reshape(r * r, -1))  # (cb, in, f, out) per point
+    return native.aligned(np.concatenate(parts, axis=1).reshape(-1))
+
+
+def winograd(x5: np.ndarray, upk: np.ndarray, out5: np.ndarray, m: int, pads: tuple[int, int],
+             bias: np.ndarray | None = None, clip: tuple[float, float] | None = None, width: int = 1,
+             addend: np.ndarray | None = None, act: str | None = None) -> bool:
+    """:func:`conv` of a 3x3 stride-1 undilated ungrouped convolution by Winograd F(m x m, 3 x 3)
+    (``upk`` from :func:`winograd_weights` with the same ``m``). False (nothing done) when the
+    arrays or the geometry do not fit."""
+    if m not in WINOGRAD_G:
+        return False
+    return _conv_call("nc_wino", x5, upk, out5, (3, 3), (1, 1), (1, 1), pads, bias, clip, width, addend, act,
+                      groups=m)
 
 
 def conv_plain(x4: np.ndarray, wpk: np.ndarray, out5: np.ndarray, kernel: tuple[int, int], strides: tuple[int, int],

@@ -174,9 +174,14 @@ def export(name):
                 mod.weight.uniform_(0.5, 1.5)
                 mod.bias.uniform_(-0.3, 0.3)
     x = torch.randn(shape)
+    return to_onnx(m, x), x.numpy()
+
+
+def to_onnx(m, x):
+    """``m``'s export with input ``x`` and output ``y``."""
     buf = io.BytesIO()
     torch.onnx.export(m, (x,), buf, input_names=["x"], output_names=["y"], opset_version=17, dynamo=False)
-    return buf.getvalue(), x.numpy()
+    return buf.getvalue()
 
 
 def ort_run(blob, x):
@@ -331,10 +336,44 @@ def test_same_padding_from_the_exporter_runs_blocked():
     torch.manual_seed(0)
     m = SamePadded().eval()
     x = torch.randn(1, 3, 29, 33)
-    buf = io.BytesIO()
-    torch.onnx.export(m, (x,), buf, input_names=["x"], output_names=["y"], opset_version=17, dynamo=False)
-    blob = buf.getvalue()
+    blob = to_onnx(m, x)
     model = ge.compile(ge.load(blob))
     np.testing.assert_allclose(model.run({"x": x.numpy()})["y"], ort_run(blob, x.numpy()), rtol=1e-3, atol=1e-4)
     if nchwc.available():
         assert op_counts(model).get("NchwcConv", 0) == 5, op_counts(model)
+
+
+class Chain3x3(nn.Module):
+    """3x3 convolutions on a 24x24 plane (then 12x12, then 6x6), a residual among them."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 3, 1, 1)
+        self.a = nn.Sequential(nn.Conv2d(32, 32, 3, 1, 1), nn.BatchNorm2d(32), nn.ReLU())
+        self.b = nn.Conv2d(32, 32, 3, 1, 1)
+        self.down = nn.Sequential(nn.Conv2d(32, 48, 3, 2, 1), nn.ReLU(), nn.Conv2d(48, 48, 3, 1, 1), nn.ReLU())
+        self.small = nn.Sequential(nn.Conv2d(48, 64, 3, 2, 1), nn.ReLU(), nn.Conv2d(64, 64, 3, 1, 1))
+
+    def forward(self, x):
+        h = torch.relu(self.stem(x))
+        h = torch.relu(self.b(self.a(h)) + h)
+        return self.small(self.down(h))
+
+
+@pytest.mark.skipif(not nchwc.available(), reason="needs the blocked kernels")
+@pytest.mark.parametrize("algorithm,modes", [
+    ("auto", {"nchwc winograd2": 4}),          # 24x24 and 12x12 planes; 6x6 (9 tiles) too
+    ("winograd", {"nchwc winograd2": 4}),
+    ("winograd4", {"nchwc winograd4": 2, "nchwc winograd2": 2}),  # F(4x4) on the 24x24 plane only
+    ("im2col", {}),
+])
+def test_conv_algorithm_chooses_the_blocked_winograd(algorithm, modes):
+    torch.manual_seed(1)
+    m = Chain3x3().eval()
+    x = torch.randn(2, 3, 24, 24)
+    blob = to_onnx(m, x)
+    model = ge.compile(ge.load(blob), {"conv_algorithm": algorithm, "threads": 2})
+    got = {k: v for k, v in model.report["kernel_modes"].items() if "winograd" in k}
+    assert got == modes
+    want = ort_run(blob, x.numpy())
+    np.testing.assert_allclose(model.run({"x": x.numpy()})["y"], want, rtol=1e-3, atol=2e-4 if "4" in algorithm else 1e-4)

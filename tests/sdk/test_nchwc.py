@@ -107,6 +107,103 @@ def test_conv_is_within_float_rounding_of_float64(case, act):
         assert np.allclose(out[:, -1, ..., m % 16:], ACTS[act](np.clip(0.0, -1.5, 2.5)), atol=1e-7)
 
 
+def winograd64(x, w, pads, m):
+    """F(m x m, 3x3) of x and w in float64 with the kernel's matrices, and the first-order bound of
+    its float32 rounding: the products summed over the channels at each point (|U| |V|), through
+    |A^T| . |A|, times the length of that sum plus the transforms' few steps."""
+    g = nchwc.WINOGRAD_G[m]
+    r = m + 2
+    bt = {2: np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64),
+          4: np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0],
+                       [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], np.float64)}[m]
+    at = {2: np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64),
+          4: np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]],
+                      np.float64)}[m]
+    n, c, h, wd = x.shape
+    pt, pl, pb, pr = pads
+    oh, ow = h + pt + pb - 2, wd + pl + pr - 2
+    th, tw = -(-oh // m), -(-ow // m)
+    xp = np.zeros((n, c, th * m + 2, tw * m + 2))
+    xp[:, :, pt:pt + h, pl:pl + wd] = x[:, :, :th * m + 2 - pt, :tw * m + 2 - pl]
+    tiles = np.lib.stride_tricks.sliding_window_view(xp, (r, r), axis=(2, 3))[:, :, ::m, ::m]  # n c th tw r r
+    v = np.einsum("ai,nctwij,bj->nctwab", bt, tiles, bt)
+    u = np.einsum("ai,mcij,bj->mcab", g, w, g)
+    y = np.einsum("mcab,nctwab->nmtwab", u, v)
+    mag = np.einsum("mcab,nctwab->nmtwab", np.abs(u), np.abs(v))
+    out = np.einsum("pa,nmtwab,qb->nmtpwq", at, y, at).reshape(n, -1, th * m, tw * m)[:, :, :oh, :ow]
+    bound = np.einsum("pa,nmtwab,qb->nmtpwq", np.abs(at), mag, np.abs(at)).reshape(n, -1, th * m, tw * m)
+    return out, (c + 3 * r) * EPS * bound[:, :, :oh, :ow] + 1e-30
+
+
+# (n, c, m, h, w, pads (t, l, b, r)): odd planes (a partial last tile), channels that are not
+# whole blocks, pads other than 1 (asymmetric, none, wider than the window), batch 2
+WINO = [(1, 16, 16, 8, 8, (1, 1, 1, 1)), (2, 32, 48, 9, 11, (1, 1, 1, 1)), (1, 20, 70, 7, 13, (0, 2, 1, 0)),
+        (1, 64, 32, 5, 5, (0, 0, 0, 0)), (2, 48, 16, 3, 17, (2, 2, 2, 2)), (1, 160, 96, 14, 14, (1, 1, 1, 1))]
+
+
+@needs_kernels
+@pytest.mark.parametrize("case", WINO, ids=lambda c: "x".join(map(str, c[:5])))
+@pytest.mark.parametrize("m", [2, 4])
+def test_winograd_is_within_its_rounding_bound_of_float64(case, m):
+    n, c, mo, h, wd, pads = case
+    x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
+    w = RNG.standard_normal((mo, c, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(mo).astype(np.float32)
+    ref, tol = winograd64(x.astype(np.float64), w.astype(np.float64), pads, m)
+    direct, _ = conv64(x.astype(np.float64), w.astype(np.float64), 1, pads, 1)
+    assert np.allclose(ref, direct)  # (the float64 algorithm is the convolution)
+    z = RNG.standard_normal(ref.shape).astype(np.float32)
+    outs = []
+    for width in (1, 3):
+        out = np.full((n, nchwc.blocks(mo)) + ref.shape[2:] + (16,), np.nan, np.float32)
+        assert nchwc.winograd(blocked(x), nchwc.winograd_weights(w, m), out, m, pads[:2], nchwc.pad_bias(b, mo),
+                              clip=(-2.5, 3.5), width=width, addend=blocked(z), act="silu")
+        outs.append(out)
+    want = ACTS["silu"](np.clip(ref + b[None, :, None, None] + z, -2.5, 3.5))
+    got = plain(outs[0], mo)
+    # (silu's slope is at most 1.1: the bound carries through it)
+    assert np.all(np.abs(got - want) <= 1.1 * tol + 1e-6 * (1 + np.abs(want))), np.abs(got - want).max()
+    assert np.array_equal(outs[0], outs[1])  # the same bits at every thread count
+    if mo % 16:
+        assert np.allclose(outs[0][:, -1, ..., mo % 16:], ACTS["silu"](np.clip(0.0, -2.5, 3.5)), atol=1e-7)
+
+
+@needs_kernels
+def test_winograd_rounding_is_the_direct_sums_for_f2_and_bounded_for_f4():
+    """F(2x2)'s transforms (0, +-1, +-1/2) keep the rounding of the direct sum; F(4x4)'s larger
+    coefficients (up to 8) cost up to ten times more (8x here), never orders of magnitude."""
+    x = RNG.standard_normal((1, 256, 12, 12)).astype(np.float32)
+    w = (RNG.standard_normal((64, 256, 3, 3)) / 48).astype(np.float32)
+    ref, _ = conv64(x.astype(np.float64), w.astype(np.float64), 1, (1, 1, 1, 1), 1)
+    errs = {}
+    for m in (0, 2, 4):
+        out = np.empty((1, 4, 12, 12, 16), np.float32)
+        if m:
+            assert nchwc.winograd(blocked(x), nchwc.winograd_weights(w, m), out, m, (1, 1))
+        else:
+            assert nchwc.conv(blocked(x), nchwc.pack_weights(w), out, (3, 3), (1, 1), (1, 1), (1, 1))
+        errs[m] = np.abs(plain(out, 64) - ref).max() / np.abs(ref).max()
+    assert errs[2] < 3 * errs[0] and errs[4] < 20 * errs[0] and errs[4] < 3e-5, errs
+
+
+@needs_kernels
+def test_winograd_refuses_what_it_cannot_run():
+    x5 = np.zeros((1, 2, 6, 6, 16), np.float32)
+    w = RNG.standard_normal((32, 32, 3, 3)).astype(np.float32)
+    u2, u4 = nchwc.winograd_weights(w, 2), nchwc.winograd_weights(w, 4)
+    out = np.zeros((1, 2, 6, 6, 16), np.float32)
+    assert nchwc.winograd(x5, u2, out, 2, (1, 1)) and nchwc.winograd(x5, u4, out, 4, (1, 1))
+    out[...] = 7.0
+    assert not nchwc.winograd(x5, u4, out, 2, (1, 1))  # a weight transformed for the other tile
+    assert not nchwc.winograd(x5, u2[:-1], out, 2, (1, 1))
+    assert not nchwc.winograd(x5, u2, out, 3, (1, 1))
+    assert not nchwc.winograd(x5, u2, out[:, :1], 2, (1, 1))  # output blocks the weight does not have
+    assert not nchwc.winograd(x5, u2, x5, 2, (1, 1))  # the output over the input
+    assert not nchwc.winograd(x5, u2, out, 2, (-1, 1))
+    assert (out == 7.0).all()
+    with pytest.raises(ValueError):
+        nchwc.winograd_weights(w[:, :, :2], 2)
+
 # grouped: (n, c, m, groups, h, w, k, stride, pad, dilation); each group whole blocks
 GROUPED = [
     (1, 128, 128, 2, 9, 13, 3, 1, (1, 1, 1, 1), 1),   # RegNet's: 64 channels a group (one tile group each)
@@ -237,3 +334,15 @@ def test_bad_arrays_and_geometry_are_refused():
     assert not nchwc.pool(x5, np.zeros((1, 1, 5, 5, 16), np.float32), "max", *geo)  # blocks must agree
     assert not nchwc.to_blocked(np.zeros((1, 33, 5, 5), np.float32), x5)  # 33 channels are 3 blocks
 
+
+
+@needs_kernels
+@pytest.mark.parametrize("m", [2, 4])
+def test_winograd_weights_pack_the_same_natively_and_in_numpy(m, monkeypatch):
+    w = RNG.standard_normal((70, 40, 3, 3)).astype(np.float32)
+    fast = nchwc.winograd_weights(w, m, in_blocks=4)
+    monkeypatch.setattr(nchwc, "_mod", lambda: None)
+    slow = nchwc.winograd_weights(w, m, in_blocks=4)
+    assert fast.shape == slow.shape == ((m + 2) ** 2 * 80 * 64,)
+    np.testing.assert_allclose(fast, slow, rtol=1e-6, atol=1e-7)  # (float64 sums in another order)
+    assert fast.ctypes.data % 64 == 0

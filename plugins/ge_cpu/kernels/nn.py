@@ -281,7 +281,7 @@ def conv_factory(spec: KernelSpec):
     wino = None  # Winograd F(2x2, 3x3), chosen once here by the cost model (winograd.applies)
     if (w_const is not None and nd == 2 and algorithm != "im2col" and w_const.dtype in (np.float32, np.float64)
             and winograd.applies(x_shape, w_const.shape, strides, dilations, group, w_const.dtype,
-                                 pays=algorithm == "auto")):
+                                 pays=algorithm in ("auto", "winograd4"))):
         wino = winograd.Winograd(w_const, group=group)
 
     def planner(key):
