@@ -62,6 +62,7 @@ WINOGRAD_G = {
 
 _SRC = ACTIVATION_C16 + r"""
 #include <immintrin.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #define NC_AI static inline __attribute__((always_inline))
 
@@ -919,18 +920,21 @@ static PyObject *nc_conv_plain(PyObject *self, PyObject *const *args, Py_ssize_t
 #if defined(NC_VEC)
 typedef struct {
     const float *x, *z, *bias;
-    float *y, *v, *yy;
+    float *y;
     const float *u;
-    int64_t n, cb, h, wd, mb, oh, ow, pt, pl, m, r, p, th, tw, t, ulen;
+    int64_t n, cb, h, wd, mb, oh, ow, pt, pl, m, p, th, tw, t, ulen;
     int64_t has_bias, clip, act;
+    int64_t tc, chunks;               /* tiles a task, and tile chunks an image */
+    int64_t sets, gps;                /* sets of tile groups a chunk, tile groups a set */
     float lo, hi;
+    atomic_int failed;                /* a thread found no memory for its scratch */
     nc_ctx gemm;                      /* the products' 1x1 convolution (x, y, w set per task) */
 } nc_wino_ctx;
 
 /* 1-D transforms of R = M + 2 values: the input's B^T, the output's A^T */
 NC_AI void nc_wb(const int M, const nv *d, nv *r) {
     if (M == 4) {
-        nv four = nv_set1(4.0f), five = nv_set1(5.0f), two = nv_set1(2.0f), m4 = nv_set1(-4.0f), m5 = nv_set1(-5.0f);
+        nv four = nv_set1(4.0f), two = nv_set1(2.0f), m4 = nv_set1(-4.0f), m5 = nv_set1(-5.0f);
         nv t0 = nv_fma(m4, d[2], d[4]), t1 = nv_fma(m4, d[1], d[3]);
         nv t2 = nv_sub(d[4], d[2]), t3 = nv_sub(d[3], d[1]);
         r[0] = nv_fma(four, d[0], nv_fma(m5, d[2], d[4]));
@@ -939,7 +943,6 @@ NC_AI void nc_wb(const int M, const nv *d, nv *r) {
         r[3] = nv_fma(two, t3, t2);
         r[4] = nv_fma(nv_set1(-2.0f), t3, t2);
         r[5] = nv_fma(four, d[1], nv_fma(m5, d[3], d[5]));
-        (void)five;
     } else {
         r[0] = nv_sub(d[0], d[2]);
         r[1] = nv_add(d[1], d[2]);
@@ -960,15 +963,14 @@ NC_AI void nc_wa(const int M, const nv *y, nv *o) {
     }
 }
 
-/* V of the tiles of tile row th of input block cb of image img: V[(img * P + point) * cb + cb][t] */
-NC_AI void nc_wino_in(const nc_wino_ctx *q, int64_t img, int64_t cb, int64_t th, const int M) {
+/* V = B^T d B of tiles [t0, t1) of input block cb of image img into v: point pt's tiles from
+   v + pt * vps on, a tile 16 floats */
+NC_AI void nc_wino_in(const nc_wino_ctx *q, int64_t img, int64_t cb, int64_t t0, int64_t t1, float *v,
+                      int64_t vps, const int M) {
     const int R = M + 2;
     const float *xb = q->x + (img * q->cb + cb) * q->h * q->wd * 16;
-    const int64_t pstride = q->cb * q->t * 16;  /* floats between two points of a tile */
-    float *vb = q->v + ((img * q->p) * q->cb + cb) * q->t * 16;
-    int64_t ih0 = th * M - q->pt;
-    for (int64_t tw = 0; tw < q->tw; tw++) {
-        int64_t iw0 = tw * M - q->pl, t = th * q->tw + tw;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t ih0 = t / q->tw * M - q->pt, iw0 = t % q->tw * M - q->pl;
         nv tmp[6][6];
         int inside = ih0 >= 0 && ih0 + R <= q->h && iw0 >= 0 && iw0 + R <= q->wd;
 #pragma GCC unroll 6
@@ -987,6 +989,7 @@ NC_AI void nc_wino_in(const nc_wino_ctx *q, int64_t img, int64_t cb, int64_t th,
             }
             nc_wb(M, d, tmp[i]);  /* tmp[i][b]: row i, column point b */
         }
+        float *vt = v + (t - t0) * 16;
 #pragma GCC unroll 6
         for (int b = 0; b < R; b++) {
             nv col[6], r[6];
@@ -994,49 +997,29 @@ NC_AI void nc_wino_in(const nc_wino_ctx *q, int64_t img, int64_t cb, int64_t th,
             for (int i = 0; i < R; i++) col[i] = tmp[i][b];
             nc_wb(M, col, r);
 #pragma GCC unroll 6
-            for (int a = 0; a < R; a++) nv_store(vb + (a * R + b) * pstride + t * 16, r[a]);
+            for (int a = 0; a < R; a++) nv_store(vt + (a * R + b) * vps, r[a]);
         }
     }
 }
 
-static void nc_wino_in_task(void *ctx, int64_t t, int slot) {
-    const nc_wino_ctx *q = (const nc_wino_ctx *)ctx;
-    (void)slot;
-    int64_t img = t / (q->cb * q->th), r = t % (q->cb * q->th);
-    if (q->m == 4) nc_wino_in(q, img, r / q->th, r % q->th, 4);
-    else nc_wino_in(q, img, r / q->th, r % q->th, 2);
-}
-
-/* the products at one point: task (image, point, tile group); the tiles one plane of q->t pixels */
-static void nc_wino_gemm_task(void *ctx, int64_t t, int slot) {
-    const nc_wino_ctx *q = (const nc_wino_ctx *)ctx;
-    (void)slot;
-    int64_t groups = q->gemm.groups, img = t / (q->p * groups), r = t % (q->p * groups), pt = r / groups;
-    nc_ctx g = q->gemm;
-    g.x = q->v + (img * q->p + pt) * q->cb * q->t * 16;
-    g.y = q->yy + (img * q->p + pt) * q->mb * q->t * 16;
-    g.w = q->u + pt * q->ulen;
-    g.wn = (q->p - pt) * q->ulen;
-    nc_conv_part(&g, 0, r % groups, 0, 1, 0, q->t);
-}
-
-/* the outputs of tile row th of output block ob of image img: A^T Y A, then the epilogue */
-NC_AI void nc_wino_out(const nc_wino_ctx *q, int64_t img, int64_t ob, int64_t th, const int M) {
+/* o = A^T Y A of tiles [t0, t1) of output block ob of image img (point pt's from yb + pt * yps
+   on), the epilogue, into the output */
+NC_AI void nc_wino_out(const nc_wino_ctx *q, int64_t img, int64_t ob, int64_t t0, int64_t t1, const float *yb,
+                       int64_t yps, const int M) {
     const int R = M + 2;
-    const int64_t pstride = q->mb * q->t * 16;
-    const float *yb = q->yy + ((img * q->p) * q->mb + ob) * q->t * 16;
     float *ob_out = q->y + (img * q->mb + ob) * q->oh * q->ow * 16;
     const float *zb = q->z ? q->z + (img * q->mb + ob) * q->oh * q->ow * 16 : NULL;
     nv bias = q->has_bias ? nv_load(q->bias + ob * 16) : nv_zero();
     nv lo = nv_set1(q->lo), hi = nv_set1(q->hi);
-    for (int64_t tw = 0; tw < q->tw; tw++) {
-        int64_t t = th * q->tw + tw;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t th = t / q->tw, tw = t % q->tw;
+        const float *yt = yb + (t - t0) * 16;
         nv tmp[4][6];
 #pragma GCC unroll 6
         for (int b = 0; b < R; b++) {
             nv col[6], o[4];
 #pragma GCC unroll 6
-            for (int a = 0; a < R; a++) col[a] = nv_load(yb + (a * R + b) * pstride + t * 16);
+            for (int a = 0; a < R; a++) col[a] = nv_load(yt + (a * R + b) * yps);
             nc_wa(M, col, o);
 #pragma GCC unroll 4
             for (int i = 0; i < M; i++) tmp[i][b] = o[i];
@@ -1052,46 +1035,89 @@ NC_AI void nc_wino_out(const nc_wino_ctx *q, int64_t img, int64_t ob, int64_t th
                 int64_t ow = tw * M + j;
                 if (ow >= q->ow) break;
                 int64_t off = (oh * q->ow + ow) * 16;
-                nv v = nv_add(o[j], bias);
-                if (zb) v = nv_add(v, nv_load(zb + off));
-                if (q->clip) v = nv_min(nv_max(v, lo), hi);
-                nv_store(ob_out + off, v);
+                nv r = nv_add(o[j], bias);
+                if (zb) r = nv_add(r, nv_load(zb + off));
+                if (q->clip) r = nv_min(nv_max(r, lo), hi);
+                nv_store(ob_out + off, r);
             }
         }
-    }
-    if (q->act) {  /* (the activation over the rows just written: one copy of its math) */
-        int64_t r0 = th * M, r1 = r0 + M < q->oh ? r0 + M : q->oh;
-        nc_ctx e;
-        memset(&e, 0, sizeof(e));
-        e.y = q->y; e.mb = q->mb; e.oh = q->oh; e.ow = q->ow; e.act = q->act;
-        nc_epi_act(&e, nc_off(&e, img, ob, r0, 0), (r1 - r0) * q->ow);
+        if (q->act) {  /* (the activation over the tile's rows just written: one copy of its math) */
+            nc_ctx e;
+            memset(&e, 0, sizeof(e));
+            e.y = q->y; e.mb = q->mb; e.oh = q->oh; e.ow = q->ow; e.act = q->act;
+            int64_t cols = q->ow - tw * M < M ? q->ow - tw * M : M;
+            for (int i = 0; i < M && th * M + i < q->oh; i++) nc_epi_act(&e, nc_off(&e, img, ob, th * M + i, tw * M), cols);
+        }
     }
 }
 
-static void nc_wino_out_task(void *ctx, int64_t t, int slot) {
-    const nc_wino_ctx *q = (const nc_wino_ctx *)ctx;
-    (void)slot;
-    int64_t img = t / (q->mb * q->th), r = t % (q->mb * q->th);
-    if (q->m == 4) nc_wino_out(q, img, r / q->th, r % q->th, 4);
-    else nc_wino_out(q, img, r / q->th, r % q->th, 2);
-}
+#define NC_WINO_V (1024 * 1024)
+#define NC_WINO_VC (256 * 1024)
 
+/* a thread's transformed tiles and products, kept between calls (the same thread's cache holds
+   them from one task to the next: no line of them moves between cores) */
 static __thread float *nc_wv_buf = NULL, *nc_wy_buf = NULL;
 static __thread size_t nc_wv_cap = 0, nc_wy_cap = 0;
+
+/* task (image, chunk of tc tiles, set of tile groups): the chunk's input transform (every input
+   block), the products at each point for the set's output blocks (1x1 convolutions over the
+   chunk's tiles, nc_conv_part), their output transform and epilogue: all on this thread, in its
+   cache (a phase per call with the threads sharing the transformed tiles ran 2-4x slower at 2
+   threads where the cores share no cache) */
+static void nc_wino_task(void *ctx, int64_t task, int slot) {
+    const nc_wino_ctx *q = (const nc_wino_ctx *)ctx;
+    (void)slot;
+    int64_t per_img = q->chunks * q->sets, img = task / per_img, r = task % per_img;
+    int64_t ch = r / q->sets, set = r % q->sets;
+    int64_t t0 = ch * q->tc, t1 = t0 + q->tc < q->t ? t0 + q->tc : q->t, nt = t1 - t0;
+    int64_t g0 = set * q->gps, g1 = g0 + q->gps < q->gemm.groups ? g0 + q->gps : q->gemm.groups;
+    float *v = nc_grow(&nc_wv_buf, &nc_wv_cap, (size_t)(q->p * q->cb * q->tc * 16));
+    float *yy = v ? nc_grow(&nc_wy_buf, &nc_wy_cap, (size_t)(q->p * q->mb * q->tc * 16)) : NULL;
+    if (!yy) {  /* no memory for this thread's scratch: the call raises MemoryError */
+        atomic_store(&((nc_wino_ctx *)q)->failed, 1);
+        return;
+    }
+    /* V: (point, input block, tile) */
+    for (int64_t cb = 0; cb < q->cb; cb++) {
+        if (q->m == 4) nc_wino_in(q, img, cb, t0, t1, v + cb * nt * 16, q->cb * nt * 16, 4);
+        else nc_wino_in(q, img, cb, t0, t1, v + cb * nt * 16, q->cb * nt * 16, 2);
+    }
+    /* the products: Y (point, output block, tile) for the set's tile groups */
+    nc_ctx g = q->gemm;
+    g.wd = g.ow = nt;
+    nc_inside(&g);
+    for (int64_t pt = 0; pt < q->p; pt++) {
+        g.x = v + pt * q->cb * nt * 16;
+        g.y = yy + pt * q->mb * nt * 16;
+        g.w = q->u + pt * q->ulen;
+        g.wn = (q->p - pt) * q->ulen;
+        for (int64_t gi = g0; gi < g1; gi++) nc_conv_part(&g, 0, gi, 0, 1, 0, nt);
+    }
+    /* the set's output blocks */
+    int64_t tpg = q->gemm.tpg, gob = q->gemm.gob;
+    for (int64_t gi = g0; gi < g1; gi++) {
+        int64_t end = (gi / tpg + 1) * gob, ob0 = gi / tpg * gob + gi % tpg * 4, ob1 = ob0 + 4 < end ? ob0 + 4 : end;
+        for (int64_t ob = ob0; ob < ob1; ob++) {
+            if (q->m == 4) nc_wino_out(q, img, ob, t0, t1, yy + ob * nt * 16, q->mb * nt * 16, 4);
+            else nc_wino_out(q, img, ob, t0, t1, yy + ob * nt * 16, q->mb * nt * 16, 2);
+        }
+    }
+}
 #endif
 
 /* y = act(clip(conv3x3(x, w) + bias + z)) by Winograd: (x, u (1-D, winograd_weights), y, bias,
-   has_bias, clip, lo, hi, threads, z or None, act, geometry, m) */
+   has_bias, clip, lo, hi, threads, z or None, act, geometry, m, groups (whole blocks each)) */
 static PyObject *nc_wino(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     nc_ctx q;
     memset(&q, 0, sizeof(q));
-    int64_t width, un, m;
-    if (ge_nargs(n, 13) || nc_geometry(args, 11, &q) || nc_arrays(args, &q, -1)) return NULL;
-    if (nc_epilogue(args, &q, &width) || ge_int(args, 12, 2, 4, &m)) return NULL;
+    int64_t width, un, m, cg;
+    if (ge_nargs(n, 14) || nc_geometry(args, 11, &q) || nc_arrays(args, &q, -1)) return NULL;
+    if (nc_epilogue(args, &q, &width) || ge_int(args, 12, 2, 4, &m) || ge_int(args, 13, 1, 1 << 20, &cg)) return NULL;
     if ((m != 2 && m != 4) || q.kh != 3 || q.kw != 3 || q.sh != 1 || q.sw != 1 || q.dh != 1 || q.dw != 1) return ge_fail();
+    if (q.cb % cg || q.mb % cg) return ge_fail();
     const float *u = (const float *)ge_vec(args, 1, NPY_FLOAT, 0, &un);
     if (!u) return NULL;
-    int64_t r = m + 2, p = r * r, ulen = ge_prod(q.mb * 16, q.cb * 16, 1, 1);
+    int64_t r = m + 2, p = r * r, ulen = ge_prod(q.mb * 16, q.cb / cg * 16, 1, 1);
     if (ulen < 0 || ge_prod(ulen, p, 1, 1) != un) return ge_fail();
     if (q.n <= 0 || q.mb <= 0 || q.oh <= 0 || q.ow <= 0) Py_RETURN_NONE;
 #if defined(NC_VEC)
@@ -1099,51 +1125,77 @@ static PyObject *nc_wino(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     memset(&w, 0, sizeof(w));
     w.x = q.x; w.y = q.y; w.z = q.z; w.bias = q.bias; w.u = u;
     w.n = q.n; w.cb = q.cb; w.h = q.h; w.wd = q.wd; w.mb = q.mb; w.oh = q.oh; w.ow = q.ow;
-    w.pt = q.pt; w.pl = q.pl; w.m = m; w.r = r; w.p = p; w.ulen = ulen;
+    w.pt = q.pt; w.pl = q.pl; w.m = m; w.p = p; w.ulen = ulen;
     w.th = (q.oh + m - 1) / m; w.tw = (q.ow + m - 1) / m; w.t = w.th * w.tw;
     w.has_bias = q.has_bias; w.clip = q.clip; w.act = q.act; w.lo = q.lo; w.hi = q.hi;
-    int64_t vs = ge_prod(q.n * p, q.cb * w.t, 16, 1), ys = ge_prod(q.n * p, q.mb * w.t, 16, 1);
-    if (vs < 0 || ys < 0) return ge_fail();
-    w.v = nc_grow(&nc_wv_buf, &nc_wv_cap, (size_t)vs);
-    w.yy = w.v ? nc_grow(&nc_wy_buf, &nc_wy_cap, (size_t)ys) : NULL;
-    if (!w.yy) return PyErr_NoMemory();
     /* the products: a 1x1 convolution of cb input blocks into mb output blocks over a plane of
-       1 x t pixels, no epilogue */
+       1 x tc pixels (the chunk's tiles), no epilogue */
     nc_ctx *g = &w.gemm;
-    g->n = 1; g->cb = q.cb; g->h = 1; g->wd = w.t; g->mb = q.mb; g->oh = 1; g->ow = w.t;
+    g->n = 1; g->cb = q.cb; g->h = 1; g->mb = q.mb; g->oh = 1;
     g->kh = g->kw = g->sh = g->sw = g->dh = g->dw = 1;
-    g->cg = 1; g->gib = q.cb; g->gob = q.mb; g->tpg = (q.mb + 3) / 4; g->groups = g->tpg;
-    g->chunk = w.t; g->chunks = 1; g->rblk = 1;
-    nc_inside(g);
+    g->cg = cg; g->gib = q.cb / cg; g->gob = q.mb / cg; g->tpg = (g->gob + 3) / 4; g->groups = cg * g->tpg;
+    g->chunk = 1; g->chunks = 1; g->rblk = 1;
+    /* tiles a task: all of them when their transformed inputs (P x cb x t x 64 bytes) fit in
+       NC_WINO_V of L2 (then each point's weight is read once a call: a 7x7 plane's weight, 1.8x
+       the direct one, comes from memory), else chunks whose inputs take NC_WINO_VC (the weight,
+       small then, read once a chunk) */
+    int64_t per = p * q.cb * 64;
+    w.tc = w.t;
+    if (per * w.t > NC_WINO_V) {
+        w.tc = NC_WINO_VC / per;
+        if (w.tc < 6) w.tc = 6;
+        if (w.tc > w.t) w.tc = w.t;
+    }
+    w.chunks = (w.t + w.tc - 1) / w.tc;
+    /* ... and for the threads 4 tasks each: the tile groups in sets first (each set transforms
+       the chunk's inputs again, a few percent of its products, but reads only its weight), then
+       smaller chunks */
+    w.sets = 1;
+    while (width > 1 && q.n * w.chunks * w.sets < 4 * width) {
+        if (w.sets < g->groups) {
+            w.sets++;
+        } else if (w.tc >= 12) {
+            w.tc = (w.tc + 1) / 2;
+            w.chunks = (w.t + w.tc - 1) / w.tc;
+        } else {
+            break;
+        }
+    }
+    w.gps = (g->groups + w.sets - 1) / w.sets;
+    w.sets = (g->groups + w.gps - 1) / w.gps;
     Py_BEGIN_ALLOW_THREADS
-    ge_parallel(nc_wino_in_task, &w, q.n * q.cb * w.th, width);
-    ge_parallel(nc_wino_gemm_task, &w, q.n * p * g->groups, width);
-    ge_parallel(nc_wino_out_task, &w, q.n * q.mb * w.th, width);
+    ge_parallel(nc_wino_task, &w, q.n * w.chunks * w.sets, width);
     Py_END_ALLOW_THREADS
+    if (atomic_load(&w.failed)) return PyErr_NoMemory();
     Py_RETURN_NONE;
 #else
     return ge_fail();
 #endif
 }
 
-/* the Winograd weight of F(m x m, 3x3) as nc_wino reads it: (w (M * C * 9 float32), M, C, cb (input
-   blocks), m, out (P * mb * 16 * cb * 16 float32, zeros where no channel is), kron(G, G) (P * 9
-   float64)); U at each point summed in double, each point packed as pack_weights packs a 1x1 */
+/* the Winograd weight of F(m x m, 3x3) as nc_wino reads it: (w (M * C * 9 float32; C the channels
+   of a group), M, C, cb (input blocks of a group), m, out (P * mb * 16 * cb * 16 float32, zeros
+   where no channel is), kron(G, G) (P * 9 float64), groups); U at each point summed in double,
+   each point packed as pack_weights packs a 1x1 weight (grouped: each group's in turn, whole
+   blocks each) */
 static PyObject *nc_wino_pack(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    int64_t mo, c, cb, m, wn, on, kn;
-    if (ge_nargs(n, 7) || ge_int(args, 1, 1, 1 << 20, &mo) || ge_int(args, 2, 1, 1 << 20, &c)
-        || ge_int(args, 3, 1, 1 << 20, &cb) || ge_int(args, 4, 2, 4, &m)) return NULL;
+    int64_t mo, c, cb, m, wn, on, kn, cg;
+    if (ge_nargs(n, 8) || ge_int(args, 1, 1, 1 << 20, &mo) || ge_int(args, 2, 1, 1 << 20, &c)
+        || ge_int(args, 3, 1, 1 << 20, &cb) || ge_int(args, 4, 2, 4, &m) || ge_int(args, 7, 1, 1 << 20, &cg)) return NULL;
     const float *w = (const float *)ge_vec(args, 0, NPY_FLOAT, 0, &wn);
     float *out = w ? (float *)ge_vec(args, 5, NPY_FLOAT, 1, &on) : NULL;
     const double *k = out ? (const double *)ge_vec(args, 6, NPY_DOUBLE, 0, &kn) : NULL;
     if (!k) return NULL;
     int64_t p = (m + 2) * (m + 2), mb = (mo + 15) / 16, plen = ge_prod(mb * 16, cb * 16, 1, 1);
     if ((m != 2 && m != 4) || cb * 16 < c || plen < 0 || wn != ge_prod(mo, c, 9, 1) || kn != p * 9
-        || on != ge_prod(plen, p, 1, 1)) return ge_fail();
+        || on != ge_prod(plen, p, 1, 1) || (cg > 1 && (mo % (cg * 16) || c != cb * 16))) return ge_fail();
+    int64_t gob = mb / cg;  /* output blocks a group */
     Py_BEGIN_ALLOW_THREADS
     memset(out, 0, (size_t)on * sizeof(float));
     for (int64_t o = 0; o < mo; o++) {
-        int64_t ob = o / 16, g0 = ob / 4 * 4, fb = mb - g0 < 4 ? mb - g0 : 4;
+        /* its convolution group, and the tile group of up to 4 output blocks inside that */
+        int64_t ob = o / 16, gi = ob / gob, g0 = gi * gob + (ob - gi * gob) / 4 * 4;
+        int64_t fb = (gi + 1) * gob - g0 < 4 ? (gi + 1) * gob - g0 : 4;
         float *og = out + g0 * 16 * cb * 16 + (ob - g0) * 16 + o % 16;  /* the group's (cb, in, fb, out) */
         for (int64_t ci = 0; ci < c; ci++) {
             const float *g = w + (o * c + ci) * 9;
@@ -1342,7 +1394,7 @@ def _geometry(kernel, strides, dilations, pads) -> np.ndarray:
 
 
 def _conv_call(entry, x5, wpk, out5, kernel, strides, dilations, pads, bias, clip, width, addend, act,
-               x_ndim: int = 5, groups: int | None = None) -> bool:
+               x_ndim: int = 5, groups: int | None = None, extra: tuple[int, ...] = ()) -> bool:
     mod = _mod()
     if mod is None or act not in (None, *ACTIVATIONS):
         return False
@@ -1357,7 +1409,8 @@ def _conv_call(entry, x5, wpk, out5, kernel, strides, dilations, pads, bias, cli
     try:
         getattr(mod, entry)(x5, wpk, out5, _NO_BIAS if bias is None else bias, int(bias is not None),
                             int(clip is not None), lo, hi, max(1, int(width)), addend, ACTIVATIONS.get(act or "", 0),
-                            _geometry(kernel, strides, dilations, pads), *(() if groups is None else (int(groups),)))
+                            _geometry(kernel, strides, dilations, pads), *(() if groups is None else (int(groups),)),
+                            *extra)
     except (TypeError, ValueError):
         return False
     return True
@@ -1375,24 +1428,31 @@ def conv(x5: np.ndarray, wpk: np.ndarray, out5: np.ndarray, kernel: tuple[int, i
                       groups=groups)
 
 
-def winograd_weights(w: np.ndarray, m: int, in_blocks: int | None = None) -> np.ndarray:
+def winograd_weights(w: np.ndarray, m: int, in_blocks: int | None = None, groups: int = 1) -> np.ndarray:
     """A 3x3 convolution's ``(M, C, 3, 3)`` weight as :func:`winograd` reads it for F(m x m, 3 x 3)
     (``m`` 4 or 2): ``U = G g G^T`` in float64 at each of the ``(m + 2)^2`` points, each point's
-    ``(M, C)`` matrix packed as a 1x1 convolution's weight (:func:`pack_weights`), one after the other."""
+    ``(M, C)`` matrix packed as a 1x1 convolution's weight (:func:`pack_weights`, with ``groups``
+    as it packs a grouped one: ``C`` the channels of a group, whole blocks), one after the other."""
     mo, c, kh, kw = w.shape
     if (kh, kw) != (3, 3) or m not in WINOGRAD_G:
         raise ValueError(f"winograd_weights takes a 3x3 weight and m of {sorted(WINOGRAD_G)}, not {w.shape} and {m}")
+    if groups > 1 and (mo % (groups * BLOCK) or c % BLOCK):
+        raise ValueError(f"a grouped weight {w.shape} needs whole blocks of {BLOCK} channels a group")
     g = WINOGRAD_G[m]
     r = g.shape[0]
-    mb, cb = blocks(mo), max(blocks(c), int(in_blocks or 0))
+    mb, cb = blocks(mo), (blocks(c) if groups > 1 else max(blocks(c), int(in_blocks or 0)))
     # U[a, b] = sum over i, j of G[a, i] G[b, j] w[i, j]: kron(G, G) (P x 9), in float64
     k = np.kron(g, g)
     mod = _mod()
     if mod is not None:  # one pass, in place (a large weight's NumPy copies cost 0.1-0.4 s)
         out = native.aligned(np.empty(r * r * mb * BLOCK * cb * BLOCK, np.float32))
-        mod.nc_wino_pack(np.ascontiguousarray(w, np.float32).reshape(-1), mo, c, cb, m, out, k.reshape(-1))
+        mod.nc_wino_pack(np.ascontiguousarray(w, np.float32).reshape(-1), mo, c, cb, m, out, k.reshape(-1),
+                         int(groups))
         return out
     u = np.matmul(k, w.reshape(-1, 9).astype(np.float64).T).reshape(r * r, mo, c)
+    if groups > 1:
+        return native.aligned(np.concatenate([pack_weights(u[i].astype(np.float32)[:, :, None, None], groups=groups)
+                                              for i in range(r * r)]))
     # each point's (M, C) packed as pack_weights packs a 1x1 weight, all points at once
     full = np.zeros((r * r, mb * BLOCK, cb * BLOCK), np.float32)
     full[:, :mo, :c] = u
@@ -1406,14 +1466,14 @@ def winograd_weights(w: np.ndarray, m: int, in_blocks: int | None = None) -> np.
 
 def winograd(x5: np.ndarray, upk: np.ndarray, out5: np.ndarray, m: int, pads: tuple[int, int],
              bias: np.ndarray | None = None, clip: tuple[float, float] | None = None, width: int = 1,
-             addend: np.ndarray | None = None, act: str | None = None) -> bool:
-    """:func:`conv` of a 3x3 stride-1 undilated ungrouped convolution by Winograd F(m x m, 3 x 3)
-    (``upk`` from :func:`winograd_weights` with the same ``m``). False (nothing done) when the
-    arrays or the geometry do not fit."""
+             addend: np.ndarray | None = None, act: str | None = None, groups: int = 1) -> bool:
+    """:func:`conv` of a 3x3 stride-1 undilated convolution by Winograd F(m x m, 3 x 3) (``upk``
+    from :func:`winograd_weights` with the same ``m`` and ``groups``). False (nothing done) when
+    the arrays or the geometry do not fit."""
     if m not in WINOGRAD_G:
         return False
     return _conv_call("nc_wino", x5, upk, out5, (3, 3), (1, 1), (1, 1), pads, bias, clip, width, addend, act,
-                      groups=m)
+                      extra=(int(m), int(groups)))
 
 
 def conv_plain(x4: np.ndarray, wpk: np.ndarray, out5: np.ndarray, kernel: tuple[int, int], strides: tuple[int, int],

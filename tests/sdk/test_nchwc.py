@@ -169,6 +169,32 @@ def test_winograd_is_within_its_rounding_bound_of_float64(case, m):
 
 
 @needs_kernels
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("case", [(1, 128, 128, 2, 12, 10), (2, 96, 192, 3, 7, 9), (1, 64, 32, 2, 5, 6)],
+                         ids=lambda c: "x".join(map(str, c)))
+def test_grouped_winograd_is_within_float_rounding_of_float64(case, m):
+    n, c, mo, g, h, wd = case  # (RegNet's groups: 64 channels a group; 3 groups of 32 -> 64; 32 -> 16)
+    x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
+    w = RNG.standard_normal((mo, c // g, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(mo).astype(np.float32)
+    ref, tol = conv64(x.astype(np.float64), w.astype(np.float64), 1, (1, 1, 1, 1), 1, group=g)
+    outs = []
+    for width in (1, 2):
+        out = np.full((n, mo // 16, h, wd, 16), np.nan, np.float32)
+        assert nchwc.winograd(blocked(x), nchwc.winograd_weights(w, m, groups=g), out, m, (1, 1),
+                              nchwc.pad_bias(b, mo), width=width, groups=g)
+        outs.append(out)
+    got = plain(outs[0], mo)
+    # (Winograd's transforms multiply the direct sum's rounding by up to 3 (F(2x2)) or 10 (F(4x4)))
+    assert np.all(np.abs(got - ref - b[None, :, None, None]) <= (3 if m == 2 else 10) * tol + 1e-6), \
+        np.abs(got - ref - b[None, :, None, None]).max()
+    assert np.array_equal(outs[0], outs[1])
+    out = np.zeros_like(outs[0])  # a weight transformed for other groups, a group count that splits blocks
+    assert not nchwc.winograd(blocked(x), nchwc.winograd_weights(w, m, groups=g), out, m, (1, 1), groups=2 * g)
+    assert not (out != 0).any()
+
+
+@needs_kernels
 def test_winograd_rounding_is_the_direct_sums_for_f2_and_bounded_for_f4():
     """F(2x2)'s transforms (0, +-1, +-1/2) keep the rounding of the direct sum; F(4x4)'s larger
     coefficients (up to 8) cost up to ten times more (8x here), never orders of magnitude."""
@@ -340,9 +366,12 @@ def test_bad_arrays_and_geometry_are_refused():
 @pytest.mark.parametrize("m", [2, 4])
 def test_winograd_weights_pack_the_same_natively_and_in_numpy(m, monkeypatch):
     w = RNG.standard_normal((70, 40, 3, 3)).astype(np.float32)
-    fast = nchwc.winograd_weights(w, m, in_blocks=4)
+    wg = RNG.standard_normal((96, 16, 3, 3)).astype(np.float32)  # 3 groups of 16 -> 32
+    fast = nchwc.winograd_weights(w, m, in_blocks=4), nchwc.winograd_weights(wg, m, groups=3)
     monkeypatch.setattr(nchwc, "_mod", lambda: None)
-    slow = nchwc.winograd_weights(w, m, in_blocks=4)
-    assert fast.shape == slow.shape == ((m + 2) ** 2 * 80 * 64,)
-    np.testing.assert_allclose(fast, slow, rtol=1e-6, atol=1e-7)  # (float64 sums in another order)
-    assert fast.ctypes.data % 64 == 0
+    slow = nchwc.winograd_weights(w, m, in_blocks=4), nchwc.winograd_weights(wg, m, groups=3)
+    assert fast[0].shape == slow[0].shape == ((m + 2) ** 2 * 80 * 64,)
+    assert fast[1].shape == slow[1].shape == ((m + 2) ** 2 * 96 * 16,)
+    for a, b in zip(fast, slow):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)  # (float64 sums in another order)
+        assert a.ctypes.data % 64 == 0

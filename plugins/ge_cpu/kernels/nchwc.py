@@ -127,17 +127,18 @@ def conv_factory(spec: KernelSpec):
     lo, hi = spec.attr("clip_min"), spec.attr("clip_max")
     clip = None if lo is None and hi is None else (float(-np.inf if lo is None else lo), float(np.inf if hi is None else hi))
     y_t = spec.outputs[0] if spec.outputs else None
-    wino = winograd_tile(spec, w_shape, group, k, s, d, plain, y_t.shape if y_t is not None else None)
+    wino = 0 if depthwise else winograd_tile(spec, w_shape, group, k, s, d, plain,
+                                             y_t.shape if y_t is not None else None)
     mode = "nchwc"
     if plain:
         pack, run = nchwc.pack_plain, nchwc.conv_plain
     elif wino:
         # Winograd F(wino x wino, 3x3): the weight transformed and packed once, here
         def pack(a):
-            return nchwc.winograd_weights(a, wino, in_blocks=cb)
+            return nchwc.winograd_weights(a, wino, in_blocks=cb, groups=group)
 
         def run(x_, wpk_, y_, k_, s_, d_, pads_, *rest):
-            return nchwc.winograd(x_, wpk_, y_, wino, pads_, *rest)
+            return nchwc.winograd(x_, wpk_, y_, wino, pads_, *rest, groups=group)
 
         mode = f"nchwc winograd{wino}"
     elif depthwise:
@@ -209,14 +210,17 @@ WINOGRAD4_TILES = 25
 
 def winograd_tile(spec: KernelSpec, w_shape, group: int, k, s, d, plain: bool, y_shape) -> int:
     """The output tile m of the Winograd F(m x m, 3 x 3) an NchwcConv runs (2 or 4), 0 for the
-    direct kernel, for a 3x3, stride-1, undilated, ungrouped convolution: by the ``conv_algorithm``
+    direct kernel, for a 3x3, stride-1, undilated convolution (grouped: whole blocks a group, as
+    RegNet's and ResNeXt's; not a depthwise one): by the ``conv_algorithm``
     option, ``auto`` F(2x2) where the plane has the tiles above (its rounding is the direct sum's:
     transforms of 0, +-1 and +-1/2), ``winograd`` F(2x2) wherever it applies, ``winograd4``
     F(4x4) where it pays, else F(2x2) (4x fewer multiplies than the direct sum at 2-3x its
     rounding error: ResNet-50's output 2e-4 of its scale from float64, 9e-5 with F(2x2)),
     ``im2col`` never."""
     algorithm = str(spec.options.get("conv_algorithm", "auto") or "auto")
-    if algorithm == "im2col" or plain or group != 1 or tuple(k) != (3, 3) or tuple(s) != (1, 1) or tuple(d) != (1, 1):
+    if algorithm == "im2col" or plain or tuple(k) != (3, 3) or tuple(s) != (1, 1) or tuple(d) != (1, 1):
+        return 0
+    if not nchwc.available() or (group > 1 and (w_shape[0] % (group * nchwc.BLOCK) or w_shape[1] % nchwc.BLOCK)):
         return 0
     if y_shape is None or len(y_shape) != 5 or not all(isinstance(v, int) for v in y_shape[2:4]):
         return 0
