@@ -596,8 +596,11 @@ NC_AI void nc_dw_tile(const nc_ctx *q, const float *xb, int64_t h, int64_t wd, i
                       const float *w, int64_t img, int64_t cb, int64_t oh, int64_t ow0, const int PC,
                       const int CHECKED) {
     nv acc[12];
+    /* the sums start from the bias; the addend and the clip are applied in registers before the
+       store (a pass over the output for them cost as much as a third of a 3x3 layer) */
+    nv b = q->has_bias ? nv_load(q->bias + cb * 16) : nv_zero();
 #pragma GCC unroll 12
-    for (int p = 0; p < PC; p++) acc[p] = nv_zero();
+    for (int p = 0; p < PC; p++) acc[p] = b;
     const int64_t sx = q->sw * 16;
     for (int64_t kh = 0; kh < q->kh; kh++) {
         int64_t ih = oh * q->sh - pt + kh * q->dh;
@@ -615,7 +618,19 @@ NC_AI void nc_dw_tile(const nc_ctx *q, const float *xb, int64_t h, int64_t wd, i
             }
         }
     }
-    nc_put(q, acc, 1, PC, img, cb, oh, ow0);
+    int64_t off = nc_off(q, img, cb, oh, ow0);
+    if (q->z) {
+#pragma GCC unroll 12
+        for (int p = 0; p < PC; p++) acc[p] = nv_add(acc[p], nv_load(q->z + off + p * 16));
+    }
+    if (q->clip) {
+        nv lo = nv_set1(q->lo), hi = nv_set1(q->hi);
+#pragma GCC unroll 12
+        for (int p = 0; p < PC; p++) acc[p] = nv_min(nv_max(acc[p], lo), hi);
+    }
+#pragma GCC unroll 12
+    for (int p = 0; p < PC; p++) nv_store(q->y + off + p * 16, acc[p]);
+    if (q->act) nc_epi_act(q, off, PC);
 }
 
 #define NC_DW_CASE(PCV)                                                                              \
@@ -624,15 +639,19 @@ NC_AI void nc_dw_tile(const nc_ctx *q, const float *xb, int64_t h, int64_t wd, i
         else nc_dw_tile(q, xb, h, wd, pt, pl, w, img, cb, oh, ow, PCV, 0);                           \
         break;
 
-/* one output row in tiles of equal width (at most NC_DWMAX: on AVX-512 a 14-pixel row is two
-   of 7, not 12 and two latency-bound single pixels); the tiles past [lo, hi) checked */
+/* one output row: the pixels whose window crosses the left or right border one at a time,
+   checked, the columns [lo, hi) between in tiles of equal width (at most NC_DWMAX: on AVX-512 a
+   14-pixel row is two of 7, not 12 and two latency-bound single pixels), unchecked */
 static void nc_dw_row(const nc_ctx *q, const float *xb, int64_t h, int64_t wd, int64_t pt, int64_t pl,
                       int64_t lo, int64_t hi, int64_t img, int64_t cb, int64_t oh) {
     const float *w = q->w + cb * q->kh * q->kw * 16;
-    int64_t tiles = (q->ow + NC_DWMAX - 1) / NC_DWMAX, pc = (q->ow + tiles - 1) / tiles;
-    for (int64_t ow = 0; ow < q->ow; ow += pc) {
-        int64_t n = q->ow - ow < pc ? q->ow - ow : pc;
-        int chk = ow < lo || ow + n > hi;
+    int chk = 1;
+    for (int64_t ow = 0; ow < lo; ow++) nc_dw_tile(q, xb, h, wd, pt, pl, w, img, cb, oh, ow, 1, 1);
+    for (int64_t ow = hi > lo ? hi : lo; ow < q->ow; ow++) nc_dw_tile(q, xb, h, wd, pt, pl, w, img, cb, oh, ow, 1, 1);
+    chk = 0;
+    int64_t inner = hi - lo, tiles = (inner + NC_DWMAX - 1) / NC_DWMAX, pc = tiles ? (inner + tiles - 1) / tiles : 1;
+    for (int64_t ow = lo; ow < hi; ow += pc) {
+        int64_t n = hi - ow < pc ? hi - ow : pc;
         switch (n) {
         NC_DW_CASE(1) NC_DW_CASE(2) NC_DW_CASE(3) NC_DW_CASE(4) NC_DW_CASE(5) NC_DW_CASE(6)
 #if NC_DWMAX > 6
@@ -657,7 +676,9 @@ static void nc_dw_task(void *ctx, int64_t t, int slot) {
     const float *xb = q->x + (img * q->cb + cb) * q->h * q->wd * 16;
     int64_t ih0 = r0 * q->sh - q->pt, ih1 = (r1 - 1) * q->sh - q->pt + (q->kh - 1) * q->dh + 1;
     int64_t wp = (q->ow - 1) * q->sw + (q->kw - 1) * q->dw + 1;
-    int border = q->lo_w > 0 || q->hi_w < q->ow || ih0 < 0 || ih1 > q->h;
+    /* (rows that cross the top or bottom border skip their taps outside cheaply: a copy only
+       where the pixels crossing the left or right border are many, a tenth of the row or more) */
+    int border = (q->ow - (q->hi_w - q->lo_w)) * 10 >= q->ow;
     float *buf = NULL;
     if (border && (ih1 - ih0) * wp <= NC_DW_COPY / 16) buf = nc_grow(&nc_dw_buf, &nc_dw_cap, (size_t)((ih1 - ih0) * wp * 16));
     if (buf) {
@@ -1211,6 +1232,41 @@ static PyObject *nc_wino_pack(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
+/* a packed weight with each input channel scaled (an SE block's scale folded into the next
+   convolution): (w (1-D), scale (cb * 16 float32), out (1-D, as w), cb (input blocks), taps
+   (kh * kw), mb (output blocks), depthwise 0|1); pack_weights' layout (groups of up to 4 output
+   blocks, each (cb, taps, 16 in, fb * 16 out)) or pack_depthwise's ((cb, taps, 16)) */
+static PyObject *nc_scale_w(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    int64_t wn, sn, on, cb, taps, mb, dw;
+    if (ge_nargs(n, 7) || ge_int(args, 3, 1, 1 << 20, &cb) || ge_int(args, 4, 1, 1 << 20, &taps)
+        || ge_int(args, 5, 1, 1 << 20, &mb) || ge_int(args, 6, 0, 1, &dw)) return NULL;
+    const float *w = (const float *)ge_vec(args, 0, NPY_FLOAT, 0, &wn);
+    const float *sc = w ? (const float *)ge_vec(args, 1, NPY_FLOAT, 0, &sn) : NULL;
+    float *out = sc ? (float *)ge_vec(args, 2, NPY_FLOAT, 1, &on) : NULL;
+    if (!out) return NULL;
+    int64_t need = dw ? ge_prod(cb, taps, 16, 1) : ge_prod(mb * 16, cb * 16, taps, 1);
+    if (need < 0 || wn != need || on != need || sn != cb * 16 || (dw && mb != cb)) return ge_fail();
+    if ((const void *)out == (const void *)w) return ge_fail();
+    Py_BEGIN_ALLOW_THREADS
+    if (dw) {
+        for (int64_t i = 0; i < cb * taps; i++)
+            for (int l = 0; l < 16; l++) out[i * 16 + l] = w[i * 16 + l] * sc[(i / taps) * 16 + l];
+    } else {
+        int64_t off = 0;
+        for (int64_t g0 = 0; g0 < mb; g0 += 4) {
+            int64_t row = (mb - g0 < 4 ? mb - g0 : 4) * 16;  /* the floats of one input channel and tap */
+            for (int64_t b = 0; b < cb; b++)
+                for (int64_t t = 0; t < taps; t++)
+                    for (int64_t ci = 0; ci < 16; ci++, off += row) {
+                        float f = sc[b * 16 + ci];
+                        for (int64_t o = 0; o < row; o++) out[off + o] = w[off + o] * f;
+                    }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *nc_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) { return nc_conv_any(args, n, 0); }
 static PyObject *nc_dwconv(PyObject *self, PyObject *const *args, Py_ssize_t n) { return nc_conv_any(args, n, 1); }
 
@@ -1308,7 +1364,7 @@ _NO_BIAS = np.zeros(1, np.float32)
 
 #: the module of _SRC, built on first use
 _mod = native.lazy_module("GE_NATIVE_NCHWC", _SRC, ["nc_ok", "nc_isa", "nc_conv", "nc_conv_plain", "nc_dwconv", "nc_pool",
-                                                    "nc_gap", "nc_reorder", "nc_wino", "nc_wino_pack"], "nc_ok")
+                                                    "nc_gap", "nc_reorder", "nc_wino", "nc_wino_pack", "nc_scale_w"], "nc_ok")
 
 
 def available() -> bool:
@@ -1474,6 +1530,15 @@ def winograd(x5: np.ndarray, upk: np.ndarray, out5: np.ndarray, m: int, pads: tu
         return False
     return _conv_call("nc_wino", x5, upk, out5, (3, 3), (1, 1), (1, 1), pads, bias, clip, width, addend, act,
                       extra=(int(m), int(groups)))
+
+
+def scale_weights(wpk: np.ndarray, scale: np.ndarray, out: np.ndarray, in_blocks: int, taps: int, out_blocks: int,
+                  depthwise: bool = False) -> bool:
+    """``out``: the packed weight ``wpk`` (:func:`pack_weights` of ``out_blocks`` output and
+    ``in_blocks`` input blocks and ``taps`` = kh * kw, or :func:`pack_depthwise`) with input
+    channel c scaled by ``scale[c]`` (``in_blocks * 16`` of them): a convolution of ``x * scale``
+    (an SE block's gate) by the convolution of ``x``. False when the arrays do not fit."""
+    return _entry("nc_scale_w", wpk, scale, out, int(in_blocks), int(taps), int(out_blocks), int(bool(depthwise)))
 
 
 def conv_plain(x4: np.ndarray, wpk: np.ndarray, out5: np.ndarray, kernel: tuple[int, int], strides: tuple[int, int],

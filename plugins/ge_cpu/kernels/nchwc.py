@@ -92,7 +92,8 @@ def _numpy_act(v: np.ndarray, act: str) -> np.ndarray:
 
 
 def conv_factory(spec: KernelSpec):
-    """NchwcConv(x5, W, [B], [Z]): ``act(clip(conv(x5, W) + B + Z))`` on blocked arrays."""
+    """NchwcConv(x5, W, [B], [Z], [S]): ``act(clip(conv(x5 * S, W) + B + Z))`` on blocked arrays
+    (``S`` a per-channel input scale, (N or 1, C/16, 1, 1, 16))."""
     w = spec.const_inputs[1] if len(spec.const_inputs) > 1 else None
     w_t = spec.inputs[1] if len(spec.inputs) > 1 else None
     w_shape = tuple(w.shape) if w is not None else (tuple(w_t.shape) if w_t is not None and w_t.shape else ())
@@ -180,7 +181,13 @@ def conv_factory(spec: KernelSpec):
             r = _numpy_act(r, act)
         return _block(r.astype(np.float32), y)
 
-    def kernel(x, w_in=None, b_in=None, z=None, out=None):
+    # an input scale (input 4: an SE block's gate, (N or 1, CB, 1, 1, 16)) scales the weight's
+    # input channels per image instead of the activation: a copy of the weight a call, here
+    scaled = wino == 0 and not plain and len(spec.inputs) > 4 and spec.inputs[4] is not None
+    taps = k[0] * k[1]
+    mb = nchwc.blocks(m)
+
+    def kernel(x, w_in=None, b_in=None, z=None, sc=None, out=None):
         y = _out(spec, out)
         if plain:
             x = np.ascontiguousarray(x, np.float32)
@@ -192,7 +199,21 @@ def conv_factory(spec: KernelSpec):
         if bv is not None and bv.shape != (m,):
             raise ValueError(f"{spec.describe()}: a bias of shape {bv.shape} for {m} channels")
         bias = const_bias if const_bias is not None else nchwc.pad_bias(bv, m)
-        if not run(x, wpk, y, k, s, d, pads[:2], bias, clip, parallel.native_width(), z, act or None):
+        width = parallel.native_width()
+        if sc is not None and scaled:
+            if sc.shape not in ((x.shape[0],) + x.shape[1:2] + (1, 1, nchwc.BLOCK), (1,) + x.shape[1:2] + (1, 1, nchwc.BLOCK)):
+                raise ValueError(f"{spec.describe()}: an input scale of shape {sc.shape} for input {x.shape}")
+            ws = np.empty_like(wpk)
+            for i in range(x.shape[0]):
+                si = np.ascontiguousarray(sc[i if sc.shape[0] > 1 else 0], np.float32).reshape(-1)
+                zi = None if z is None else z[i:i + 1]
+                if not (nchwc.scale_weights(wpk, si, ws, x.shape[1], taps, mb, depthwise)
+                        and run(x[i:i + 1], ws, y[i:i + 1], k, s, d, pads[:2], bias, clip, width, zi, act or None)):
+                    numpy_conv(x[i:i + 1] * sc[i if sc.shape[0] > 1 else 0], wv, bv, zi, y[i:i + 1])
+            return (y,)
+        if sc is not None:
+            x = x * sc
+        if not run(x, wpk, y, k, s, d, pads[:2], bias, clip, width, z, act or None):
             numpy_conv(x, wv, bv, z, y)
         return (y,)
 
