@@ -12,6 +12,9 @@ blocked layout ``(N, C/16, H, W, 16)`` (onnxruntime's NCHWc transformer, GE's NC
   ... on 5-D values: a ``(N, C, 1, 1)`` operand, an SE block's scale, is reordered too and
   broadcasts the same), ``NchwcGlobalAveragePool`` (its NCHW ``(N, C, 1, 1)`` result leaves
   the layout for free);
+- ``NchwcGroupNorm``: a group normalization as exporters write it (``Reshape`` to (N, G, -1),
+  ``InstanceNormalization``, ``Reshape`` back: PyTorch's GroupNorm, BiT's), its groups whole in
+  the blocks, with the per-channel Mul and Add (its weight and bias) and a Relu after it;
 - ``NchwcReorderInput`` / ``NchwcReorderOutput`` where a value enters or leaves.
 
 A channel count that is not a whole number of blocks (MobileNet's 24, EfficientNet's 40) is
@@ -270,6 +273,68 @@ def _shape(v: Value | None) -> tuple[int, ...]:
     return s
 
 
+def _groupnorm_chain(node: Node) -> dict | None:
+    """A group normalization as exporters write it (PyTorch's GroupNorm, HF BiT's): ``Reshape(x,
+    (N, G, -1))``, ``InstanceNormalization`` with constant per-group scale and bias, ``Reshape`` back
+    to x's shape, starting at ``node``: its nodes and the blocked kernel's per-channel scale and
+    bias; None when it is not one, or its groups are not whole in the blocks (channels a group
+    dividing 16, or whole blocks) or the channels are not whole blocks."""
+    if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+        return None
+    xs = _static4(node.inputs[0])
+    r1 = node.outputs[0]
+    if xs is None or r1.type is None or r1.type.shape is None or len(r1.type.shape) != 3 or len(r1.users) != 1:
+        return None
+    n, c, h, w = xs
+    g = r1.type.shape[1]
+    if tuple(r1.type.shape) != (n, g, (c // g if isinstance(g, int) and g > 0 else 0) * h * w) or c % g:
+        return None
+    inst = next(iter(r1.users))
+    if inst.op_type != "InstanceNormalization" or inst.domain not in ("", "ai.onnx") or len(inst.inputs) != 3 \
+            or inst.inputs[0] is not r1 or len(inst.outputs) != 1 or len(inst.outputs[0].users) != 1:
+        return None
+    scale, bias = (v.const_value if v is not None else None for v in inst.inputs[1:])
+    if scale is None or bias is None or scale.size != g or bias.size != g:
+        return None
+    last = next(iter(inst.outputs[0].users))
+    if last.op_type != "Reshape" or last.domain not in ("", "ai.onnx") or last.inputs[0] is not inst.outputs[0] \
+            or _static4(last.outputs[0]) != xs:
+        return None
+    gs = c // g
+    if c % BLOCK or not (BLOCK % gs == 0 or gs % BLOCK == 0) or gs > 64 * BLOCK:
+        return None
+    sc = np.repeat(np.asarray(scale, np.float64).reshape(-1), gs)
+    bi = np.repeat(np.asarray(bias, np.float64).reshape(-1), gs)
+    # the per-channel affine (a Mul and an Add of per-channel constants: GroupNorm's weight and
+    # bias) and a Relu after it fold into the kernel's scale, bias and clip
+    inner, relu = [inst], False
+    for op in ("Mul", "Add", "Relu"):
+        out = last.outputs[0]
+        if out.is_graph_output or len(out.users) != 1:
+            break
+        u = next(iter(out.users))
+        if u.op_type != op or u.domain not in ("", "ai.onnx") or len(u.outputs) != 1 or _static4(u.outputs[0]) != xs:
+            break
+        if op == "Relu":
+            relu = True
+        else:
+            if len(u.inputs) != 2:
+                break
+            k = u.inputs[1] if u.inputs[0] is out else u.inputs[0]
+            kv = _channel_const(k, c)
+            if kv is None:
+                break
+            kv = np.broadcast_to(np.asarray(kv, np.float64).reshape(-1)[:c] if kv.ndim else kv, (c,))
+            if op == "Mul":
+                sc, bi = sc * kv, bi * kv
+            else:
+                bi = bi + kv
+        inner.append(last)
+        last = u
+    return {"inner": inner, "last": last, "group_channels": gs, "epsilon": float(inst.attrs.get("epsilon", 1e-5)),
+            "scale": sc.astype(np.float32), "bias": bi.astype(np.float32), "relu": relu}
+
+
 def _plan(node: Node) -> Plan | None:
     """(kind, plan) for a node the layout can take: conv, pool, elementwise, or gap."""
     p = _conv_plan(node)
@@ -381,6 +446,14 @@ def apply_layout(graph: Graph, min_convs: int = 2) -> dict[str, int]:
     ``min_convs`` convolutions run in the blocked layout. Returns counts per kind."""
     plans: dict[Node, Plan] = {}
     for n in graph.node_list():
+        if n in plans:  # (a group normalization's inner nodes, planned with its first)
+            continue
+        gn = _groupnorm_chain(n)
+        if gn is not None:
+            plans[n] = ("groupnorm", gn)
+            for m in gn["inner"] + [gn["last"]]:
+                plans[m] = ("absorbed", {"head": n})
+            continue
         got = _plan(n)
         if got is not None:
             plans[n] = got
@@ -417,6 +490,20 @@ def apply_layout(graph: Graph, min_convs: int = 2) -> dict[str, int]:
     for n in order:
         kind, p = plans[n]
         out = n.outputs[0]
+        if kind == "absorbed":  # (made with the group normalization's first node)
+            continue
+        if kind == "groupnorm":
+            last_out = p["last"].outputs[0]
+            ys = _shape(last_out)
+            new = graph.add_node("NchwcGroupNorm", [block_of(n.inputs[0], n), graph.add_constant(_pad_channels(p["scale"], ys[1])),
+                                                    graph.add_constant(_pad_channels(p["bias"], ys[1]))],
+                                 {"group_channels": p["group_channels"], "epsilon": p["epsilon"], "relu": int(p["relu"])},
+                                 domain=DOMAIN,
+                                 name=n.name, before=n, output_types=[_blocked_type(ys)])
+            stats["elementwise"] += 1
+            made[n] = made[p["last"]] = new
+            blocked[last_out] = new.outputs[0]
+            continue
         ys = _shape(out)
         if kind == "conv":
             x_in = n.inputs[0] if p["plain"] else block_of(n.inputs[0], n)
@@ -463,7 +550,7 @@ def apply_layout(graph: Graph, min_convs: int = 2) -> dict[str, int]:
         blocked[out] = new.outputs[0]
     # values read outside the layout (or graph outputs) leave it through a reorder
     for n in order:
-        if plans[n][0] == "gap":
+        if plans[n][0] in ("gap", "groupnorm") or (plans[n][0] == "absorbed" and n is not plans[plans[n][1]["head"]][1]["last"]):
             continue
         out = n.outputs[0]
         outside = [u for u in out.users if u not in keep] or out.is_graph_output
@@ -491,6 +578,8 @@ def apply_layout(graph: Graph, min_convs: int = 2) -> dict[str, int]:
     # the blocked nodes take their originals' names (what --keep_dtype, the tools and the
     # reports name them by)
     for old, new in made.items():
+        if plans[old][0] == "absorbed":
+            continue
         if old.name != new.name and old.name not in graph.node_names:
             graph.node_names.release(new.name)
             new.name = graph.node_names.claim(old.name)
@@ -597,6 +686,14 @@ def check_node(node: Node) -> None:
             raise _bad(node, "attribute group must be a positive int")
         if a.get("plain_input", 0) not in (0, 1):
             raise _bad(node, "attribute plain_input must be 0 or 1")
+    if node.op_type == "NchwcGroupNorm":
+        gs = a.get("group_channels")
+        if not isinstance(gs, (int, np.integer)) or not (1 <= gs <= 64 * BLOCK) or not (BLOCK % gs == 0 or gs % BLOCK == 0):
+            raise _bad(node, f"attribute group_channels must divide {BLOCK} or be whole blocks (at most 64)")
+        if not isinstance(a.get("epsilon", 1e-5), (int, float, np.floating)) or not float(a.get("epsilon", 1e-5)) >= 0:
+            raise _bad(node, "attribute epsilon must be a non-negative number")
+        if a.get("relu", 0) not in (0, 1):
+            raise _bad(node, "attribute relu must be 0 or 1")
     if node.op_type == "NchwcReorderOutput" or (node.op_type == "NchwcGlobalAveragePool" and "channels" in a):
         c = a.get("channels")
         if not isinstance(c, (int, np.integer)) or c < 1:
@@ -667,6 +764,11 @@ OPDEFS = [
           attrs={**_WINDOW, "group": 1, "clip_min": None, "clip_max": None, "activation": "", "plain_input": 0},
           doc="a 2-D convolution on blocked (N, C/16, H, W, 16) values (plain_input: X is NCHW): "
               "act(clip(conv(X * S, W) + B + Z)), S a per-channel scale (N or 1, C/16, 1, 1, 16)"),
+    OpDef("NchwcGroupNorm", DOMAIN, **_OPS, min_inputs=3, max_inputs=3, kind=OpKind.OPAQUE,
+          infer=lambda node, opset: [node.inputs[0].type], attrs={"group_channels": 1, "epsilon": 1e-5, "relu": 0},
+          doc="group normalization of a blocked value: the mean and variance over each group of group_channels "
+              "channels and the plane, then Scale and Bias per channel (blocked (1, C/16, 1, 1, 16)), then a "
+              "Relu when relu is 1"),
     OpDef("NchwcMaxPool", DOMAIN, **_OPS, min_inputs=1, max_inputs=1, kind=OpKind.OPAQUE, infer=_window_infer(False),
           attrs=dict(_WINDOW), doc="max pooling of a blocked value"),
     OpDef("NchwcAveragePool", DOMAIN, **_OPS, min_inputs=1, max_inputs=1, kind=OpKind.OPAQUE,

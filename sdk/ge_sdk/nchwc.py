@@ -1310,6 +1310,90 @@ static PyObject *nc_gap(PyObject *self, PyObject *const *args, Py_ssize_t n) {
 #endif
 }
 
+/* group normalization of blocked values: y = (x - mean) / sqrt(var + eps) * scale + bias, the
+   mean and variance over each group's gs channels and the plane (gs dividing 16: groups inside a
+   block; a multiple of 16: whole blocks a group), scale and bias per channel */
+typedef struct { const float *x, *scale, *bias; float *y; int64_t cb, hw, gs, bpt, relu; double eps; } nc_gn;
+
+#if defined(NC_VEC)
+/* task t: image t / tasks, blocks [b0, b0 + bpt): their lanes' sums (float32 over runs of 64
+   pixels, then double), the groups' mean and 1/std, then the plane normalized in one pass */
+static void nc_gn_task(void *ctx, int64_t t, int slot) {
+    const nc_gn *g = (const nc_gn *)ctx;
+    (void)slot;
+    int64_t per = g->cb / g->bpt, img = t / per, b0 = (t % per) * g->bpt;
+    double s1[16 * 64], s2[16 * 64];  /* (bpt <= 64 blocks) */
+    float t1[16], t2[16];
+    for (int64_t b = 0; b < g->bpt; b++) {
+        const float *xb = g->x + ((img * g->cb) + b0 + b) * g->hw * 16;
+        for (int l = 0; l < 16; l++) s1[b * 16 + l] = s2[b * 16 + l] = 0.0;
+        for (int64_t i = 0; i < g->hw; i += 64) {
+            int64_t e = i + 64 < g->hw ? i + 64 : g->hw;
+            nv a1 = nv_zero(), a2 = nv_zero();
+            for (int64_t p = i; p < e; p++) {
+                nv v = nv_load(xb + p * 16);
+                a1 = nv_add(a1, v);
+                a2 = nv_fma(v, v, a2);
+            }
+            nv_store(t1, a1);
+            nv_store(t2, a2);
+            for (int l = 0; l < 16; l++) { s1[b * 16 + l] += t1[l]; s2[b * 16 + l] += t2[l]; }
+        }
+    }
+    /* per lane of every block: a = rstd * scale, c = bias - mean * a (the group's mean and rstd) */
+    float ca[16 * 64], cc[16 * 64];
+    int64_t lanes = g->bpt * 16, gs = g->gs;
+    for (int64_t l0 = 0; l0 < lanes; l0 += gs) {
+        double m1 = 0.0, m2 = 0.0;
+        for (int64_t l = l0; l < l0 + gs; l++) { m1 += s1[l]; m2 += s2[l]; }
+        double cnt = (double)gs * (double)g->hw, mean = m1 / cnt, var = m2 / cnt - mean * mean;
+        double rstd = 1.0 / sqrt((var > 0.0 ? var : 0.0) + g->eps);
+        for (int64_t l = l0; l < l0 + gs; l++) {
+            int64_t ch = b0 * 16 + l;
+            double a = rstd * (double)g->scale[ch];
+            ca[l] = (float)a;
+            cc[l] = (float)((double)g->bias[ch] - mean * a);
+        }
+    }
+    for (int64_t b = 0; b < g->bpt; b++) {
+        const float *xb = g->x + ((img * g->cb) + b0 + b) * g->hw * 16;
+        float *yb = g->y + ((img * g->cb) + b0 + b) * g->hw * 16;
+        nv a = nv_load(ca + b * 16), c = nv_load(cc + b * 16), zero = nv_zero();
+        if (g->relu)  /* (max(v, 0): a NaN lane stays NaN, vmaxps returning its second operand) */
+            for (int64_t p = 0; p < g->hw; p++) nv_store(yb + p * 16, nv_max(zero, nv_fma(nv_load(xb + p * 16), a, c)));
+        else
+            for (int64_t p = 0; p < g->hw; p++) nv_store(yb + p * 16, nv_fma(nv_load(xb + p * 16), a, c));
+    }
+}
+#endif
+
+/* (x5, y5, scale (cb * 16), bias (cb * 16), channels a group, eps, threads, relu 0|1) */
+static PyObject *nc_groupnorm(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    int64_t xd[5], yd[5], sn, bn, gs, width, relu;
+    if (ge_nargs(n, 8) || ge_int(args, 4, 1, 1024, &gs) || ge_int(args, 6, 1, 4096, &width) || ge_int(args, 7, 0, 1, &relu)) return NULL;
+    double eps = PyFloat_AsDouble(args[5]);
+    if (eps == -1.0 && PyErr_Occurred()) return NULL;
+    nc_gn g;
+    g.x = (const float *)ge_nd(args, 0, NPY_FLOAT, 0, 5, xd);
+    g.y = g.x ? (float *)ge_nd(args, 1, NPY_FLOAT, 1, 5, yd) : NULL;
+    g.scale = g.y ? (const float *)ge_vec(args, 2, NPY_FLOAT, 0, &sn) : NULL;
+    g.bias = g.scale ? (const float *)ge_vec(args, 3, NPY_FLOAT, 0, &bn) : NULL;
+    if (!g.bias) return NULL;
+    for (int d = 0; d < 5; d++) if (xd[d] != yd[d]) return ge_fail();
+    if (xd[4] != 16 || sn != xd[1] * 16 || bn != sn || (const void *)g.x == (const void *)g.y || !(eps >= 0.0)) return ge_fail();
+    if (!(16 % gs == 0 || (gs % 16 == 0 && xd[1] % (gs / 16) == 0)) || gs / 16 > 64) return ge_fail();
+    g.cb = xd[1]; g.hw = xd[2] * xd[3]; g.gs = gs; g.eps = eps; g.bpt = gs > 16 ? gs / 16 : 1; g.relu = relu;
+    if (xd[0] <= 0 || g.cb <= 0 || g.hw <= 0) Py_RETURN_NONE;
+#if defined(NC_VEC)
+    Py_BEGIN_ALLOW_THREADS
+    ge_parallel(nc_gn_task, &g, xd[0] * (g.cb / g.bpt), width);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+#else
+    return ge_fail();
+#endif
+}
+
 typedef struct { const float *s; float *d; int64_t c, cb, hw; } nc_reo;
 
 static void nc_in_task(void *ctx, int64_t t, int slot) {
@@ -1364,7 +1448,7 @@ _NO_BIAS = np.zeros(1, np.float32)
 
 #: the module of _SRC, built on first use
 _mod = native.lazy_module("GE_NATIVE_NCHWC", _SRC, ["nc_ok", "nc_isa", "nc_conv", "nc_conv_plain", "nc_dwconv", "nc_pool",
-                                                    "nc_gap", "nc_reorder", "nc_wino", "nc_wino_pack", "nc_scale_w"], "nc_ok")
+                                                    "nc_gap", "nc_reorder", "nc_wino", "nc_wino_pack", "nc_scale_w", "nc_groupnorm"], "nc_ok")
 
 
 def available() -> bool:
@@ -1585,6 +1669,16 @@ def _entry(entry: str, *args: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+def group_norm(x5: np.ndarray, out5: np.ndarray, group_channels: int, scale: np.ndarray, bias: np.ndarray,
+               epsilon: float, width: int = 1, relu: bool = False) -> bool:
+    """``out5``: group normalization of the blocked ``x5``, the mean and variance over each group of
+    ``group_channels`` channels (dividing 16, or whole blocks) and the plane, then ``scale`` and
+    ``bias`` per channel (``C/16 * 16`` each), then max(0, .) with ``relu``. False when the arrays
+    do not fit."""
+    return _entry("nc_groupnorm", x5, out5, scale, bias, int(group_channels), float(epsilon), max(1, int(width)),
+                  int(bool(relu)))
 
 
 def global_average(x5: np.ndarray, out2: np.ndarray, width: int = 1) -> bool:

@@ -377,3 +377,69 @@ def test_conv_algorithm_chooses_the_blocked_winograd(algorithm, modes):
     assert got == modes
     want = ort_run(blob, x.numpy())
     np.testing.assert_allclose(model.run({"x": x.numpy()})["y"], want, rtol=1e-3, atol=2e-4 if "4" in algorithm else 1e-4)
+
+
+@pytest.mark.skipif(not nchwc.available(), reason="needs the blocked kernels")
+def test_se_gates_fold_into_the_next_convolution_per_image():
+    """An SE block's Mul(x, gate) folds into the 1x1 projection after it as an input scale (the
+    weight scaled per image), where the plane has more pixels than the projection has outputs;
+    a batch of 2 has a gate per image."""
+    torch.manual_seed(2)
+    m = nn.Sequential(nn.Conv2d(3, 32, 3, 1, 1), MBConv(32, 96), MBConv(32, 48, 3, 1, nn.ReLU6)).eval()
+    x = torch.randn(2, 3, 18, 18)
+    blob = to_onnx(m, x)
+    model = ge.compile(ge.load(blob), {"threads": 2})
+    ops = op_counts(model)
+    assert ops.get("Mul", 0) == 0, ops  # (18 x 18 pixels, 32 outputs: both gates fold)
+    scaled = [n for n in model.graph.node_list() if n.op_type == "NchwcConv" and len(n.inputs) == 5]
+    assert len(scaled) == 2
+    assert scaled[0].inputs[4].type.shape[0] == 2  # one gate per image
+    np.testing.assert_allclose(model.run({"x": x.numpy()})["y"], ort_run(blob, x.numpy()), rtol=1e-3, atol=1e-4)
+    # a small plane keeps its Mul: 4 x 4 pixels, 32 outputs (the weight copy would cost more)
+    small = torch.randn(1, 3, 4, 4)
+    blob = to_onnx(m, small)
+    model = ge.compile(ge.load(blob))
+    assert op_counts(model).get("Mul", 0) == 2
+    np.testing.assert_allclose(model.run({"x": small.numpy()})["y"], ort_run(blob, small.numpy()), rtol=1e-3, atol=1e-4)
+
+
+class BiTish(nn.Module):
+    """ResNet-V2 (BiT): GroupNorm and ReLU before each convolution (pre-activation), a residual."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 64, 3, 1, 1)
+        self.n1, self.c1 = nn.GroupNorm(32, 64), nn.Conv2d(64, 32, 1)
+        self.n2, self.c2 = nn.GroupNorm(8, 32), nn.Conv2d(32, 32, 3, 1, 1)
+        self.n3, self.c3 = nn.GroupNorm(2, 32), nn.Conv2d(32, 64, 1)  # (16 channels a group: a block)
+
+    def forward(self, x):
+        h = self.stem(x)
+        y = self.c1(torch.relu(self.n1(h)))
+        y = self.c2(torch.relu(self.n2(y)))
+        return self.c3(torch.relu(self.n3(y))) + h
+
+
+@pytest.mark.skipif(not nchwc.available(), reason="needs the blocked kernels")
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # (GroupNorm's size check in the trace)
+def test_group_norm_runs_blocked_with_its_affine_and_relu(monkeypatch):
+    torch.manual_seed(3)
+    m = BiTish().eval()
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, nn.GroupNorm):
+                mod.weight.uniform_(0.5, 1.5)
+                mod.bias.uniform_(-0.3, 0.3)
+    x = torch.randn(2, 3, 12, 10)
+    blob = to_onnx(m, x)
+    model = ge.compile(ge.load(blob), {"threads": 2})
+    ops = op_counts(model)
+    assert ops.get("NchwcGroupNorm") == 3 and ops.get("NchwcConv") == 4, ops
+    assert not {"InstanceNormalization", "Reshape", "Mul", "Relu", "FusedElemwise"} & set(ops), ops
+    want = ort_run(blob, x.numpy())
+    got = model.run({"x": x.numpy()})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+    import ge_sdk.nchwc as mod
+
+    monkeypatch.setattr(mod, "_mod", lambda: None)  # the blocked ops' NumPy forms
+    np.testing.assert_allclose(model.run({"x": x.numpy()})["y"], got, rtol=1e-4, atol=1e-5)

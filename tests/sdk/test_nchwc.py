@@ -375,3 +375,39 @@ def test_winograd_weights_pack_the_same_natively_and_in_numpy(m, monkeypatch):
     for a, b in zip(fast, slow):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)  # (float64 sums in another order)
         assert a.ctypes.data % 64 == 0
+
+
+@needs_kernels
+@pytest.mark.parametrize("case", [(1, 64, 7, 9, 32), (2, 256, 5, 5, 32), (1, 1024, 3, 4, 32), (1, 32, 6, 6, 4),
+                                  (1, 48, 3, 3, 48), (2, 96, 20, 13, 3)], ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("relu", [False, True])
+def test_group_norm_matches_float64(case, relu):
+    n, c, h, w, g = case  # (groups of 2, 8, 32, 8, 1 and 32 channels: inside a block or whole blocks)
+    x = (RNG.standard_normal((n, c, h, w)) * 3 + 2).astype(np.float32)  # (a mean far from 0)
+    sc, bi = RNG.standard_normal(c).astype(np.float32), RNG.standard_normal(c).astype(np.float32)
+    xg = x.astype(np.float64).reshape(n, g, -1)
+    ref = ((xg - xg.mean(-1, keepdims=True)) / np.sqrt(xg.var(-1, keepdims=True) + 1e-5)).reshape(x.shape)
+    ref = ref * sc[None, :, None, None] + bi[None, :, None, None]
+    ref = np.maximum(ref, 0) if relu else ref
+    outs = []
+    for width in (1, 2):
+        out = np.full(nchwc.blocked_shape(x.shape), np.nan, np.float32)
+        assert nchwc.group_norm(blocked(x), out, c // g, nchwc.pad_bias(sc, c), nchwc.pad_bias(bi, c), 1e-5, width, relu)
+        outs.append(out)
+    np.testing.assert_allclose(plain(outs[0], c), ref, rtol=1e-5, atol=2e-5 * np.abs(sc).max())
+    assert np.array_equal(outs[0], outs[1])
+
+
+@needs_kernels
+def test_group_norm_refuses_groups_that_straddle_blocks():
+    x5 = blocked(RNG.standard_normal((1, 48, 4, 4)).astype(np.float32))
+    out = np.zeros_like(x5)
+    ones, zeros = np.ones(48, np.float32), np.zeros(48, np.float32)
+    assert nchwc.group_norm(x5, out, 16, ones, zeros, 1e-5)
+    out[...] = 7.0
+    assert not nchwc.group_norm(x5, out, 24, ones, zeros, 1e-5)  # 24 channels a group: across two blocks
+    assert not nchwc.group_norm(x5, out, 6, ones, zeros, 1e-5)  # 6 does not divide 16
+    assert not nchwc.group_norm(x5, out, 16, ones[:32], zeros, 1e-5)  # a scale too short
+    assert not nchwc.group_norm(x5, out, 16, ones, zeros, -1.0)
+    assert not nchwc.group_norm(x5, x5, 16, ones, zeros, 1e-5)  # in place
+    assert (out == 7.0).all()

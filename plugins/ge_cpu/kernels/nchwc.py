@@ -326,8 +326,39 @@ def global_avgpool_factory(spec: KernelSpec):
     return with_caps(kernel, accepts_out=True, mode="nchwc")
 
 
+def groupnorm_factory(spec: KernelSpec):
+    """NchwcGroupNorm(x5, scale5, bias5): group normalization of blocked values (then a Relu)."""
+    gs = int(spec.attr("group_channels", 1) or 1)
+    eps = float(spec.attr("epsilon", 1e-5))
+    relu = int(spec.attr("relu", 0) or 0)
+    if gs < 1 or not (nchwc.BLOCK % gs == 0 or gs % nchwc.BLOCK == 0):
+        raise _refuse(spec, f"group_channels {gs} must divide {nchwc.BLOCK} or be whole blocks")
+
+    def numpy_gn(x, sc, bi, y):
+        n, cb, h, w, b = x.shape
+        x4 = _unblock(x, cb * b).astype(np.float64).reshape(n, cb * b // gs, -1)
+        mean = x4.mean(axis=-1, keepdims=True)
+        norm = ((x4 - mean) / np.sqrt(x4.var(axis=-1, keepdims=True) + eps)).reshape(n, cb * b, h, w)
+        r = norm * sc.reshape(1, -1, 1, 1) + bi.reshape(1, -1, 1, 1)
+        _block((np.maximum(r, 0.0) if relu else r).astype(np.float32), y)
+
+    def kernel(x, sc, bi, out=None):
+        y = _out(spec, out)
+        scv = np.ascontiguousarray(sc, np.float32).reshape(-1)
+        biv = np.ascontiguousarray(bi, np.float32).reshape(-1)
+        if x.ndim != 5 or scv.size != x.shape[1] * nchwc.BLOCK or biv.size != scv.size or (x.shape[1] * nchwc.BLOCK) % gs:
+            raise ValueError(f"{spec.describe()}: input {x.shape}, scale {sc.shape}, bias {bi.shape} do not fit "
+                             f"groups of {gs} channels")
+        if not nchwc.group_norm(x, y, gs, scv, biv, eps, parallel.native_width(), relu=bool(relu)):
+            numpy_gn(x, scv, biv, y)
+        return (y,)
+
+    return with_caps(kernel, accepts_out=True, mode="nchwc")
+
+
 KERNELS = {
     (DOMAIN, "NchwcConv"): conv_factory,
+    (DOMAIN, "NchwcGroupNorm"): groupnorm_factory,
     (DOMAIN, "NchwcReorderInput"): reorder_input_factory,
     (DOMAIN, "NchwcReorderOutput"): reorder_output_factory,
     (DOMAIN, "NchwcMaxPool"): maxpool_factory,
