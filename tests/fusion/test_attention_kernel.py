@@ -31,6 +31,7 @@ CASES = {
     "causal": ((2, 3, 17, 8), lambda rng, b, h, s: np.triu(np.full((s, s), -1e9), 1)),
     "full-mask": ((3, 2, 5, 16), lambda rng, b, h, s: rng.standard_normal((b, h, s, s))),
     "no-mask-vit": ((1, 6, 197, 64), None),
+    "few-heads-deit": ((1, 3, 197, 64), None),  # (2 threads: each head's rows in 2 blocks)
     "row-mask": ((1, 1, 7, 3), lambda rng, b, h, s: rng.standard_normal((1, s))),
 }
 
