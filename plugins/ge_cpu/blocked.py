@@ -609,8 +609,10 @@ def fold_channel_scales(graph: Graph) -> int:
             continue
         full = scale = None
         for v, other in ((n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0])):
-            vs = v.type.shape if v is not None and v.type is not None else None
-            os_ = other.type.shape if other is not None and other.type is not None else None
+            if v is None or other is None:
+                continue
+            vs = v.type.shape if v.type is not None else None
+            os_ = other.type.shape if other.type is not None else None
             if vs is not None and tuple(vs) == tuple(ys) and os_ is not None and not other.is_constant \
                     and len(os_) == 5 and tuple(os_[1:]) == (ys[1], 1, 1, BLOCK) and os_[0] in (1, ys[0]):
                 full, scale = v, other
@@ -731,6 +733,11 @@ def _window_infer(channels_from_weight: bool):
     return infer
 
 
+def _same_type(node, opset):
+    x = node.inputs[0]
+    return [x.type if x is not None else TensorType(np.dtype("float32"), None)]
+
+
 def _reorder_in_infer(node, opset):
     x = node.inputs[0].type
     if x.shape is None or len(x.shape) != 4:
@@ -765,7 +772,7 @@ OPDEFS = [
           doc="a 2-D convolution on blocked (N, C/16, H, W, 16) values (plain_input: X is NCHW): "
               "act(clip(conv(X * S, W) + B + Z)), S a per-channel scale (N or 1, C/16, 1, 1, 16)"),
     OpDef("NchwcGroupNorm", DOMAIN, **_OPS, min_inputs=3, max_inputs=3, kind=OpKind.OPAQUE,
-          infer=lambda node, opset: [node.inputs[0].type], attrs={"group_channels": 1, "epsilon": 1e-5, "relu": 0},
+          infer=_same_type, attrs={"group_channels": 1, "epsilon": 1e-5, "relu": 0},
           doc="group normalization of a blocked value: the mean and variance over each group of group_channels "
               "channels and the plane, then Scale and Bias per channel (blocked (1, C/16, 1, 1, 16)), then a "
               "Relu when relu is 1"),
