@@ -304,8 +304,9 @@ def run_table(onnx_models: dict, thread_counts: list[int], rounds: int, gap: flo
     results: dict[int, dict[str, dict[str, float]]] = {}
     for threads in thread_counts:
         results[threads] = {}
+        rt = core_round_trip() if threads > 1 else None
         print(f"\n{title}threads={threads}   (median ms; ratio to onnxruntime; max |diff| to onnxruntime, "
-              "and that over max |onnxruntime's output|)")
+              "and that over max |onnxruntime's output|)" + ("" if rt is None else f"; core 0 <-> 1 round trip {rt:.0f} ns"))
         ratios: dict[str, dict[str, list[float]]] = {}  # family -> engine -> ratios
         for name, entry in onnx_models.items():
             if isinstance(entry, str):
@@ -336,6 +337,9 @@ def run_table(onnx_models: dict, thread_counts: list[int], rounds: int, gap: flo
         if overall:
             print("  geomean ratio to onnxruntime [all]: "
                   + ", ".join(f"{k} {geomean(v):.2f} (n={len(v)})" for k, v in overall.items()))
+        if rt is not None:
+            end = core_round_trip()
+            print(f"  core 0 <-> 1 round trip at the end: {end:.0f} ns" if end is not None else "")
     if len(thread_counts) >= 2:
         t1, t2 = thread_counts[0], thread_counts[1]
         print(f"\n{title}speedup from {t1} to {t2} threads (median at {t1} / median at {t2})")
@@ -349,6 +353,74 @@ def run_table(onnx_models: dict, thread_counts: list[int], rounds: int, gap: flo
                 print(f"  {k:11s} geomean {geomean(list(per.values())):.2f}x   "
                       + " ".join(f"{n} {s:.2f}" for n, s in per.items()))
     return results
+
+
+_PING_SRC = r"""
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
+static _Alignas(64) atomic_int bp_flag;
+static int bp_rounds;
+static void bp_pin(int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+static void *bp_other(void *arg) {
+    bp_pin(*(int *)arg);
+    for (int i = 0; i < bp_rounds; i++) {
+        while (atomic_load(&bp_flag) != 1) {}
+        atomic_store(&bp_flag, 0);
+    }
+    return 0;
+}
+/* (cpu a, cpu b, rounds): ns a round trip of a cache line between threads pinned to a and b */
+static PyObject *pingpong(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    int64_t a, b, rounds;
+    if (ge_nargs(n, 3) || ge_int(args, 0, 0, 4095, &a) || ge_int(args, 1, 0, 4095, &b)
+        || ge_int(args, 2, 1, 10000000, &rounds)) return NULL;
+    int other = (int)b;
+    pthread_t t;
+    cpu_set_t saved;
+    pthread_getaffinity_np(pthread_self(), sizeof(saved), &saved);
+    bp_rounds = (int)rounds;
+    atomic_store(&bp_flag, 0);
+    struct timespec t0, t1;
+    Py_BEGIN_ALLOW_THREADS
+    bp_pin((int)a);
+    pthread_create(&t, 0, bp_other, &other);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int64_t i = 0; i < rounds; i++) {
+        atomic_store(&bp_flag, 1);
+        while (atomic_load(&bp_flag) != 0) {}
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    pthread_join(t, 0);
+    pthread_setaffinity_np(pthread_self(), sizeof(saved), &saved);
+    Py_END_ALLOW_THREADS
+    return PyFloat_FromDouble(((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / (double)rounds);
+}
+"""
+
+
+def core_round_trip() -> float | None:
+    """ns for a cache line to go from core 0 to core 1 and back (threads pinned; None where the
+    native kernels do not build or there is one core). Cores sharing an L3 answer in well under
+    100 ns; a VM's two vCPUs on different dies (seen here: AMD EPYC, 340 ns, and it changes
+    from minute to minute) make every engine's 2-thread figures drop, so each table prints it."""
+    if (os.cpu_count() or 1) < 2:
+        return None
+    from ge_sdk import native
+
+    mod = native.build(_PING_SRC, ["pingpong"])
+    if mod is None:
+        return None
+    try:
+        return min(float(mod.pingpong(0, 1, 20000)) for _ in range(3))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def _busy_process():
