@@ -633,6 +633,61 @@ NC_AI void nc_dw_tile(const nc_ctx *q, const float *xb, int64_t h, int64_t wd, i
     if (q->act) nc_epi_act(q, off, PC);
 }
 
+/* nc_dw_tile at stride 1, undilated, unchecked, for a kernel KW wide: each input row's PC + KW - 1
+   vectors the tile reads loaded once and kept in registers for the KW taps (nc_dw_tile loads one
+   per multiply-add: a 7x7 layer ran at half the FMA rate, load-bound) */
+NC_AI void nc_dw_tile_s1(const nc_ctx *q, const float *xb, int64_t h, int64_t wd, int64_t pt, int64_t pl,
+                         const float *w, int64_t img, int64_t cb, int64_t oh, int64_t ow0, const int PC,
+                         const int KW) {
+    nv acc[12];
+    nv b = q->has_bias ? nv_load(q->bias + cb * 16) : nv_zero();
+#pragma GCC unroll 12
+    for (int p = 0; p < PC; p++) acc[p] = b;
+    const float *xc = xb + (ow0 - pl) * 16;
+    for (int64_t kh = 0; kh < q->kh; kh++) {
+        int64_t ih = oh * q->sh - pt + kh * q->dh;
+        if (ih < 0 || ih >= h) continue;
+        const float *xr = xc + ih * wd * 16;
+        const float *wr = w + kh * KW * 16;
+        nv xin[18];
+#pragma GCC unroll 18
+        for (int j = 0; j < PC + KW - 1; j++) xin[j] = nv_load(xr + j * 16);
+#pragma GCC unroll 7
+        for (int kw = 0; kw < KW; kw++) {
+            nv wv = nv_load(wr + kw * 16);
+#pragma GCC unroll 12
+            for (int p = 0; p < PC; p++) acc[p] = nv_fma(xin[p + kw], wv, acc[p]);
+        }
+    }
+    int64_t off = nc_off(q, img, cb, oh, ow0);
+    if (q->z) {
+#pragma GCC unroll 12
+        for (int p = 0; p < PC; p++) acc[p] = nv_add(acc[p], nv_load(q->z + off + p * 16));
+    }
+    if (q->clip) {
+        nv lo = nv_set1(q->lo), hi = nv_set1(q->hi);
+#pragma GCC unroll 12
+        for (int p = 0; p < PC; p++) acc[p] = nv_min(nv_max(acc[p], lo), hi);
+    }
+#pragma GCC unroll 12
+    for (int p = 0; p < PC; p++) nv_store(q->y + off + p * 16, acc[p]);
+    if (q->act) nc_epi_act(q, off, PC);
+}
+
+#define NC_DWS_CASE(PCV, KWV) case PCV: nc_dw_tile_s1(q, xb, h, wd, pt, pl, w, img, cb, oh, ow, PCV, KWV); break;
+#define NC_DWS_ROW(KWV)                                                                              \
+    switch (n) {                                                                                     \
+    NC_DWS_CASE(1, KWV) NC_DWS_CASE(2, KWV) NC_DWS_CASE(3, KWV) NC_DWS_CASE(4, KWV)                  \
+    NC_DWS_CASE(5, KWV) NC_DWS_CASE(6, KWV) NC_DWS_ROW_MORE(KWV)                                      \
+    default: break;                                                                                  \
+    }
+#if NC_DWMAX > 6
+#define NC_DWS_ROW_MORE(KWV) NC_DWS_CASE(7, KWV) NC_DWS_CASE(8, KWV) NC_DWS_CASE(9, KWV) NC_DWS_CASE(10, KWV) \
+    NC_DWS_CASE(11, KWV) NC_DWS_CASE(12, KWV)
+#else
+#define NC_DWS_ROW_MORE(KWV)
+#endif
+
 #define NC_DW_CASE(PCV)                                                                              \
     case PCV:                                                                                        \
         if (chk) nc_dw_tile(q, xb, h, wd, pt, pl, w, img, cb, oh, ow, PCV, 1);                       \
@@ -650,8 +705,16 @@ static void nc_dw_row(const nc_ctx *q, const float *xb, int64_t h, int64_t wd, i
     for (int64_t ow = hi > lo ? hi : lo; ow < q->ow; ow++) nc_dw_tile(q, xb, h, wd, pt, pl, w, img, cb, oh, ow, 1, 1);
     chk = 0;
     int64_t inner = hi - lo, tiles = (inner + NC_DWMAX - 1) / NC_DWMAX, pc = tiles ? (inner + tiles - 1) / tiles : 1;
+    /* (stride 1, undilated, 3, 5 or 7 wide: the input rows in registers) */
+    int s1 = q->sw == 1 && q->dw == 1 && (q->kw == 3 || q->kw == 5 || q->kw == 7);
     for (int64_t ow = lo; ow < hi; ow += pc) {
         int64_t n = hi - ow < pc ? hi - ow : pc;
+        if (s1) {
+            if (q->kw == 3) { NC_DWS_ROW(3) }
+            else if (q->kw == 5) { NC_DWS_ROW(5) }
+            else { NC_DWS_ROW(7) }
+            continue;
+        }
         switch (n) {
         NC_DW_CASE(1) NC_DW_CASE(2) NC_DW_CASE(3) NC_DW_CASE(4) NC_DW_CASE(5) NC_DW_CASE(6)
 #if NC_DWMAX > 6
@@ -1396,11 +1459,58 @@ static PyObject *nc_groupnorm(PyObject *self, PyObject *const *args, Py_ssize_t 
 
 typedef struct { const float *s; float *d; int64_t c, cb, hw; } nc_reo;
 
+#if defined(__AVX512F__)
+/* the 16 x 16 floats of r transposed in registers (r[i] lane j -> r[j] lane i) */
+static inline __attribute__((always_inline)) void nc_tr16(__m512 *r) {
+    __m512 t[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {  /* r[4i + k], lane L: column 4L + k of rows 4i .. 4i + 3 */
+        r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        __m512 a = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x88), b = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xDD);
+        __m512 c = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x88), e = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xDD);
+        t[k] = _mm512_shuffle_f32x4(a, c, 0x88);        /* column k */
+        t[8 + k] = _mm512_shuffle_f32x4(a, c, 0xDD);    /* column 8 + k */
+        t[4 + k] = _mm512_shuffle_f32x4(b, e, 0x88);    /* column 4 + k */
+        t[12 + k] = _mm512_shuffle_f32x4(b, e, 0xDD);   /* column 12 + k */
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+#endif
+
 static void nc_in_task(void *ctx, int64_t t, int slot) {
     const nc_reo *r = (const nc_reo *)ctx;
     (void)slot;
     int64_t img = t / r->cb, cb = t % r->cb;
     float *d = r->d + t * r->hw * 16;
+#if defined(__AVX512F__)
+    if (cb * 16 + 16 <= r->c) {  /* a whole block: 16 pixels of its 16 channels a transpose */
+        const float *s0 = r->s + (img * r->c + cb * 16) * r->hw;
+        int64_t i = 0;
+        for (; i + 16 <= r->hw; i += 16) {
+            __m512 v[16];
+#pragma GCC unroll 16
+            for (int c = 0; c < 16; c++) v[c] = _mm512_loadu_ps(s0 + c * r->hw + i);
+            nc_tr16(v);
+#pragma GCC unroll 16
+            for (int p = 0; p < 16; p++) _mm512_storeu_ps(d + (i + p) * 16, v[p]);
+        }
+        for (; i < r->hw; i++)
+            for (int c = 0; c < 16; c++) d[i * 16 + c] = s0[c * r->hw + i];
+        return;
+    }
+#endif
     for (int64_t c = 0; c < 16; c++) {
         int64_t ch = cb * 16 + c;
         if (ch < r->c) {
@@ -1417,6 +1527,23 @@ static void nc_out_task(void *ctx, int64_t t, int slot) {
     (void)slot;
     int64_t img = t / r->cb, cb = t % r->cb;
     const float *s = r->s + t * r->hw * 16;
+#if defined(__AVX512F__)
+    if (cb * 16 + 16 <= r->c) {
+        float *d0 = r->d + (img * r->c + cb * 16) * r->hw;
+        int64_t i = 0;
+        for (; i + 16 <= r->hw; i += 16) {
+            __m512 v[16];
+#pragma GCC unroll 16
+            for (int p = 0; p < 16; p++) v[p] = _mm512_loadu_ps(s + (i + p) * 16);
+            nc_tr16(v);
+#pragma GCC unroll 16
+            for (int c = 0; c < 16; c++) _mm512_storeu_ps(d0 + c * r->hw + i, v[c]);
+        }
+        for (; i < r->hw; i++)
+            for (int c = 0; c < 16; c++) d0[c * r->hw + i] = s[i * 16 + c];
+        return;
+    }
+#endif
     for (int64_t c = 0; c < 16 && cb * 16 + c < r->c; c++) {
         float *d = r->d + (img * r->c + cb * 16 + c) * r->hw;
         for (int64_t i = 0; i < r->hw; i++) d[i] = s[i * 16 + c];

@@ -269,7 +269,8 @@ def test_grouped_conv_is_within_float_rounding_of_float64(case):
 
 # depthwise planes large enough that a task's rows are not copied into a padded scratch first
 # (the border tiles test their taps instead): at one thread each task is a whole plane
-DEPTHWISE_LARGE = [(2, 64, 64, 90, 70, 3, 1, (1, 1, 1, 1), 1), (2, 64, 64, 75, 81, 5, 2, (2, 1, 2, 2), 1)]
+DEPTHWISE_LARGE = [(2, 64, 64, 90, 70, 3, 1, (1, 1, 1, 1), 1), (2, 64, 64, 75, 81, 5, 2, (2, 1, 2, 2), 1),
+                   (1, 96, 96, 20, 23, 7, 1, (3, 3, 3, 3), 1), (1, 40, 40, 16, 17, 5, 1, (2, 2, 2, 2), 1)]  # (the input rows in registers)
 
 
 @needs_kernels

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ge_core.kernel import KernelSpec, with_caps
-from ge_sdk import native, parallel, sgemm
+from ge_sdk import native, nchwc, parallel, sgemm
 from ge_sdk.jit import enabled as jit_enabled
 
 from . import _window, winograd
@@ -307,6 +308,49 @@ def conv_factory(spec: KernelSpec):
             and w_const.ndim >= 3 and (group == 1 or w_const.shape[1] > 1) and sgemm.available()):
         w_rows = sgemm.RowPanels(np.ascontiguousarray(w_const.reshape(w_const.shape[0], -1)), group)
 
+    # a 2-D depthwise one with a constant weight through the blocked layout's kernel, its planes
+    # reordered in and out by the call (onnxruntime runs a lone depthwise layer so too): the NCHW
+    # window loop ran ConvNeXt's 7x7 layers 2-5x slower (768 channels at 7x7: 0.30 ms, 0.055)
+    dw_blocked: dict = {}
+    if (nd == 2 and group > 1 and w_const is not None and w_const.dtype == np.float32 and w_const.shape[1] == 1
+            and w_const.shape[0] == group and nchwc.available()):
+        dw_blocked["w"] = nchwc.pack_depthwise(w_const)
+        dw_blocked["b"] = nchwc.pad_bias(b_const, group) if b_const is not None else None
+    local = threading.local()
+
+    def _depthwise_nchwc(x, b, out, key, epi=None):
+        """The depthwise conv on the blocked kernel, the caller's clip and activation applied there
+        (an addend: not this path); None when it does not apply."""
+        if not dw_blocked or x.dtype != np.float32 or x.ndim != 4 or x.shape[1] != group:
+            return None
+        if epi is not None and epi["addend"] is not None:
+            return None
+        if b is not None and b is not b_const:
+            return None
+        pb, pe, out_sp, _ = plans(key)
+        n = x.shape[0]
+        shape = (n, group) + tuple(out_sp)
+        if 0 in shape or 0 in x.shape:
+            return None
+        xs5, ys5 = nchwc.blocked_shape(x.shape), nchwc.blocked_shape(shape)
+        bufs = getattr(local, "bufs", None)
+        if bufs is None or bufs[0].shape != xs5 or bufs[1].shape != ys5:
+            bufs = local.bufs = (np.empty(xs5, np.float32), np.empty(ys5, np.float32))
+        x5, y5 = bufs
+        width = parallel.native_width()
+        clip = act = None
+        if epi is not None:
+            clip, act = epi["clip"], epi["act"]
+        target = _out_target(out, shape, np.float32)
+        if not (nchwc.to_blocked(np.ascontiguousarray(x), x5, width)
+                and nchwc.depthwise(x5, dw_blocked["w"], y5, tuple(key[1]), tuple(strides), tuple(dilations),
+                                    (pb[0], pb[1]), dw_blocked["b"], clip, width, None, act)
+                and nchwc.from_blocked(y5, target, width)):
+            return None
+        if epi is not None and (clip is not None or act is not None):
+            epi["applied"] = True
+        return _delivered(target, out)
+
     def _depthwise_loop(x, w, b, out, key, epi=None):
         """Depthwise conv through the compiled window loop, its planes split over the run's
         threads and the caller's clip and activation (``epi``, no addend) applied as it writes;
@@ -360,6 +404,10 @@ def conv_factory(spec: KernelSpec):
         if w.shape[1] != cg or c % group or m % group:
             raise ValueError(f"Conv: input channels {c} / group {group} do not match weights {w.shape}")
         in_sp = x.shape[2:]
+        if dw_blocked and w is w_const and cg == 1 and group == c:
+            r = _depthwise_nchwc(x, b, out, (in_sp, k), epi)
+            if r is not None:
+                return r
         if use_loop and cg == 1 and group == c:
             r = _depthwise_loop(x, w, b, out, (in_sp, k), epi)
             if r is not None:
