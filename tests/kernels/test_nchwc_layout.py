@@ -443,3 +443,28 @@ def test_group_norm_runs_blocked_with_its_affine_and_relu(monkeypatch):
 
     monkeypatch.setattr(mod, "_mod", lambda: None)  # the blocked ops' NumPy forms
     np.testing.assert_allclose(model.run({"x": x.numpy()})["y"], got, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not nchwc.available(), reason="needs the blocked kernels")
+@pytest.mark.parametrize("k,hw,stride", [(7, 14, 1), (5, 9, 2), (3, 8, 1)])
+def test_a_lone_depthwise_conv_runs_on_the_blocked_kernel(k, hw, stride):
+    """ConvNeXt's 7x7 depthwise layers stand between Transposes (no layout group): the NCHW kernel
+    reorders them through the blocked depthwise kernel, its clip and activation applied there."""
+    torch.manual_seed(4)
+    m = nn.Sequential(nn.Conv2d(40, 40, k, stride, k // 2, groups=40), nn.Hardswish()).eval()
+    x = torch.randn(2, 40, hw, hw + 1)
+    blob = to_onnx(m, x)
+    model = ge.compile(ge.load(blob), {"threads": 2})
+    assert not any(op.startswith("Nchwc") for op in op_counts(model))  # (no layout group: one conv)
+    got = model.run({"x": x.numpy()})["y"]
+    np.testing.assert_allclose(got, ort_run(blob, x.numpy()), rtol=1e-3, atol=1e-4)
+    import ge_sdk.nchwc as mod
+
+    calls = []
+    real = mod.depthwise
+    try:
+        mod.depthwise = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+        again = ge.compile(ge.load(blob)).run({"x": x.numpy()})["y"]
+    finally:
+        mod.depthwise = real
+    assert calls and np.allclose(again, got, rtol=1e-6, atol=1e-6)

@@ -25,6 +25,15 @@ RNG = np.random.default_rng(7)
 TOL = {np.float32: dict(rtol=1e-4, atol=1e-5), np.float64: dict(rtol=1e-10, atol=1e-12)}
 
 
+@pytest.fixture(autouse=True)
+def _window_loops_not_the_blocked_kernel(monkeypatch):
+    """The depthwise Conv kernel runs small planes and wide kernels on the blocked layout's
+    kernel where it builds (tests/kernels/test_nchwc_layout.py checks that): here, the loops."""
+    import ge_sdk.nchwc as nchwc
+
+    monkeypatch.setattr(nchwc, "_mod", lambda: None)
+
+
 def rand(*shape, dtype=np.float32):
     return RNG.uniform(-1.0, 1.0, size=shape).astype(dtype)
 
