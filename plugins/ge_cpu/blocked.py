@@ -41,7 +41,7 @@ from ge_core.ops import OpDef, OpKind
 from ge_core.passes import Pass, PassContext, PassResult
 from ge_sdk import nchwc
 
-from .kernels.nchwc import ACTIVATIONS, DOMAIN
+from .kernels.nchwc import ACTIVATIONS, DOMAIN, PACKINGS, pack_weight, packing_for
 from .kernels.nn import window_plan
 
 BLOCK = nchwc.BLOCK
@@ -441,7 +441,7 @@ def _edges(grp: set[Node], plans: dict[Node, Plan]) -> int:
     return len(entering) + leaving
 
 
-def apply_layout(graph: Graph, min_convs: int = 2) -> dict[str, int]:
+def apply_layout(graph: Graph, min_convs: int = 2, conv_algorithm: str = "auto") -> dict[str, int]:
     """Rewrite ``graph``'s top level: the groups of :func:`_plan` nodes with at least
     ``min_convs`` convolutions run in the blocked layout. Returns counts per kind."""
     plans: dict[Node, Plan] = {}
@@ -483,6 +483,7 @@ def apply_layout(graph: Graph, min_convs: int = 2) -> dict[str, int]:
         return r.outputs[0]
 
     made: dict[Node, Node] = {}
+    replaced: list[Value] = []  # weight constants whose packed form the blocked convolutions read
     # the NCHW values that stand for a source tensor (a reorder's result, a global pool's) take
     # its name once the original is gone (what --dump-tensors and the comparison tools match
     # the source by); a blocked one keeps its own
@@ -507,10 +508,22 @@ def apply_layout(graph: Graph, min_convs: int = 2) -> dict[str, int]:
         ys = _shape(out)
         if kind == "conv":
             x_in = n.inputs[0] if p["plain"] else block_of(n.inputs[0], n)
-            ins = [x_in, n.inputs[1], n.inputs[2] if len(n.inputs) > 2 else None]
+            attrs = dict(p["attrs"])
+            w_in = n.inputs[1]
+            if w_in is not None and w_in.const_value is not None and w_in.const_value.dtype == np.float32:
+                # the weight packed now, for the algorithm chosen now: the .om keeps it so
+                wv = w_in.const_value
+                cb = 0 if p["plain"] else nchwc.blocks(_shape(n.inputs[0])[1])
+                packing = packing_for(conv_algorithm, wv.shape, attrs["group"], attrs["kernel_shape"], attrs["strides"],
+                                      attrs["dilations"], p["plain"], cb, _blocked_type(ys).shape)
+                replaced.append(w_in)
+                w_in = graph.add_constant(pack_weight(packing, wv, cb, attrs["group"]))
+                attrs["weight_packing"] = packing
+                attrs["weight_shape"] = [int(v) for v in wv.shape]
+            ins = [x_in, w_in, n.inputs[2] if len(n.inputs) > 2 else None]
             if p["addend"]:
                 ins.append(block_of(n.inputs[3], n))
-            new = graph.add_node("NchwcConv", ins, dict(p["attrs"]), domain=DOMAIN, name=n.name, before=n,
+            new = graph.add_node("NchwcConv", ins, attrs, domain=DOMAIN, name=n.name, before=n,
                                  output_types=[_blocked_type(ys)])
             stats["convs"] += 1
         elif kind == "pool":
@@ -572,6 +585,10 @@ def apply_layout(graph: Graph, min_convs: int = 2) -> dict[str, int]:
                     continue
                 raise GraphError(f"nchwc_layout: node '{u.name}' still reads '{v.name}'")
         _detach(graph, n)
+    # the weights packed above: the originals go when nothing else reads them (an .om keeps one form)
+    for v in replaced:
+        if v.is_constant and not v.has_uses() and not v.is_graph_output and graph.constants.get(v.name) is v:
+            graph.remove_constant(v)
     for v, name in named:
         if name not in graph.names:
             graph.rename_value(v, name)
@@ -621,7 +638,8 @@ def fold_channel_scales(graph: Graph) -> int:
             continue
         # the weight's copy costs one pass over C x M floats, the Mul one over C x H x W x N: fold
         # where the plane is the larger (a 7x7 plane of 1152 channels into 320 ran 1.5x slower)
-        w = conv.inputs[1].type.shape if conv.inputs[1] is not None and conv.inputs[1].type is not None else None
+        w = conv.attrs.get("weight_shape") or (conv.inputs[1].type.shape if conv.inputs[1] is not None
+                                               and conv.inputs[1].type is not None else None)
         if w is None or not all(isinstance(d, int) for d in (ys[0], ys[2], ys[3], w[0])) or ys[0] * ys[2] * ys[3] < w[0]:
             continue
         ins = list(conv.inputs) + [None] * (4 - len(conv.inputs))
@@ -654,7 +672,8 @@ class NchwcLayout(Pass):
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         if ctx.options.soc_version != "cpu" or not nchwc.available():
             return PassResult(False)
-        stats = apply_layout(graph, int(ctx.params.get("min_convs", self.params["min_convs"])))
+        algorithm = str((getattr(ctx.options, "extra", {}) or {}).get("conv_algorithm", "auto") or "auto").lower()
+        stats = apply_layout(graph, int(ctx.params.get("min_convs", self.params["min_convs"])), algorithm)
         stats["scales_folded"] = fold_channel_scales(graph)
         return PassResult(any(stats.values()), {k: v for k, v in stats.items() if v})
 
@@ -688,6 +707,10 @@ def check_node(node: Node) -> None:
             raise _bad(node, "attribute group must be a positive int")
         if a.get("plain_input", 0) not in (0, 1):
             raise _bad(node, "attribute plain_input must be 0 or 1")
+        if _text(a.get("weight_packing", "")) not in PACKINGS:
+            raise _bad(node, f"weight_packing must be one of {', '.join(x or '(none)' for x in PACKINGS)}")
+        if _text(a.get("weight_packing", "")) and not _ints_ok(a.get("weight_shape"), 4, 1):
+            raise _bad(node, "a packed weight needs weight_shape, 4 positive ints")
     if node.op_type == "NchwcGroupNorm":
         gs = a.get("group_channels")
         if not isinstance(gs, (int, np.integer)) or not (1 <= gs <= 64 * BLOCK) or not (BLOCK % gs == 0 or gs % BLOCK == 0):
@@ -713,7 +736,7 @@ def _window_infer(channels_from_weight: bool):
         if x.shape is None or len(x.shape) != rank:
             return [TensorType(x.dtype, None)]
         a = node.attrs
-        k = list(a.get("kernel_shape") or node.inputs[1].type.shape[2:])
+        k = list(a.get("kernel_shape") or (a.get("weight_shape") or node.inputs[1].type.shape)[2:])
         s = list(a.get("strides") or (1, 1))
         d = list(a.get("dilations") or (1, 1))
         p = list(a.get("pads") or (0, 0, 0, 0))
@@ -726,7 +749,7 @@ def _window_infer(channels_from_weight: bool):
             dims.append((size + p[i] + p[i + 2] - d[i] * (k[i] - 1) - 1) // s[i] + 1)
         cb = x.shape[1]
         if channels_from_weight:
-            w = node.inputs[1].type.shape
+            w = node.attrs.get("weight_shape") or node.inputs[1].type.shape
             cb = nchwc.blocks(w[0]) if w is not None else None
         return [TensorType(x.dtype, (x.shape[0], cb, dims[0], dims[1], BLOCK))]
 
@@ -768,7 +791,8 @@ _WINDOW = {"kernel_shape": None, "strides": None, "dilations": None, "pads": Non
 
 OPDEFS = [
     OpDef("NchwcConv", DOMAIN, **_OPS, min_inputs=2, max_inputs=5, kind=OpKind.OPAQUE, infer=_window_infer(True),
-          attrs={**_WINDOW, "group": 1, "clip_min": None, "clip_max": None, "activation": "", "plain_input": 0},
+          attrs={**_WINDOW, "group": 1, "clip_min": None, "clip_max": None, "activation": "", "plain_input": 0,
+                 "weight_packing": "", "weight_shape": None},
           doc="a 2-D convolution on blocked (N, C/16, H, W, 16) values (plain_input: X is NCHW): "
               "act(clip(conv(X * S, W) + B + Z)), S a per-channel scale (N or 1, C/16, 1, 1, 16)"),
     OpDef("NchwcGroupNorm", DOMAIN, **_OPS, min_inputs=3, max_inputs=3, kind=OpKind.OPAQUE,

@@ -468,3 +468,47 @@ def test_a_lone_depthwise_conv_runs_on_the_blocked_kernel(k, hw, stride):
     finally:
         mod.depthwise = real
     assert calls and np.allclose(again, got, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not nchwc.available(), reason="needs the blocked kernels")
+def test_weights_are_packed_at_compile_time_and_a_load_does_no_weight_work(tmp_path, monkeypatch):
+    """The layout pass packs each blocked convolution's weight (Winograd-transformed where it
+    chose Winograd) and the .om keeps that form: a load packs nothing, and the result is the
+    same; the original weight is gone (one form in the file)."""
+    blob, x = export("resnet")
+    model = ge.compile(ge.load(blob))
+    convs = [n for n in model.graph.node_list() if n.op_type == "NchwcConv"]
+    packings = {n.attrs.get("weight_packing") for n in convs}
+    assert {"plain", "blocked", "winograd2"} <= packings, packings
+    assert all(n.inputs[1].const_value.ndim == 1 and len(n.attrs["weight_shape"]) == 4 for n in convs)
+    assert not any(v.const_value is not None and v.const_value.ndim == 4 for v in model.graph.constants.values())
+    want = model.run({"x": x})["y"]
+    path = model.save(tmp_path / "m.om")
+    import ge_sdk.nchwc as mod
+
+    def refuse(*a, **kw):
+        raise AssertionError("a load packed a weight")
+
+    for name in ("pack_weights", "pack_plain", "pack_depthwise", "winograd_weights"):
+        monkeypatch.setattr(mod, name, refuse)
+    loaded = ge.load_om(path)
+    np.testing.assert_array_equal(loaded.run({"x": x})["y"], want)
+
+
+@pytest.mark.skipif(not nchwc.available(), reason="needs the blocked kernels")
+def test_a_packed_weight_that_does_not_fit_its_convolution_is_refused(tmp_path):
+    from ge_core.errors import GEError
+
+    blob, x = export("resnet")
+    model = ge.compile(ge.load(blob))
+    node = next(n for n in model.graph.node_list() if n.attrs.get("weight_packing") == "winograd2")
+    w = node.inputs[1]
+    node.set_input(1, model.graph.add_constant(w.const_value[:-16]))  # a block short
+    with pytest.raises(GEError, match=r"winograd2 weight of \d+ floats"):
+        model.save(tmp_path / "short.om")
+        ge.load_om(tmp_path / "short.om")
+    node.set_input(1, w)
+    node.attrs["weight_packing"] = "depthwise"  # a packing of another convolution
+    with pytest.raises(GEError, match="does not fit the convolution"):
+        model.save(tmp_path / "other.om")
+        ge.load_om(tmp_path / "other.om")

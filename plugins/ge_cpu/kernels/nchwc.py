@@ -96,8 +96,22 @@ def conv_factory(spec: KernelSpec):
     (``S`` a per-channel input scale, (N or 1, C/16, 1, 1, 16))."""
     w = spec.const_inputs[1] if len(spec.const_inputs) > 1 else None
     w_t = spec.inputs[1] if len(spec.inputs) > 1 else None
-    w_shape = tuple(w.shape) if w is not None else (tuple(w_t.shape) if w_t is not None and w_t.shape else ())
-    if len(w_shape) != 4 or not all(isinstance(d, int) for d in w_shape) or (w is not None and w.dtype != np.float32):
+    packing = spec.attr("weight_packing", "") or ""
+    packing = packing.decode() if isinstance(packing, bytes) else str(packing)
+    if packing not in PACKINGS:
+        raise _refuse(spec, f"weight_packing must be one of {', '.join(p or '(none)' for p in PACKINGS)}")
+    wpk_const = None
+    if packing:  # the weight packed at compile time (the .om keeps that form): its shape an attribute
+        w_shape = tuple(int(v) for v in (spec.attr("weight_shape") or ()))
+        if w is not None and (w.dtype != np.float32 or w.ndim != 1):
+            raise _refuse(spec, f"weight_packing {packing} needs a 1-D float32 weight")
+        if w is None and (w_t is None or w_t.shape is None or len(w_t.shape) != 1):
+            raise _refuse(spec, f"weight_packing {packing} needs a 1-D weight")
+        # (computed at run time: a Cast of the float16 form ATC's precision modes store)
+        wpk_const, w = (np.ascontiguousarray(w) if w is not None else None), None
+    else:
+        w_shape = tuple(w.shape) if w is not None else (tuple(w_t.shape) if w_t is not None and w_t.shape else ())
+    if len(w_shape) != 4 or not all(isinstance(d, int) and d > 0 for d in w_shape) or (w is not None and w.dtype != np.float32):
         raise _refuse(spec, "needs a float32 (M, C, KH, KW) weight of a static shape")
     b = spec.const_inputs[2] if len(spec.const_inputs) > 2 else None
     has_b = len(spec.inputs) > 2 and spec.inputs[2] is not None
@@ -128,8 +142,21 @@ def conv_factory(spec: KernelSpec):
     lo, hi = spec.attr("clip_min"), spec.attr("clip_max")
     clip = None if lo is None and hi is None else (float(-np.inf if lo is None else lo), float(np.inf if hi is None else hi))
     y_t = spec.outputs[0] if spec.outputs else None
-    wino = 0 if depthwise else winograd_tile(spec, w_shape, group, k, s, d, plain,
-                                             y_t.shape if y_t is not None else None)
+    if packing:
+        wino = int(packing[-1]) if packing.startswith("winograd") else 0
+        fits = {"plain": plain, "depthwise": depthwise and not plain, "blocked": not plain and not depthwise}.get(
+            packing, not plain and not depthwise and tuple(k) == (3, 3) and tuple(s) == (1, 1) and tuple(d) == (1, 1))
+        if not fits:
+            raise _refuse(spec, f"weight_packing {packing} does not fit the convolution (weight {w_shape}, group "
+                                f"{group}, kernel {tuple(k)}, strides {tuple(s)}{', plain input' if plain else ''})")
+        size = wpk_const.size if wpk_const is not None else w_t.shape[0]
+        if size != packed_size(packing, w_shape, cb, group):
+            raise _refuse(spec, f"a {packing} weight of {size} floats, {packed_size(packing, w_shape, cb, group)} "
+                                f"expected for weight {w_shape}")
+    else:
+        algorithm = str(spec.options.get("conv_algorithm", "auto") or "auto")
+        wino = 0 if depthwise else winograd_tile(algorithm, w_shape, group, k, s, d, plain,
+                                                 y_t.shape if y_t is not None else None)
     mode = "nchwc"
     if plain:
         pack, run = nchwc.pack_plain, nchwc.conv_plain
@@ -149,10 +176,21 @@ def conv_factory(spec: KernelSpec):
         run = lambda *a: nchwc.conv(*a, groups=group)  # noqa: E731
     else:
         pack, run = (lambda a: nchwc.pack_weights(a, in_blocks=cb)), nchwc.conv
-    # a constant weight is packed once, here; one computed at run time (a Cast of the float16
-    # weight ATC's precision modes store) is packed at each call
-    const_pack = pack(w) if w is not None else None
+    # a constant weight is packed once, here (unless the pass packed it at compile time); one
+    # computed at run time (a Cast of the float16 weight ATC's precision modes store) is packed at
+    # each call
+    const_pack = wpk_const if wpk_const is not None else (pack(w) if w is not None else None)
     const_bias = nchwc.pad_bias(b, m) if b is not None else None
+    raw: list = []  # the unpacked constant weight, for the NumPy form (made when first needed)
+
+    def weight(wpk_run=None):
+        if w is not None:
+            return w
+        if wpk_run is not None:
+            return unpack(packing, wpk_run, w_shape, cb, group)
+        if not raw:
+            raw.append(unpack(packing, wpk_const, w_shape, cb, group))
+        return raw[0]
 
     def numpy_conv(x5, w, b, z, y):
         if plain:
@@ -191,10 +229,20 @@ def conv_factory(spec: KernelSpec):
         y = _out(spec, out)
         if plain:
             x = np.ascontiguousarray(x, np.float32)
-        wv = w if w is not None else np.asarray(w_in, np.float32)
-        if wv.shape != w_shape:
-            raise ValueError(f"{spec.describe()}: weight of shape {wv.shape}, the kernel was built for {w_shape}")
-        wpk = const_pack if const_pack is not None else pack(wv)
+        wpk_run = None  # a packed weight computed at run time (unpacked only for the NumPy form)
+        if const_pack is not None:
+            wpk = const_pack
+            wv = None  # (weight(), for the NumPy form)
+        elif packing:  # packed at compile time, cast at run time
+            wpk = wpk_run = np.ascontiguousarray(w_in, np.float32).reshape(-1)
+            if wpk.size != packed_size(packing, w_shape, cb, group):
+                raise ValueError(f"{spec.describe()}: a {packing} weight of {wpk.size} floats at run time")
+            wv = None
+        else:
+            wv = np.asarray(w_in, np.float32)
+            if wv.shape != w_shape:
+                raise ValueError(f"{spec.describe()}: weight of shape {wv.shape}, the kernel was built for {w_shape}")
+            wpk = pack(wv)
         bv = b if b is not None else (None if not has_b or b_in is None else np.asarray(b_in, np.float32).reshape(-1))
         if bv is not None and bv.shape != (m,):
             raise ValueError(f"{spec.describe()}: a bias of shape {bv.shape} for {m} channels")
@@ -209,12 +257,13 @@ def conv_factory(spec: KernelSpec):
                 zi = None if z is None else z[i:i + 1]
                 if not (nchwc.scale_weights(wpk, si, ws, x.shape[1], taps, mb, depthwise)
                         and run(x[i:i + 1], ws, y[i:i + 1], k, s, d, pads[:2], bias, clip, width, zi, act or None)):
-                    numpy_conv(x[i:i + 1] * sc[i if sc.shape[0] > 1 else 0], wv, bv, zi, y[i:i + 1])
+                    numpy_conv(x[i:i + 1] * sc[i if sc.shape[0] > 1 else 0], weight(wpk_run) if wv is None else wv,
+                               bv, zi, y[i:i + 1])
             return (y,)
         if sc is not None:
             x = x * sc
         if not run(x, wpk, y, k, s, d, pads[:2], bias, clip, width, z, act or None):
-            numpy_conv(x, wv, bv, z, y)
+            numpy_conv(x, weight(wpk_run) if wv is None else wv, bv, z, y)
         return (y,)
 
     return with_caps(kernel, accepts_out=True, mode=mode)
@@ -229,16 +278,15 @@ WINOGRAD2_TILES = 9
 WINOGRAD4_TILES = 25
 
 
-def winograd_tile(spec: KernelSpec, w_shape, group: int, k, s, d, plain: bool, y_shape) -> int:
+def winograd_tile(algorithm: str, w_shape, group: int, k, s, d, plain: bool, y_shape) -> int:
     """The output tile m of the Winograd F(m x m, 3 x 3) an NchwcConv runs (2 or 4), 0 for the
     direct kernel, for a 3x3, stride-1, undilated convolution (grouped: whole blocks a group, as
-    RegNet's and ResNeXt's; not a depthwise one): by the ``conv_algorithm``
-    option, ``auto`` F(2x2) where the plane has the tiles above (its rounding is the direct sum's:
-    transforms of 0, +-1 and +-1/2), ``winograd`` F(2x2) wherever it applies, ``winograd4``
-    F(4x4) where it pays, else F(2x2) (4x fewer multiplies than the direct sum at 2-3x its
-    rounding error: ResNet-50's output 2e-4 of its scale from float64, 9e-5 with F(2x2)),
-    ``im2col`` never."""
-    algorithm = str(spec.options.get("conv_algorithm", "auto") or "auto")
+    RegNet's and ResNeXt's; not a depthwise one): by the ``conv_algorithm`` option
+    ``algorithm``, ``auto`` F(2x2) where the plane has the tiles above (its rounding is the
+    direct sum's: transforms of 0, +-1 and +-1/2), ``winograd`` F(2x2) wherever it applies,
+    ``winograd4`` F(4x4) where it pays, else F(2x2) (4x fewer multiplies than the direct sum at
+    2-3x its rounding error: ResNet-50's output 2e-4 of its scale from float64, 9e-5 with
+    F(2x2)), ``im2col`` never."""
     if algorithm == "im2col" or plain or tuple(k) != (3, 3) or tuple(s) != (1, 1) or tuple(d) != (1, 1):
         return 0
     if not nchwc.available() or (group > 1 and (w_shape[0] % (group * nchwc.BLOCK) or w_shape[1] % nchwc.BLOCK)):
@@ -252,6 +300,90 @@ def winograd_tile(spec: KernelSpec, w_shape, group: int, k, s, d, plain: bool, y
     if algorithm == "winograd4" and t4 >= WINOGRAD4_TILES:
         return 4
     return 2 if t2 >= WINOGRAD2_TILES else 0
+
+
+#: how an NchwcConv's weight input is stored (attribute ``weight_packing``): "" the (M, C, KH, KW)
+#: weight (packed when the kernel is built), else the layout pass's packing of it, done at compile
+#: time and kept in the .om so a load does no weight work: "blocked" (:func:`ge_sdk.nchwc.
+#: pack_weights`, grouped or not), "plain" (a stem's, ``pack_plain``), "depthwise", "winograd2" and
+#: "winograd4" (``winograd_weights``: the algorithm chosen with the packing)
+PACKINGS = ("", "blocked", "plain", "depthwise", "winograd2", "winograd4")
+
+
+def packing_for(algorithm: str, w_shape, group: int, k, s, d, plain: bool, in_blocks: int, y_shape) -> str:
+    """The packing (and so the algorithm) an NchwcConv of weight ``w_shape`` gets (:data:`PACKINGS`)."""
+    m, cg = w_shape[:2]
+    if plain:
+        return "plain"
+    if group > 1 and cg == 1 and group == m:
+        return "depthwise"
+    wino = winograd_tile(algorithm, w_shape, group, k, s, d, plain, y_shape)
+    return f"winograd{wino}" if wino else "blocked"
+
+
+def pack_weight(packing: str, w: np.ndarray, in_blocks: int, group: int) -> np.ndarray:
+    """``w`` (M, C, KH, KW) packed as ``packing`` says, for an input of ``in_blocks`` blocks."""
+    if packing == "plain":
+        return nchwc.pack_plain(w)
+    if packing == "depthwise":
+        return nchwc.pack_depthwise(w)
+    if packing.startswith("winograd"):
+        return nchwc.winograd_weights(w, int(packing[-1]), in_blocks=in_blocks if group == 1 else None, groups=group)
+    return nchwc.pack_weights(w, groups=group) if group > 1 else nchwc.pack_weights(w, in_blocks=in_blocks)
+
+
+def packed_size(packing: str, w_shape, in_blocks: int, group: int) -> int:
+    """The floats of ``packing``'s form of a weight of ``w_shape``."""
+    m, cg, kh, kw = w_shape
+    mb = nchwc.blocks(m)
+    if packing == "plain":
+        return mb * nchwc.BLOCK * cg * kh * kw
+    if packing == "depthwise":
+        return mb * nchwc.BLOCK * kh * kw
+    cb = nchwc.blocks(cg) if group > 1 else max(nchwc.blocks(cg), in_blocks)
+    if packing.startswith("winograd"):
+        return (int(packing[-1]) + 2) ** 2 * mb * nchwc.BLOCK * cb * nchwc.BLOCK
+    return mb * nchwc.BLOCK * cb * nchwc.BLOCK * kh * kw
+
+
+def unpack(packing: str, wpk: np.ndarray, w_shape, in_blocks: int, group: int) -> np.ndarray:
+    """The (M, C, KH, KW) weight of a packed one (the NumPy form's: an .om run where the blocked
+    kernels do not); Winograd's from U = G g G^T by G's pseudo-inverse (exact in float64, the
+    float32 rounding of U left)."""
+    B = nchwc.BLOCK
+    m, cg, kh, kw = w_shape
+    mb = nchwc.blocks(m)
+    if packing == "depthwise":
+        full = wpk.reshape(mb, kh, kw, B).transpose(0, 3, 1, 2).reshape(mb * B, 1, kh, kw)
+        return np.ascontiguousarray(full[:m])
+    if packing.startswith("winograd"):
+        r = int(packing[-1]) + 2
+        g = nchwc.WINOGRAD_G[int(packing[-1])]
+        gi = np.linalg.pinv(g)  # (3, r)
+        u = np.stack([unpack("blocked", part, (m, cg, 1, 1), in_blocks, group) for part in np.split(wpk, r * r)])
+        u = u.reshape(r, r, m, cg).astype(np.float64)
+        return np.einsum("ia,abmc,jb->mcij", gi, u, gi).astype(np.float32)
+    if group > 1 and packing == "blocked":
+        step = m // group
+        parts = np.split(wpk, group)
+        return np.concatenate([unpack("blocked", part, (step, cg, kh, kw), nchwc.blocks(cg), 1) for part in parts])
+    plain = packing == "plain"
+    cb = cg if plain else max(nchwc.blocks(cg), in_blocks)
+    cin = cg if plain else cb * B
+    out = np.zeros((mb * B, cin, kh, kw), np.float32)
+    off = 0
+    for g0 in range(0, mb, 4):
+        fb = min(4, mb - g0)
+        if plain:  # (c, kh, kw, f, out)
+            n = cg * kh * kw * fb * B
+            blk = wpk[off:off + n].reshape(cg, kh, kw, fb, B).transpose(3, 4, 0, 1, 2)
+            out[g0 * B:(g0 + fb) * B] = blk.reshape(fb * B, cg, kh, kw)
+        else:  # (cb, kh, kw, in, f, out)
+            n = cb * kh * kw * B * fb * B
+            blk = wpk[off:off + n].reshape(cb, kh, kw, B, fb, B).transpose(4, 5, 0, 3, 1, 2)
+            out[g0 * B:(g0 + fb) * B] = blk.reshape(fb * B, cb * B, kh, kw)
+        off += n
+    return np.ascontiguousarray(out[:m, :cg])
 
 
 def reorder_input_factory(spec: KernelSpec):
