@@ -150,7 +150,8 @@ def conv_kind(node, mode: str) -> str:
         return "winograd"
     if mode.startswith("nchwc winograd"):  # the blocked layout's Winograd F(2x2) / F(4x4)
         return "nchwc winograd"
-    w = node.inputs[1].type.shape if len(node.inputs) > 1 and node.inputs[1] is not None else None
+    w = node.attrs.get("weight_shape") or (node.inputs[1].type.shape if len(node.inputs) > 1 and node.inputs[1] is not None
+                                           else None)  # (a packed weight is 1-D: its shape an attribute)
     group = int(node.attrs.get("group", 1) or 1)
     if node.op_type == "NchwcConv":  # the blocked layout's direct kernels
         if group > 1:

@@ -1495,19 +1495,19 @@ static void nc_in_task(void *ctx, int64_t t, int slot) {
     int64_t img = t / r->cb, cb = t % r->cb;
     float *d = r->d + t * r->hw * 16;
 #if defined(__AVX512F__)
-    if (cb * 16 + 16 <= r->c) {  /* a whole block: 16 pixels of its 16 channels a transpose */
+    {   /* 16 pixels of the block's 16 channels a transpose (the channels past C zeros) */
         const float *s0 = r->s + (img * r->c + cb * 16) * r->hw;
-        int64_t i = 0;
+        int64_t valid = r->c - cb * 16 < 16 ? r->c - cb * 16 : 16, i = 0;
         for (; i + 16 <= r->hw; i += 16) {
             __m512 v[16];
 #pragma GCC unroll 16
-            for (int c = 0; c < 16; c++) v[c] = _mm512_loadu_ps(s0 + c * r->hw + i);
+            for (int c = 0; c < 16; c++) v[c] = c < valid ? _mm512_loadu_ps(s0 + c * r->hw + i) : _mm512_setzero_ps();
             nc_tr16(v);
 #pragma GCC unroll 16
             for (int p = 0; p < 16; p++) _mm512_storeu_ps(d + (i + p) * 16, v[p]);
         }
         for (; i < r->hw; i++)
-            for (int c = 0; c < 16; c++) d[i * 16 + c] = s0[c * r->hw + i];
+            for (int c = 0; c < 16; c++) d[i * 16 + c] = c < valid ? s0[c * r->hw + i] : 0.0f;
         return;
     }
 #endif
@@ -1528,19 +1528,19 @@ static void nc_out_task(void *ctx, int64_t t, int slot) {
     int64_t img = t / r->cb, cb = t % r->cb;
     const float *s = r->s + t * r->hw * 16;
 #if defined(__AVX512F__)
-    if (cb * 16 + 16 <= r->c) {
+    {   /* (the block's channels past C are not stored) */
         float *d0 = r->d + (img * r->c + cb * 16) * r->hw;
-        int64_t i = 0;
+        int64_t valid = r->c - cb * 16 < 16 ? r->c - cb * 16 : 16, i = 0;
         for (; i + 16 <= r->hw; i += 16) {
             __m512 v[16];
 #pragma GCC unroll 16
             for (int p = 0; p < 16; p++) v[p] = _mm512_loadu_ps(s + (i + p) * 16);
             nc_tr16(v);
 #pragma GCC unroll 16
-            for (int c = 0; c < 16; c++) _mm512_storeu_ps(d0 + c * r->hw + i, v[c]);
+            for (int c = 0; c < 16; c++) if (c < valid) _mm512_storeu_ps(d0 + c * r->hw + i, v[c]);
         }
         for (; i < r->hw; i++)
-            for (int c = 0; c < 16; c++) d0[c * r->hw + i] = s[i * 16 + c];
+            for (int c = 0; c < valid; c++) d0[c * r->hw + i] = s[i * 16 + c];
         return;
     }
 #endif

@@ -446,7 +446,7 @@ def test_group_norm_runs_blocked_with_its_affine_and_relu(monkeypatch):
 
 
 @pytest.mark.skipif(not nchwc.available(), reason="needs the blocked kernels")
-@pytest.mark.parametrize("k,hw,stride", [(7, 14, 1), (5, 9, 2), (3, 8, 1)])
+@pytest.mark.parametrize("k,hw,stride", [(7, 14, 1), (5, 9, 2), (7, 30, 1)])
 def test_a_lone_depthwise_conv_runs_on_the_blocked_kernel(k, hw, stride):
     """ConvNeXt's 7x7 depthwise layers stand between Transposes (no layout group): the NCHW kernel
     reorders them through the blocked depthwise kernel, its clip and activation applied there."""

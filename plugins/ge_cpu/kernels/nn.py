@@ -312,11 +312,10 @@ def conv_factory(spec: KernelSpec):
     # reordered in and out by the call (onnxruntime runs a lone depthwise layer so too): the NCHW
     # window loop ran ConvNeXt's 7x7 layers 2-5x slower (768 channels at 7x7: 0.30 ms, 0.055)
     dw_blocked: dict = {}
-    x_sp = spec.inputs[0].shape if spec.inputs and spec.inputs[0] is not None and spec.inputs[0].shape else None
-    plane = math.prod(x_sp[2:]) if x_sp is not None and len(x_sp) == 4 and all(isinstance(d, int) for d in x_sp[2:]) else 0
-    # (5x5 and wider always; 3x3 on planes up to 32x32: on larger ones the window loop is as fast)
+    # (5x5 and wider: a 3x3 one ran as fast or faster in the window loop, ShuffleNet's 16 layers 1.33 ms
+    # there, 1.59 through the blocked kernel)
     if (nd == 2 and group > 1 and w_const is not None and w_const.dtype == np.float32 and w_const.shape[1] == 1
-            and w_const.shape[0] == group and (min(w_const.shape[2:]) >= 5 or 0 < plane <= 1024)
+            and w_const.shape[0] == group and min(w_const.shape[2:]) >= 5
             and nchwc.available()):
         dw_blocked["w"] = nchwc.pack_depthwise(w_const)
         dw_blocked["b"] = nchwc.pad_bias(b_const, group) if b_const is not None else None
