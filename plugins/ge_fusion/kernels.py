@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ge_core.errors import UnsupportedOpError
+from ge_core.errors import ExecutionError, UnsupportedOpError
 from ge_core.kernel import KernelSpec, caps, with_caps
 from ge_sdk import parallel, sgemm
 
@@ -429,7 +429,34 @@ def softmax_factory(spec: KernelSpec):
     return _mark_out(kernel, inplace=True)
 
 
+def rotary_factory(spec: KernelSpec):
+    """Rotary(x, cos, sin) = x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] (x1, x2 the
+    halves of the last axis): two multiplies and two multiply-adds on halves, into the output
+    (the exporters' Slice, Slice, Neg, Concat and the elementwise tail made five kernels and four
+    temporaries of it)."""
+
+    def kernel(x, cos, sin, out=None):
+        d = x.shape[-1] if x.ndim else 0
+        if d % 2 or cos.shape[-1:] != (d,) or sin.shape[-1:] != (d,):
+            raise ExecutionError(f"{spec.describe()}: input {x.shape}, cos {cos.shape}, sin {sin.shape}: the last axes "
+                                 "must agree and be even", hint="check the rotary caches")
+        h = d // 2
+        o = out[0] if out is not None and out[0].shape == x.shape and not np.may_share_memory(out[0], x) \
+            else np.empty(np.broadcast_shapes(x.shape, cos.shape, sin.shape), x.dtype)
+        np.multiply(x, cos, out=o)
+        lo, hi = o[..., :h], o[..., h:]
+        lo -= x[..., h:] * sin[..., :h]
+        hi += x[..., :h] * sin[..., h:]
+        if out is not None and o is not out[0]:
+            np.copyto(out[0], o)
+            return out
+        return (o,)
+
+    return _mark_out(kernel)
+
+
 KERNELS = {
+    "Rotary": rotary_factory,
     "FusedConv": conv_factory,
     "FusedMatMul": matmul_factory,
     "FusedElemwise": elemwise_factory,

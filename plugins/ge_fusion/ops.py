@@ -162,4 +162,7 @@ OPDEFS = [
           attrs={"approximate": "none"}, doc="x * Phi(x) (erf form, or the tanh approximation)"),
     OpDef("Silu", DOMAIN, **_FUSED, min_inputs=1, max_inputs=1, kind=OpKind.ELEMWISE, infer=same_as_input(),
           doc="x * sigmoid(x)"),
+    OpDef("Rotary", DOMAIN, **_FUSED, min_inputs=3, max_inputs=3, kind=OpKind.OPAQUE, infer=same_as_input(),
+          doc="rotary position embedding, non-interleaved over the whole last axis (LLaMA's, GPT-NeoX's): "
+              "X * Cos + rotate_half(X) * Sin, rotate_half(X) = concat(-X[..., d/2:], X[..., :d/2])"),
 ]

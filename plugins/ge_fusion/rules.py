@@ -530,6 +530,55 @@ def _rmsnorm_rule() -> AnyOf:
     return AnyOf("rmsnorm_fusion", alts, "root-mean-square normalisation (T5, LLaMA) → RMSNorm")
 
 
+def _slice_last(node: Node) -> tuple[int, int] | None:
+    """(start, end) of a Slice of the last axis with step 1 (constant starts, ends, axes), or None."""
+    ins = [_const_of(v) for v in node.inputs[1:]]
+    if len(ins) < 2 or any(c is None for c in ins) or any(c.size != 1 for c in ins):  # type: ignore[union-attr]
+        return None
+    start, end = int(ins[0].reshape(-1)[0]), int(ins[1].reshape(-1)[0])  # type: ignore[union-attr]
+    rank = node.inputs[0].type.rank if node.inputs[0] is not None else None
+    axis = int(ins[2].reshape(-1)[0]) if len(ins) > 2 else 0  # type: ignore[union-attr]
+    if rank is None or axis not in (-1, rank - 1) or (len(ins) > 3 and int(ins[3].reshape(-1)[0]) != 1):  # type: ignore[union-attr]
+        return None
+    return start, end
+
+
+def _rotary_rule() -> Rule:
+    x = Var("x", pred=_is_float)
+    lo = Op("Slice", x, ..., name="lo")
+    hi = Op("Slice", x, ..., name="hi")
+    rot = Op("Concat", Op("Neg", hi), lo, name="cat")
+    pattern = Op("Add", Op("Mul", x, Const("cos"), commutative=True), Op("Mul", rot, Const("sin"), commutative=True),
+                 commutative=True)
+
+    def replace(rw: Rewriter, m: Match):
+        """x·cos + concat(-x[..., d/2:], x[..., :d/2])·sin → Rotary"""
+        xv = m.value("x")
+        shape = xv.type.shape
+        if not shape or not isinstance(shape[-1], int) or shape[-1] % 2:
+            return None
+        d = shape[-1]
+        h = d // 2
+        lo_se, hi_se = _slice_last(m["lo"]), _slice_last(m["hi"])
+        cat = m["cat"]
+        if lo_se is None or hi_se is None or lo_se[0] != 0 or lo_se[1] != h or hi_se[0] != h or hi_se[1] < d:
+            return None
+        if int(cat.attrs.get("axis", 0)) not in (-1, len(shape) - 1):
+            return None
+        cos, sin = m.const("cos"), m.const("sin")
+        if cos.shape[-1:] != (d,) or sin.shape[-1:] != (d,) or cos.dtype != xv.type.dtype or sin.dtype != xv.type.dtype:
+            return None
+        try:
+            if np.broadcast_shapes(tuple(shape), cos.shape, sin.shape) != tuple(shape):
+                return None
+        except (ValueError, TypeError):
+            return None
+        return rw.op("Rotary", xv, rw.const(cos, "cos"), rw.const(sin, "sin"), domain=DOMAIN, name="rotary",
+                     output_types=[m.root.type])
+
+    return Rule("rotary_fusion", pattern, replace)
+
+
 def _softmax_rule() -> Rule:
     x = Var("x", pred=_is_float)
     shifted = Alt(Op("Sub", x, Op("ReduceMax", x, ..., pred=_last_axis_only)), x)
@@ -853,7 +902,7 @@ def _build() -> list[tuple[str, list[Rule]]]:
         ], "Gemm(Transpose(A), Transpose(B)) → Gemm with transA/transB flipped"),
     ]
     gelu, gelu_tanh = _gelu_rules()
-    recognise = [gelu, gelu_tanh, _silu_rule(), _layernorm_rule(), _rmsnorm_rule(), _softmax_rule()]
+    recognise = [gelu, gelu_tanh, _silu_rule(), _layernorm_rule(), _rmsnorm_rule(), _softmax_rule(), _rotary_rule()]
     conv_act, conv_res = _conv_epilogue_rules()
     matmul, gemm_act = _matmul_rules()
     return [("fold", folds), ("recognise", recognise), ("attention", [_attention_rule()]),

@@ -90,9 +90,44 @@ def test_llama_fuses_rmsnorm_and_grouped_query_attention(llama, threads):
     ops = model.report["op_counts"]
     assert ops.get("ge.fused::RMSNorm") == 3, ops      # input, post-attention and final norm
     assert ops.get("ge.fused::Attention") == 1, ops
-    for gone in ("Expand", "Softmax", "ge.fused::Softmax", "Pow", "ReduceMean", "Sqrt"):
+    assert ops.get("ge.fused::Rotary") == 2, ops       # the rotary embedding of Q and of K
+    for gone in ("Expand", "Softmax", "ge.fused::Softmax", "Pow", "ReduceMean", "Sqrt", "Slice", "Neg", "Concat"):
         assert gone not in ops, ops
     _check_matches_ort(model, llama)
+
+
+def test_switch_file_turns_rotary_off_and_explain_says_why_it_did_not_match(llama, tmp_path):
+    model = _compile(llama, tmp_path, off=["rotary_fusion"])
+    ops = model.report["op_counts"]
+    assert "ge.fused::Rotary" not in ops and ops.get("Slice") == 4, ops
+    _check_matches_ort(model, llama)
+    off = _compile(llama, tmp_path, off=["ALL"])
+    adds = [n for n in off.graph.nodes if n.op_type == "Add" and any(
+        v.producer is not None and v.producer.op_type == "Mul" and any(
+            u.producer is not None and u.producer.op_type == "Concat" for u in v.producer.inputs) for v in n.inputs)]
+    assert len(adds) == 2 and all(explain(RULES["rotary_fusion"], n) for n in adds)
+    why = explain(RULES["rotary_fusion"], next(n for n in off.graph.nodes if n.op_type == "Mul"))
+    assert not why and str(why)
+
+
+def test_rotary_kernel_matches_numpy_and_refuses_odd_or_mismatched_halves():
+    from ge_core.errors import GEError
+    from ge_core.kernel import KernelSpec
+    from ge_fusion.kernels import rotary_factory
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 5, 8)).astype(np.float32)
+    cos, sin = rng.standard_normal((1, 1, 5, 8)).astype(np.float32), rng.standard_normal((1, 1, 5, 8)).astype(np.float32)
+    spec = KernelSpec(op_type="Rotary", domain="ge.fused", attrs={}, inputs=[TensorType.of(a) for a in (x, cos, sin)],
+                      outputs=[TensorType.of(x)], name="rotary")
+    kernel = rotary_factory(spec)
+    want = x * cos + np.concatenate([-x[..., 4:], x[..., :4]], axis=-1) * sin
+    np.testing.assert_allclose(kernel(x, cos, sin)[0], want, rtol=1e-6, atol=1e-6)
+    out = np.empty_like(x)
+    assert kernel(x, cos, sin, out=(out,))[0] is out
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+    with pytest.raises(GEError, match="even"):
+        kernel(x[..., :7], cos[..., :7], sin[..., :7])
 
 
 def test_t5_encoder_fuses_rmsnorm_and_attention(t5):
