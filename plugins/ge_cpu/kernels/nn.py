@@ -753,7 +753,7 @@ def _pool_loop(kind, window_plans, x, nd, out, dv_of=None):
         return None
     target = _out_target(out, shape, dt)
     dv = dv_of(in_sp, dt) if dv_of is not None else None
-    if not _window.run(kind, plan, _as4d(x), _as4d(target), dv=dv):
+    if not _window.run(kind, plan, _as4d(x), _as4d(target), dv=dv, threads=parallel.native_width()):
         return None
     return _pool_result(target, out)
 
