@@ -289,6 +289,7 @@ def test_the_loops_buffers_kept_with_the_plan_stay_right_from_call_to_call(monke
     seen = []
     real = _window.buffers
     monkeypatch.setattr(_window, "buffers", lambda *a: seen.append(real(*a)) or seen[-1])
+    monkeypatch.setattr(_window, "_direct", lambda: None)  # the window loop, not the direct kernel
     x0 = rand(2, 4, 9, 9)
     w = rand(4, 1, 3, 3)
     inputs = [x0, w] if op == "Conv" else [x0]
@@ -464,3 +465,94 @@ def test_depthwise_conv_applies_its_epilogue_as_it_writes_on_every_thread_count(
     two = ge.compile(model, {"threads": 2}).run({"x": x})["y"]
     assert calls[-1]["threads"] == 2
     np.testing.assert_array_equal(two, one)  # the planes are split, not their sums
+
+
+# ------------------------------------------------------------------------------------------------
+# the direct depthwise kernel (float32, AVX-512): the window loop's bits
+
+
+def test_direct_depthwise_kernel_is_built_where_the_compiler_targets_avx512():
+    # the same compiler and flags as GE's GEMM, which says which instruction set it was built for
+    from ge_sdk import sgemm
+
+    assert _window.direct_available() == (sgemm.isa() == "avx512f")
+
+
+DIRECT_CASES = [
+    # (C, mult, H, W, kernel, strides, dilations, pads top/left, out H/W from the bottom/right pads)
+    (5, 1, 9, 13, (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+    (4, 1, 14, 14, (3, 3), (2, 2), (1, 1), (1, 1), (1, 1)),
+    (3, 2, 7, 40, (3, 3), (2, 2), (1, 1), (0, 0), (0, 1)),
+    (3, 1, 23, 37, (3, 3), (1, 1), (1, 1), (0, 2), (2, 0)),  # rows: 8 + 8 + 7, columns: 16 + 16 + 5
+    (2, 1, 29, 50, (3, 3), (2, 2), (1, 1), (1, 1), (1, 1)),
+    (2, 1, 1, 1, (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+    (2, 1, 4, 3, (3, 3), (1, 1), (1, 1), (2, 2), (2, 2)),  # padding wider than half the kernel
+    (6, 1, 11, 17, (5, 5), (1, 1), (1, 1), (2, 2), (2, 2)),
+    (2, 1, 12, 33, (3, 3), (1, 1), (2, 2), (2, 2), (2, 2)),
+    (3, 1, 8, 19, (7, 7), (2, 2), (1, 1), (3, 3), (3, 3)),
+    (2, 1, 9, 20, (3, 3), (1, 2), (1, 1), (1, 0), (1, 2)),  # strides that differ: the row-a-time form
+    (1, 3, 3, 70, (1, 5), (1, 2), (1, 3), (0, 4), (0, 4)),
+    (2, 1, 6, 6, (2, 2), (1, 1), (1, 1), (0, 0), (0, 0)),
+    (2, 1, 40, 9, (9, 9), (1, 1), (1, 1), (4, 4), (4, 4)),
+]
+
+
+def _direct_case(c, mult, h, w, k, s, d, pb, pe):
+    oh = (h + pb[0] + pe[0] - d[0] * (k[0] - 1) - 1) // s[0] + 1
+    ow = (w + pb[1] + pe[1] - d[1] * (k[1] - 1) - 1) // s[1] + 1
+    return _window.WindowPlan((h, w), k, s, d, pb, (oh, ow)), (oh, ow)
+
+
+@pytest.mark.parametrize("case", DIRECT_CASES)
+def test_direct_depthwise_kernel_gives_the_window_loops_bits_at_every_thread_count(case):
+    c, mult, h, w, k, s, d, pb, pe = case
+    plan, (oh, ow) = _direct_case(*case)
+    assert plan.direct
+    x = rand(2, c, h, w)
+    x[0, 0, h // 2, w // 2] = np.inf
+    x[1, -1, 0, w - 1] = np.nan
+    wt, b = rand(c * mult, k[0] * k[1]), rand(c * mult)
+    for clip, act in [(None, None), ((0.0, 6.0), None), ((-0.5, 0.5), "silu"), (None, "sigmoid")]:
+        loop = np.full((2, c * mult, oh, ow), 7.0, np.float32)
+        assert _window.run("conv", plan, x, loop, wt, b, clip=clip, act=act, direct=False)
+        for threads in (1, 2, 3):
+            got = np.full_like(loop, -7.0)
+            assert _window.run("conv", plan, x, got, wt, b, clip=clip, act=act, threads=threads)
+            np.testing.assert_array_equal(got, loop)
+
+
+def test_direct_depthwise_kernel_keeps_the_padding_taps():
+    # an infinite weight on a tap that reads the padding gives NaN there (inf * 0), as the window
+    # loop's zero border does (and onnxruntime): the padding's taps are not skipped
+    plan, (oh, ow) = _direct_case(3, 1, 6, 6, (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    x, wt, b = rand(1, 3, 6, 6), rand(3, 9), rand(3)
+    wt[1, 0] = np.inf
+    got, loop = np.empty((1, 3, oh, ow), np.float32), np.empty((1, 3, oh, ow), np.float32)
+    assert _window.run("conv", plan, x, got, wt, b) and _window.run("conv", plan, x, loop, wt, b, direct=False)
+    np.testing.assert_array_equal(got, loop)
+    assert np.isnan(got[0, 1, 0, :]).all() and np.isnan(got[0, 1, :, 0]).all()
+    assert not np.isnan(got[0, 0]).any()
+
+
+def test_direct_depthwise_kernel_leaves_other_strides_to_the_window_loop():
+    plan, (oh, ow) = _direct_case(2, 1, 12, 12, (3, 3), (3, 3), (1, 1), (1, 1), (1, 1))
+    assert not plan.direct
+    x, wt, b = rand(1, 2, 12, 12), rand(2, 9), rand(2)
+    got, loop = np.empty((1, 2, oh, ow), np.float32), np.empty((1, 2, oh, ow), np.float32)
+    assert _window.run("conv", plan, x, got, wt, b) and _window.run("conv", plan, x, loop, wt, b, direct=False)
+    np.testing.assert_array_equal(got, loop)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("hw,attrs", [((7, 7), {}), ((5, 9), {}), ((7, 7), {"pads": [1, 1, 1, 1]}),
+                                      ((6, 6), {"pads": [0, 0, 1, 1], "count_include_pad": 1})])
+def test_averagepool_over_the_whole_plane(dtype, hw, attrs, monkeypatch):
+    # a window that is the whole plane (ShuffleNet's closing pool) is a sum per plane; with
+    # padding it is not, and the window loop or NumPy's pool runs
+    calls = []
+    real = _window.run
+    monkeypatch.setattr(_window, "run", lambda kind, *a, **k: calls.append(kind) or real(kind, *a, **k))
+    k = list(hw) if not attrs.get("pads") else [hw[0] + 1, hw[1] + 1] if attrs["pads"][0] else [hw[0], hw[1]]
+    x = rand(2, 19, *hw, dtype=dtype) * 10.0
+    check("AveragePool", [x], {"kernel_shape": k, **attrs}, const=())
+    assert bool(calls) == bool(attrs.get("pads"))  # (check runs the kernel twice: with and without out=)

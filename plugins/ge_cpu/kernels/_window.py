@@ -23,6 +23,9 @@ tap by tap. The loops are C built by :mod:`ge_sdk.native` (compiled once per mac
 the user's kernel cache), run without the GIL, and check every offset against the arrays they
 are given before they read or write.
 
+A float32 depthwise convolution of stride 1 or 2 runs on a direct AVX-512 kernel instead (see
+:data:`_DIRECT_SRC`; the same bits; ``GE_CPU_DW_DIRECT=0`` turns it off).
+
 Set ``GE_CPU_JIT=0`` to never use these loops (the NumPy kernels of :mod:`.nn` run instead);
 no C compiler has the same effect.
 """
@@ -364,13 +367,243 @@ def prepare(kind: str, taps: int, dtype: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
+# the direct depthwise kernel (float32, AVX-512)
+
+#: A depthwise convolution (NCHW, float32) 16 output columns of a row a vector. Each plane is
+#: copied into the thread's bordered plane (its padding zeros, rows a multiple of 16 apart), so
+#: every tap is an unmasked load and a multiply-add. A 3x3 kernel at stride 1 or 2 keeps its nine
+#: weights in registers and computes 8 output rows a pass: each input row is two or three aligned
+#: loads, its three taps made by lane shifts (stride 1) or even/odd permutes (stride 2), feeding
+#: the 8 sums it belongs to. Other kernels (up to 64 wide; stride 1 or 2 across) run a row at a
+#: time. Each output vector is one chain of multiply-adds in tap order from the bias, the
+#: padding's taps included (as zeros), as in the window loop: both give the same bits (an
+#: infinite weight on the padding is NaN in both), at every thread count. Fixed C, no generated
+#: part; built for AVX-512F only (``dw_ok`` is 0 elsewhere and the window loop runs).
+_DIRECT_SRC = sgemm.ACTIVATION_C + sgemm.ACTIVATION_C16 + r"""
+#include <immintrin.h>
+#include <stdlib.h>
+#define DW_AI static inline __attribute__((always_inline))
+
+typedef struct {
+    const float *x; const float *wt; const float *b; float *out; float *buf;
+    int64_t N, C, H, W, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW, mult, M, per, act, Hb, Wb;
+    float lo, hi;
+} dw_ctx;
+
+#if defined(__AVX512F__)
+DW_AI __m512 dw_shift(__m512 a, __m512 b, const int k) {  /* lanes k .. k + 15 of the pair (a, b) */
+    return _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(b), _mm512_castps_si512(a), k));
+}
+
+/* R output rows from oh, 16 columns from ow0, of a 3x3 kernel at stride S both ways (dilation 1),
+   from the bordered plane `buf` (row pitch Wb, a multiple of 16: every load is aligned). Each
+   input row is loaded once and feeds the R sums it belongs to: R independent chains keep the
+   multiply-adds in flight (one chain waits on their latency). Rows from OH on are computed into
+   the border and not stored */
+DW_AI void dw_block3(const float *buf, int64_t Wb, int64_t oh, int64_t OH, int64_t OW, int64_t ow0, const __m512 *w9,
+                     __m512 bias, __mmask16 om, float *o, const int R, const int S) {
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) acc[i] = bias;
+#pragma GCC unroll 17
+    for (int j = 0; j < (R - 1) * S + 3; j++) {
+        const float *row = buf + (oh * S + j) * Wb + ow0 * S;
+        __m512 v[3];
+        __m512 a0 = _mm512_load_ps(row), a1 = _mm512_load_ps(row + 16);
+        if (S == 1) {
+            v[0] = a0;
+            v[1] = dw_shift(a0, a1, 1);
+            v[2] = dw_shift(a0, a1, 2);
+        } else {
+            __m512 a2 = _mm512_load_ps(row + 32);
+            v[0] = _mm512_permutex2var_ps(a0, even, a1);
+            v[1] = _mm512_permutex2var_ps(a0, odd, a1);
+            v[2] = _mm512_permutex2var_ps(dw_shift(a0, a1, 2), even, dw_shift(a1, a2, 2));
+        }
+#pragma GCC unroll 3
+        for (int qq = 0; qq < 3; qq++)
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) {
+                int r = j - i * S;
+                if (r >= 0 && r <= 2) acc[i] = _mm512_fmadd_ps(v[qq], w9[r * 3 + qq], acc[i]);
+            }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+        if (oh + i < OH) _mm512_mask_storeu_ps(o + (oh + i) * OW + ow0, om, acc[i]);
+}
+
+/* one output plane of a 3x3 kernel at stride S (1 or 2) both ways, dilation 1 */
+DW_AI void dw_plane3(const dw_ctx *q, const float *buf, const float *wm, float bv, float *o, const int S) {
+    const int64_t OH = q->OH, OW = q->OW, Wb = q->Wb;
+    const __m512 bias = _mm512_set1_ps(bv);
+    __m512 w9[9];
+    for (int t = 0; t < 9; t++) w9[t] = _mm512_set1_ps(wm[t]);
+    for (int64_t ow0 = 0; ow0 < OW; ow0 += 16) {
+        int64_t nout = OW - ow0 < 16 ? OW - ow0 : 16;
+        __mmask16 om = (__mmask16)((1u << nout) - 1u);
+        int64_t oh = 0;
+        for (; oh + 8 <= OH; oh += 8) dw_block3(buf, Wb, oh, OH, OW, ow0, w9, bias, om, o, 8, S);
+        int64_t rest = OH - oh;
+        if (rest >= 5) dw_block3(buf, Wb, oh, OH, OW, ow0, w9, bias, om, o, 8, S);
+        else if (rest >= 3) dw_block3(buf, Wb, oh, OH, OW, ow0, w9, bias, om, o, 4, S);
+        else if (rest == 2) dw_block3(buf, Wb, oh, OH, OW, ow0, w9, bias, om, o, 2, S);
+        else if (rest == 1) dw_block3(buf, Wb, oh, OH, OW, ow0, w9, bias, om, o, 1, S);
+    }
+}
+
+/* one output plane of any kernel at stride 1 or 2 across, one output row at a time */
+static void dw_plane(const dw_ctx *q, const float *buf, const float *wm, float bv, float *o) {
+    const int64_t OH = q->OH, OW = q->OW, SH = q->SH, SW = q->SW, KH = q->KH, KW = q->KW, DH = q->DH, DW = q->DW;
+    const int64_t Wb = q->Wb;
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    for (int64_t ow0 = 0; ow0 < OW; ow0 += 16) {
+        int64_t nout = OW - ow0 < 16 ? OW - ow0 : 16;
+        __mmask16 om = (__mmask16)((1u << nout) - 1u);
+        for (int64_t oh = 0; oh < OH; oh++) {
+            __m512 acc = _mm512_set1_ps(bv);
+            for (int64_t r = 0; r < KH; r++) {
+                const float *row = buf + (oh * SH + r * DH) * Wb + ow0 * SW;
+                for (int64_t qq = 0; qq < KW; qq++) {
+                    const float *p = row + qq * DW;
+                    __m512 v = SW == 1 ? _mm512_loadu_ps(p)
+                                       : _mm512_permutex2var_ps(_mm512_loadu_ps(p), even, _mm512_loadu_ps(p + 16));
+                    acc = _mm512_fmadd_ps(v, _mm512_set1_ps(wm[r * KW + qq]), acc);
+                }
+            }
+            _mm512_mask_storeu_ps(o + oh * OW + ow0, om, acc);
+        }
+    }
+}
+
+/* the clip and activation over an output plane just written (in L1), out of the multiply-add
+   loops so that they keep their registers */
+static void dw_epi_plane(float *o, int64_t count, float lo, float hi, int64_t act) {
+    const __m512 lov = _mm512_set1_ps(lo), hiv = _mm512_set1_ps(hi);
+    for (int64_t j = 0; j < count; j += 16) {
+        __mmask16 m = (__mmask16)(count - j >= 16 ? 0xFFFFu : (1u << (count - j)) - 1u);
+        __m512 v = _mm512_min_ps(hiv, _mm512_max_ps(lov, _mm512_maskz_loadu_ps(m, o + j)));
+        _mm512_mask_storeu_ps(o + j, m, act ? sg_act16(v, act) : v);
+    }
+}
+
+/* planes p0 .. p1 - 1 of the task: each copied into the thread's bordered plane (zeroed once per
+   call: the copies write its interior only), then computed from there */
+static void dw_task(void *vc, int64_t i, int slot) {
+    const dw_ctx *q = (const dw_ctx *)vc;
+    (void)slot;
+    int64_t P = q->N * q->M, p0 = i * q->per, p1 = p0 + q->per < P ? p0 + q->per : P;
+    int64_t H = q->H, W = q->W, Wb = q->Wb;
+    float *buf = q->buf + slot * q->Hb * Wb;
+    int k3 = q->KH == 3 && q->KW == 3 && q->DH == 1 && q->DW == 1 && q->SH == q->SW;
+    int64_t last = -1;
+    for (int64_t pc = p0; pc < p1; pc++) {
+        int64_t n = pc / q->M, m = pc % q->M, c = m / q->mult;
+        if (n * q->C + c != last) {
+            const float *xp = q->x + (n * q->C + c) * H * W;
+            for (int64_t r = 0; r < H; r++) {
+                const float *src = xp + r * W;
+                float *dst = buf + (r + q->PT) * Wb + q->PL;
+                for (int64_t j = 0; j < W; j += 16) {
+                    __mmask16 mk = (__mmask16)(W - j >= 16 ? 0xFFFFu : (1u << (W - j)) - 1u);
+                    _mm512_mask_storeu_ps(dst + j, mk, _mm512_maskz_loadu_ps(mk, src + j));
+                }
+            }
+            last = n * q->C + c;
+        }
+        const float *wm = q->wt + m * q->KH * q->KW;
+        float *o = q->out + pc * q->OH * q->OW;
+        if (k3 && q->SH == 1) dw_plane3(q, buf, wm, q->b[m], o, 1);
+        else if (k3 && q->SH == 2) dw_plane3(q, buf, wm, q->b[m], o, 2);
+        else dw_plane(q, buf, wm, q->b[m], o);
+        if (q->act || q->lo > -INFINITY || q->hi < INFINITY) dw_epi_plane(o, q->OH * q->OW, q->lo, q->hi, q->act);
+    }
+}
+#endif
+
+static PyObject *dw_ok(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (ge_nargs(n, 0)) return NULL;
+#if defined(__AVX512F__)
+    return PyLong_FromLongLong(1);
+#else
+    return PyLong_FromLongLong(0);
+#endif
+}
+
+/* dw_conv(N, C, H, W, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW, mult, x, wt, b, out, threads, act, lo, hi):
+   every read is of a row 0 <= ih < H and a column 0 <= col < W of its plane (the rest masked off),
+   every write of a column < OW of an output row < OH: any geometry stays inside the arrays */
+static PyObject *dw_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    int64_t v[15], threads, act;
+    if (ge_nargs(n, 23)) return NULL;
+    for (int i = 0; i < 15; i++)
+        if (ge_int(args, i, 0, 1LL << 40, &v[i])) return NULL;
+    if (ge_int(args, 19, 1, 4096, &threads) || ge_int(args, 20, 0, 5, &act)) return NULL;
+    double lov = PyFloat_AsDouble(args[21]), hiv = PyFloat_AsDouble(args[22]);
+    if (PyErr_Occurred()) return NULL;
+    int64_t N = v[0], C = v[1], H = v[2], W = v[3], OH = v[4], OW = v[5], KH = v[6], KW = v[7];
+    int64_t SH = v[8], SW = v[9], PT = v[10], PL = v[11], DH = v[12], DW = v[13], mult = v[14];
+    if (KH < 1 || KW < 1 || SH < 1 || SH > 2 || SW < 1 || SW > 2 || DH < 1 || DW < 1 || mult < 1 ||
+        KH > 64 || KW > 64 || DH > 64 || DW > 64 || PT > 64 || PL > 64)
+        return ge_fail();
+    /* the bordered plane: every row and column the compute reads, the input at (PT, PL), zeros
+       around it (a block of 8 rows reads up to (OH rounded up to 8) * SH + (KH - 1) * DH rows;
+       16 columns at ow0 read up to 48 past ow0 * SW) */
+    int64_t OHr = (OH + 7) / 8 * 8, OWr = (OW + 15) / 16 * 16;
+    int64_t Hb = PT + H, Wb = PL + W;
+    if (OHr * SH + (KH - 1) * DH + 1 > Hb) Hb = OHr * SH + (KH - 1) * DH + 1;
+    if (OWr * SW + (KW - 1) * DW + 48 > Wb) Wb = OWr * SW + (KW - 1) * DW + 48;
+    Wb = (Wb + 15) / 16 * 16;
+    if (Hb > (1LL << 20) || Wb > (1LL << 20) || Hb * Wb > (1LL << 28)) return ge_fail();
+    int64_t M = C * mult;
+    const float *x = (const float *)ge_arr(args, 15, NPY_FLOAT, 0, ge_prod(N, C, H, W));
+    const float *wt = (const float *)ge_arr(args, 16, NPY_FLOAT, 0, ge_prod(M, KH, KW, 1));
+    const float *b = (const float *)ge_arr(args, 17, NPY_FLOAT, 0, M);
+    float *out = (float *)ge_arr(args, 18, NPY_FLOAT, 1, ge_prod(N, M, OH, OW));
+    if (!x || !wt || !b || !out) return NULL;
+#if defined(__AVX512F__)
+    int64_t P = N * M;
+    int64_t nt = P < 4 * threads ? P : 4 * threads;
+    int64_t per = nt > 0 ? (P + nt - 1) / nt : 1;
+    nt = per > 0 ? (P + per - 1) / per : 0;
+    if (nt < threads) threads = nt > 0 ? nt : 1;
+    size_t bytes = (size_t)(threads * Hb * Wb) * sizeof(float);
+    float *buf = (float *)aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!buf) return PyErr_NoMemory();
+    memset(buf, 0, bytes);
+    dw_ctx q = {x, wt, b, out, buf, N, C, H, W, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW, mult, M, per, act, Hb, Wb,
+                (float)lov, (float)hiv};
+    Py_BEGIN_ALLOW_THREADS
+    ge_parallel(dw_task, &q, nt, threads);
+    Py_END_ALLOW_THREADS
+    free(buf);
+    Py_RETURN_NONE;
+#else
+    return ge_fail();
+#endif
+}
+"""
+
+#: the module of _DIRECT_SRC, built on first use (None without AVX-512F, or with
+#: ``GE_CPU_DW_DIRECT=0``: the window loop runs those layers then)
+_direct = native.lazy_module("GE_CPU_DW_DIRECT", _DIRECT_SRC, ["dw_ok", "dw_conv"], "dw_ok")
+
+
+def direct_available() -> bool:
+    """True when the direct depthwise kernel runs here (AVX-512F and the native kernels build)."""
+    return _direct() is not None
+
+
+# ------------------------------------------------------------------------------------------------
 # plans (per input shape) and the call
 
 
 class WindowPlan:
     """Buffer layout of one 2-D window op for one input plane size (see the module docstring)."""
 
-    __slots__ = ("in_hw", "out_hw", "Wp", "sw", "rows", "offs", "nbuf", "L", "ok", "bufs")
+    __slots__ = ("in_hw", "out_hw", "Wp", "sw", "rows", "offs", "nbuf", "L", "ok", "bufs", "geom", "direct")
 
     def __init__(self, in_hw: Sequence[int], k: Sequence[int], s: Sequence[int], d: Sequence[int],
                  pb: Sequence[int], out_hw: Sequence[int]) -> None:
@@ -384,6 +617,10 @@ class WindowPlan:
         plane = hq * wp
         self.in_hw = (h, w)
         self.out_hw = (oh, ow)
+        #: the direct kernel's geometry: kernel, strides, dilations, top and left padding; and
+        #: whether it takes it (strides 1 or 2, kernel, dilation and padding up to 64)
+        self.geom = (int(k[0]), int(k[1]), int(sh), int(sw), int(d[0]), int(d[1]), int(pb[0]), int(pb[1]))
+        self.direct = (sh <= 2 and sw <= 2 and max(k) <= 64 and max(d) <= 64 and min(pb) >= 0 and max(pb) <= 64)
         #: (calling thread, kind, dtype, threads) -> its (buf, tmp): :func:`buffers`
         self.bufs: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self.Wp = wp
@@ -431,18 +668,37 @@ def buffers(plan: WindowPlan, kind: str, dt: np.dtype, threads: int) -> tuple[np
 
 def run(kind: str, plan: WindowPlan, x: np.ndarray, out: np.ndarray, wt: np.ndarray | None = None,
         b: np.ndarray | None = None, dv: np.ndarray | None = None, *, threads: int = 1,
-        clip: tuple[float, float] | None = None, act: str | None = None) -> bool:
+        clip: tuple[float, float] | None = None, act: str | None = None, direct: bool = True) -> bool:
     """Run the window loop on 4-D ``x`` into C-contiguous ``out`` (shapes already checked by the
     caller), its planes split over ``threads`` threads of the native pool. ``wt``: (M, taps)
     weights and ``b``: (M,) bias of a depthwise conv (M = C * mult), which applies ``clip``
     (``(lo, hi)``) and then ``act`` (a name of :data:`ACTS`, float32 only) as it writes;
-    ``dv``: (OH * OW,) window counts of an average pool. False when no compiled loop exists
-    or the epilogue is not one the loop applies (nothing is written then)."""
+    ``dv``: (OH * OW,) window counts of an average pool. A float32 depthwise conv of stride 1 or 2
+    runs on the direct kernel (:data:`_DIRECT_SRC`) where it is built, unless ``direct`` is
+    False; the same bits either way. False when no compiled loop exists or the epilogue is not
+    one the loop applies (nothing is written then)."""
     if (clip is not None or act is not None) and kind != "conv":
         return False
     if act is not None and (act not in ACTS or x.dtype != np.float32):
         return False
-    if not plan.ok or x.shape[2:] != plan.in_hw or out.shape[2:] != plan.out_hw or out.shape[0] != x.shape[0]:
+    if x.shape[2:] != plan.in_hw or out.shape[2:] != plan.out_hw or out.shape[0] != x.shape[0]:
+        return False
+    if (direct and kind == "conv" and x.dtype == np.float32 and wt is not None and b is not None
+            and plan.direct and out.flags.c_contiguous):
+        mod = _direct()
+        if mod is not None:
+            if out.size == 0:
+                return True
+            x = np.require(x, np.float32, ["C_CONTIGUOUS", "ALIGNED"])
+            n, c, h, w = x.shape
+            kh, kw, sh, sw, dh, dw, pt, pl = plan.geom
+            lo, hi = (-np.inf, np.inf) if clip is None else (float(clip[0]), float(clip[1]))
+            mod.dw_conv(n, c, h, w, out.shape[2], out.shape[3], kh, kw, sh, sw, pt, pl, dh, dw,
+                        out.shape[1] // c if c else 1, x, np.require(wt, np.float32, ["C", "A"]),
+                        np.require(b, np.float32, ["C", "A"]), out, max(1, int(threads)), ACTS.get(act or "", 0),
+                        lo, hi)
+            return True
+    if not plan.ok:
         return False
     dt = x.dtype
     taps = plan.offs.shape[0]
