@@ -340,7 +340,8 @@ def _load_or_build(key: str, full: str, stats: dict[str, Any]) -> ModuleType | N
 # ------------------------------------------------------------------------------------------------
 # the process's one native thread pool
 # ------------------------------------------------------------------------------------------------
-#: A job is claimed task by task by the caller and the workers (an atomic counter); the caller
+#: A job is claimed task by task by the caller and the workers (up to 4096 tasks each participant's
+#: own range first, then the rest; larger jobs an atomic counter); the caller
 #: then waits only for the tasks workers hold, never for a worker that has not woken: on a core
 #: another process is using, a descheduled worker costs at most one task (an OpenMP region
 #: instead waits at its closing barrier for every thread of its team). Workers look for the next
@@ -375,6 +376,36 @@ static double now_us(void) {
     return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
 }
 
+
+/* a job of up to GE_STATIC_MAX tasks is shared out in ranges: participant `slot` of `cap` runs
+   tasks [slot * n / cap, (slot + 1) * n / cap) first, then claims whatever is left of the others'
+   (each task's flag taken once), so a descheduled participant still costs at most the task it
+   holds. Consecutive layers with the same split then find their inputs in the core's own cache:
+   claimed in arrival order, the tasks landed on either thread at random, and a layer read about
+   half its input from the other core's (ShuffleNet at 2 threads, vCPUs 190 ns apart: ge/ORT
+   1.42-1.60 -> 1.32-1.36; SqueezeNet 1.04-1.12 -> 0.96-1.02) */
+#define GE_STATIC_MAX 4096
+static atomic_char claimed[GE_STATIC_MAX];
+static void run_share(int slot) {
+    int64_t n = job.n, cap = job.cap;
+    if (n <= GE_STATIC_MAX) {
+        int64_t lo = slot * n / cap, hi = (slot + 1) * n / cap;
+        for (int pass = 0; pass < 2; pass++)
+            for (int64_t i = pass ? 0 : lo; i < (pass ? n : hi); i++)
+                if (!atomic_exchange_explicit(&claimed[i], 1, memory_order_acq_rel)) {
+                    job.fn(job.ctx, i, slot);
+                    atomic_fetch_add_explicit(&job.done, 1, memory_order_release);
+                }
+        return;
+    }
+    for (;;) {
+        int64_t i = atomic_fetch_add(&job.next, 1);
+        if (i >= n) break;
+        job.fn(job.ctx, i, slot);
+        atomic_fetch_add_explicit(&job.done, 1, memory_order_release);
+    }
+}
+
 static void *worker(void *arg) {
     (void)arg;
     unsigned seen = atomic_load(&job.seq);
@@ -396,14 +427,7 @@ static void *worker(void *arg) {
         atomic_fetch_add(&job.active, 1);
         if (atomic_load(&job.open)) {
             int slot = 1 + atomic_fetch_add(&job.joined, 1);
-            if (slot < job.cap) {
-                for (;;) {
-                    int64_t i = atomic_fetch_add(&job.next, 1);
-                    if (i >= job.n) break;
-                    job.fn(job.ctx, i, slot);
-                    atomic_fetch_add_explicit(&job.done, 1, memory_order_release);
-                }
-            }
+            if (slot < job.cap) run_share(slot);
         }
         atomic_fetch_sub(&job.active, 1);
     }
@@ -423,6 +447,8 @@ static void pool_parallel(ge_task_t fn, void *ctx, int64_t n, int64_t threads) {
         nworkers++;
     }
     job.fn = fn; job.ctx = ctx; job.n = n; job.cap = threads;
+    if (n <= GE_STATIC_MAX)
+        for (int64_t i = 0; i < n; i++) atomic_store_explicit(&claimed[i], 0, memory_order_relaxed);
     atomic_store(&job.next, 0);
     atomic_store(&job.done, 0);
     atomic_store(&job.joined, 0);
@@ -434,12 +460,7 @@ static void pool_parallel(ge_task_t fn, void *ctx, int64_t n, int64_t threads) {
         pthread_mutex_unlock(&sleep_mu);
     }
     in_task = 1;
-    for (;;) {
-        int64_t i = atomic_fetch_add(&job.next, 1);
-        if (i >= n) break;
-        fn(ctx, i, 0);
-        atomic_fetch_add_explicit(&job.done, 1, memory_order_release);
-    }
+    run_share(0);
     in_task = 0;
     while (atomic_load_explicit(&job.done, memory_order_acquire) < n) sched_yield();  /* tasks workers hold */
     atomic_store(&job.open, 0);

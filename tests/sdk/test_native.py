@@ -272,3 +272,44 @@ def test_packed_weights_start_on_a_cache_line():
     got = native.aligned(np.arange(10.0).reshape(2, 5).T)
     assert got.ctypes.data % 64 == 0 and got.flags.c_contiguous
     np.testing.assert_array_equal(got, np.arange(10.0).reshape(2, 5).T)
+
+
+POOL_PROBE = """
+static void probe_task(void *vc, int64_t i, int slot) {
+    int64_t *c = (int64_t *)vc;
+    volatile double s = 0;
+    for (int k = 0; k < 2000; k++) s += k;  /* long enough that both participants take tasks */
+    __atomic_fetch_add(&c[i], 1, __ATOMIC_RELAXED);
+    c[c[-1] + i] = slot;
+}
+static PyObject *probe(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    int64_t tasks, threads;
+    if (ge_nargs(n, 3) || ge_int(args, 1, 1, 1 << 20, &tasks) || ge_int(args, 2, 1, 64, &threads)) return NULL;
+    int64_t *c = (int64_t *)ge_arr(args, 0, NPY_INT64, 1, 2 * tasks + 1);
+    if (!c) return NULL;
+    c[0] = tasks;
+    Py_BEGIN_ALLOW_THREADS
+    ge_parallel(probe_task, c + 1, tasks, threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+"""
+
+
+@pytest.mark.parametrize("tasks", [1, 2, 3, 7, 64, 4096, 4097, 9000])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_the_native_pool_runs_every_task_once_on_a_valid_slot(tasks, threads):
+    """Jobs of up to 4096 tasks are shared out in ranges (each participant's own first, then
+    the rest claimed task by task), larger ones claimed from a counter: either way every task
+    runs exactly once, on a slot below the thread count, and the caller's range (not empty when
+    there are as many tasks as threads) starts with task 0, which nobody else claims first."""
+    mod = native.build(POOL_PROBE, ["probe"])
+    assert mod is not None
+    for _ in range(3):
+        buf = np.zeros(2 * tasks + 1, np.int64)
+        mod.probe(buf, tasks, threads)
+        counts, slots = buf[1:tasks + 1], buf[tasks + 1:]
+        assert (counts == 1).all()
+        assert ((slots >= 0) & (slots < threads)).all()
+        if threads <= tasks <= 4096:
+            assert slots[0] == 0
