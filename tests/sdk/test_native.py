@@ -301,8 +301,8 @@ static PyObject *probe(PyObject *self, PyObject *const *args, Py_ssize_t n) {
 def test_the_native_pool_runs_every_task_once_on_a_valid_slot(tasks, threads):
     """Jobs of up to 4096 tasks are shared out in ranges (each participant's own first, then
     the rest claimed task by task), larger ones claimed from a counter: either way every task
-    runs exactly once, on a slot below the thread count, and the caller's range (not empty when
-    there are as many tasks as threads) starts with task 0, which nobody else claims first."""
+    runs exactly once, on a slot below the thread count. (Which slot runs a task is not fixed: a
+    worker that finishes its range while the caller is still waking it takes the caller's tasks.)"""
     mod = native.build(POOL_PROBE, ["probe"])
     assert mod is not None
     for _ in range(3):
@@ -311,5 +311,3 @@ def test_the_native_pool_runs_every_task_once_on_a_valid_slot(tasks, threads):
         counts, slots = buf[1:tasks + 1], buf[tasks + 1:]
         assert (counts == 1).all()
         assert ((slots >= 0) & (slots < threads)).all()
-        if threads <= tasks <= 4096:
-            assert slots[0] == 0
