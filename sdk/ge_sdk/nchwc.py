@@ -589,6 +589,23 @@ static float *nc_grow(float **buf, size_t *cap, size_t count) {
 }
 static float *nc_scratch(size_t count) { return nc_grow(&nc_buf, &nc_cap, count); }
 
+/* the end of a depthwise tile: its PC sums (the bias in them) + the addend, clipped, stored at
+   `off`, then the activation over what was stored */
+NC_AI void nc_dw_store(const nc_ctx *q, nv *acc, int64_t off, const int PC) {
+    if (q->z) {
+#pragma GCC unroll 12
+        for (int p = 0; p < PC; p++) acc[p] = nv_add(acc[p], nv_load(q->z + off + p * 16));
+    }
+    if (q->clip) {
+        nv lo = nv_set1(q->lo), hi = nv_set1(q->hi);
+#pragma GCC unroll 12
+        for (int p = 0; p < PC; p++) acc[p] = nv_min(nv_max(acc[p], lo), hi);
+    }
+#pragma GCC unroll 12
+    for (int p = 0; p < PC; p++) nv_store(q->y + off + p * 16, acc[p]);
+    if (q->act) nc_epi_act(q, off, PC);
+}
+
 /* depthwise: PC pixels of one block, xb its input plane (h, wd, 16) (the taps from row -pt,
    column -pl on), w its weight (kh, kw, 16); CHECKED: a tile that reaches past a border, each
    pixel's taps outside the row skipped */
@@ -618,19 +635,7 @@ NC_AI void nc_dw_tile(const nc_ctx *q, const float *xb, int64_t h, int64_t wd, i
             }
         }
     }
-    int64_t off = nc_off(q, img, cb, oh, ow0);
-    if (q->z) {
-#pragma GCC unroll 12
-        for (int p = 0; p < PC; p++) acc[p] = nv_add(acc[p], nv_load(q->z + off + p * 16));
-    }
-    if (q->clip) {
-        nv lo = nv_set1(q->lo), hi = nv_set1(q->hi);
-#pragma GCC unroll 12
-        for (int p = 0; p < PC; p++) acc[p] = nv_min(nv_max(acc[p], lo), hi);
-    }
-#pragma GCC unroll 12
-    for (int p = 0; p < PC; p++) nv_store(q->y + off + p * 16, acc[p]);
-    if (q->act) nc_epi_act(q, off, PC);
+    nc_dw_store(q, acc, nc_off(q, img, cb, oh, ow0), PC);
 }
 
 /* nc_dw_tile at stride 1, undilated, unchecked, for a kernel KW wide: each input row's PC + KW - 1
@@ -659,19 +664,7 @@ NC_AI void nc_dw_tile_s1(const nc_ctx *q, const float *xb, int64_t h, int64_t wd
             for (int p = 0; p < PC; p++) acc[p] = nv_fma(xin[p + kw], wv, acc[p]);
         }
     }
-    int64_t off = nc_off(q, img, cb, oh, ow0);
-    if (q->z) {
-#pragma GCC unroll 12
-        for (int p = 0; p < PC; p++) acc[p] = nv_add(acc[p], nv_load(q->z + off + p * 16));
-    }
-    if (q->clip) {
-        nv lo = nv_set1(q->lo), hi = nv_set1(q->hi);
-#pragma GCC unroll 12
-        for (int p = 0; p < PC; p++) acc[p] = nv_min(nv_max(acc[p], lo), hi);
-    }
-#pragma GCC unroll 12
-    for (int p = 0; p < PC; p++) nv_store(q->y + off + p * 16, acc[p]);
-    if (q->act) nc_epi_act(q, off, PC);
+    nc_dw_store(q, acc, nc_off(q, img, cb, oh, ow0), PC);
 }
 
 #define NC_DWS_CASE(PCV, KWV) case PCV: nc_dw_tile_s1(q, xb, h, wd, pt, pl, w, img, cb, oh, ow, PCV, KWV); break;
@@ -1716,19 +1709,11 @@ def winograd_weights(w: np.ndarray, m: int, in_blocks: int | None = None, groups
         mod.nc_wino_pack(np.ascontiguousarray(w, np.float32).reshape(-1), mo, c, cb, m, out, k.reshape(-1),
                          int(groups))
         return out
-    u = np.matmul(k, w.reshape(-1, 9).astype(np.float64).T).reshape(r * r, mo, c)
-    if groups > 1:
-        return native.aligned(np.concatenate([pack_weights(u[i].astype(np.float32)[:, :, None, None], groups=groups)
-                                              for i in range(r * r)]))
-    # each point's (M, C) packed as pack_weights packs a 1x1 weight, all points at once
-    full = np.zeros((r * r, mb * BLOCK, cb * BLOCK), np.float32)
-    full[:, :mo, :c] = u
-    parts = []
-    for g0 in range(0, mb, GROUP):
-        fb = min(GROUP, mb - g0)
-        blk = full[:, g0 * BLOCK:(g0 + fb) * BLOCK].reshape(r * r, fb, BLOCK, cb, BLOCK)
-        parts.append(blk.transpose(0, 3, 4, 1, 2).reshape(r * r, -1))  # (cb, in, f, out) per point
-    return native.aligned(np.concatenate(parts, axis=1).reshape(-1))
+    u = np.matmul(k, w.reshape(-1, 9).astype(np.float64).T).reshape(r * r, mo, c).astype(np.float32)
+    # each point's (M, C) packed as pack_weights packs a 1x1 weight, the points one after the other
+    points = [pack_weights(u[i][:, :, None, None], groups=groups) if groups > 1
+              else pack_weights(u[i][:, :, None, None], in_blocks=cb) for i in range(r * r)]
+    return native.aligned(np.concatenate(points))
 
 
 def winograd(x5: np.ndarray, upk: np.ndarray, out5: np.ndarray, m: int, pads: tuple[int, int],

@@ -77,10 +77,9 @@ ACTIVATION_C16 = r"""
 #include <immintrin.h>
 #if defined(__AVX512F__)
 #define SG_C(v) _mm512_set1_ps(v)
-/* exp of 16 lanes in registers: the prelude's exp32 (Cephes: the same reduction, polynomial,
-   clamps and two-factor scaling; a NaN lane passes through), with fused multiply-adds */
-static inline __attribute__((always_inline)) __m512 sg_exp16(__m512 x) {
-    __m512 xc = _mm512_max_ps(_mm512_min_ps(x, SG_C(88.8f)), SG_C(-104.0f));
+/* the shared core of sg_exp16 and sg_expneg16 on a clamped argument xc: exp's polynomial on the
+   reduced argument, and in *n the power of two (the prelude's ge_exp_core on 16 lanes) */
+static inline __attribute__((always_inline)) __m512 sg_expcore16(__m512 xc, __m512i *n_out) {
     __m512 t = _mm512_fmadd_ps(xc, SG_C(1.44269504088896341f), SG_C(12582912.0f));
     __m512 fx = _mm512_sub_ps(t, SG_C(12582912.0f));
     __m512 r = _mm512_fnmadd_ps(fx, SG_C(-2.12194440e-4f), _mm512_fnmadd_ps(fx, SG_C(0.693359375f), xc));
@@ -91,6 +90,16 @@ static inline __attribute__((always_inline)) __m512 sg_exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, r, SG_C(5.0000001201e-1f));
     __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), SG_C(1.0f));
     __m512i n = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B400000));
+    *n_out = n;
+    return y;
+}
+
+/* exp of 16 lanes in registers: the prelude's exp32 (Cephes: the same reduction, polynomial,
+   clamps and two-factor scaling; a NaN lane passes through), with fused multiply-adds */
+static inline __attribute__((always_inline)) __m512 sg_exp16(__m512 x) {
+    __m512 xc = _mm512_max_ps(_mm512_min_ps(x, SG_C(88.8f)), SG_C(-104.0f));
+    __m512i n;
+    __m512 y = sg_expcore16(xc, &n);
     __m512i n1 = _mm512_srai_epi32(n, 1), n2 = _mm512_sub_epi32(n, n1);
     __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, _mm512_set1_epi32(127)), 23));
     __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, _mm512_set1_epi32(127)), 23));
@@ -149,16 +158,8 @@ static inline __attribute__((always_inline)) __m512 sg_tanh16(__m512 x) {
    cycles a vector than through sg_exp16 (SiLU at a convolution's store 5.5 -> 4.3 ns a vector) */
 static inline __attribute__((always_inline)) __m512 sg_expneg16(__m512 v) {
     __m512 xc = _mm512_max_ps(SG_C(-80.0f), _mm512_min_ps(SG_C(88.8f), _mm512_sub_ps(_mm512_setzero_ps(), v)));
-    __m512 t = _mm512_fmadd_ps(xc, SG_C(1.44269504088896341f), SG_C(12582912.0f));
-    __m512 fx = _mm512_sub_ps(t, SG_C(12582912.0f));
-    __m512 r = _mm512_fnmadd_ps(fx, SG_C(-2.12194440e-4f), _mm512_fnmadd_ps(fx, SG_C(0.693359375f), xc));
-    __m512 p = _mm512_fmadd_ps(SG_C(1.9875691500e-4f), r, SG_C(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, SG_C(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, SG_C(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, SG_C(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, SG_C(5.0000001201e-1f));
-    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), SG_C(1.0f));
-    __m512i n = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B400000));
+    __m512i n;
+    __m512 y = sg_expcore16(xc, &n);
     return _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23)));
 }
 
@@ -184,8 +185,9 @@ static inline __attribute__((always_inline)) __m512 sg_act16(__m512 v, int64_t a
    lane the AVX-512 forms', for the kernels that run on AVX2 (ge_sdk.nchwc) */
 #define SG_C8(v) _mm256_set1_ps(v)
 #define SG_SIGN8 _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u))
-static inline __attribute__((always_inline)) __m256 sg_exp8(__m256 x) {
-    __m256 xc = _mm256_max_ps(_mm256_min_ps(x, SG_C8(88.8f)), SG_C8(-104.0f));
+/* the shared core of sg_exp8 and sg_expneg8 on a clamped argument xc: exp's polynomial on the
+   reduced argument, and in *n the power of two (the prelude's ge_exp_core on 8 lanes) */
+static inline __attribute__((always_inline)) __m256 sg_expcore8(__m256 xc, __m256i *n_out) {
     __m256 t = _mm256_fmadd_ps(xc, SG_C8(1.44269504088896341f), SG_C8(12582912.0f));
     __m256 fx = _mm256_sub_ps(t, SG_C8(12582912.0f));
     __m256 r = _mm256_fnmadd_ps(fx, SG_C8(-2.12194440e-4f), _mm256_fnmadd_ps(fx, SG_C8(0.693359375f), xc));
@@ -196,6 +198,14 @@ static inline __attribute__((always_inline)) __m256 sg_exp8(__m256 x) {
     p = _mm256_fmadd_ps(p, r, SG_C8(5.0000001201e-1f));
     __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), SG_C8(1.0f));
     __m256i n = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4B400000));
+    *n_out = n;
+    return y;
+}
+
+static inline __attribute__((always_inline)) __m256 sg_exp8(__m256 x) {
+    __m256 xc = _mm256_max_ps(_mm256_min_ps(x, SG_C8(88.8f)), SG_C8(-104.0f));
+    __m256i n;
+    __m256 y = sg_expcore8(xc, &n);
     __m256i n1 = _mm256_srai_epi32(n, 1), n2 = _mm256_sub_epi32(n, n1);
     __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, _mm256_set1_epi32(127)), 23));
     __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, _mm256_set1_epi32(127)), 23));
@@ -239,16 +249,8 @@ static inline __attribute__((always_inline)) __m256 sg_tanh8(__m256 x) {
 
 static inline __attribute__((always_inline)) __m256 sg_expneg8(__m256 v) {
     __m256 xc = _mm256_max_ps(SG_C8(-80.0f), _mm256_min_ps(SG_C8(88.8f), _mm256_sub_ps(_mm256_setzero_ps(), v)));
-    __m256 t = _mm256_fmadd_ps(xc, SG_C8(1.44269504088896341f), SG_C8(12582912.0f));
-    __m256 fx = _mm256_sub_ps(t, SG_C8(12582912.0f));
-    __m256 r = _mm256_fnmadd_ps(fx, SG_C8(-2.12194440e-4f), _mm256_fnmadd_ps(fx, SG_C8(0.693359375f), xc));
-    __m256 p = _mm256_fmadd_ps(SG_C8(1.9875691500e-4f), r, SG_C8(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, SG_C8(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, SG_C8(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, SG_C8(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, SG_C8(5.0000001201e-1f));
-    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), SG_C8(1.0f));
-    __m256i n = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4B400000));
+    __m256i n;
+    __m256 y = sg_expcore8(xc, &n);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23)));
 }
 
