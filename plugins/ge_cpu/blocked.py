@@ -43,6 +43,7 @@ from ge_sdk import nchwc
 
 from .kernels.nchwc import ACTIVATIONS, DOMAIN, PACKINGS, pack_weight, packing_for
 from .kernels.nn import window_plan
+from .program import conv_algorithm_option
 
 BLOCK = nchwc.BLOCK
 FUSED = "ge.fused"
@@ -672,7 +673,7 @@ class NchwcLayout(Pass):
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         if ctx.options.soc_version != "cpu" or not nchwc.available():
             return PassResult(False)
-        algorithm = str((getattr(ctx.options, "extra", {}) or {}).get("conv_algorithm", "auto") or "auto").lower()
+        algorithm = conv_algorithm_option(ctx.options)
         stats = apply_layout(graph, int(ctx.params.get("min_convs", self.params["min_convs"])), algorithm)
         stats["scales_folded"] = fold_channel_scales(graph)
         return PassResult(any(stats.values()), {k: v for k, v in stats.items() if v})

@@ -8,11 +8,13 @@ run (neither, an .om compiled elsewhere), the same math in NumPy on the NCHW for
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ge_core.errors import UnsupportedOpError
 from ge_core.kernel import KernelSpec, with_caps
-from ge_sdk import nchwc, parallel
+from ge_sdk import native, nchwc, parallel
 
 DOMAIN = "ge.cpu"
 
@@ -224,6 +226,13 @@ def conv_factory(spec: KernelSpec):
     scaled = wino == 0 and not plain and len(spec.inputs) > 4 and spec.inputs[4] is not None
     taps = k[0] * k[1]
     mb = nchwc.blocks(m)
+    local = threading.local()  # the scaled weight's buffer, kept per thread from run to run
+
+    def scaled_buffer(wpk):
+        ws = getattr(local, "ws", None)
+        if ws is None or ws.shape != wpk.shape:
+            ws = local.ws = native.aligned(np.empty_like(wpk))  # (on a cache line, as the packs)
+        return ws
 
     def kernel(x, w_in=None, b_in=None, z=None, sc=None, out=None):
         y = _out(spec, out)
@@ -251,7 +260,7 @@ def conv_factory(spec: KernelSpec):
         if sc is not None and scaled:
             if sc.shape not in ((x.shape[0],) + x.shape[1:2] + (1, 1, nchwc.BLOCK), (1,) + x.shape[1:2] + (1, 1, nchwc.BLOCK)):
                 raise ValueError(f"{spec.describe()}: an input scale of shape {sc.shape} for input {x.shape}")
-            ws = np.empty_like(wpk)
+            ws = scaled_buffer(wpk)
             for i in range(x.shape[0]):
                 si = np.ascontiguousarray(sc[i if sc.shape[0] > 1 else 0], np.float32).reshape(-1)
                 zi = None if z is None else z[i:i + 1]
