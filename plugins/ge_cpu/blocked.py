@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ge_core.errors import GraphError
+from ge_core.errors import GraphError, OptionError
 from ge_core.ir.graph import Graph, Node, Value
 from ge_core.ir.types import TensorType
 from ge_core.ops import OpDef, OpKind
@@ -673,7 +673,10 @@ class NchwcLayout(Pass):
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         if ctx.options.soc_version != "cpu" or not nchwc.available():
             return PassResult(False)
-        algorithm = conv_algorithm_option(ctx.options)
+        try:
+            algorithm = conv_algorithm_option(ctx.options)
+        except OptionError:  # (the program's build reports it as the option's error, not this pass's)
+            algorithm = "auto"
         stats = apply_layout(graph, int(ctx.params.get("min_convs", self.params["min_convs"])), algorithm)
         stats["scales_folded"] = fold_channel_scales(graph)
         return PassResult(any(stats.values()), {k: v for k, v in stats.items() if v})
