@@ -650,7 +650,7 @@ static int rows_args(PyObject *const *args, Py_ssize_t n, int nvec, int64_t *row
     return 0;
 }
 
-typedef struct { const T *x; T *out; const T *v[2]; T eps, inv; int64_t rows, cols, per; } R;
+typedef struct { const T *x; T *out; const T *v[2]; T eps, inv; int64_t rows, cols, parts; } R;
 
 /* the rows of one task: each row's `CALL` with r the input row and o the output row (the same
    pointer in place, so the compiler sees they alias exactly and vectorises) */
@@ -658,9 +658,9 @@ typedef struct { const T *x; T *out; const T *v[2]; T eps, inv; int64_t rows, co
 static void task_##NAME(void *vc, int64_t b, int slot) {                                              \
     R *q = (R *)vc;                                                                                   \
     const T *x = q->x; T *out = q->out; const T *const *v = q->v; T eps = q->eps, inv = q->inv;       \
-    int64_t cols = q->cols, end = (b + 1) * q->per < q->rows ? (b + 1) * q->per : q->rows;           \
+    int64_t cols = q->cols, end = (b + 1) * q->rows / q->parts;                                        \
     (void)slot; (void)x; (void)v; (void)eps; (void)inv;                                               \
-    for (int64_t i = b * q->per; i < end; i++) {                                                      \
+    for (int64_t i = b * q->rows / q->parts; i < end; i++) {                                          \
         T *o = out + i * cols;                                                                        \
         const T *r = INPLACE ? o : x + i * cols;                                                      \
         (void)r;                                                                                      \
@@ -668,17 +668,23 @@ static void task_##NAME(void *vc, int64_t b, int slot) {                        
     }                                                                                                 \
 }
 
-/* one entry (x, vectors, eps, out, rows, cols, threads): the in-place task when out is x; rows in
-   blocks of 16K elements claimed one at a time by `threads` threads of the native pool (from 32K) */
+/* one entry (x, vectors, eps, out, rows, cols, threads): the in-place task when out is x; the rows
+   in even parts of about 16K elements, a multiple of `threads` of them, on the native pool (from
+   32K): its participant s starts with rows [s * rows / threads, (s + 1) * rows / threads), the
+   rows GE's GEMM gives it too (ge_sdk.sgemm), so the next layer reads them on the core that wrote
+   them */
 #define ENTRY(NAME, NVEC, HAS_EPS)                                                                     \
 static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {                          \
     int64_t rows, cols, threads; R q = {0};                                                           \
     if (rows_args(args, n, NVEC, &rows, &cols, &threads, &q.x, &q.out, q.v, HAS_EPS ? &q.eps : NULL)) \
         return NULL;                                                                                  \
     q.inv = ONE / (T)cols; q.rows = rows; q.cols = cols;                                              \
-    q.per = cols >= 16384 ? 1 : 16384 / cols;                                                         \
-    int64_t blocks = (rows + q.per - 1) / q.per;                                                      \
     if (rows * cols < 32768) threads = 1;  /* too small to share (a 128 x 384 one took 28 us alone) */  \
+    int64_t blocks = (rows * cols + 16383) / 16384;                                                   \
+    if (threads > 1) blocks = (blocks + threads - 1) / threads * threads;                             \
+    if (blocks > rows) blocks = rows;                                                                 \
+    if (blocks < 1) blocks = 1;                                                                       \
+    q.parts = blocks;                                                                                 \
     ge_task_t task = (const void *)q.x == (const void *)q.out ? task_##NAME##_ip : task_##NAME;       \
     Py_BEGIN_ALLOW_THREADS                                                                            \
     ge_parallel(task, &q, blocks, threads);                                                           \

@@ -279,7 +279,7 @@ def cblas_native(dtype: Any) -> tuple[int, Any] | None:
 def set_width(width: int) -> int:
     """The number of threads a native parallel loop may use for a run ``width`` wide (at least
     one, at most the machine's CPUs)."""
-    return max(1, min(int(width), os.cpu_count() or 1))
+    return max(1, min(int(width), native.cpu_count()))
 
 
 class Blocks:

@@ -494,6 +494,17 @@ static PyObject *capsule(PyObject *self, PyObject *const *args, Py_ssize_t n) {
 """
 
 
+_cpus: list[int] = []
+
+
+def cpu_count() -> int:
+    """The machine's CPUs (``os.cpu_count()``, at least 1), read once: the call reads sysfs each
+    time (6 us here), and the parallel kernels ask on every call."""
+    if not _cpus:
+        _cpus.append(max(1, os.cpu_count() or 1))
+    return _cpus[0]
+
+
 def pool_capsule() -> Any:
     """The capsule of the process's native pool (its module is built once, like a kernel), given
     to every native module at load; None when it cannot be built (modules then run inline)."""

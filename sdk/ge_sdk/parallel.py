@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from . import native
+
 #: Most threads a run may use (also bounds GE's pool).
 MAX_THREADS = 64
 
@@ -87,7 +89,7 @@ def prepare_native() -> None:
 @contextlib.contextmanager
 def use_threads(n: int | None) -> Iterator[int]:
     """Run the block with ``n`` threads (None or < 1: 1; more than the cores: the cores)."""
-    width = max(1, min(int(n or 1), MAX_THREADS, os.cpu_count() or 1))
+    width = max(1, min(int(n or 1), MAX_THREADS, native.cpu_count()))
     token = _width.set(width)
     try:
         yield width

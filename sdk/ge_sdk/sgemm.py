@@ -21,7 +21,9 @@ that this copying is a fifth of the time. This kernel skips it:
   onnxruntime's FusedConv orders them.
 
 The tasks are blocks of rows times groups of panels, claimed one at a time on the native pool
-(:func:`ge_sdk.native` ``ge_parallel``). Each element of ``C`` is one chain of fused
+(:func:`ge_sdk.native` ``ge_parallel``); for ``x @ W`` the rows come in even parts, one per
+thread, which each thread starts with (the rows the row kernels of :mod:`ge_fusion.loopgen` give
+it too, so a layer's input is in the cache of the core that reads it). Each element of ``C`` is one chain of fused
 multiply-adds in the order of ``k`` whatever the split, so a product has the same bits at every
 thread count. Every entry checks its arrays (dtype, C order, sizes) before it runs.
 
@@ -330,6 +332,8 @@ typedef struct {
                                              Z) of group g start g * m rows (B: g * panels) on */
     int64_t apack;                        /* A is packed (RowPanels): per group ceil(m / 12) blocks of
                                              (k, 12), row r0's block at a + (r0 / 12) * k * 12 */
+    int64_t rowsplit;                     /* A is the activation: split rows first (see sg_exec) */
+    int64_t parts;                        /* set by sg_exec: row blocks are the rows' even parts */
 } sg_ctx;
 
 #if defined(__AVX512F__)
@@ -527,7 +531,8 @@ static void sg_tile(const sg_ctx *q, int mr, int64_t r0, int64_t j0, int pf) {
 
 #if defined(SG_VEC)
 
-/* task i: rows [rb * MC, +MC) times panels [g * per_group, +per_group) */
+/* task i: rows [rb * MC, +MC) times panels [g * per_group, +per_group), panel group outer; with
+   q->parts, row part rb = i / groups of the row_blocks even parts, panel group g = i % groups */
 static void sg_task(void *vc, int64_t i, int slot) {
     const sg_ctx *q0 = (const sg_ctx *)vc;
     (void)slot;
@@ -542,8 +547,14 @@ static void sg_task(void *vc, int64_t i, int slot) {
         if (l.z) l.z += cg * l.m * l.ldc;
     }
     i -= cg * per;
-    int64_t rb = i % q->row_blocks, g = i / q->row_blocks;
-    int64_t r_lo = rb * SG_MC, r_hi = r_lo + SG_MC < q->m ? r_lo + SG_MC : q->m;
+    int64_t rb, g, r_lo, r_hi;
+    if (q->parts) {
+        rb = i / q->groups; g = i % q->groups;
+        r_lo = rb * q->m / q->row_blocks; r_hi = (rb + 1) * q->m / q->row_blocks;
+    } else {
+        rb = i % q->row_blocks; g = i / q->row_blocks;
+        r_lo = rb * SG_MC; r_hi = r_lo + SG_MC < q->m ? r_lo + SG_MC : q->m;
+    }
     int64_t p_lo = g * q->per_group, p_hi = p_lo + q->per_group < q->panels ? p_lo + q->per_group : q->panels;
     /* panels in blocks of about SG_PBLOCK floats of B (kept in L2 while every row tile reads
        them), each row tile sweeping the block: a tile's 12 rows of C are then written as 12 long
@@ -573,6 +584,14 @@ static void sg_exec(sg_ctx *q, int64_t width) {
     q->row_blocks = (q->m + SG_MC - 1) / SG_MC;
     if (q->cgroups < 1) q->cgroups = 1;
     int64_t want = width > 1 ? 4 * width : 1;  /* a few tasks per thread: claimed as threads come free */
+    /* A the activation (a linear layer's x @ W) with rows for two tiles a thread: the rows in
+       `width` even parts, row-major tasks (each part's groups of panels in turn), so the pool's
+       participant s starts on rows [s * m / width, (s + 1) * m / width): the rows the row kernels
+       (LayerNorm, softmax) and the previous GEMM gave it, still in its core's cache. Split by
+       panels, each thread read all of A, half of it from the other core (DeiT-tiny at 2
+       threads, ge/ORT 1.11-1.19 -> 1.06-1.08) */
+    q->parts = q->rowsplit && width > 1 && q->cgroups == 1 && q->m >= 2 * SG_MR * width;
+    if (q->parts) q->row_blocks = width;
     int64_t groups = want / (q->row_blocks * q->cgroups);
     if (groups < 1) groups = 1;
     if (groups > q->panels) groups = q->panels;
@@ -640,7 +659,7 @@ static PyObject *sg_packed(PyObject *self, PyObject *const *args, Py_ssize_t n) 
     float *c = b ? (float *)ge_mat(args, 2, NPY_FLOAT, 1, &mc, &nc) : NULL;
     if (!c) return NULL;
     if (mc != m || dims[1] != k || dims[2] != SG_NR || dims[0] != (nc + SG_NR - 1) / SG_NR) return ge_fail();
-    sg_ctx q = {a, k, b, c, nc, m, nc, k, NULL, kind, NULL, 0, clip, 0, 0, 0, 0, 0, 0, 0, 1};
+    sg_ctx q = {a, k, b, c, nc, m, nc, k, NULL, kind, NULL, 0, clip, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0};
     if (sg_epilogue(args, &q, nc)) return NULL;
     return sg_run(&q, width);
 }

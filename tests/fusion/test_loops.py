@@ -450,13 +450,16 @@ def test_row_kernels_in_place_match_their_out_of_place_form(kind):
     np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("rows,cols", [(700, 384), (197, 192), (3, 20000), (1, 40000)])
 @pytest.mark.parametrize("kind", ["softmax", "layernorm", "rmsnorm"])
-def test_row_kernels_split_over_threads_give_the_same_bits(kind):
+def test_row_kernels_split_over_threads_give_the_same_bits(kind, rows, cols):
+    """Every row once, whatever the split: even parts of the rows (fewer rows than parts: a row
+    each), the same bits at every width."""
     fn = loopgen.row_kernel(kind, np.float32)
     rng = np.random.default_rng(9)
-    x = rng.standard_normal((700, 384)).astype(np.float32)
-    g = rng.standard_normal(384).astype(np.float32)
-    b = rng.standard_normal(384).astype(np.float32)
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    g = rng.standard_normal(cols).astype(np.float32)
+    b = rng.standard_normal(cols).astype(np.float32)
     params = {"softmax": (), "layernorm": (g, b, np.float32(1e-5)), "rmsnorm": (g, np.float32(1e-6))}[kind]
     one = np.empty_like(x)
     fn(x, *params, one)
