@@ -8,9 +8,11 @@ pass each while the block is in cache, and a second ``gemm`` writes ``P @ V`` in
 rows of the output. The scores of only one head per thread exist at a time (never the whole
 ``(heads, m, n)``). The heads are claimed one at a time by the run's threads.
 
-Operands may be strided views (the Transpose that makes K^T is a view): each matrix is passed
-as a pointer per head and a leading dimension, transposed for BLAS when its rows are the
-contiguous axis. :func:`run` checks every array first and returns None when it cannot take
+Operands may be strided views (the Attention op's ``perm_*`` attributes: the exporter's
+Transposes around the heads, folded): each matrix is passed as a pointer per head and a leading
+dimension, transposed for BLAS when its rows are the contiguous axis; the output likewise, when
+its head matrices have contiguous rows (a ``(b, s, heads, d)`` buffer seen as
+``(b, heads, s, d)``: written in place, no Transpose after). :func:`run` checks every array first and returns None when it cannot take
 them (dtype, strides, shapes, mask layout); the caller then runs its NumPy form.
 """
 
@@ -186,9 +188,11 @@ _plans: dict[tuple, Any] = {}
 _PLANS_MAX = 256
 
 
-def _plan(q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None):
-    """(count, m, n, d, dv, per-matrix (offsets, ld, trans), output offsets, mask parts) for
-    these arrays, or None when this path cannot take them."""
+def _plan(q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None, out: np.ndarray | None):
+    """(count, m, n, d, dv, per-matrix (offsets, ld, trans), the output's (offsets, ld, in place:
+    False when ``out`` cannot be written through and a new C-order array's are given), mask parts)
+    for these arrays (``out``: the output array, None for a new C-order one), or None when this
+    path cannot take them."""
     dt = q.dtype
     lead = q.shape[:-2]
     m, d = q.shape[-2:]
@@ -205,7 +209,12 @@ def _plan(q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None)
     if any(x is None for x in mats):
         return None
     count = int(np.prod(lead))
-    o_off = np.arange(count, dtype=np.int64) * (m * dv)
+    o_part = (np.arange(count, dtype=np.int64) * (m * dv), dv, out is None)
+    if out is not None:
+        o = _matrix(out, lead, item)
+        if o is not None and o[2] == _NO_TRANS:
+            o_part = (o[0], o[1], True)
+        # else rows not contiguous: a C-order result, then a copy
     mask_part: tuple[int, np.ndarray, tuple[int, ...] | None] = (0, np.zeros(count, np.int64), None)
     if mask is not None:
         if mask.ndim == 0 or mask.dtype != dt or mask.ndim > q.ndim or mask.shape[-1] != n or \
@@ -225,7 +234,7 @@ def _plan(q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None)
             if shape[ax] != 1:
                 moffs += idx[ax] * int(mst[ax])
         mask_part = (m_rs, moffs, shape)
-    return count, m, n, d, dv, mats, o_off, mask_part
+    return count, m, n, d, dv, mats, o_part, mask_part
 
 
 #: multiply-adds (heads x queries x keys x (head size + value size)) under which the attention
@@ -243,11 +252,16 @@ def run(q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None, s
         return None
     if mask is not None and not isinstance(mask, np.ndarray):
         return None
+    shape = q.shape[:-1] + v.shape[-1:]
+    # the output in place: C order, or a strided view whose head matrices have contiguous rows (a
+    # transpose of the output buffer, the Attention op's perm_out)
+    res = out if out is not None and out.shape == shape and out.dtype == dt \
+        and not any(np.may_share_memory(out, x) for x in (q, kt, v)) else None
     key = (dt.name, q.shape, q.strides, kt.shape, kt.strides, v.shape, v.strides,
-           None if mask is None else (mask.dtype.name, mask.shape))
+           None if mask is None else (mask.dtype.name, mask.shape), None if res is None else res.strides)
     plan = _plans.get(key)
     if plan is None:
-        plan = _plan(q, kt, v, mask)
+        plan = _plan(q, kt, v, mask, res)
         if len(_plans) >= _PLANS_MAX:
             _plans.clear()
         _plans[key] = plan if plan is not None else False
@@ -256,10 +270,10 @@ def run(q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None, s
     fn = _kernel(dt)
     if fn is None:
         return None
-    count, m, n, d, dv, mats, o_off, (m_rs, moffs, mshape) = plan
-    shape = q.shape[:-2] + (m, dv)
-    res = out if out is not None and out.shape == shape and out.flags.c_contiguous and out.dtype == dt \
-        and not any(np.may_share_memory(out, x) for x in (q, kt, v)) else np.empty(shape, dt)
+    count, m, n, d, dv, mats, o_part, (m_rs, moffs, mshape) = plan
+    o_off, o_ld, in_place = o_part
+    if res is None or not in_place:
+        res = np.empty(shape, dt)
     if mask is not None:
         mflat = np.ascontiguousarray(mask).reshape(-1)  # its plan's offsets are C order over `mshape`
     else:
@@ -269,7 +283,7 @@ def run(q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None, s
     scratch = np.empty((width, -(-m // rb), n), dt)
     (qo, qld, qtr), (ko, kld, ktr), (vo, vld, vtr) = mats
     fn(count, m, n, d, dv, q.ctypes.data, qo, qld, qtr, kt.ctypes.data, ko, kld, ktr, v.ctypes.data, vo, vld, vtr,
-       res.ctypes.data, o_off, dv, float(scale), mflat, moffs, m_rs, int(mask is not None), scratch, width, rb)
+       res.ctypes.data, o_off, o_ld, float(scale), mflat, moffs, m_rs, int(mask is not None), scratch, width, rb)
     if out is not None and res is not out:
         np.copyto(out, res)
         return out

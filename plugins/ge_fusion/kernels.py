@@ -17,7 +17,7 @@ from ge_core.kernel import KernelSpec, caps, with_caps
 from ge_sdk import parallel, sgemm
 
 from . import codegen, loopgen
-from .ops import CONV_ATTRS
+from .ops import CONV_ATTRS, attention_perm
 from .rmsnorm import rmsnorm_factory
 
 
@@ -324,6 +324,15 @@ def _row_softmax(dtype: Any):
     return fn
 
 
+def _attention_perm(spec: KernelSpec, name: str, i: int) -> list[int] | None:
+    """An Attention kernel's permutation attribute (checked when the node was; None: identity)."""
+    t = spec.inputs[i] if i < len(spec.inputs) else None
+    try:
+        return attention_perm(spec.attrs, name, getattr(t, "rank", None))
+    except ValueError as e:
+        raise _refuse(spec, str(e)) from None
+
+
 def attention_factory(spec: KernelSpec):
     from .attention import SERIAL_WORK as serial_work
     scale = float(spec.attr("scale", 1.0))
@@ -335,23 +344,39 @@ def attention_factory(spec: KernelSpec):
 
         attention.prepare(dt)  # built now, not on the first run
 
+    # the operands as transposes of the inputs, the output as one of the result (perm_* attributes:
+    # the exporter's Transposes around the heads, folded; the views cost nothing)
+    pq, pkt, pv, po = (_attention_perm(spec, name, i) for name, i in
+                       (("perm_q", 0), ("perm_kt", 1), ("perm_v", 2), ("perm_out", 0)))  # out: Q's rank
+    po_inv = None if po is None else [int(i) for i in np.argsort(po)]
+
     def kernel(q, kt, v, mask=None, out=None):
-        o = None if out is None else out[0]
+        if pq is not None:
+            q = q.transpose(pq)
+        if pkt is not None:
+            kt = kt.transpose(pkt)
+        if pv is not None:
+            v = v.transpose(pv)
+        dest = None if out is None else out[0]
+        o = dest if dest is None or po_inv is None else dest.transpose(po_inv)
         work = q.size // max(1, q.shape[-1]) * kt.shape[-1] * (q.shape[-1] + v.shape[-1])  # multiply-adds
+        r = None
         if width > 1 and work >= serial_work:
             # one task per (batch, head) on native threads (ge_fusion.attention)
             from . import attention
 
             r = attention.run(q, kt, v, mask, scale, o, parallel.threads())
-            if r is not None:
-                return (r,)
-        s = np.matmul(q, kt)
-        if scale != 1.0:
-            s *= s.dtype.type(scale)
-        if mask is not None:
-            s += mask
-        _softmax_inplace(s, -1, rows)
-        return (np.matmul(s, v, out=o),)
+        if r is None:
+            s = np.matmul(q, kt)
+            if scale != 1.0:
+                s *= s.dtype.type(scale)
+            if mask is not None:
+                s += mask
+            _softmax_inplace(s, -1, rows)
+            r = np.matmul(s, v, out=o)
+        if dest is not None and r is o:
+            return (dest,)
+        return (r if po is None else r.transpose(po),)
 
     return _mark_out(kernel)
 

@@ -56,11 +56,38 @@ def _matmul_infer(node, opset):
     return [TensorType(a.dtype, tuple(batch) + (sa[-2], sb[-1]))]
 
 
+#: the Attention op's layout attributes: ``perm_q``, ``perm_kt``, ``perm_v`` say which
+#: transpose of input 0, 1, 2 is the operand Q, Kᵀ, V (the Transposes an exporter writes around
+#: the heads, folded: the kernel reads the strided views), ``perm_out`` which transpose of
+#: softmax(Q·Kᵀ)·V the output is; absent or empty: as given
+ATTENTION_PERMS = ("perm_q", "perm_kt", "perm_v")
+
+
+def attention_perm(node_or_attrs, name: str, rank: int | None) -> list[int] | None:
+    """The permutation ``name`` of an Attention node (its attrs), or None when absent, empty or
+    the identity; raises ValueError when it is not a permutation of ``range(rank)``."""
+    attrs = getattr(node_or_attrs, "attrs", node_or_attrs)
+    p = attrs.get(name)
+    if p is None or len(p) == 0:
+        return None
+    p = [int(x) for x in p]
+    if sorted(p) != list(range(len(p))) or (rank is not None and len(p) != rank):
+        raise ValueError(f"{name} {p} is not a permutation of the {rank if rank is not None else len(p)} axes")
+    return None if p == list(range(len(p))) else p
+
+
+def _permuted(shape, perm):
+    return shape if shape is None or perm is None else tuple(shape[i] for i in perm)
+
+
 def _attention_infer(node, opset):
     q, v = node.inputs[0].type, node.inputs[2].type
     if q.shape is None or v.shape is None:
         return [TensorType(q.dtype, None)]
-    return [TensorType(q.dtype, tuple(q.shape[:-1]) + (v.shape[-1],))]
+    qs = _permuted(q.shape, attention_perm(node, "perm_q", len(q.shape)))
+    vs = _permuted(v.shape, attention_perm(node, "perm_v", len(v.shape)))
+    out = tuple(qs[:-1]) + (vs[-1],)
+    return [TensorType(q.dtype, _permuted(out, attention_perm(node, "perm_out", len(out))))]
 
 
 CONV_ATTRS = {"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None, "pads": None,
@@ -101,7 +128,7 @@ _CONV_TYPES = {"auto_pad": _AUTO_PAD, "group": _INT, "dilations": _INTS, "kernel
 _TYPES = {
     "FusedConv": _CONV_TYPES,
     "FusedMatMul": {"transA": _FLAG, "transB": _FLAG, "alpha": _NUM, "beta": _NUM},
-    "Attention": {"scale": _NUM},
+    "Attention": {"scale": _NUM, "perm_q": _INTS, "perm_kt": _INTS, "perm_v": _INTS, "perm_out": _INTS},
     "LayerNorm": {"epsilon": _NUM},
     "RMSNorm": {"epsilon": _NUM},
     "Softmax": {"axis": _INT},
@@ -132,6 +159,13 @@ def check_node(node) -> None:
         rank = node.inputs[0].type.rank
         if rank is not None and not -max(rank, 1) <= int(node.attrs["axis"]) < max(rank, 1):
             raise _bad(node, f"axis {node.attrs['axis']} is out of range for rank {rank}")
+    if node.op_type == "Attention":
+        for name, i in (*zip(ATTENTION_PERMS, range(3)), ("perm_out", 0)):
+            x = node.inputs[i] if i < len(node.inputs) else None
+            try:
+                attention_perm(node, name, x.type.rank if x is not None else None)
+            except ValueError as e:
+                raise _bad(node, str(e)) from None
     if node.op_type == "FusedElemwise":
         _check_program(node, "program", len(node.inputs), anchor=False, required=True)
     elif node.op_type in ("FusedConv", "FusedMatMul"):
@@ -151,7 +185,9 @@ OPDEFS = [
     OpDef("FusedElemwise", DOMAIN, **_FUSED, min_inputs=1, kind=OpKind.BROADCAST, infer=broadcast_inputs(),
           attrs={"program": ""}, doc="a generated kernel for a group of elementwise/broadcast ops"),
     OpDef("Attention", DOMAIN, **_FUSED, min_inputs=3, max_inputs=4, kind=OpKind.OPAQUE, infer=_attention_infer,
-          attrs={"scale": 1.0}, doc="softmax(Q @ Kt * scale + mask) @ V"),
+          attrs={"scale": 1.0, "perm_q": None, "perm_kt": None, "perm_v": None, "perm_out": None},
+          doc="softmax(Q @ Kt * scale + mask) @ V; perm_q/perm_kt/perm_v: the transposes of inputs 0-2 that are "
+              "Q, Kt, V, perm_out: the transpose of the result that is the output (absent: none)"),
     OpDef("LayerNorm", DOMAIN, **_FUSED, min_inputs=1, max_inputs=3, kind=OpKind.OPAQUE, infer=same_as_input(),
           attrs={"epsilon": 1e-5}, doc="layer normalisation over the last axis, then * gamma + beta"),
     OpDef("RMSNorm", DOMAIN, **_FUSED, min_inputs=1, max_inputs=2, kind=OpKind.OPAQUE, infer=same_as_input(),

@@ -2,8 +2,9 @@
 
 Each rule has a name the fusion switch file can turn off. They run in phases (see
 :data:`PHASES`): weight folds first (so the epilogue fusions see bare convolutions), then the
-recognition of decomposed activations and normalisations, attention, and last the epilogues
-(bias, residual, activation) fused into Conv and MatMul/Gemm.
+recognition of decomposed activations and normalisations, attention, the Transposes around
+attention's heads folded into it, and last the epilogues (bias, residual, activation) fused into
+Conv and MatMul/Gemm.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ge_core.ir.types import TensorType
 from ge_sdk.rewrite import Alt, AnyOf, Const, Match, Op, Optional, Rewriter, Rule, RuleSet, Var
 
 from . import codegen
-from .ops import CONV_ATTRS, DOMAIN
+from .ops import ATTENTION_PERMS, CONV_ATTRS, DOMAIN, attention_perm
 
 
 # ------------------------------------------------------------------------------------------------
@@ -728,6 +729,99 @@ def _grouped_attention(rw: Rewriter, m: Match, q: Value, scale: float) -> Value 
                  name="attention_heads", output_types=[out])
 
 
+def _perm_attr(node: Node, name: str, rank: int) -> list[int]:
+    """An Attention node's permutation ``name`` as a full list (the identity when absent)."""
+    try:
+        p = attention_perm(node, name, rank)
+    except ValueError:
+        return list(range(rank))
+    return list(range(rank)) if p is None else p
+
+
+def _transpose_perm(v: Value | None) -> list[int] | None:
+    """The perm of the Transpose that makes ``v`` (None when ``v`` is not a Transpose's output or
+    its perm is not a full permutation)."""
+    node = v.producer if v is not None else None
+    if node is None or node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+        return None
+    x = node.inputs[0]
+    rank = x.type.rank if x is not None else None
+    if rank is None:
+        return None
+    perm = node.attrs.get("perm")
+    perm = list(range(rank))[::-1] if perm is None else [int(p) for p in perm]
+    return perm if sorted(perm) == list(range(rank)) else None
+
+
+def _attention_copy(rw: Rewriter, att: Node, ins: list[Value | None], perms: dict[str, list[int]], out_type) -> Value:
+    attrs = {k: v for k, v in att.attrs.items() if k not in (*ATTENTION_PERMS, "perm_out")}
+    for name, p in perms.items():
+        if p != list(range(len(p))):
+            attrs[name] = p
+    return rw.op("Attention", *ins, domain=DOMAIN, name=att.name, output_types=[out_type], **attrs)
+
+
+def _fold_attention_inputs(rw: Rewriter, m: Match):
+    """Attention(Transpose(X), ...) → Attention(X, ...) reading X's strided view (perm_q/kt/v)."""
+    att = m["att"]
+    ins = list(att.inputs)
+    perms: dict[str, list[int]] = {}
+    folded = False
+    for i, name in enumerate(ATTENTION_PERMS):
+        x = ins[i]
+        rank = x.type.rank if x is not None else None
+        if rank is None:
+            return None
+        p = _perm_attr(att, name, rank)
+        t = _transpose_perm(x)
+        if t is not None and x is not None and x.producer is not None:
+            ins[i] = x.producer.inputs[0]
+            p = [t[j] for j in p]  # transpose(transpose(X, t), p) = transpose(X, t∘p)
+            folded = True
+        perms[name] = p
+    if not folded:
+        return None
+    out = att.outputs[0]
+    perms["perm_out"] = _perm_attr(att, "perm_out", out.type.rank or 0)
+    return _attention_copy(rw, att, ins, perms, out.type)
+
+
+def _has_transposed_input(node: Node) -> bool:
+    return any(_transpose_perm(x) is not None for x in node.inputs[:3])
+
+
+def _fold_attention_output(rw: Rewriter, m: Match):
+    """Transpose(Attention(...)) → Attention(..., perm_out): the kernel writes the transposed
+    result straight into its output (through a strided view)."""
+    att, t = m["att"], m["t"]
+    out = att.outputs[0]
+    rank = out.type.rank
+    perm = _transpose_perm(t.outputs[0])
+    if rank is None or perm is None:
+        return None
+    po = _perm_attr(att, "perm_out", rank)
+    perms = {name: _perm_attr(att, name, x.type.rank or 0) for name, x in zip(ATTENTION_PERMS, att.inputs)
+             if x is not None}
+    perms["perm_out"] = [po[j] for j in perm]
+    return _attention_copy(rw, att, list(att.inputs), perms, t.outputs[0].type)
+
+
+def _maybe_transposed(name: str) -> Alt:
+    """An Attention operand, through a Transpose where there is one (in the match, so it goes
+    when the Attention was its only reader)."""
+    return Alt(Op("Transpose", Var(name + "_x"), name=name + "_t", shared=True), Var(name))
+
+
+def _attention_layout_rule() -> AnyOf:
+    att = Op("Attention", domain=DOMAIN, name="att")
+    operands = Op("Attention", _maybe_transposed("q"), _maybe_transposed("kt"), _maybe_transposed("v"), ...,
+                  domain=DOMAIN, name="att", pred=_has_transposed_input)
+    return AnyOf("attention_layout_fusion", [
+        Rule("attention_out", Op("Transpose", att, name="t"), _fold_attention_output),
+        Rule("attention_in", operands, _fold_attention_inputs),
+    ], "Transposes around the heads (Q, Kᵀ, V in, the output back) → Attention reading and writing strided views")
+
+
 # ------------------------------------------------------------------------------------------------
 # ONNX ops that this plugin's kernels run faster (one compiled pass per row)
 # ------------------------------------------------------------------------------------------------
@@ -906,6 +1000,7 @@ def _build() -> list[tuple[str, list[Rule]]]:
     conv_act, conv_res = _conv_epilogue_rules()
     matmul, gemm_act = _matmul_rules()
     return [("fold", folds), ("recognise", recognise), ("attention", [_attention_rule()]),
+            ("layout", [_attention_layout_rule()]),
             ("epilogue", [conv_act, conv_res, matmul, gemm_act]),
             ("kernels", [_onnx_softmax_rule(), _onnx_layernorm_rule()])]
 

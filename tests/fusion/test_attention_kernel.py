@@ -7,6 +7,7 @@ import threadpoolctl
 
 from ge_fusion import attention
 from ge_sdk import parallel
+from tests.fusion.common import attention_reference
 
 
 @pytest.fixture(autouse=True)
@@ -15,15 +16,6 @@ def _blas_at_one_thread():
     single-threaded call and the bits do not depend on how BLAS would split it."""
     with threadpoolctl.threadpool_limits(1, user_api="blas"):
         yield
-
-
-def _reference(q, kt, v, mask, scale):
-    s = np.matmul(q.astype(np.float64), kt.astype(np.float64)) * scale
-    if mask is not None:
-        s = s + mask
-    s = s - s.max(-1, keepdims=True)
-    e = np.exp(s)
-    return (e / e.sum(-1, keepdims=True)) @ v.astype(np.float64)
 
 
 CASES = {
@@ -38,14 +30,14 @@ CASES = {
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("case", CASES)
-def test_per_head_attention_matches_the_reference(case, dtype):
+def test_per_head_attention_matches_theattention_reference(case, dtype):
     (b, h, s, d), make_mask = CASES[case]
     rng = np.random.default_rng(len(case))
     q = rng.standard_normal((b, h, s, d)).astype(dtype)
     kt = rng.standard_normal((b, s, h, d)).astype(dtype).transpose(0, 2, 3, 1)  # a view, as exported
     v = rng.standard_normal((b, s, h, d)).astype(dtype).transpose(0, 2, 1, 3)
     mask = None if make_mask is None else make_mask(rng, b, h, s).astype(dtype)
-    want = _reference(q, kt, v, mask, 0.125)
+    want = attention_reference(q, kt, v, mask, 0.125)
     for width in (1, 2):
         got = attention.run(q, kt, v, mask, 0.125, None, width)
         assert got is not None, "the per-head path refused arrays it is meant to take"
@@ -66,7 +58,7 @@ def test_rows_that_are_nan_or_fully_masked_come_out_nan_like_numpy():
     got = attention.run(q, kt, v, mask, 1.0, None, 2)
     assert np.isnan(got[0, 0, 1]).all() and np.isnan(got[:, :, 2]).all()
     others = [(0, 0, 0), (0, 0, 3), (0, 1, 0), (0, 1, 1), (0, 1, 3)]
-    want = _reference(np.nan_to_num(q), kt, v, np.where(np.isinf(mask), 0, mask), 1.0)
+    want = attention_reference(np.nan_to_num(q), kt, v, np.where(np.isinf(mask), 0, mask), 1.0)
     for idx in others:
         np.testing.assert_allclose(got[idx], want[idx], rtol=1e-5, atol=1e-6)
 
@@ -87,7 +79,7 @@ def test_masked_scores_weigh_exactly_zero_never_a_denormal(fill):
     tiny = np.finfo(np.float32).tiny
     assert not np.any((p != 0) & (np.abs(p) < tiny))
     assert np.all(p[..., np.triu_indices(s, 1)[0], np.triu_indices(s, 1)[1]] == 0)
-    np.testing.assert_allclose(p, _reference(q, kt, v, np.nan_to_num(mask, neginf=-1e30), 0.25), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(p, attention_reference(q, kt, v, np.nan_to_num(mask, neginf=-1e30), 0.25), rtol=1e-5, atol=1e-6)
 
 
 def test_arrays_it_cannot_take_are_left_to_the_numpy_form():
@@ -122,4 +114,4 @@ def test_the_fused_kernel_uses_it_when_built_for_several_threads_and_the_work_pa
     with parallel.use_threads(2):
         got = attention_factory(spec)(q, kt, v)[0]
     assert len(calls) == int(native)
-    np.testing.assert_allclose(got, _reference(q, kt, v, None, 0.125), rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(got, attention_reference(q, kt, v, None, 0.125), rtol=2e-5, atol=2e-6)

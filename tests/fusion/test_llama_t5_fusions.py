@@ -7,7 +7,6 @@ import json
 import warnings
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -19,6 +18,7 @@ from ge_fusion import rmsnorm
 from ge_fusion.rules import RULES
 from ge_sdk.rewrite import explain
 from ge_sdk.testing import GraphBuilder, run_onnxruntime
+from tests.fusion.common import compile_onnx
 
 SEQ = 16
 
@@ -67,15 +67,6 @@ def _feeds():
     return {"input_ids": np.random.default_rng(0).integers(0, 100, (1, SEQ)).astype(np.int64)}
 
 
-def _compile(blob: bytes, tmp_path=None, off=(), threads=1):
-    opts = {"threads": threads}
-    if off:
-        p = tmp_path / "switch.json"
-        p.write_text(json.dumps({"Switch": {"GraphFusion": {name: "off" for name in off}}}))
-        opts["fusion_switch_file"] = str(p)
-    return ge.compile(ge.load(onnx.load_from_string(blob)), opts)
-
-
 def _check_matches_ort(model, blob: bytes):
     feeds = _feeds()
     got = model.run(feeds)["last_hidden_state"]
@@ -86,7 +77,7 @@ def _check_matches_ort(model, blob: bytes):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_llama_fuses_rmsnorm_and_grouped_query_attention(llama, threads):
-    model = _compile(llama, threads=threads)
+    model = compile_onnx(llama, threads=threads)
     ops = model.report["op_counts"]
     assert ops.get("ge.fused::RMSNorm") == 3, ops      # input, post-attention and final norm
     assert ops.get("ge.fused::Attention") == 1, ops
@@ -97,11 +88,11 @@ def test_llama_fuses_rmsnorm_and_grouped_query_attention(llama, threads):
 
 
 def test_switch_file_turns_rotary_off_and_explain_says_why_it_did_not_match(llama, tmp_path):
-    model = _compile(llama, tmp_path, off=["rotary_fusion"])
+    model = compile_onnx(llama, tmp_path, off=["rotary_fusion"])
     ops = model.report["op_counts"]
     assert "ge.fused::Rotary" not in ops and ops.get("Slice") == 4, ops
     _check_matches_ort(model, llama)
-    off = _compile(llama, tmp_path, off=["ALL"])
+    off = compile_onnx(llama, tmp_path, off=["ALL"])
     adds = [n for n in off.graph.nodes if n.op_type == "Add" and any(
         v.producer is not None and v.producer.op_type == "Mul" and any(
             u.producer is not None and u.producer.op_type == "Concat" for u in v.producer.inputs) for v in n.inputs)]
@@ -131,7 +122,7 @@ def test_rotary_kernel_matches_numpy_and_refuses_odd_or_mismatched_halves():
 
 
 def test_t5_encoder_fuses_rmsnorm_and_attention(t5):
-    model = _compile(t5)
+    model = compile_onnx(t5)
     ops = model.report["op_counts"]
     assert ops.get("ge.fused::RMSNorm") == 3, ops
     assert ops.get("ge.fused::Attention") == 1, ops
@@ -143,14 +134,14 @@ def test_t5_encoder_fuses_rmsnorm_and_attention(t5):
 @pytest.mark.parametrize("which", ["llama", "t5"])
 def test_switch_file_turns_rmsnorm_off(which, llama, t5, tmp_path):
     blob = llama if which == "llama" else t5
-    model = _compile(blob, tmp_path, off=["rmsnorm_fusion"])
+    model = compile_onnx(blob, tmp_path, off=["rmsnorm_fusion"])
     ops = model.report["op_counts"]
     assert "ge.fused::RMSNorm" not in ops and "ge.fused::Attention" in ops, ops
     _check_matches_ort(model, blob)
 
 
 def test_switch_file_turns_grouped_attention_off(llama, tmp_path):
-    model = _compile(llama, tmp_path, off=["attention_fusion"])
+    model = compile_onnx(llama, tmp_path, off=["attention_fusion"])
     ops = model.report["op_counts"]
     assert "ge.fused::Attention" not in ops and "ge.fused::RMSNorm" in ops, ops
     assert "Expand" in ops, ops
@@ -158,7 +149,7 @@ def test_switch_file_turns_grouped_attention_off(llama, tmp_path):
 
 
 def test_explain_the_new_patterns(llama, tmp_path):
-    model = _compile(llama, tmp_path, off=["ALL"])
+    model = compile_onnx(llama, tmp_path, off=["ALL"])
     g = model.graph
     out = g.outputs[0].producer  # the final norm's Mul by its weight
     assert explain(RULES["rmsnorm_fusion"], out)
