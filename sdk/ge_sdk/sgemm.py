@@ -332,6 +332,9 @@ typedef struct {
                                              Z) of group g start g * m rows (B: g * panels) on */
     int64_t apack;                        /* A is packed (RowPanels): per group ceil(m / 12) blocks of
                                              (k, 12), row r0's block at a + (r0 / 12) * k * 12 */
+    int64_t ldb;                          /* 0: B packed in panels; else B read in place, row kk of
+                                             panel p at b + kk * ldb + p * 32 (a 1x1 stride-1
+                                             convolution's activation: channel kk's plane) */
     int64_t rowsplit;                     /* A is the activation: split rows first (see sg_exec) */
     int64_t parts;                        /* set by sg_exec: row blocks are the rows' even parts */
 } sg_ctx;
@@ -342,7 +345,7 @@ typedef struct {
    q->act, or 0 where it knows there is none) */
 static inline __attribute__((always_inline)) void sg_store_row(const sg_ctx *q, int64_t row, int64_t j0, __m512 y0,
                                                                __m512 y1, __m512 bc0, __m512 bc1, __m512 lo, __m512 hi,
-                                                               __mmask16 m0, __mmask16 m1, int64_t act) {
+                                                               __mmask16 m0, __mmask16 m1, int64_t act, const int half) {
     if (q->bias_kind == 1) { y0 = _mm512_add_ps(y0, bc0); y1 = _mm512_add_ps(y1, bc1); }
     else if (q->bias_kind == 2) {
         __m512 br = _mm512_set1_ps(q->bias[row]);
@@ -359,15 +362,17 @@ static inline __attribute__((always_inline)) void sg_store_row(const sg_ctx *q, 
     }
     if (act) {
         y0 = sg_act16(y0, act);
-        y1 = sg_act16(y1, act);
+        if (!half) y1 = sg_act16(y1, act);
     }
     float *cr = q->c + row * q->ldc + j0;
     _mm512_mask_storeu_ps(cr, m0, y0);
-    _mm512_mask_storeu_ps(cr + 16, m1, y1);
+    if (!half) _mm512_mask_storeu_ps(cr + 16, m1, y1);
 }
 
+/* half: the panel's last 16 columns are past n (a tail of 16 or fewer): its second half is
+   neither multiplied nor stored */
 static inline __attribute__((always_inline)) void sg_tile_(const sg_ctx *q, int mr, int64_t r0, int64_t j0, int pk,
-                                                           int pf) {
+                                                           int pf, const int half, const int ip) {
     __m512 c0[SG_MR], c1[SG_MR];
     for (int r = 0; r < SG_MR; r++) { c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps(); }
     int64_t w = q->n - j0 < SG_NR ? q->n - j0 : SG_NR;
@@ -378,7 +383,9 @@ static inline __attribute__((always_inline)) void sg_tile_(const sg_ctx *q, int 
     int64_t k = q->k;
     const float *a = pk ? q->a + (r0 / SG_MR) * k * SG_MR : q->a + r0 * q->lda;
     int64_t rs = pk ? 1 : q->lda, ks = pk ? SG_MR : 1;
-    const float *bp = q->b + (j0 / SG_NR) * k * SG_NR;
+    /* B: the packed panel (k steps of 32), or in place (ip: k rows ldb apart, the tail masked) */
+    const float *bp = ip ? q->b + j0 : q->b + (j0 / SG_NR) * k * SG_NR;
+    const int64_t ldb = ip ? q->ldb : SG_NR;
     int64_t bleft = (q->panels - j0 / SG_NR) * k;  /* B's steps from this panel's on (the next panel follows it) */
     /* the tile's 12 output rows are 12 lines apart by a row of C: fetched (for writing) now, while
        the k loop runs, instead of one miss per store after it (a model's outputs are not in the
@@ -401,16 +408,27 @@ static inline __attribute__((always_inline)) void sg_tile_(const sg_ctx *q, int 
            cache): its stream 32 steps ahead, which the hardware prefetcher alone did not keep up
            with (GPT-2's 768 x 3072 fc: 90 -> 100 GFLOP/s, a 50-row 3072 x 768 one 77 -> 92), on
            into the next panel, which this tile's row reads next; the later tiles find it in L2 */
-        if (pf && kk + 32 < bleft) {
+        if (!ip && pf && kk + 32 < bleft) {
             _mm_prefetch((const char *)(bp + (kk + 32) * SG_NR), _MM_HINT_T0);
-            _mm_prefetch((const char *)(bp + (kk + 32) * SG_NR + 16), _MM_HINT_T0);
+            if (!half) _mm_prefetch((const char *)(bp + (kk + 32) * SG_NR + 16), _MM_HINT_T0);
         }
-        __m512 b0 = _mm512_loadu_ps(bp + kk * SG_NR), b1 = _mm512_loadu_ps(bp + kk * SG_NR + 16);
+        /* in place, the first row tile brings the rows in: 8 ahead, one stream per row */
+        if (ip && pf && kk + 8 < k) {
+            _mm_prefetch((const char *)(bp + (kk + 8) * ldb), _MM_HINT_T0);
+            if (!half) _mm_prefetch((const char *)(bp + (kk + 8) * ldb + 16), _MM_HINT_T0);
+        }
+        /* a tail panel in place (ip 2) reads past its row's end into the next row (its lanes past
+           n are never stored), except on the last row, which may end the array: masked there
+           only (masked loads across lines ran at a third of the speed) */
+        const int last = ip == 2 && kk == k - 1;
+        __m512 b0 = last ? _mm512_maskz_loadu_ps(m0, bp + kk * ldb) : _mm512_loadu_ps(bp + kk * ldb);
+        __m512 b1 = half ? b0 : last ? _mm512_maskz_loadu_ps(m1, bp + kk * ldb + 16)
+                                     : _mm512_loadu_ps(bp + kk * ldb + 16);
         for (int r = 0; r < SG_MR; r++) {
             if (r < mr) {
                 __m512 x = _mm512_set1_ps(a[r * rs + kk * ks]);
                 c0[r] = _mm512_fmadd_ps(x, b0, c0[r]);
-                c1[r] = _mm512_fmadd_ps(x, b1, c1[r]);
+                if (!half) c1[r] = _mm512_fmadd_ps(x, b1, c1[r]);
             }
         }
     }
@@ -426,16 +444,34 @@ static inline __attribute__((always_inline)) void sg_tile_(const sg_ctx *q, int 
            loop over r indexes them, which made the compiler spill all of them to the stack:
            small-k 1x1 convolutions 0-8% slower); act 0 here folds the activation away */
 #pragma GCC unroll 12
-        for (int r = 0; r < SG_MR; r++) sg_store_row(q, r0 + r, j0, c0[r], c1[r], bc0, bc1, lo, hi, m0, m1, 0);
+        for (int r = 0; r < SG_MR; r++) sg_store_row(q, r0 + r, j0, c0[r], c1[r], bc0, bc1, lo, hi, m0, m1, 0, half);
         return;
     }
-    for (int r = 0; r < mr; r++) sg_store_row(q, r0 + r, j0, c0[r], c1[r], bc0, bc1, lo, hi, m0, m1, q->act);
+    for (int r = 0; r < mr; r++) sg_store_row(q, r0 + r, j0, c0[r], c1[r], bc0, bc1, lo, hi, m0, m1, q->act, half);
 }
 
 static inline __attribute__((always_inline)) void sg_tile(const sg_ctx *q, int mr, int64_t r0, int64_t j0, int pf) {
-    if (q->apack) sg_tile_(q, mr, r0, j0, 1, 0);  /* (B is the call's own packed activation: in the cache) */
-    else if (pf) sg_tile_(q, mr, r0, j0, 0, 1);
-    else sg_tile_(q, mr, r0, j0, 0, 0);
+    /* a tail of 16 columns or fewer: half the multiply-adds (a 14x14 plane is 6 panels and 4
+       columns: 1/8 of the products were of padding) */
+    if (q->ldb) {  /* B in place: a convolution's (A packed or not); the tail's rows masked */
+        if (q->n - j0 <= 16) {
+            if (q->apack) sg_tile_(q, mr, r0, j0, 1, pf, 1, 2);
+            else sg_tile_(q, mr, r0, j0, 0, pf, 1, 2);
+        } else if (q->n - j0 < 32) {
+            if (q->apack) sg_tile_(q, mr, r0, j0, 1, pf, 0, 2);
+            else sg_tile_(q, mr, r0, j0, 0, pf, 0, 2);
+        } else if (q->apack) sg_tile_(q, mr, r0, j0, 1, pf, 0, 1);
+        else sg_tile_(q, mr, r0, j0, 0, pf, 0, 1);
+        return;
+    }
+    if (q->n - j0 <= 16) {
+        if (q->apack) sg_tile_(q, mr, r0, j0, 1, 0, 1, 0);
+        else sg_tile_(q, mr, r0, j0, 0, pf, 1, 0);
+        return;
+    }
+    if (q->apack) sg_tile_(q, mr, r0, j0, 1, 0, 0, 0);  /* (B is the call's own packed activation: in the cache) */
+    else if (pf) sg_tile_(q, mr, r0, j0, 0, 1, 0, 0);
+    else sg_tile_(q, mr, r0, j0, 0, 0, 0, 0);
 }
 #elif defined(SG_VEC)
 /* AVX2: sg_store_row's epilogue on 16 columns as two 8-lane halves; w: the columns left (the
@@ -541,7 +577,7 @@ static void sg_task(void *vc, int64_t i, int slot) {
     const sg_ctx *q = &l;
     if (cg > 0) {
         l.a += l.apack ? cg * ((l.m + SG_MR - 1) / SG_MR) * SG_MR * l.k : cg * l.m * l.lda;
-        l.b += cg * l.panels * l.k * SG_NR;
+        l.b += cg * (l.ldb ? l.k * l.ldb : l.panels * l.k * SG_NR);
         l.c += cg * l.m * l.ldc;
         if (l.bias_kind == 2) l.bias += cg * l.m;
         if (l.z) l.z += cg * l.m * l.ldc;
@@ -562,7 +598,7 @@ static void sg_task(void *vc, int64_t i, int slot) {
        layer with a large output, a 1x1 expansion on a 56x56 plane, ran at a third of BLAS's
        speed); a large-k layer's block is one panel, the panel-outer order it had */
     int64_t pb = SG_PBLOCK / ((q->k > 0 ? q->k : 1) * SG_NR);
-    if (pb < 1) pb = 1;
+    if (pb < 1 || q->ldb) pb = 1;  /* B in place: one panel (k rows of 32 columns, in L1) for every row tile */
     for (int64_t pp = p_lo; pp < p_hi; pp += pb) {
         int64_t pe = pp + pb < p_hi ? pp + pb : p_hi;
         for (int64_t r = r_lo; r < r_hi; r += SG_MR) {
@@ -659,7 +695,7 @@ static PyObject *sg_packed(PyObject *self, PyObject *const *args, Py_ssize_t n) 
     float *c = b ? (float *)ge_mat(args, 2, NPY_FLOAT, 1, &mc, &nc) : NULL;
     if (!c) return NULL;
     if (mc != m || dims[1] != k || dims[2] != SG_NR || dims[0] != (nc + SG_NR - 1) / SG_NR) return ge_fail();
-    sg_ctx q = {a, k, b, c, nc, m, nc, k, NULL, kind, NULL, 0, clip, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0};
+    sg_ctx q = {a, k, b, c, nc, m, nc, k, NULL, kind, NULL, 0, clip, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 1, 0};
     if (sg_epilogue(args, &q, nc)) return NULL;
     return sg_run(&q, width);
 }
@@ -895,6 +931,22 @@ static PyObject *sg_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     sg_ctx q = {a, kg, NULL, c, nc, m, nc, kg, NULL, kind, NULL, 0, clip, 0, 0, 0, 0, 0, 0, 0, group, arows >= 0};
     if (sg_epilogue(args, &q, m)) return NULL;
     q.m = mg;
+#if defined(SG_VEC) && defined(__AVX512F__)
+    if (geo[1] == 1 && geo[2] == 1 && geo[3] == 1 && geo[4] == 1 && geo[7] == 0 && geo[8] == 0 && geo[9] == xd[1]
+        && geo[10] == xd[2] && nc > 0 && kg <= 128) {
+        /* a 1x1 stride-1 convolution with k up to 128: B is the activation itself, channel c's
+           plane its row c, read in place by the tiles, a panel's k rows staying in L1 for every
+           row tile (packing it cost 12-16% of such a layer: ShuffleNet's grouped 1x1 layers,
+           136 channels on 28x28 in 4 groups 95 -> 86 us, 112 on 56x56 271 -> 245 us); with a
+           larger k the panel would not stay in L1, and the packed stream is faster */
+        q.b = x;
+        q.ldb = nc;
+        Py_BEGIN_ALLOW_THREADS
+        if (m > 0) sg_exec(&q, width);
+        Py_END_ALLOW_THREADS
+        Py_RETURN_NONE;
+    }
+#endif
     /* the column matrix in chunks of panels, packed then multiplied while they are in the
        cache: about SG_CONV_CHUNK floats, at least a few panels per thread, and never over
        SG_CONV_SCRATCH floats (a large plane's whole column matrix would be hundreds of MB held

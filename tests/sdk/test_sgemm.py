@@ -247,6 +247,12 @@ CONVS = [  # (C, H, W, M, group, kernel, strides, dilations, pads begin, pads en
     (4, 3, 60, 5, 1, (1, 19), (1, 1), (1, 2), (0, 0), (0, 9), 1),  # a kernel wider than the vector pack's 16 taps
     (6, 17, 23, 8, 1, (3, 3), (2, 2), (1, 1), (1, 1), (0, 1), 2),  # stride 2, odd planes, uneven pads
     (32, 56, 56, 24, 1, (1, 1), (1, 1), (1, 1), (0, 0), (0, 0), 1),  # a 1x1 stride-1 layer: rows copied
+    # 1x1 stride-1 layers with k up to 128 read the activation in place: ShuffleNet's grouped ones
+    # (a tail of 16, of 4, of 25 columns; the last image's last row ends the array), k over 128 packs
+    (136, 28, 28, 136, 4, (1, 1), (1, 1), (1, 1), (0, 0), (0, 0), 1),
+    (272, 14, 14, 272, 4, (1, 1), (1, 1), (1, 1), (0, 0), (0, 0), 1),
+    (24, 5, 5, 40, 2, (1, 1), (1, 1), (1, 1), (0, 0), (0, 0), 2),
+    (200, 7, 7, 16, 1, (1, 1), (1, 1), (1, 1), (0, 0), (0, 0), 1),
     (1, 1, 400, 8, 1, (1, 10), (1, 5), (1, 1), (0, 0), (0, 0), 1),  # wav2vec2's first conv: stride 5 (gathered)
     (32, 1, 49, 32, 2, (1, 128), (1, 1), (1, 1), (0, 64), (0, 64), 1),  # its positional conv: 128 taps, groups
     (2, 1, 300, 3, 1, (1, 130), (1, 1), (1, 1), (0, 64), (0, 65), 1),  # wider than the vector pack: the scalar one
