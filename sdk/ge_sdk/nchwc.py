@@ -40,6 +40,7 @@ kernels build and the compiler targets one of the two), :func:`isa` which;
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -1649,8 +1650,13 @@ def pad_bias(b: np.ndarray | None, m: int) -> np.ndarray | None:
     return out
 
 
+@functools.lru_cache(maxsize=512)
 def _geometry(kernel, strides, dilations, pads) -> np.ndarray:
-    return np.array([*kernel, *strides, *dilations, *pads], np.int64)
+    """The geometry array of the native entries (made once per geometry: read-only, a call made
+    a new one each time)."""
+    g = np.array([*kernel, *strides, *dilations, *pads], np.int64)
+    g.setflags(write=False)
+    return g
 
 
 def _conv_call(entry, x5, wpk, out5, kernel, strides, dilations, pads, bias, clip, width, addend, act,
@@ -1661,16 +1667,18 @@ def _conv_call(entry, x5, wpk, out5, kernel, strides, dilations, pads, bias, cli
     for a, nd in ((x5, x_ndim), (out5, 5)) + (() if addend is None else ((addend, 5),)):
         if a.dtype != np.float32 or a.ndim != nd or not a.flags.c_contiguous:
             return False
-    if addend is not None and (addend.shape != out5.shape or np.shares_memory(addend, out5)):
+    # (may_share_memory compares extents: exact overlap tests cost a microsecond a call, and the
+    # arena's values never overlap; a false alarm only sends the call to the NumPy form)
+    if addend is not None and (addend.shape != out5.shape or np.may_share_memory(addend, out5)):
         return False
-    if np.shares_memory(x5, out5):
+    if np.may_share_memory(x5, out5):
         return False
     lo, hi = (0.0, 0.0) if clip is None else (float(clip[0]), float(clip[1]))
     try:
+        geo = _geometry(tuple(kernel), tuple(strides), tuple(dilations), tuple(pads))
         getattr(mod, entry)(x5, wpk, out5, _NO_BIAS if bias is None else bias, int(bias is not None),
                             int(clip is not None), lo, hi, max(1, int(width)), addend, ACTIVATIONS.get(act or "", 0),
-                            _geometry(kernel, strides, dilations, pads), *(() if groups is None else (int(groups),)),
-                            *extra)
+                            geo, *(() if groups is None else (int(groups),)), *extra)
     except (TypeError, ValueError):
         return False
     return True
@@ -1768,7 +1776,7 @@ def pool(x5: np.ndarray, out5: np.ndarray, kind: str, kernel: tuple[int, int], s
     the whole window, ``avg`` by the taps inside). False when the arrays do not fit."""
     if kind not in POOLS:
         return False
-    return _entry("nc_pool", x5, POOLS[kind], out5, max(1, int(width)), _geometry(kernel, strides, dilations, pads))
+    return _entry("nc_pool", x5, POOLS[kind], out5, max(1, int(width)), _geometry(tuple(kernel), tuple(strides), tuple(dilations), tuple(pads)))
 
 
 def _entry(entry: str, *args: Any) -> bool:
