@@ -245,7 +245,7 @@ def matmul_factory(spec: KernelSpec):
         shape = a.shape[:-1] + (panels.n,)
         o = out[0] if out is not None else None
         y = o if o is not None and o.shape == shape and o.dtype == np.float32 and o.flags.c_contiguous \
-            and o.flags.writeable and not np.shares_memory(o, a) else np.empty(shape, np.float32)
+            and o.flags.writeable and not np.may_share_memory(o, a) else np.empty(shape, np.float32)
         a2 = np.ascontiguousarray(a.reshape(-1, panels.k))
         y2 = y.reshape(-1, panels.n)
         width = parallel.native_width()

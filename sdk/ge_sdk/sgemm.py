@@ -1048,7 +1048,7 @@ def _call(entry: Any, a2: np.ndarray, b: np.ndarray, out2: np.ndarray, bias: np.
         return False
     # a residual addend: a C-contiguous float32 array of the output's size that is not the output
     if addend is not None and (addend.dtype != np.float32 or addend.size != out2.size
-                               or not addend.flags.c_contiguous or np.shares_memory(addend, out2)):
+                               or not addend.flags.c_contiguous or np.may_share_memory(addend, out2)):
         return False
     if act is not None and act not in ACTIVATIONS:
         return False

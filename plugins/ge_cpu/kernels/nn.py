@@ -193,7 +193,7 @@ def _per_image(shape, out, z3, epi, run_one):
     caller's BLAS form runs; the arrays are alike, so a refusal comes at the first or never)."""
     n, m = shape[:2]
     target = _out_target(out, shape, np.float32)
-    if z3 is not None and np.shares_memory(target, z3):
+    if z3 is not None and np.may_share_memory(target, z3):
         target = np.empty(shape, np.float32)
     t3 = target.reshape(n, m, -1)
     for i in range(n):
