@@ -460,6 +460,9 @@ def rotary_factory(spec: KernelSpec):
     (the exporters' Slice, Slice, Neg, Concat and the elementwise tail made five kernels and four
     temporaries of it)."""
 
+    rdt = np.dtype(_out_type(spec)[0])
+    rows = loopgen.row_kernel("rotary", rdt) if rdt.name in ("float32", "float64") else None
+
     def kernel(x, cos, sin, out=None):
         d = x.shape[-1] if x.ndim else 0
         if d % 2 or cos.shape[-1:] != (d,) or sin.shape[-1:] != (d,):
@@ -468,6 +471,19 @@ def rotary_factory(spec: KernelSpec):
         h = d // 2
         o = out[0] if out is not None and out[0].shape == x.shape and not np.may_share_memory(out[0], x) \
             else np.empty(np.broadcast_shapes(x.shape, cos.shape, sin.shape), x.dtype)
+        # one pass per row on the run's threads: cos and sin the same (positions, d) rows for
+        # every leading index (LLaMA's (1, 1, positions, d) caches); else NumPy's passes below
+        if (rows is not None and d and x.dtype == rdt == cos.dtype == sin.dtype and o.shape == x.shape
+                and cos.shape == sin.shape and cos.ndim >= 2 and cos.ndim <= x.ndim
+                and all(e == 1 for e in cos.shape[:-2]) and cos.shape[-2] in (1, x.shape[-2])
+                and x.flags.c_contiguous and o.flags.c_contiguous):
+            p = cos.shape[-2]
+            rows(x.reshape(-1, d), np.ascontiguousarray(cos).reshape(p, d), np.ascontiguousarray(sin).reshape(p, d),
+                 p, o.reshape(-1, d))
+            if out is not None and o is not out[0]:
+                np.copyto(out[0], o)
+                return out
+            return (o,)
         np.multiply(x, cos, out=o)
         lo, hi = o[..., :h], o[..., h:]
         lo -= x[..., h:] * sin[..., :h]

@@ -701,6 +701,51 @@ TASK(softmax_ip, 1, sm_row(o, o, cols))
 ENTRY(layernorm, 2, 1)
 ENTRY(rmsnorm, 1, 1)
 ENTRY(softmax, 0, 0)
+
+/* rotary embedding: row i of x (cols = d, even) against row i % P of cos and sin,
+   o = x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] for the halves x1, x2 */
+typedef struct { const T *x, *c, *s; T *out; int64_t rows, cols, parts, P; } RQ;
+static void task_rotary(void *vc, int64_t b, int slot) {
+    const RQ *q = (const RQ *)vc;
+    int64_t d = q->cols, h = d / 2, end = (b + 1) * q->rows / q->parts;
+    (void)slot;
+    for (int64_t i = b * q->rows / q->parts; i < end; i++) {
+        const T *xr = q->x + i * d, *cr = q->c + (i % q->P) * d, *sr = q->s + (i % q->P) * d;
+        T *o = q->out + i * d;
+#pragma omp simd
+        for (int64_t j = 0; j < h; j++) o[j] = xr[j] * cr[j] - xr[j + h] * sr[j];
+#pragma omp simd
+        for (int64_t j = 0; j < h; j++) o[j + h] = xr[j + h] * cr[j + h] + xr[j] * sr[j + h];
+    }
+}
+
+/* rotary(x, cos, sin, P, out, rows, cols, threads): x and out (rows x cols) apart (out is not x),
+   cos and sin (P x cols), rows a multiple of P; the rows in even parts as the row kernels' */
+static PyObject *rotary(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    int64_t P, rows, cols, threads;
+    if (ge_nargs(n, 8)) return NULL;
+    if (ge_int(args, 3, 1, 1LL << 40, &P) || ge_int(args, 5, 0, 1LL << 40, &rows)
+        || ge_int(args, 6, 2, 1LL << 40, &cols) || ge_int(args, 7, 1, 4096, &threads)) return NULL;
+    if (cols % 2 || rows % P) return ge_fail();
+    RQ q = {0};
+    q.x = (const T *)ge_arr(args, 0, NPY_T, 0, rows * cols);
+    q.c = q.x ? (const T *)ge_arr(args, 1, NPY_T, 0, P * cols) : NULL;
+    q.s = q.c ? (const T *)ge_arr(args, 2, NPY_T, 0, P * cols) : NULL;
+    q.out = q.s ? (T *)ge_arr(args, 4, NPY_T, 1, rows * cols) : NULL;
+    if (!q.out) return NULL;
+    if (q.out < q.x + rows * cols && q.x < q.out + rows * cols) return ge_fail();  /* (a row reads its first half after writing it) */
+    q.rows = rows; q.cols = cols; q.P = P;
+    if (rows * cols < 32768) threads = 1;
+    int64_t blocks = (rows * cols + 16383) / 16384;
+    if (threads > 1) blocks = (blocks + threads - 1) / threads * threads;
+    if (blocks > rows) blocks = rows;
+    if (blocks < 1) blocks = 1;
+    q.parts = blocks;
+    Py_BEGIN_ALLOW_THREADS
+    ge_parallel(task_rotary, &q, blocks, threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
 """
 
 #: per dtype: the typedefs the row source is built with
@@ -708,14 +753,15 @@ _ROW_TYPES = {"float32": "typedef float T;\n#define NPY_T NPY_FLOAT\n#define ONE
               "float64": "typedef double T;\n#define NPY_T NPY_DOUBLE\n#define ONE 1.0\n#define SQRT sqrt\n#define EXP exp\n"}
 
 #: the row kernels' parameters after x (and before out)
-ROW_KINDS = {"layernorm": "gamma, beta, eps", "rmsnorm": "gamma, eps", "softmax": ""}
+ROW_KINDS = {"layernorm": "gamma, beta, eps", "rmsnorm": "gamma, eps", "softmax": "", "rotary": "cos, sin, P"}
 
 _rows: dict[tuple[str, str], Any] = {}
 
 
 def row_kernel(kind: str, dtype: Any) -> Any:
     """The compiled ``fn(x2d, *params, out2d)`` of ``kind`` (:data:`ROW_KINDS`: layernorm takes
-    ``gamma, beta, eps``, rmsnorm ``gamma, eps``, softmax nothing; ``out`` may be ``x``) for
+    ``gamma, beta, eps``, rmsnorm ``gamma, eps``, softmax nothing, rotary ``cos2d, sin2d, P``
+    (``P`` rows each, row i of x against row i % P; ``out`` apart from ``x``); else ``out`` may be ``x``) for
     ``dtype`` (float32/float64), or None without native kernels. Sums are reassociated
     (vectorised)."""
     if kind not in ROW_KINDS:

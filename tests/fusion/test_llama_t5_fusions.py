@@ -121,6 +121,37 @@ def test_rotary_kernel_matches_numpy_and_refuses_odd_or_mismatched_halves():
         kernel(x[..., :7], cos[..., :7], sin[..., :7])
 
 
+@pytest.mark.parametrize("x_shape,cache_shape", [((1, 6, 128, 64), (1, 1, 128, 64)), ((2, 3, 5, 8), (5, 8)),
+                                                 ((2, 3, 5, 8), (2, 1, 5, 8)), ((3, 4, 16), (1, 1, 16))])
+def test_rotary_row_kernel_matches_numpy_at_every_width(x_shape, cache_shape):
+    """The compiled rows (caches of (positions, d) shared by every leading index, or one position)
+    and NumPy's passes (a cache per batch entry) give the NumPy form's values, the same bits on
+    one thread and two."""
+    from ge_core.kernel import KernelSpec
+    from ge_fusion.kernels import rotary_factory
+    from ge_sdk import parallel
+
+    rng = np.random.default_rng(len(x_shape))
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    cos, sin = (rng.standard_normal(cache_shape).astype(np.float32) for _ in range(2))
+    h = x_shape[-1] // 2
+    want = x * cos + np.concatenate([-x[..., h:], x[..., :h]], axis=-1) * sin
+    spec = KernelSpec(op_type="Rotary", domain="ge.fused", attrs={}, inputs=[TensorType.of(a) for a in (x, cos, sin)],
+                      outputs=[TensorType.of(want)], name="rotary")
+    kernel = rotary_factory(spec)
+    got = {}
+    for width in (1, 2):
+        with parallel.use_threads(width):
+            out = np.full(want.shape, np.nan, np.float32)
+            assert kernel(x, cos, sin, out=(out,))[0] is out
+            got[width] = out
+    np.testing.assert_allclose(got[1], want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(got[2], got[1])
+    same = x.copy()  # the output is the input: NumPy's passes (a row reads its first half after writing it)
+    assert kernel(same, cos, sin, out=(same,))[0] is same
+    np.testing.assert_allclose(same, want, rtol=1e-6, atol=1e-6)
+
+
 def test_t5_encoder_fuses_rmsnorm_and_attention(t5):
     model = compile_onnx(t5)
     ops = model.report["op_counts"]
