@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ge_sdk import gemm, native
+from ge_sdk import gemm, native, sgemm
 
 _lock = threading.Lock()
 _kernels: dict[str, Any] = {}
@@ -37,7 +37,83 @@ _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 #: stride, has_mask, the scratch blocks (width x m x n), width); the caller checked every array
 #: the addresses come from
 _HEADS_SRC = r"""
-#define HEADS(NAME, T, GEMM_T, NPY, EXPNEG)                                                            \
+/* one row of scores: + the mask's row (mk, or NULL), then softmax in place: the max, exp of the
+   differences (0 below -87.3: a masked score weighs exactly zero, never a denormal), their sum,
+   the scaling; a NaN anywhere makes the row NaN (NaN - max, or max NaN, is NaN), as in NumPy */
+static inline void hd_row64(double *row, const double *mk, int64_t nn) {
+    if (mk)
+        for (int64_t j = 0; j < nn; j++) row[j] += mk[j];
+    double mx = row[0];
+    for (int64_t j = 0; j < nn; j++) mx = row[j] > mx ? row[j] : mx;
+    for (int64_t j = 0; j < nn; j++) row[j] = exp(row[j] - mx);
+    double sum = 0;
+    for (int64_t j = 0; j < nn; j++) sum += row[j];
+    double inv = 1.0 / sum;
+    for (int64_t j = 0; j < nn; j++) row[j] *= inv;
+}
+
+#if defined(__AVX512F__)
+/* expneg32 on 16 lanes (GE's GEMM's exp core, ge_sdk.sgemm): x <= 0, or NaN (passed through) */
+static inline __attribute__((always_inline)) __m512 hd_expneg16(__m512 x) {
+    __m512i n;
+    __m512 y = sg_expcore16(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), &n);
+    y = _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23)));
+    y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ), y);
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_ORD_Q), x, y);
+}
+
+/* hd_row64's steps on 16 lanes: the mask added while the max is taken, the exps stored and summed
+   in one pass (the tail kept in a register until its one store), then scaled */
+static inline void hd_row32(float *row, const float *mk, int64_t nn) {
+    int64_t k = 0;
+    __mmask16 tail = (__mmask16)((1u << (nn % 16)) - 1u);
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    for (; k + 16 <= nn; k += 16) {
+        __m512 v = _mm512_loadu_ps(row + k);
+        if (mk) { v = _mm512_add_ps(v, _mm512_loadu_ps(mk + k)); _mm512_storeu_ps(row + k, v); }
+        mv = _mm512_max_ps(mv, v);
+    }
+    __m512 vt = _mm512_setzero_ps();
+    if (tail) {
+        vt = _mm512_maskz_loadu_ps(tail, row + k);
+        if (mk) vt = _mm512_add_ps(vt, _mm512_maskz_loadu_ps(tail, mk + k));
+        mv = _mm512_mask_max_ps(mv, tail, mv, vt);
+    }
+    /* (a NaN score may or may not reach the max; either way its exp is NaN, and so are the sum
+       and every scaled value: the row is NaN) */
+    __m512 mm = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+    __m512 sv = _mm512_setzero_ps();
+    for (k = 0; k + 16 <= nn; k += 16) {
+        __m512 e = hd_expneg16(_mm512_sub_ps(_mm512_loadu_ps(row + k), mm));
+        _mm512_storeu_ps(row + k, e);
+        sv = _mm512_add_ps(sv, e);
+    }
+    __m512 et = _mm512_setzero_ps();
+    if (tail) {
+        et = _mm512_maskz_mov_ps(tail, hd_expneg16(_mm512_sub_ps(vt, mm)));
+        sv = _mm512_add_ps(sv, et);
+    }
+    __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sv));
+    for (k = 0; k + 16 <= nn; k += 16) _mm512_storeu_ps(row + k, _mm512_mul_ps(_mm512_loadu_ps(row + k), inv));
+    if (tail) _mm512_mask_storeu_ps(row + k, tail, _mm512_mul_ps(et, inv));
+}
+#else
+static inline void hd_row32(float *row, const float *mk, int64_t nn) {
+    if (mk)
+        for (int64_t j = 0; j < nn; j++) row[j] += mk[j];
+    float mx = row[0];
+    _Pragma("omp simd reduction(max:mx)")
+    for (int64_t j = 0; j < nn; j++) mx = row[j] > mx ? row[j] : mx;
+    for (int64_t j = 0; j < nn; j++) row[j] = expneg32(row[j] - mx);
+    float sum = 0;
+    _Pragma("omp simd reduction(+:sum)")
+    for (int64_t j = 0; j < nn; j++) sum += row[j];
+    float inv = 1.0f / sum;
+    for (int64_t j = 0; j < nn; j++) row[j] *= inv;
+}
+#endif
+
+#define HEADS(NAME, T, GEMM_T, NPY, ROW)                                                               \
 typedef struct {                                                                                      \
     GEMM_T f; int64_t m, nn, d, dv, qld, qtr, kld, ktr, vld, vtr, old, mrs, has_mask; T alpha;        \
     const T *q, *k, *v; T *o; const int64_t *qo, *ko, *vo, *oo, *mo; const T *mask; T *scratch;       \
@@ -53,23 +129,8 @@ static void NAME##_task(void *vc, int64_t t, int slot) {                        
     const T *qr = c->q + c->qo[i] + (c->qtr == 111 ? r0 * c->qld : r0);                               \
     c->f(101, c->qtr, c->ktr, m, nn, c->d, c->alpha, qr, c->qld, c->k + c->ko[i], c->kld,             \
          0, s, nn);                                                                                   \
-    for (int64_t r = 0; r < m; r++) {                                                                 \
-        T *row = s + r * nn;                                                                          \
-        if (c->has_mask) {                                                                            \
-            const T *mk = c->mask + c->mo[i] + (r0 + r) * c->mrs;                                     \
-            for (int64_t j = 0; j < nn; j++) row[j] += mk[j];                                         \
-        }                                                                                             \
-        /* a NaN anywhere still makes the row NaN: exp(NaN - m) is NaN and so is the sum */           \
-        T mx = row[0];                                                                                \
-        _Pragma("omp simd reduction(max:mx)")                                                         \
-        for (int64_t j = 0; j < nn; j++) mx = row[j] > mx ? row[j] : mx;                              \
-        for (int64_t j = 0; j < nn; j++) row[j] = EXPNEG(row[j] - mx);                                \
-        T sum = 0;                                                                                    \
-        _Pragma("omp simd reduction(+:sum)")                                                          \
-        for (int64_t j = 0; j < nn; j++) sum += row[j];                                               \
-        T inv = (T)1 / sum;                                                                           \
-        for (int64_t j = 0; j < nn; j++) row[j] *= inv;                                               \
-    }                                                                                                 \
+    for (int64_t r = 0; r < m; r++)                                                                   \
+        ROW(s + r * nn, c->has_mask ? c->mask + c->mo[i] + (r0 + r) * c->mrs : NULL, nn);             \
     c->f(101, 111, c->vtr, m, c->dv, nn, 1, s, nn, c->v + c->vo[i], c->vld, 0, c->o + c->oo[i] + r0 * c->old, \
          c->old);                                                                                     \
 }                                                                                                     \
@@ -114,8 +175,8 @@ static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {    
     Py_RETURN_NONE;                                                                                   \
 }
 
-HEADS(heads_f32, float, gemm_f32_t, NPY_FLOAT, expneg32)
-HEADS(heads_f64, double, gemm_f64_t, NPY_DOUBLE, exp)
+HEADS(heads_f32, float, gemm_f32_t, NPY_FLOAT, hd_row32)
+HEADS(heads_f64, double, gemm_f64_t, NPY_DOUBLE, hd_row64)
 """
 
 
@@ -124,7 +185,7 @@ def _build(dtype: np.dtype):
     if blas is None:
         return None
     addr, integer = blas
-    mod = native.build(gemm.blas_decls(integer) + _HEADS_SRC, ["heads_f32", "heads_f64"])
+    mod = native.build(gemm.blas_decls(integer) + sgemm.ACTIVATION_C16 + _HEADS_SRC, ["heads_f32", "heads_f64"])
     if mod is None:
         return None
     kern = mod.heads_f32 if dtype == np.float32 else mod.heads_f64
