@@ -180,9 +180,7 @@ def _conv_model(cin, cout, hw, tail, batch=1, k=3):
 def test_a_convolution_with_its_epilogue_at_the_store_matches_onnxruntime(cin, cout, hw, tail, batch, monkeypatch):
     model, feeds = _conv_model(cin, cout, hw, tail, batch)
     want = _ort(model, feeds)
-    calls = []
-    real = sgemm.conv2d
-    monkeypatch.setattr(sgemm, "conv2d", lambda *a, **k: calls.append(a) or real(*a, **k))
+    calls = _spy_conv_calls(monkeypatch)
     one = _run(model, feeds, 1, conv_algorithm="im2col")  # (not Winograd, which the larger ones would take)
     assert len(calls) == batch  # one GEMM per image, on GE's kernel
     clip, _, addend, act = calls[0][-4:]
@@ -196,15 +194,49 @@ def test_a_convolution_with_its_epilogue_at_the_store_matches_onnxruntime(cin, c
     np.testing.assert_allclose(_run(model, feeds, 1), want, rtol=1e-4, atol=1e-4)
 
 
+def _spy_conv_calls(monkeypatch) -> list:
+    """The calls of GE's GEMM convolution, by its function or by a layer's prepared call
+    (:class:`ge_sdk.sgemm.Conv2d`, the layer's object first), each ending (clip, width, addend, act)."""
+    calls: list = []
+    real, real_run = sgemm.conv2d, sgemm.Conv2d.run
+    monkeypatch.setattr(sgemm, "conv2d", lambda *a, **k: calls.append(a) or real(*a, **k))
+    monkeypatch.setattr(sgemm.Conv2d, "run", lambda self, *a, **k: calls.append((self, *a)) or real_run(self, *a, **k))
+    return calls
+
+
 def test_pointwise_convolutions_run_on_the_kernel_with_the_weight_packed_once(monkeypatch):
     model, feeds = _conv_model(24, 40, 56, "add relu", 2, k=1)  # 3136 pixels a plane: the large planes too
     want = _ort(model, feeds)
-    calls = []
-    real = sgemm.conv2d
-    monkeypatch.setattr(sgemm, "conv2d", lambda *a, **k: calls.append(a) or real(*a, **k))
+    calls = _spy_conv_calls(monkeypatch)
     np.testing.assert_allclose(_run(model, feeds, 1), want, rtol=1e-4, atol=1e-4)
     assert len(calls) == 2 and calls[0][-2] is not None  # one GEMM per image, the residual at the store
-    assert isinstance(calls[0][1], sgemm.RowPanels) and calls[0][1] is calls[1][1]  # packed when built, not per call
+    # the weight packed and the call prepared when the model was built, not per call
+    assert isinstance(calls[0][0], sgemm.Conv2d) and calls[0][0] is calls[1][0]
+
+
+def test_a_prepared_convolution_gives_conv2ds_bits_and_refuses_what_does_not_fit():
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((16, 9, 11)).astype(np.float32)
+    w = rng.standard_normal((24, 4 * 9)).astype(np.float32)
+    bias = rng.standard_normal(24).astype(np.float32)
+    rows = sgemm.RowPanels(w, 4)
+    geo = (4, (3, 3), (1, 2), (1, 1), (1, 0), (9, 5))
+    call = sgemm.Conv2d(rows, *geo, bias)
+    z = rng.standard_normal((24, 45)).astype(np.float32)
+    want, got = np.empty((24, 45), np.float32), np.empty((24, 45), np.float32)
+    assert sgemm.conv2d(x, rows, want, *geo, bias, (0.0, 6.0), 2, z, "silu")
+    assert call.run(x, got, (0.0, 6.0), 2, z, "silu")
+    np.testing.assert_array_equal(got, want)
+    out = np.full((24, 45), 7.0, np.float32)
+    assert not call.run(x[:8], out)  # channels the geometry does not have
+    assert not call.run(x, out[:, :40])  # an output of another size
+    assert not call.run(x, out, None, 1, out)  # the addend is the output
+    assert not call.run(x, out, act="relu6")  # no such activation at the store
+    assert np.all(out == 7.0)
+    with pytest.raises(ValueError, match="group"):
+        sgemm.Conv2d(sgemm.RowPanels(w, 1), *geo)
+    with pytest.raises(ValueError, match="bias"):
+        sgemm.Conv2d(rows, *geo, bias[:5])
 
 
 @pytest.mark.parametrize("m,k,group", [(1, 1, 1), (12, 5, 1), (13, 40, 1), (50, 33, 2), (36, 7, 3), (200, 96, 4)])
