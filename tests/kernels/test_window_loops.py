@@ -369,6 +369,14 @@ def test_kernels_use_the_compiled_loops(monkeypatch):
         return ok
 
     monkeypatch.setattr(_window, "run", counting)
+    real_direct = _window.DirectConv.run
+
+    def direct(self, *args, **kwargs):  # a depthwise layer of a static shape: its call prepared once
+        ok = real_direct(self, *args, **kwargs)
+        calls.append(("conv", ok))
+        return ok
+
+    monkeypatch.setattr(_window.DirectConv, "run", direct)
     x = rand(1, 4, 8, 8)
     check("Conv", [x, rand(4, 1, 3, 3), rand(4)], {"group": 4, "pads": [1, 1, 1, 1]})
     check("MaxPool", [x], {"kernel_shape": [3, 3], "strides": [2, 2]}, const=())
@@ -451,9 +459,15 @@ def test_depthwise_conv_applies_its_epilogue_as_it_writes_on_every_thread_count(
         from onnx.reference import ReferenceEvaluator
 
         want = ReferenceEvaluator(model).run(None, {"x": x})[0]
-    calls = []
-    real = _window.run
+    calls: list = []
+    real, real_direct = _window.run, _window.DirectConv.run
     monkeypatch.setattr(_window, "run", lambda *a, **k: calls.append(k) or real(*a, **k))
+
+    def direct(self, x, out, threads=1, clip=None, act=None):  # (the layer's call prepared once)
+        calls.append({"threads": threads, "clip": clip, "act": act})
+        return real_direct(self, x, out, threads, clip, act)
+
+    monkeypatch.setattr(_window.DirectConv, "run", direct)
     one = ge.compile(model, {"threads": 1}).run({"x": x})["y"]
     # (float64: the fused epilogue's HardSwish and erf GELU are float32-accurate today, a known gap)
     tol = 1e-5 if dtype == "float32" or act in ("HardSwish", "Gelu") else 1e-12
@@ -527,6 +541,26 @@ def test_direct_depthwise_kernel_gives_the_window_loops_bits_at_every_thread_cou
             got = np.full_like(loop, -7.0)
             assert _window.run("conv", plan, x, got, wt, b, clip=clip, act=act, threads=threads)
             np.testing.assert_array_equal(got, loop)
+
+
+@pytest.mark.parametrize("case", [DIRECT_CASES[0], DIRECT_CASES[1], DIRECT_CASES[14]])
+def test_a_prepared_depthwise_call_gives_the_kernels_bits_and_refuses_other_arrays(case):
+    c, mult, h, w, k, s, d, pb, pe = case
+    plan, (oh, ow) = _direct_case(*case)
+    x = rand(2, c, h, w)
+    wt, b = rand(c * mult, k[0] * k[1]), rand(c * mult)
+    call = _window.DirectConv(plan, x.shape, (2, c * mult, oh, ow), wt, b)
+    want, got = np.empty((2, c * mult, oh, ow), np.float32), np.empty((2, c * mult, oh, ow), np.float32)
+    assert _window.run("conv", plan, x, want, wt, b, clip=(0.0, 6.0), act="silu", threads=2)
+    assert call.run(x, got, 2, (0.0, 6.0), "silu")
+    np.testing.assert_array_equal(got, want)
+    out = np.full_like(want, 7.0)
+    assert not call.run(x[:1], out)  # fewer images than prepared
+    assert not call.run(x, out[:, :, :-1])  # a smaller output
+    assert not call.run(x, out, act="gelu_erf")
+    assert np.all(out == 7.0)
+    with pytest.raises(ValueError, match="do not fit"):
+        _window.DirectConv(plan, (2, c, h + 1, w), (2, c * mult, oh, ow), wt, b)
 
 
 def test_direct_depthwise_kernel_keeps_the_padding_taps():

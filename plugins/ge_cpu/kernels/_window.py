@@ -770,6 +770,39 @@ def direct_available() -> bool:
     return _direct() is not None
 
 
+class DirectConv:
+    """One float32 depthwise layer on the direct kernel with its geometry, weights and bias
+    prepared once for one input shape (:func:`run` re-derives and re-checks them on every call:
+    10 us of a ShuffleNet layer's 32 went there). ``wt``: (M, taps), ``b``: (M,)."""
+
+    __slots__ = ("dims", "wt", "b")
+
+    def __init__(self, plan: WindowPlan, x_shape: Sequence[int], out_shape: Sequence[int], wt: np.ndarray,
+                 b: np.ndarray) -> None:
+        n, c, h, w = (int(v) for v in x_shape)
+        oh, ow = (int(v) for v in out_shape[2:])
+        if not plan.direct or plan.in_hw != (h, w) or plan.out_hw != (oh, ow) or out_shape[0] != n or not c:
+            raise ValueError("DirectConv: a plan and shapes that do not fit the direct kernel")
+        kh, kw, sh, sw, dh, dw, pt, pl = plan.geom
+        self.dims = (n, c, h, w, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw, int(out_shape[1]) // c)
+        self.wt = np.require(wt, np.float32, ["C", "A"])
+        self.b = np.require(b, np.float32, ["C", "A"])
+
+    def run(self, x: np.ndarray, out: np.ndarray, threads: int = 1, clip: tuple[float, float] | None = None,
+            act: str | None = None) -> bool:
+        """``out = act(clip(depthwise(x) + b))`` (C-contiguous float32 arrays of the prepared
+        shapes; the kernel checks their sizes); False (nothing done) when it cannot run them."""
+        mod = _direct()
+        if mod is None or (act is not None and act not in ACTS):
+            return False
+        lo, hi = (-np.inf, np.inf) if clip is None else (float(clip[0]), float(clip[1]))
+        try:
+            mod.dw_conv(*self.dims, x, self.wt, self.b, out, max(1, int(threads)), ACTS.get(act or "", 0), lo, hi)
+        except (TypeError, ValueError):
+            return False
+        return True
+
+
 # ------------------------------------------------------------------------------------------------
 # plans (per input shape) and the call
 
