@@ -386,6 +386,10 @@ static inline __attribute__((always_inline)) void sg_tile_(const sg_ctx *q, int 
     /* B: the packed panel (k steps of 32), or in place (ip: k rows ldb apart, the tail masked) */
     const float *bp = ip ? q->b + j0 : q->b + (j0 / SG_NR) * k * SG_NR;
     const int64_t ldb = ip ? q->ldb : SG_NR;
+    /* in place: the last row whose whole load (16 or 32 floats from column j0) ends inside the
+       group's k rows of B; -1 when none does */
+    const int64_t span = k * ldb - j0 - (half ? 16 : SG_NR);
+    const int64_t safe_max = ip == 2 ? (span >= 0 ? span / ldb : -1) : k;
     int64_t bleft = (q->panels - j0 / SG_NR) * k;  /* B's steps from this panel's on (the next panel follows it) */
     /* the tile's 12 output rows are 12 lines apart by a row of C: fetched (for writing) now, while
        the k loop runs, instead of one miss per store after it (a model's outputs are not in the
@@ -417,10 +421,11 @@ static inline __attribute__((always_inline)) void sg_tile_(const sg_ctx *q, int 
             _mm_prefetch((const char *)(bp + (kk + 8) * ldb), _MM_HINT_T0);
             if (!half) _mm_prefetch((const char *)(bp + (kk + 8) * ldb + 16), _MM_HINT_T0);
         }
-        /* a tail panel in place (ip 2) reads past its row's end into the next row (its lanes past
-           n are never stored), except on the last row, which may end the array: masked there
-           only (masked loads across lines ran at a third of the speed) */
-        const int last = ip == 2 && kk == k - 1;
+        /* a tail panel in place (ip 2) reads past its row's end into the rows after it (its lanes
+           past n are never stored) while the load ends inside the group's k rows; the rows whose
+           load would not (the last, or more on a plane narrower than the load) are masked
+           (masked loads across lines ran at a third of the speed) */
+        const int last = ip == 2 && kk > safe_max;
         __m512 b0 = last ? _mm512_maskz_loadu_ps(m0, bp + kk * ldb) : _mm512_loadu_ps(bp + kk * ldb);
         __m512 b1 = half ? b0 : last ? _mm512_maskz_loadu_ps(m1, bp + kk * ldb + 16)
                                      : _mm512_loadu_ps(bp + kk * ldb + 16);

@@ -214,6 +214,42 @@ def test_pointwise_convolutions_run_on_the_kernel_with_the_weight_packed_once(mo
     assert isinstance(calls[0][0], sgemm.Conv2d) and calls[0][0] is calls[1][0]
 
 
+def _array_before_a_guard_page(shape):
+    """A float32 array of ``shape`` whose last byte ends a page followed by an unreadable one:
+    a read past its end faults instead of passing unnoticed (with its buffer, kept alive)."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    nbytes = int(np.prod(shape)) * 4
+    pages = -(-nbytes // page)
+    buf = mmap.mmap(-1, (pages + 1) * page)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    assert libc.mprotect(base + pages * page, page, 0) == 0  # PROT_NONE
+    a = np.frombuffer(buf, np.float32, int(np.prod(shape)), pages * page - nbytes).reshape(shape)
+    return a, buf
+
+
+@pytest.mark.parametrize("c,hw,m,group", [(24, 1, 16, 2), (40, 3, 8, 4), (20, 5, 12, 1), (64, 14, 64, 4)])
+def test_a_pointwise_convolution_never_reads_past_its_activation(c, hw, m, group):
+    """1x1 layers read the activation in place, a tail panel past its rows' ends: never past the
+    array's (an unreadable page right after it would fault)."""
+    if not sgemm.available():
+        pytest.skip("GE's GEMM is not built here (no AVX-512 or AVX2)")
+    rng = np.random.default_rng(c + hw)
+    x, keep = _array_before_a_guard_page((c, hw, hw))
+    x[...] = rng.standard_normal((c, hw, hw)).astype(np.float32)
+    w = rng.standard_normal((m, c // group)).astype(np.float32)
+    out = np.empty((m, hw * hw), np.float32)
+    assert sgemm.conv2d(x, sgemm.RowPanels(w, group), out, group, (1, 1), (1, 1), (1, 1), (0, 0), (hw, hw))
+    xs = x.reshape(group, c // group, hw * hw)
+    want = np.concatenate([w.reshape(group, m // group, -1)[g] @ xs[g] for g in range(group)])
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    assert keep  # (the mapping goes with the arrays that view it)
+
+
 def test_a_prepared_convolution_gives_conv2ds_bits_and_refuses_what_does_not_fit():
     rng = np.random.default_rng(11)
     x = rng.standard_normal((16, 9, 11)).astype(np.float32)
@@ -285,6 +321,10 @@ CONVS = [  # (C, H, W, M, group, kernel, strides, dilations, pads begin, pads en
     (272, 14, 14, 272, 4, (1, 1), (1, 1), (1, 1), (0, 0), (0, 0), 1),
     (24, 5, 5, 40, 2, (1, 1), (1, 1), (1, 1), (0, 0), (0, 0), 2),
     (200, 7, 7, 16, 1, (1, 1), (1, 1), (1, 1), (0, 0), (0, 0), 1),
+    # planes narrower than a load: the rows near the array's end are read masked, never past it
+    (24, 1, 1, 16, 2, (1, 1), (1, 1), (1, 1), (0, 0), (0, 0), 2),
+    (40, 3, 3, 8, 4, (1, 1), (1, 1), (1, 1), (0, 0), (0, 0), 1),
+    (20, 4, 5, 12, 1, (1, 1), (1, 1), (1, 1), (0, 0), (0, 0), 1),
     (1, 1, 400, 8, 1, (1, 10), (1, 5), (1, 1), (0, 0), (0, 0), 1),  # wav2vec2's first conv: stride 5 (gathered)
     (32, 1, 49, 32, 2, (1, 128), (1, 1), (1, 1), (0, 64), (0, 64), 1),  # its positional conv: 128 taps, groups
     (2, 1, 300, 3, 1, (1, 130), (1, 1), (1, 1), (0, 64), (0, 65), 1),  # wider than the vector pack: the scalar one
