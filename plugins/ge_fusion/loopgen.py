@@ -652,6 +652,17 @@ static int rows_args(PyObject *const *args, Py_ssize_t n, int nvec, int64_t *row
 
 typedef struct { const T *x; T *out; const T *v[2]; T eps, inv; int64_t rows, cols, parts; } R;
 
+/* the even parts of `rows` rows of `cols` a row kernel runs as tasks: about 16K elements each,
+   a multiple of *threads of them (participant s then starts on rows [s * rows / threads, ...),
+   those GE's GEMM gives it too), one thread under 32K elements (a 128 x 384 one took 28 us alone) */
+static int64_t row_parts(int64_t rows, int64_t cols, int64_t *threads) {
+    if (rows * cols < 32768) *threads = 1;
+    int64_t blocks = (rows * cols + 16383) / 16384;
+    if (*threads > 1) blocks = (blocks + *threads - 1) / *threads * *threads;
+    if (blocks > rows) blocks = rows;
+    return blocks < 1 ? 1 : blocks;
+}
+
 /* the rows of one task: each row's `CALL` with r the input row and o the output row (the same
    pointer in place, so the compiler sees they alias exactly and vectorises) */
 #define TASK(NAME, INPLACE, CALL)                                                                      \
@@ -669,21 +680,15 @@ static void task_##NAME(void *vc, int64_t b, int slot) {                        
 }
 
 /* one entry (x, vectors, eps, out, rows, cols, threads): the in-place task when out is x; the rows
-   in even parts of about 16K elements, a multiple of `threads` of them, on the native pool (from
-   32K): its participant s starts with rows [s * rows / threads, (s + 1) * rows / threads), the
-   rows GE's GEMM gives it too (ge_sdk.sgemm), so the next layer reads them on the core that wrote
-   them */
+   in row_parts' even parts on the native pool, so the next layer reads them on the core that
+   wrote them */
 #define ENTRY(NAME, NVEC, HAS_EPS)                                                                     \
 static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {                          \
     int64_t rows, cols, threads; R q = {0};                                                           \
     if (rows_args(args, n, NVEC, &rows, &cols, &threads, &q.x, &q.out, q.v, HAS_EPS ? &q.eps : NULL)) \
         return NULL;                                                                                  \
     q.inv = ONE / (T)cols; q.rows = rows; q.cols = cols;                                              \
-    if (rows * cols < 32768) threads = 1;  /* too small to share (a 128 x 384 one took 28 us alone) */  \
-    int64_t blocks = (rows * cols + 16383) / 16384;                                                   \
-    if (threads > 1) blocks = (blocks + threads - 1) / threads * threads;                             \
-    if (blocks > rows) blocks = rows;                                                                 \
-    if (blocks < 1) blocks = 1;                                                                       \
+    int64_t blocks = row_parts(rows, cols, &threads);                                                 \
     q.parts = blocks;                                                                                 \
     ge_task_t task = (const void *)q.x == (const void *)q.out ? task_##NAME##_ip : task_##NAME;       \
     Py_BEGIN_ALLOW_THREADS                                                                            \
@@ -735,11 +740,7 @@ static PyObject *rotary(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (!q.out) return NULL;
     if (q.out < q.x + rows * cols && q.x < q.out + rows * cols) return ge_fail();  /* (a row reads its first half after writing it) */
     q.rows = rows; q.cols = cols; q.P = P;
-    if (rows * cols < 32768) threads = 1;
-    int64_t blocks = (rows * cols + 16383) / 16384;
-    if (threads > 1) blocks = (blocks + threads - 1) / threads * threads;
-    if (blocks > rows) blocks = rows;
-    if (blocks < 1) blocks = 1;
+    int64_t blocks = row_parts(rows, cols, &threads);
     q.parts = blocks;
     Py_BEGIN_ALLOW_THREADS
     ge_parallel(task_rotary, &q, blocks, threads);

@@ -1044,6 +1044,16 @@ class Panels:
         return (self.k, self.n)
 
 
+def _epilogue_fits(out2: np.ndarray, addend: np.ndarray | None, act: str | None) -> bool:
+    """Whether the store's epilogue takes ``addend`` (a residual: a C-contiguous float32 array of
+    the output's size that is not the output, or None) and ``act`` (a name of :data:`ACTIVATIONS`,
+    or None)."""
+    if addend is not None and (addend.dtype != np.float32 or addend.size != out2.size
+                               or not addend.flags.c_contiguous or np.may_share_memory(addend, out2)):
+        return False
+    return act is None or act in ACTIVATIONS
+
+
 class Conv2d:
     """One layer's :func:`conv2d` with everything but the activation prepared once: the packed
     weight, the geometry vector and the bias. :meth:`run` then checks only what a call can
@@ -1072,10 +1082,7 @@ class Conv2d:
         """``out2 (M, OH*OW) = act(clip(W @ im2col(x3) + bias + addend))``; False (nothing done)
         when the arrays or the arguments do not fit."""
         mod = _mod()
-        if mod is None or (act is not None and act not in ACTIVATIONS):
-            return False
-        if addend is not None and (addend.dtype != np.float32 or addend.size != out2.size
-                                   or not addend.flags.c_contiguous or np.may_share_memory(addend, out2)):
+        if mod is None or not _epilogue_fits(out2, addend, act):
             return False
         lo, hi = (0.0, 0.0) if clip is None else (float(clip[0]), float(clip[1]))
         try:
@@ -1093,11 +1100,7 @@ def _call(entry: Any, a2: np.ndarray, b: np.ndarray, out2: np.ndarray, bias: np.
     arrays or arguments do not fit it."""
     if bias is not None and (bias.dtype != np.float32 or bias.shape != (bias_len,)):
         return False
-    # a residual addend: a C-contiguous float32 array of the output's size that is not the output
-    if addend is not None and (addend.dtype != np.float32 or addend.size != out2.size
-                               or not addend.flags.c_contiguous or np.may_share_memory(addend, out2)):
-        return False
-    if act is not None and act not in ACTIVATIONS:
+    if not _epilogue_fits(out2, addend, act):
         return False
     lo, hi = (0.0, 0.0) if clip is None else (float(clip[0]), float(clip[1]))
     try:

@@ -356,25 +356,11 @@ def conv_factory(spec: KernelSpec):
     def _fast_conv(x, out, epi):
         """The prepared call (``fast``) into the planned output; None when it does not apply."""
         shape, call = fast[1], fast[2]
-        n, m = shape[:2]
-        target = _out_target(out, shape, np.float32)
-        clip = act = z3 = None
-        if epi is not None:
-            clip, act, z = epi["clip"], epi["act"], epi["addend"]
-            if z is not None:
-                if z.dtype != np.float32 or z.shape != shape or not z.flags.c_contiguous:
-                    return None
-                if np.may_share_memory(target, z):
-                    target = np.empty(shape, np.float32)
-                z3 = z.reshape(n, m, -1)
-        t3 = target.reshape(n, m, -1)
+        fits, clip, z3, act = _epilogue_args(None, shape, epi)  # (the bias is the call's own)
+        if fits is False:
+            return None
         width = parallel.native_width()
-        for i in range(n):
-            if not call.run(x[i], t3[i], clip, width, None if z3 is None else z3[i], act):
-                return None
-        if epi is not None:
-            epi["applied"] = True
-        return _delivered(target, out)
+        return _per_image(shape, out, z3, epi, lambda i, t2, z2: call.run(x[i], t2, clip, width, z2, act))
 
     # a 2-D depthwise one with a constant weight through the blocked layout's kernel, its planes
     # reordered in and out by the call (onnxruntime runs a lone depthwise layer so too): the NCHW
