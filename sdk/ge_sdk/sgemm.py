@@ -109,29 +109,22 @@ static inline __attribute__((always_inline)) __m512 sg_exp16(__m512 x) {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_ORD_Q), x, y);
 }
 
-/* erf of 16 lanes: the prelude's erf32 (a series below 1, Abramowitz-Stegun 7.1.26 above) */
+/* erf of 16 lanes: the prelude's erf32 (a rational fit on [-3.92, 3.92], held in [-1, 1]) */
 static inline __attribute__((always_inline)) __m512 sg_erf16(__m512 x) {
-    __m512 z = _mm512_mul_ps(x, x);
-    __m512 q = _mm512_fmadd_ps(SG_C(7.853861353153693e-5f), z, SG_C(-8.010193625184903e-4f));
-    q = _mm512_fmadd_ps(q, z, SG_C(5.188327685732524e-3f));
-    q = _mm512_fmadd_ps(q, z, SG_C(-2.685381193529856e-2f));
-    q = _mm512_fmadd_ps(q, z, SG_C(1.128358514861418e-1f));
-    q = _mm512_fmadd_ps(q, z, SG_C(-3.761262582423300e-1f));
-    __m512 small = _mm512_mul_ps(x, _mm512_fmadd_ps(q, z, SG_C(1.128379165726710f)));
-    __m512 a = _mm512_abs_ps(x);
-    __m512 t = _mm512_div_ps(SG_C(1.0f), _mm512_fmadd_ps(SG_C(0.3275911f), a, SG_C(1.0f)));
-    __m512 pl = _mm512_fmadd_ps(SG_C(1.061405429f), t, SG_C(-1.453152027f));
-    pl = _mm512_fmadd_ps(pl, t, SG_C(1.421413741f));
-    pl = _mm512_fmadd_ps(pl, t, SG_C(-0.284496736f));
-    pl = _mm512_fmadd_ps(pl, t, SG_C(0.254829592f));
-    pl = _mm512_mul_ps(pl, t);
-    /* exp's argument stops at -16 (erf is 1.0f from 3.9 on): a large |x| gave a denormal exp, and
-       each cost a microcode assist (GELU at the store ran at twice the GEMM's time) */
-    __m512 big = _mm512_fnmadd_ps(pl, sg_exp16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_min_ps(SG_C(16.0f), z))), SG_C(1.0f));
-    /* the sign of x on big (x < 0: -big) */
-    big = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(big),
-                                              _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u))));
-    __m512 r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, SG_C(1.0f), _CMP_LT_OQ), big, small);
+    __m512 c = _mm512_max_ps(_mm512_min_ps(x, SG_C(3.92f)), SG_C(-3.92f));
+    __m512 t = _mm512_mul_ps(c, c);
+    __m512 p = _mm512_fmadd_ps(SG_C(1.992528e-08f), t, SG_C(-1.9577806e-06f));
+    p = _mm512_fmadd_ps(p, t, SG_C(1.4182818e-04f));
+    p = _mm512_fmadd_ps(p, t, SG_C(3.7006338e-03f));
+    p = _mm512_fmadd_ps(p, t, SG_C(5.0570205e-02f));
+    p = _mm512_fmadd_ps(p, t, SG_C(1.999013e-01f));
+    p = _mm512_fmadd_ps(p, t, SG_C(1.1283791e+00f));
+    __m512 q = _mm512_fmadd_ps(SG_C(9.558066e-04f), t, SG_C(1.4351207e-02f));
+    q = _mm512_fmadd_ps(q, t, SG_C(1.1498877e-01f));
+    q = _mm512_fmadd_ps(q, t, SG_C(5.104896e-01f));
+    q = _mm512_fmadd_ps(q, t, SG_C(1.0f));
+    __m512 r = _mm512_div_ps(_mm512_mul_ps(c, p), q);
+    r = _mm512_max_ps(_mm512_min_ps(r, SG_C(1.0f)), SG_C(-1.0f));
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_ORD_Q), x, r);
 }
 
@@ -216,23 +209,20 @@ static inline __attribute__((always_inline)) __m256 sg_exp8(__m256 x) {
 }
 
 static inline __attribute__((always_inline)) __m256 sg_erf8(__m256 x) {
-    __m256 z = _mm256_mul_ps(x, x);
-    __m256 q = _mm256_fmadd_ps(SG_C8(7.853861353153693e-5f), z, SG_C8(-8.010193625184903e-4f));
-    q = _mm256_fmadd_ps(q, z, SG_C8(5.188327685732524e-3f));
-    q = _mm256_fmadd_ps(q, z, SG_C8(-2.685381193529856e-2f));
-    q = _mm256_fmadd_ps(q, z, SG_C8(1.128358514861418e-1f));
-    q = _mm256_fmadd_ps(q, z, SG_C8(-3.761262582423300e-1f));
-    __m256 small = _mm256_mul_ps(x, _mm256_fmadd_ps(q, z, SG_C8(1.128379165726710f)));
-    __m256 a = _mm256_andnot_ps(SG_SIGN8, x);
-    __m256 t = _mm256_div_ps(SG_C8(1.0f), _mm256_fmadd_ps(SG_C8(0.3275911f), a, SG_C8(1.0f)));
-    __m256 pl = _mm256_fmadd_ps(SG_C8(1.061405429f), t, SG_C8(-1.453152027f));
-    pl = _mm256_fmadd_ps(pl, t, SG_C8(1.421413741f));
-    pl = _mm256_fmadd_ps(pl, t, SG_C8(-0.284496736f));
-    pl = _mm256_fmadd_ps(pl, t, SG_C8(0.254829592f));
-    pl = _mm256_mul_ps(pl, t);
-    __m256 big = _mm256_fnmadd_ps(pl, sg_exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_min_ps(SG_C8(16.0f), z))), SG_C8(1.0f));
-    big = _mm256_or_ps(big, _mm256_and_ps(x, SG_SIGN8));
-    __m256 r = _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, SG_C8(1.0f), _CMP_LT_OQ));
+    __m256 c = _mm256_max_ps(_mm256_min_ps(x, SG_C8(3.92f)), SG_C8(-3.92f));
+    __m256 t = _mm256_mul_ps(c, c);
+    __m256 p = _mm256_fmadd_ps(SG_C8(1.992528e-08f), t, SG_C8(-1.9577806e-06f));
+    p = _mm256_fmadd_ps(p, t, SG_C8(1.4182818e-04f));
+    p = _mm256_fmadd_ps(p, t, SG_C8(3.7006338e-03f));
+    p = _mm256_fmadd_ps(p, t, SG_C8(5.0570205e-02f));
+    p = _mm256_fmadd_ps(p, t, SG_C8(1.999013e-01f));
+    p = _mm256_fmadd_ps(p, t, SG_C8(1.1283791e+00f));
+    __m256 q = _mm256_fmadd_ps(SG_C8(9.558066e-04f), t, SG_C8(1.4351207e-02f));
+    q = _mm256_fmadd_ps(q, t, SG_C8(1.1498877e-01f));
+    q = _mm256_fmadd_ps(q, t, SG_C8(5.104896e-01f));
+    q = _mm256_fmadd_ps(q, t, SG_C8(1.0f));
+    __m256 r = _mm256_div_ps(_mm256_mul_ps(c, p), q);
+    r = _mm256_max_ps(_mm256_min_ps(r, SG_C8(1.0f)), SG_C8(-1.0f));
     return _mm256_blendv_ps(x, r, _mm256_cmp_ps(x, x, _CMP_ORD_Q));
 }
 

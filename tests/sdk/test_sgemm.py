@@ -436,8 +436,8 @@ def test_activations_at_the_store_on_special_values(act):
     finite = np.isfinite(v)
     with np.errstate(over="ignore", invalid="ignore"):
         want = ACTS[act](v[finite].astype(np.float64))
-    # (erf's approximation is within 1.5e-7 absolute: GELU's error scales with |x| where 1 + erf is small)
-    atol = 1e-7 * (1 + np.abs(v[finite])) if act.startswith("gelu") else 1e-30
+    # (erf's approximation is within 4e-7 absolute: GELU's error scales with |x| where 1 + erf is small)
+    atol = 2e-7 * (1 + np.abs(v[finite])) if act.startswith("gelu") else 1e-30
     assert np.all(np.abs(out[0][finite] - want) <= 2e-6 * np.abs(want) + atol)
     assert np.isnan(out[0][np.isnan(v)]).all()  # NaN passes through
     pos_inf = out[0][v == np.inf]

@@ -27,7 +27,7 @@ _VEC_ERF = np.frompyfunc(math.erf, 1, 1)
 
 _erf_loops: dict[str, Any] = {}
 
-#: fixed source: out[i] = erf(x[i]) for float32 (the prelude's vectorised erf32, within 4 ulp)
+#: fixed source: out[i] = erf(x[i]) for float32 (the prelude's vectorised erf32, within 7 ulp)
 #: and float64 (libm's erf)
 _ERF_SRC = """
 #define ERF_LOOP(NAME, T, NPY, F)                                                   \\
