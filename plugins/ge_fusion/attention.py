@@ -53,49 +53,10 @@ static inline void hd_row64(double *row, const double *mk, int64_t nn) {
 }
 
 #if defined(__AVX512F__)
-/* expneg32 on 16 lanes (GE's GEMM's exp core, ge_sdk.sgemm): x <= 0, or NaN (passed through) */
-static inline __attribute__((always_inline)) __m512 hd_expneg16(__m512 x) {
-    __m512i n;
-    __m512 y = sg_expcore16(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), &n);
-    y = _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23)));
-    y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ), y);
-    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_ORD_Q), x, y);
-}
-
-/* hd_row64's steps on 16 lanes: the mask added while the max is taken, the exps stored and summed
-   in one pass (the tail kept in a register until its one store), then scaled */
+/* hd_row64's steps on 16 lanes (ge_sdk.sgemm.ACTIVATION_C16's softmax row: the mask added as the
+   row is read, expneg32's exact zero below -87.3) */
 static inline void hd_row32(float *row, const float *mk, int64_t nn) {
-    int64_t k = 0;
-    __mmask16 tail = (__mmask16)((1u << (nn % 16)) - 1u);
-    __m512 mv = _mm512_set1_ps(-INFINITY);
-    for (; k + 16 <= nn; k += 16) {
-        __m512 v = _mm512_loadu_ps(row + k);
-        if (mk) { v = _mm512_add_ps(v, _mm512_loadu_ps(mk + k)); _mm512_storeu_ps(row + k, v); }
-        mv = _mm512_max_ps(mv, v);
-    }
-    __m512 vt = _mm512_setzero_ps();
-    if (tail) {
-        vt = _mm512_maskz_loadu_ps(tail, row + k);
-        if (mk) vt = _mm512_add_ps(vt, _mm512_maskz_loadu_ps(tail, mk + k));
-        mv = _mm512_mask_max_ps(mv, tail, mv, vt);
-    }
-    /* (a NaN score may or may not reach the max; either way its exp is NaN, and so are the sum
-       and every scaled value: the row is NaN) */
-    __m512 mm = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
-    __m512 sv = _mm512_setzero_ps();
-    for (k = 0; k + 16 <= nn; k += 16) {
-        __m512 e = hd_expneg16(_mm512_sub_ps(_mm512_loadu_ps(row + k), mm));
-        _mm512_storeu_ps(row + k, e);
-        sv = _mm512_add_ps(sv, e);
-    }
-    __m512 et = _mm512_setzero_ps();
-    if (tail) {
-        et = _mm512_maskz_mov_ps(tail, hd_expneg16(_mm512_sub_ps(vt, mm)));
-        sv = _mm512_add_ps(sv, et);
-    }
-    __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sv));
-    for (k = 0; k + 16 <= nn; k += 16) _mm512_storeu_ps(row + k, _mm512_mul_ps(_mm512_loadu_ps(row + k), inv));
-    if (tail) _mm512_mask_storeu_ps(row + k, tail, _mm512_mul_ps(et, inv));
+    sg_softmax_row16(row, mk, row, nn, 1.0f);
 }
 #else
 static inline void hd_row32(float *row, const float *mk, int64_t nn) {

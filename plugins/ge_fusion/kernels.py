@@ -324,6 +324,33 @@ def _row_softmax(dtype: Any):
     return fn
 
 
+_NO_ROWS: dict[str, np.ndarray] = {}
+
+
+def _scaled_softmax(fn: Any, s: np.ndarray, scale: float, mask: np.ndarray | None) -> bool:
+    """``s = softmax(s * scale + mask)`` over the last axis in one pass of the row kernel
+    (``softmax_scaled``) when ``s`` is a C-order score array and ``mask`` is None or one row, or
+    one ``(queries, keys)`` block, for every head and batch; False (nothing done) otherwise."""
+    if fn is None or s.dtype != fn.ge_dtype or not s.flags.c_contiguous or s.ndim < 2 or not s.size:
+        return False
+    n = s.shape[-1]
+    if mask is None:
+        m2, period = _NO_ROWS.setdefault(s.dtype.name, np.zeros(1, s.dtype)), 0
+    else:
+        if not isinstance(mask, np.ndarray) or mask.dtype != s.dtype or mask.ndim > s.ndim:
+            return False
+        ms = (1,) * (s.ndim - mask.ndim) + mask.shape
+        if ms[-1] != n or any(d != 1 for d in ms[:-2]) or ms[-2] not in (1, s.shape[-2]):
+            return False
+        period = ms[-2]
+        m2 = np.ascontiguousarray(mask).reshape(period, n)
+        if np.may_share_memory(m2, s):
+            return False
+    v = s.reshape(-1, n)
+    fn(v, float(scale), m2, period, v)
+    return True
+
+
 def _attention_perm(spec: KernelSpec, name: str, i: int) -> list[int] | None:
     """An Attention kernel's permutation attribute (checked when the node was; None: identity)."""
     t = spec.inputs[i] if i < len(spec.inputs) else None
@@ -338,6 +365,9 @@ def attention_factory(spec: KernelSpec):
     scale = float(spec.attr("scale", 1.0))
     dt = _out_type(spec)[0]
     rows = _row_softmax(dt)
+    scaled = _rows("softmax_scaled", dt)
+    if scaled is not None:
+        scaled.ge_dtype = np.dtype(dt)
     width = parallel.planned_width(spec)
     if width > 1:
         from . import attention
@@ -368,11 +398,12 @@ def attention_factory(spec: KernelSpec):
             r = attention.run(q, kt, v, mask, scale, o, parallel.threads())
         if r is None:
             s = np.matmul(q, kt)
-            if scale != 1.0:
-                s *= s.dtype.type(scale)
-            if mask is not None:
-                s += mask
-            _softmax_inplace(s, -1, rows)
+            if not _scaled_softmax(scaled, s, scale, mask):
+                if scale != 1.0:
+                    s *= s.dtype.type(scale)
+                if mask is not None:
+                    s += mask
+                _softmax_inplace(s, -1, rows)
             r = np.matmul(s, v, out=o)
         if dest is not None and r is o:
             return (dest,)

@@ -538,33 +538,14 @@ static inline void rms_row(const T *r, T *o, const T *gamma, T eps, T inv, int64
 }
 
 #if defined(__AVX512F__)
-/* a float32 row's softmax 16 lanes at a time in registers (GE's GEMM's exp, ge_sdk.sgemm.
-   ACTIVATION_C16): the loops below reach 1.5 G elements/s, this 4+. A NaN (or an inf, whose
-   difference from the max is NaN) enters the sum, so the whole row is NaN, as in NumPy. */
+/* a float32 row's softmax 16 lanes at a time in registers (ge_sdk.sgemm.ACTIVATION_C16's
+   sg_softmax_row16, as the Attention kernel's rows): the loops below reach 1.5 G elements/s,
+   this 4+. A NaN (or an inf, whose difference from the max is NaN) enters the sum, so the whole
+   row is NaN, as in NumPy. */
 static inline void sm_row32(const float *r, float *o, int64_t d) {
-    int64_t k = 0;
-    __m512 mv = _mm512_set1_ps(-INFINITY);
-    for (; k + 16 <= d; k += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(r + k));
-    float mi = _mm512_reduce_max_ps(mv);
-    for (; k < d; k++) mi = r[k] > mi ? r[k] : mi;
-    __m512 mm = _mm512_set1_ps(mi), sv = _mm512_setzero_ps();
-    __mmask16 tail = (__mmask16)((1u << (d % 16)) - 1u);
-    for (k = 0; k + 16 <= d; k += 16) {
-        __m512 e = sg_exp16(_mm512_sub_ps(_mm512_loadu_ps(r + k), mm));
-        _mm512_storeu_ps(o + k, e);
-        sv = _mm512_add_ps(sv, e);
-    }
-    /* the tail stays in a register until its one store (a masked store read back by a masked
-       load does not forward: it stalled in-place rows) */
-    __m512 et = _mm512_setzero_ps();
-    if (tail) {
-        et = _mm512_maskz_mov_ps(tail, sg_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, r + k), mm)));
-        sv = _mm512_add_ps(sv, et);
-    }
-    __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sv));
-    for (k = 0; k + 16 <= d; k += 16) _mm512_storeu_ps(o + k, _mm512_mul_ps(_mm512_loadu_ps(o + k), inv));
-    if (tail) _mm512_mask_storeu_ps(o + k, tail, _mm512_mul_ps(et, inv));
+    sg_softmax_row16(r, NULL, o, d, 1.0f);
 }
+#define SM_SCALED_VEC 1
 #define SM_VEC 1
 #elif defined(__AVX2__) && defined(__FMA__)
 /* the same on AVX2, 8 lanes (sg_exp8): the max and the sum reduced 8 lanes wide, the tail a
@@ -663,6 +644,16 @@ static int64_t row_parts(int64_t rows, int64_t cols, int64_t *threads) {
     return blocks < 1 ? 1 : blocks;
 }
 
+/* the rows in row_parts' even parts (their count into *parts, the task context's field) on the
+   native pool */
+static PyObject *run_parts(ge_task_t task, void *q, int64_t *parts, int64_t rows, int64_t cols, int64_t threads) {
+    *parts = row_parts(rows, cols, &threads);
+    Py_BEGIN_ALLOW_THREADS
+    ge_parallel(task, q, *parts, threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 /* the rows of one task: each row's `CALL` with r the input row and o the output row (the same
    pointer in place, so the compiler sees they alias exactly and vectorises) */
 #define TASK(NAME, INPLACE, CALL)                                                                      \
@@ -688,13 +679,8 @@ static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {    
     if (rows_args(args, n, NVEC, &rows, &cols, &threads, &q.x, &q.out, q.v, HAS_EPS ? &q.eps : NULL)) \
         return NULL;                                                                                  \
     q.inv = ONE / (T)cols; q.rows = rows; q.cols = cols;                                              \
-    int64_t blocks = row_parts(rows, cols, &threads);                                                 \
-    q.parts = blocks;                                                                                 \
     ge_task_t task = (const void *)q.x == (const void *)q.out ? task_##NAME##_ip : task_##NAME;       \
-    Py_BEGIN_ALLOW_THREADS                                                                            \
-    ge_parallel(task, &q, blocks, threads);                                                           \
-    Py_END_ALLOW_THREADS                                                                              \
-    Py_RETURN_NONE;                                                                                   \
+    return run_parts(task, &q, &q.parts, rows, cols, threads);                                        \
 }
 
 TASK(layernorm, 0, ln_row(r, o, v[0], v[1], eps, inv, cols))
@@ -706,6 +692,47 @@ TASK(softmax_ip, 1, sm_row(o, o, cols))
 ENTRY(layernorm, 2, 1)
 ENTRY(rmsnorm, 1, 1)
 ENTRY(softmax, 0, 0)
+
+/* softmax(x * alpha + mask row i % P) of row i (P = 0: no mask): attention's scores scaled and
+   masked as they are read, no pass of their own */
+static inline void sm_row_scaled(const T *r, const T *mk, T *o, T alpha, int64_t d) {
+#if defined(SM_SCALED_VEC)
+    if (sizeof(T) == 4) {
+        sg_softmax_row16((const float *)r, (const float *)mk, (float *)o, d, (float)alpha);
+        return;
+    }
+#endif
+    for (int64_t k = 0; k < d; k++) o[k] = mk ? r[k] * alpha + mk[k] : r[k] * alpha;
+    sm_row(o, o, d);
+}
+typedef struct { const T *x, *mk; T *out; T alpha; int64_t rows, cols, parts, P; } RS;
+static void task_softmax_scaled(void *vc, int64_t b, int slot) {
+    const RS *q = (const RS *)vc;
+    int64_t d = q->cols, end = (b + 1) * q->rows / q->parts;
+    (void)slot;
+    for (int64_t i = b * q->rows / q->parts; i < end; i++)
+        sm_row_scaled(q->x + i * d, q->P ? q->mk + (i % q->P) * d : NULL, q->out + i * d, q->alpha, d);
+}
+
+/* softmax_scaled(x, alpha, mask, P, out, rows, cols, threads): out may be x; mask (P x cols) apart
+   from out; rows a multiple of P (P = 0: no mask, the mask argument unread) */
+static PyObject *softmax_scaled(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    int64_t P, rows, cols, threads;
+    if (ge_nargs(n, 8)) return NULL;
+    if (ge_int(args, 3, 0, 1LL << 40, &P) || ge_int(args, 5, 0, 1LL << 40, &rows)
+        || ge_int(args, 6, 1, 1LL << 40, &cols) || ge_int(args, 7, 1, 4096, &threads)) return NULL;
+    if (P && rows % P) return ge_fail();
+    double alpha = PyFloat_AsDouble(args[1]);
+    if (alpha == -1.0 && PyErr_Occurred()) return NULL;
+    RS q = {0};
+    q.x = (const T *)ge_arr(args, 0, NPY_T, 0, rows * cols);
+    q.mk = q.x ? (const T *)ge_arr(args, 2, NPY_T, 0, P * cols) : NULL;
+    q.out = q.mk ? (T *)ge_arr(args, 4, NPY_T, 1, rows * cols) : NULL;
+    if (!q.out) return NULL;
+    if (P && q.out < q.mk + P * cols && q.mk < q.out + rows * cols) return ge_fail();
+    q.alpha = (T)alpha; q.rows = rows; q.cols = cols; q.P = P;
+    return run_parts(task_softmax_scaled, &q, &q.parts, rows, cols, threads);
+}
 
 /* rotary embedding: row i of x (cols = d, even) against row i % P of cos and sin,
    o = x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] for the halves x1, x2 */
@@ -740,12 +767,7 @@ static PyObject *rotary(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (!q.out) return NULL;
     if (q.out < q.x + rows * cols && q.x < q.out + rows * cols) return ge_fail();  /* (a row reads its first half after writing it) */
     q.rows = rows; q.cols = cols; q.P = P;
-    int64_t blocks = row_parts(rows, cols, &threads);
-    q.parts = blocks;
-    Py_BEGIN_ALLOW_THREADS
-    ge_parallel(task_rotary, &q, blocks, threads);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
+    return run_parts(task_rotary, &q, &q.parts, rows, cols, threads);
 }
 """
 
@@ -754,7 +776,8 @@ _ROW_TYPES = {"float32": "typedef float T;\n#define NPY_T NPY_FLOAT\n#define ONE
               "float64": "typedef double T;\n#define NPY_T NPY_DOUBLE\n#define ONE 1.0\n#define SQRT sqrt\n#define EXP exp\n"}
 
 #: the row kernels' parameters after x (and before out)
-ROW_KINDS = {"layernorm": "gamma, beta, eps", "rmsnorm": "gamma, eps", "softmax": "", "rotary": "cos, sin, P"}
+ROW_KINDS = {"layernorm": "gamma, beta, eps", "rmsnorm": "gamma, eps", "softmax": "", "rotary": "cos, sin, P",
+             "softmax_scaled": "alpha, mask, P"}
 
 _rows: dict[tuple[str, str], Any] = {}
 
@@ -762,7 +785,9 @@ _rows: dict[tuple[str, str], Any] = {}
 def row_kernel(kind: str, dtype: Any) -> Any:
     """The compiled ``fn(x2d, *params, out2d)`` of ``kind`` (:data:`ROW_KINDS`: layernorm takes
     ``gamma, beta, eps``, rmsnorm ``gamma, eps``, softmax nothing, rotary ``cos2d, sin2d, P``
-    (``P`` rows each, row i of x against row i % P; ``out`` apart from ``x``); else ``out`` may be ``x``) for
+    (``P`` rows each, row i of x against row i % P; ``out`` apart from ``x``), softmax_scaled
+    ``alpha, mask2d, P`` (softmax of row i * alpha + mask row i % P; ``P`` 0: no mask); else
+    ``out`` may be ``x``) for
     ``dtype`` (float32/float64), or None without native kernels. Sums are reassociated
     (vectorised)."""
     if kind not in ROW_KINDS:

@@ -354,6 +354,48 @@ def test_softmax_row_kernel_in_place_and_not_on_edge_values(cols):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("cols", [5, 16, 17, 197])
+@pytest.mark.parametrize("alpha,period", [(0.125, 0), (1.0, 1), (0.125, 6), (-0.5, 0), (-0.5, 6)])
+def test_scaled_softmax_row_kernel(cols, alpha, period, dtype):
+    """softmax(x * alpha + mask row i % P): attention's scores scaled and masked as the row kernel
+    reads them; against float64 NumPy, in place and into another buffer, a masked (-inf) key, the
+    same bits on 1 and 2 threads; arguments that disagree are refused."""
+    from ge_fusion.loopgen import row_kernel
+    from ge_sdk import parallel
+
+    fn = row_kernel("softmax_scaled", dtype)
+    if fn is None:
+        pytest.skip("no C compiler: attention runs NumPy's passes (tested with the fused attention)")
+    rng = np.random.default_rng(cols + period)
+    x = (rng.standard_normal((240, cols)) * 8).astype(dtype)
+    mask = (rng.standard_normal((max(period, 1), cols)) * 3).astype(dtype)
+    mask[:, 0] = -np.inf
+    v = x.astype(np.float64) * alpha
+    if period:
+        v = v + np.tile(mask, (240 // period, 1))
+    want = np.exp(v - v.max(axis=1, keepdims=True))
+    want /= want.sum(axis=1, keepdims=True)
+    got = {}
+    for width in (1, 2):
+        with parallel.use_threads(width):
+            out = np.full_like(x, 7.0)
+            fn(x, alpha, mask, period, out)
+            inplace = x.copy()
+            fn(inplace, alpha, mask, period, inplace)
+        np.testing.assert_array_equal(out, inplace)
+        np.testing.assert_allclose(out, want, rtol=2e-5 if dtype == "float32" else 1e-12, atol=1e-30)
+        got[width] = out
+    np.testing.assert_array_equal(got[1], got[2])
+    if period > 1:
+        with pytest.raises(ValueError):
+            fn(x[:5].copy(), alpha, mask, period, np.empty_like(x[:5]))  # rows not a multiple of P
+    if period:
+        both = np.concatenate([x, mask[:1]])
+        with pytest.raises(ValueError):
+            fn(both, alpha, both[-1:], 1, both)  # the mask inside the output
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("case", ["scale_bias", "scale_only", "input_scale", "stats_unused", "mean_used", "axis_1"])
 def test_onnx_layernorm_runs_as_a_row_kernel(case, dtype):
     shape = (3, 17, 384)
