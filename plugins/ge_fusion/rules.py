@@ -956,16 +956,80 @@ def _fuse_matmul(rw: Rewriter, m: Match):
                  output_types=[m.root.type], **attrs)
 
 
-def _matmul_rules() -> tuple[Rule, Rule]:
+def _through_reshape(rw: Rewriter, m: Match, fuse) -> Value | None:
+    """``fuse``'s FusedMatMul for the 2-D product under the match's Reshape, reshaped back: the
+    activation or residual an exporter writes after flattening a Linear's rows (GPT-2's Conv1D:
+    Gemm, Reshape, then Gelu or the residual Add) goes to the GEMM's store all the same."""
+    r = m["reshape"]
+    inner = r.inputs[0]
+    out = r.outputs[0].type
+    if inner is None or inner.type.shape is None or out.shape is None or not inner.type.is_static or not out.is_static:
+        return None
+    y = fuse(inner)
+    if y is None:
+        return None
+    return rw.op("Reshape", y, r.inputs[1], name=r.name, output_types=[out])
+
+
+def _fuse_gemm_reshaped_act(rw: Rewriter, m: Match):
+    """Activation(Reshape(Gemm)) → Reshape(FusedMatMul with the activation at its store)"""
+    g = m["gemm"]
+    if g.inputs[0].type.rank != 2:
+        return None
+
+    def fuse(inner: Value) -> Value:
+        ins = list(g.inputs) + [None] * (3 - len(g.inputs))
+        attrs = {k: g.attrs[k] for k in ("transA", "transB", "alpha", "beta") if k in g.attrs}
+        steps = activation_steps(m["act"], "y")
+        return rw.op("FusedMatMul", *ins, domain=DOMAIN, name="fused_matmul", epilogue=codegen.dumps(steps),
+                     output_types=[inner.type], **attrs)
+    return _through_reshape(rw, m, fuse)
+
+
+def _fuse_gemm_residual(rw: Rewriter, m: Match):
+    """Add(Gemm, R) and Add(Reshape(Gemm), R) (R of the sum's own shape: a residual) →
+    FusedMatMul adding R at its store (R seen in the product's 2-D shape, a view)"""
+    g, add = m["gemm"], m["add"]
+    res = m.value("res")
+    total = add.outputs[0].type
+    if g.inputs[0].type.rank != 2 or res.type.shape is None or total.shape is None or not total.is_static \
+            or tuple(res.type.shape) != tuple(total.shape) or res.type.dtype != total.dtype:
+        return None
+
+    def fuse(inner: Value) -> Value:
+        r2 = res if tuple(res.type.shape) == tuple(inner.type.shape) else \
+            rw.op("Reshape", res, rw.const(np.array(inner.type.shape, np.int64), "residual_shape"), name="residual_2d")
+        ins = (list(g.inputs) + [None] * (3 - len(g.inputs)))[:3] + [r2]
+        attrs = {k: g.attrs[k] for k in ("transA", "transB", "alpha", "beta") if k in g.attrs}
+        return rw.op("FusedMatMul", *ins, domain=DOMAIN, name="fused_matmul",
+                     epilogue=codegen.dumps([("Add", ["y", "a0"], {})]), output_types=[inner.type], **attrs)
+    if "reshape" in m:
+        return _through_reshape(rw, m, fuse)
+    return fuse(g.outputs[0])
+
+
+def _matmul_rules() -> tuple[Rule, Rule, Rule]:
     mm = Op("MatMul|FusedMatMul", Var("a"), Var("b"), ..., domain=None, name="mm",
             pred=lambda n: _is_float(n.outputs[0]) and n.domain in ("", "ai.onnx", DOMAIN))
     add = Op("Add", mm, Var("bias"), commutative=True, name="add")
     matmul = AnyOf("matmul_add_fusion", [Rule("matmul_add_act", _act_pattern(add), _fuse_matmul),
                                           Rule("matmul_add", add, _fuse_matmul)],
                    "MatMul + Add(bias) (+ activation) → FusedMatMul")
-    gemm = Op("Gemm", Var("a"), Var("b"), ..., name="gemm", pred=lambda n: _is_float(n.outputs[0]))
-    gemm_act = Rule("gemm_activation_fusion", _act_pattern(gemm), _fuse_matmul)
-    return matmul, gemm_act
+
+    def gemm() -> Op:
+        return Op("Gemm", Var("a"), Var("b"), ..., name="gemm", pred=lambda n: _is_float(n.outputs[0]))
+
+    def reshaped() -> Op:
+        return Op("Reshape", gemm(), Var("shape"), name="reshape")
+    gemm_act = AnyOf("gemm_activation_fusion", [
+        Rule("gemm_act", _act_pattern(gemm()), _fuse_matmul),
+        Rule("gemm_reshape_act", _act_pattern(reshaped()), _fuse_gemm_reshaped_act),
+    ], "Gemm + activation (also through the Reshape of its rows) → FusedMatMul")
+    gemm_res = AnyOf("gemm_residual_fusion", [
+        Rule("gemm_add", Op("Add", gemm(), Var("res"), commutative=True, name="add"), _fuse_gemm_residual),
+        Rule("gemm_reshape_add", Op("Add", reshaped(), Var("res"), commutative=True, name="add"), _fuse_gemm_residual),
+    ], "Gemm + Add(residual) (also through the Reshape of its rows) → FusedMatMul adding it at the store")
+    return matmul, gemm_act, gemm_res
 
 
 # ------------------------------------------------------------------------------------------------
@@ -998,10 +1062,10 @@ def _build() -> list[tuple[str, list[Rule]]]:
     gelu, gelu_tanh = _gelu_rules()
     recognise = [gelu, gelu_tanh, _silu_rule(), _layernorm_rule(), _rmsnorm_rule(), _softmax_rule(), _rotary_rule()]
     conv_act, conv_res = _conv_epilogue_rules()
-    matmul, gemm_act = _matmul_rules()
+    matmul, gemm_act, gemm_res = _matmul_rules()
     return [("fold", folds), ("recognise", recognise), ("attention", [_attention_rule()]),
             ("layout", [_attention_layout_rule()]),
-            ("epilogue", [conv_act, conv_res, matmul, gemm_act]),
+            ("epilogue", [conv_act, conv_res, matmul, gemm_act, gemm_res]),
             ("kernels", [_onnx_softmax_rule(), _onnx_layernorm_rule()])]
 
 
