@@ -997,8 +997,9 @@ def _fuse_gemm_residual(rw: Rewriter, m: Match):
         return None
 
     def fuse(inner: Value) -> Value:
-        r2 = res if tuple(res.type.shape) == tuple(inner.type.shape) else \
-            rw.op("Reshape", res, rw.const(np.array(inner.type.shape, np.int64), "residual_shape"), name="residual_2d")
+        shape = tuple(inner.type.shape or ())  # (static: checked by the caller)
+        r2 = res if tuple(res.type.shape or ()) == shape else \
+            rw.op("Reshape", res, rw.const(np.array(shape, np.int64), "residual_shape"), name="residual_2d")
         ins = (list(g.inputs) + [None] * (3 - len(g.inputs)))[:3] + [r2]
         attrs = {k: g.attrs[k] for k in ("transA", "transB", "alpha", "beta") if k in g.attrs}
         return rw.op("FusedMatMul", *ins, domain=DOMAIN, name="fused_matmul",
