@@ -335,7 +335,9 @@ def _scaled_softmax(fn: Any, s: np.ndarray, scale: float, mask: np.ndarray | Non
         return False
     n = s.shape[-1]
     if mask is None:
-        m2, period = _NO_ROWS.setdefault(s.dtype.name, np.zeros(1, s.dtype)), 0
+        m2, period = _NO_ROWS.get(s.dtype.name), 0
+        if m2 is None:
+            m2 = _NO_ROWS[s.dtype.name] = np.zeros(1, s.dtype)
     else:
         if not isinstance(mask, np.ndarray) or mask.dtype != s.dtype or mask.ndim > s.ndim:
             return False

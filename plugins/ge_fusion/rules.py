@@ -932,14 +932,19 @@ def _conv_epilogue_rules() -> tuple[Rule, Rule]:
     return act, add
 
 
+def _gemm_operands(g: Node) -> tuple[list[Value | None], dict[str, Any]]:
+    """A Gemm's A, B and C (None where absent) and the attributes FusedMatMul takes from it."""
+    ins = (list(g.inputs) + [None] * 3)[:3]
+    return ins, {k: g.attrs[k] for k in ("transA", "transB", "alpha", "beta") if k in g.attrs}
+
+
 def _fuse_matmul(rw: Rewriter, m: Match):
     """MatMul + Add(bias) (+ activation), Gemm + activation → FusedMatMul"""
     if "gemm" in m:
         g = m["gemm"]
         if g.inputs[0].type.rank != 2:
             return None
-        ins = list(g.inputs) + [None] * (3 - len(g.inputs))
-        attrs = {k: g.attrs[k] for k in ("transA", "transB", "alpha", "beta") if k in g.attrs}
+        ins, attrs = _gemm_operands(g)
     else:
         mm = m["mm"]
         out = mm.outputs[0].type
@@ -978,8 +983,7 @@ def _fuse_gemm_reshaped_act(rw: Rewriter, m: Match):
         return None
 
     def fuse(inner: Value) -> Value:
-        ins = list(g.inputs) + [None] * (3 - len(g.inputs))
-        attrs = {k: g.attrs[k] for k in ("transA", "transB", "alpha", "beta") if k in g.attrs}
+        ins, attrs = _gemm_operands(g)
         steps = activation_steps(m["act"], "y")
         return rw.op("FusedMatMul", *ins, domain=DOMAIN, name="fused_matmul", epilogue=codegen.dumps(steps),
                      output_types=[inner.type], **attrs)
@@ -1000,9 +1004,8 @@ def _fuse_gemm_residual(rw: Rewriter, m: Match):
         shape = tuple(inner.type.shape or ())  # (static: checked by the caller)
         r2 = res if tuple(res.type.shape or ()) == shape else \
             rw.op("Reshape", res, rw.const(np.array(shape, np.int64), "residual_shape"), name="residual_2d")
-        ins = (list(g.inputs) + [None] * (3 - len(g.inputs)))[:3] + [r2]
-        attrs = {k: g.attrs[k] for k in ("transA", "transB", "alpha", "beta") if k in g.attrs}
-        return rw.op("FusedMatMul", *ins, domain=DOMAIN, name="fused_matmul",
+        ins, attrs = _gemm_operands(g)
+        return rw.op("FusedMatMul", *ins, r2, domain=DOMAIN, name="fused_matmul",
                      epilogue=codegen.dumps([("Add", ["y", "a0"], {})]), output_types=[inner.type], **attrs)
     if "reshape" in m:
         return _through_reshape(rw, m, fuse)

@@ -75,8 +75,9 @@ static inline __attribute__((always_inline)) float act32(float v, int64_t act) {
 #: C of the activations 1-3 of :data:`ACTIVATIONS` on 16 float32 lanes in AVX-512 registers,
 #: ``sg_act16(v, code)`` (and ``sg_exp16``, ``sg_erf16``): the prelude's exp32 and erf32 with
 #: fused multiply-adds (sigmoid and SiLU through ``sg_expneg16``: exp32 of a clamped argument, one
-#: scaling); fixed source, shared like :data:`ACTIVATION_C`; on AVX2 (no AVX-512) it
-#: holds the same math on 8 lanes instead, ``sg_act8`` (the blocked kernels' AVX2 form)
+#: scaling), and ``sg_softmax_row16``, the softmax row the row kernels and the attention heads
+#: share; fixed source, shared like :data:`ACTIVATION_C`; on AVX2 (no AVX-512) it holds the same
+#: activation math on 8 lanes instead, ``sg_act8`` (the blocked kernels' AVX2 form)
 ACTIVATION_C16 = r"""
 #include <immintrin.h>
 #if defined(__AVX512F__)
@@ -111,21 +112,11 @@ static inline __attribute__((always_inline)) __m512 sg_exp16(__m512 x) {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_ORD_Q), x, y);
 }
 
-/* erf of 16 lanes: the prelude's erf32 (a rational fit on [-3.92, 3.92], held in [-1, 1]) */
+/* erf of 16 lanes: the prelude's erf32 (its GE_ERF_RATIO on [-3.92, 3.92], held in [-1, 1]) */
 static inline __attribute__((always_inline)) __m512 sg_erf16(__m512 x) {
     __m512 c = _mm512_max_ps(_mm512_min_ps(x, SG_C(3.92f)), SG_C(-3.92f));
     __m512 t = _mm512_mul_ps(c, c);
-    __m512 p = _mm512_fmadd_ps(SG_C(1.992528e-08f), t, SG_C(-1.9577806e-06f));
-    p = _mm512_fmadd_ps(p, t, SG_C(1.4182818e-04f));
-    p = _mm512_fmadd_ps(p, t, SG_C(3.7006338e-03f));
-    p = _mm512_fmadd_ps(p, t, SG_C(5.0570205e-02f));
-    p = _mm512_fmadd_ps(p, t, SG_C(1.999013e-01f));
-    p = _mm512_fmadd_ps(p, t, SG_C(1.1283791e+00f));
-    __m512 q = _mm512_fmadd_ps(SG_C(9.558066e-04f), t, SG_C(1.4351207e-02f));
-    q = _mm512_fmadd_ps(q, t, SG_C(1.1498877e-01f));
-    q = _mm512_fmadd_ps(q, t, SG_C(5.104896e-01f));
-    q = _mm512_fmadd_ps(q, t, SG_C(1.0f));
-    __m512 r = _mm512_div_ps(_mm512_mul_ps(c, p), q);
+    __m512 r = GE_ERF_RATIO(_mm512_fmadd_ps, _mm512_mul_ps, _mm512_div_ps, SG_C, c, t);
     r = _mm512_max_ps(_mm512_min_ps(r, SG_C(1.0f)), SG_C(-1.0f));
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_ORD_Q), x, r);
 }
@@ -253,17 +244,7 @@ static inline __attribute__((always_inline)) __m256 sg_exp8(__m256 x) {
 static inline __attribute__((always_inline)) __m256 sg_erf8(__m256 x) {
     __m256 c = _mm256_max_ps(_mm256_min_ps(x, SG_C8(3.92f)), SG_C8(-3.92f));
     __m256 t = _mm256_mul_ps(c, c);
-    __m256 p = _mm256_fmadd_ps(SG_C8(1.992528e-08f), t, SG_C8(-1.9577806e-06f));
-    p = _mm256_fmadd_ps(p, t, SG_C8(1.4182818e-04f));
-    p = _mm256_fmadd_ps(p, t, SG_C8(3.7006338e-03f));
-    p = _mm256_fmadd_ps(p, t, SG_C8(5.0570205e-02f));
-    p = _mm256_fmadd_ps(p, t, SG_C8(1.999013e-01f));
-    p = _mm256_fmadd_ps(p, t, SG_C8(1.1283791e+00f));
-    __m256 q = _mm256_fmadd_ps(SG_C8(9.558066e-04f), t, SG_C8(1.4351207e-02f));
-    q = _mm256_fmadd_ps(q, t, SG_C8(1.1498877e-01f));
-    q = _mm256_fmadd_ps(q, t, SG_C8(5.104896e-01f));
-    q = _mm256_fmadd_ps(q, t, SG_C8(1.0f));
-    __m256 r = _mm256_div_ps(_mm256_mul_ps(c, p), q);
+    __m256 r = GE_ERF_RATIO(_mm256_fmadd_ps, _mm256_mul_ps, _mm256_div_ps, SG_C8, c, t);
     r = _mm256_max_ps(_mm256_min_ps(r, SG_C8(1.0f)), SG_C8(-1.0f));
     return _mm256_blendv_ps(x, r, _mm256_cmp_ps(x, x, _CMP_ORD_Q));
 }

@@ -4,10 +4,8 @@ its kernel reads and writes strided views, on one thread and on the per-head nat
 matches onnxruntime on what the TorchScript exporter makes of a tiny BERT; the switch file turns
 the fold off; an .om whose permutations are not permutations is refused at load."""
 
-import io
 import os
 import sys
-import warnings
 
 import numpy as np
 import onnxruntime as ort
@@ -24,7 +22,7 @@ from ge_fusion.kernels import attention_factory
 from ge_fusion.rules import RULES
 from ge_sdk import parallel
 from ge_sdk.rewrite import explain
-from tests.fusion.common import attention_reference, compile_onnx
+from tests.fusion.common import attention_reference, compile_onnx, export_last_hidden
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz"))
 from fuzz_targets import internal_nodes, read_om, write_om  # noqa: E402
@@ -40,21 +38,7 @@ def bert() -> bytes:
                         vocab_size=100, max_position_embeddings=64, attn_implementation="eager")
     model = tf.BertModel(cfg, add_pooling_layer=False).eval()
 
-    class LastHidden(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, x, mask):
-            return self.model(input_ids=x, attention_mask=mask).last_hidden_state
-
-    buf = io.BytesIO()
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(LastHidden(), (torch.zeros(1, SEQ, dtype=torch.int64), torch.ones(1, SEQ, dtype=torch.int64)),
-                          buf, input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"],
-                          opset_version=17, dynamo=False)
-    return buf.getvalue()
+    return export_last_hidden(model, SEQ, mask="input")
 
 
 def _feeds():

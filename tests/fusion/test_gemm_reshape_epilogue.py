@@ -4,8 +4,6 @@ its activation and its residual Add at the GEMM's store: ``gemm_activation_fusio
 TorchScript exporter makes of a tiny GPT-2 against onnxruntime at 1 and 2 threads, with the
 switch file turning both off, and on hand-built graphs where the residual broadcasts (not fused)."""
 
-import io
-import warnings
 
 import numpy as np
 import onnxruntime as ort
@@ -17,7 +15,7 @@ import ge_core as ge
 from ge_fusion.rules import RULES
 from ge_sdk.rewrite import explain
 from ge_sdk.testing import GraphBuilder, run_onnxruntime
-from tests.fusion.common import compile_onnx
+from tests.fusion.common import compile_onnx, export_last_hidden
 
 SEQ = 20
 
@@ -29,20 +27,7 @@ def gpt2() -> bytes:
                         eos_token_id=0, use_cache=False, attn_implementation="eager")
     model = tf.GPT2Model(cfg).eval()
 
-    class LastHidden(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, x):  # (an explicit mask keeps transformers' torch.diff out of the trace)
-            return self.model(input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state
-
-    buf = io.BytesIO()
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(LastHidden(), (torch.zeros(1, SEQ, dtype=torch.int64),), buf, input_names=["input_ids"],
-                          output_names=["last_hidden_state"], opset_version=17, dynamo=False)
-    return buf.getvalue()
+    return export_last_hidden(model, SEQ, mask="ones")
 
 
 def _check(model, blob):

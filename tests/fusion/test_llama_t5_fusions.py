@@ -2,9 +2,7 @@
 what the TorchScript exporter makes of tiny ``transformers`` models (random weights, no
 downloads), match onnxruntime, and the fusion switch file turns each fusion off."""
 
-import io
 import json
-import warnings
 
 import numpy as np
 import onnxruntime as ort
@@ -18,33 +16,17 @@ from ge_fusion import rmsnorm
 from ge_fusion.rules import RULES
 from ge_sdk.rewrite import explain
 from ge_sdk.testing import GraphBuilder, run_onnxruntime
-from tests.fusion.common import compile_onnx
+from tests.fusion.common import compile_onnx, export_last_hidden
 
 SEQ = 16
 
 
 def _export(model, with_mask: bool) -> bytes:
-    class LastHidden(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, x):
-            if with_mask:  # an all-ones mask keeps the packed-sequence check (aten::diff) out of the trace
-                return self.model(input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state
-            return self.model(input_ids=x).last_hidden_state
-
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:  # norm weights start at ones, which the optimiser drops: make them real
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
-    buf = io.BytesIO()
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(LastHidden().eval(), (torch.zeros(1, SEQ, dtype=torch.int64),), buf,
-                          input_names=["input_ids"], output_names=["last_hidden_state"], opset_version=17,
-                          dynamo=False)
-    return buf.getvalue()
+    return export_last_hidden(model, SEQ, mask="ones" if with_mask else "none")
 
 
 @pytest.fixture(scope="module")
