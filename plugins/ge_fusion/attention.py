@@ -117,7 +117,7 @@ static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {    
     const int64_t *oo = (const int64_t *)ge_vec(args, 19, NPY_INT64, 0, &co);                           \
     const T *mask = (const T *)ge_vec(args, 22, NPY, 0, &mlen);                                          \
     const int64_t *mo = (const int64_t *)ge_vec(args, 23, NPY_INT64, 0, &cm);                           \
-    T *scratch = (T *)ge_arr(args, 26, NPY, 1, width * ((m + rb - 1) / rb) * nn);                     \
+    T *scratch = (T *)ge_arr(args, 26, NPY, 1, ge_prod(width, (m + rb - 1) / rb, nn, 1));             \
     if (!qo || !ko || !vo || !oo || !mask || !mo || !scratch) return NULL;                            \
     if (cq < count || ck < count || cv < count || co < count || cm < count) {                         \
         PyErr_SetString(PyExc_ValueError, "attention: the offset tables disagree in length"); return NULL; \
@@ -274,6 +274,8 @@ def run(q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None, s
         return None
     if mask is not None and not isinstance(mask, np.ndarray):
         return None
+    if 0 in q.shape or 0 in kt.shape or 0 in v.shape:
+        return None  # an empty extent first: the NumPy form gives the empty (or all-zero) result
     shape = q.shape[:-1] + v.shape[-1:]
     # the output in place: C order, or a strided view whose head matrices have contiguous rows (a
     # transpose of the output buffer, the Attention op's perm_out)

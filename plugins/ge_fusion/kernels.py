@@ -8,6 +8,7 @@ elementwise ops run generated kernels (:mod:`ge_fusion.codegen`).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -246,8 +247,9 @@ def matmul_factory(spec: KernelSpec):
         o = out[0] if out is not None else None
         y = o if o is not None and o.shape == shape and o.dtype == np.float32 and o.flags.c_contiguous \
             and o.flags.writeable and not np.may_share_memory(o, a) else np.empty(shape, np.float32)
-        a2 = np.ascontiguousarray(a.reshape(-1, panels.k))
-        y2 = y.reshape(-1, panels.n)
+        rows = math.prod(a.shape[:-1])  # (not -1: a k or n of 0 leaves it undefined)
+        a2 = np.ascontiguousarray(a.reshape(rows, panels.k))
+        y2 = y.reshape(rows, panels.n)
         width = parallel.native_width()
         # the epilogue at the store when it can go there (the bias is in the panels' call then)
         if at_store is not None and (c is None or panel_bias is not None):
@@ -306,6 +308,8 @@ def _rows(kind: str, dtype: Any):
 
 
 def _softmax_inplace(s: np.ndarray, axis: int, rows=None) -> np.ndarray:
+    if s.size == 0:  # an empty extent first: nothing to normalise (max would have no identity)
+        return s
     if rows is not None and s.dtype == rows.ge_dtype and s.flags.c_contiguous and s.ndim and s.size \
             and axis in (-1, s.ndim - 1):
         v = s.reshape(-1, s.shape[-1])

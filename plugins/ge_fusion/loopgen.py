@@ -425,8 +425,8 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alia
     lines += ["static PyObject *kernel(PyObject *self, PyObject *const *args, Py_ssize_t n) {",
               f"    int64_t {', '.join(ints)};",
               f"    if (ge_nargs(n, {7 + 3 * n})) return NULL;",
-              f"    if (ge_int(args, 0, 1, {_BIG}, &d0) || ge_int(args, 1, 1, {_BIG}, &d1) || "
-              f"ge_int(args, 2, 1, {_BIG}, &d2)) return NULL;",
+              f"    if (ge_int(args, 0, 0, {_BIG}, &d0) || ge_int(args, 1, 0, {_BIG}, &d1) || "
+              f"ge_int(args, 2, 0, {_BIG}, &d2)) return NULL;",
               f"    if (ge_int(args, 4, 0, {_BIG}, &os0) || ge_int(args, 5, 0, {_BIG}, &os1) || "
               f"ge_int(args, {6 + 3 * n}, 1, 4096, &threads)) return NULL;"]
     for i in range(n):
@@ -438,6 +438,7 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alia
         lines.append(f"    const T *x{i} = (const T *)ge_arr(args, {6 + 3 * i}, {npy}, 0, "
                      f"ge_span(d0, d1, d2, xs{i}_0, xs{i}_1, {inner[i]}));")
         lines.append(f"    if (!x{i}) return NULL;")
+    lines.append("    if (d0 == 0 || d1 == 0 || d2 == 0) Py_RETURN_NONE;")  # an empty extent: nothing to do
     lines.append("    Py_BEGIN_ALLOW_THREADS")
     # an operand laid out like the output that *is* the output: its variant (one pointer)
     for a in aliases:
@@ -492,6 +493,8 @@ def _wrap(built: _Built, dims: list[int], strides: list[list[int]], out_shape: t
             raise TypeError(f"fused loop takes {n_in} operands, got {len(operands)}")
         target = out if (out is not None and out.shape == out_shape and out.dtype == dt and out.flags.c_contiguous
                          and out.flags.aligned and out.flags.writeable) else np.empty(out_shape, dt)
+        if target.size == 0:  # an empty extent first: the empty result (the entry would refuse it)
+            return target if out is None or target is out else out
         args: list[Any] = []
         for (s0, s1), x in zip(xs, operands):
             args += [flat(x), s0, s1]
@@ -610,14 +613,15 @@ static inline void sm_row(const T *r, T *o, int64_t d) {
 }
 
 /* rows, cols and the arrays of one call: x (rows x cols), the vectors, out (x itself in place) */
+/* (the sizes below are checked products: rows and cols up to 2^40 each overflow int64) */
 static int rows_args(PyObject *const *args, Py_ssize_t n, int nvec, int64_t *rows, int64_t *cols,
                      int64_t *threads, const T **x, T **out, const T **vec, T *eps) {
     int base = 1 + nvec + (eps ? 1 : 0);
     if (ge_nargs(n, base + 4)) return -1;
-    if (ge_int(args, base + 1, 0, 1LL << 40, rows) || ge_int(args, base + 2, 1, 1LL << 40, cols)
+    if (ge_int(args, base + 1, 0, 1LL << 40, rows) || ge_int(args, base + 2, 0, 1LL << 40, cols)
         || ge_int(args, base + 3, 1, 4096, threads)) return -1;
-    *out = (T *)ge_arr(args, base, NPY_T, 1, *rows * *cols);
-    *x = (const T *)ge_arr(args, 0, NPY_T, 0, *rows * *cols);
+    *out = (T *)ge_arr(args, base, NPY_T, 1, ge_prod(*rows, *cols, 1, 1));
+    *x = (const T *)ge_arr(args, 0, NPY_T, 0, ge_prod(*rows, *cols, 1, 1));
     if (!*out || !*x) return -1;
     for (int i = 0; i < nvec; i++) {
         vec[i] = (const T *)ge_arr(args, 1 + i, NPY_T, 0, *cols);
@@ -647,6 +651,7 @@ static int64_t row_parts(int64_t rows, int64_t cols, int64_t *threads) {
 /* the rows in row_parts' even parts (their count into *parts, the task context's field) on the
    native pool */
 static PyObject *run_parts(ge_task_t task, void *q, int64_t *parts, int64_t rows, int64_t cols, int64_t threads) {
+    if (rows == 0 || cols == 0) Py_RETURN_NONE;  /* an empty extent first: no row to run */
     *parts = row_parts(rows, cols, &threads);
     Py_BEGIN_ALLOW_THREADS
     ge_parallel(task, q, *parts, threads);
@@ -720,14 +725,14 @@ static PyObject *softmax_scaled(PyObject *self, PyObject *const *args, Py_ssize_
     int64_t P, rows, cols, threads;
     if (ge_nargs(n, 8)) return NULL;
     if (ge_int(args, 3, 0, 1LL << 40, &P) || ge_int(args, 5, 0, 1LL << 40, &rows)
-        || ge_int(args, 6, 1, 1LL << 40, &cols) || ge_int(args, 7, 1, 4096, &threads)) return NULL;
+        || ge_int(args, 6, 0, 1LL << 40, &cols) || ge_int(args, 7, 1, 4096, &threads)) return NULL;
     if (P && rows % P) return ge_fail();
     double alpha = PyFloat_AsDouble(args[1]);
     if (alpha == -1.0 && PyErr_Occurred()) return NULL;
     RS q = {0};
-    q.x = (const T *)ge_arr(args, 0, NPY_T, 0, rows * cols);
-    q.mk = q.x ? (const T *)ge_arr(args, 2, NPY_T, 0, P * cols) : NULL;
-    q.out = q.mk ? (T *)ge_arr(args, 4, NPY_T, 1, rows * cols) : NULL;
+    q.x = (const T *)ge_arr(args, 0, NPY_T, 0, ge_prod(rows, cols, 1, 1));
+    q.mk = q.x ? (const T *)ge_arr(args, 2, NPY_T, 0, ge_prod(P, cols, 1, 1)) : NULL;
+    q.out = q.mk ? (T *)ge_arr(args, 4, NPY_T, 1, ge_prod(rows, cols, 1, 1)) : NULL;
     if (!q.out) return NULL;
     if (P && q.out < q.mk + P * cols && q.mk < q.out + rows * cols) return ge_fail();
     q.alpha = (T)alpha; q.rows = rows; q.cols = cols; q.P = P;
@@ -757,13 +762,13 @@ static PyObject *rotary(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     int64_t P, rows, cols, threads;
     if (ge_nargs(n, 8)) return NULL;
     if (ge_int(args, 3, 1, 1LL << 40, &P) || ge_int(args, 5, 0, 1LL << 40, &rows)
-        || ge_int(args, 6, 2, 1LL << 40, &cols) || ge_int(args, 7, 1, 4096, &threads)) return NULL;
+        || ge_int(args, 6, 0, 1LL << 40, &cols) || ge_int(args, 7, 1, 4096, &threads)) return NULL;
     if (cols % 2 || rows % P) return ge_fail();
     RQ q = {0};
-    q.x = (const T *)ge_arr(args, 0, NPY_T, 0, rows * cols);
-    q.c = q.x ? (const T *)ge_arr(args, 1, NPY_T, 0, P * cols) : NULL;
-    q.s = q.c ? (const T *)ge_arr(args, 2, NPY_T, 0, P * cols) : NULL;
-    q.out = q.s ? (T *)ge_arr(args, 4, NPY_T, 1, rows * cols) : NULL;
+    q.x = (const T *)ge_arr(args, 0, NPY_T, 0, ge_prod(rows, cols, 1, 1));
+    q.c = q.x ? (const T *)ge_arr(args, 1, NPY_T, 0, ge_prod(P, cols, 1, 1)) : NULL;
+    q.s = q.c ? (const T *)ge_arr(args, 2, NPY_T, 0, ge_prod(P, cols, 1, 1)) : NULL;
+    q.out = q.s ? (T *)ge_arr(args, 4, NPY_T, 1, ge_prod(rows, cols, 1, 1)) : NULL;
     if (!q.out) return NULL;
     if (q.out < q.x + rows * cols && q.x < q.out + rows * cols) return ge_fail();  /* (a row reads its first half after writing it) */
     q.rows = rows; q.cols = cols; q.P = P;

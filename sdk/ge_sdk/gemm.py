@@ -62,7 +62,9 @@ def _cblas() -> tuple[Any, Any, Any] | None:
     paths.sort(key=lambda p: "numpy" not in p)  # NumPy's own first
     for path in paths:
         try:
-            lib = ctypes.CDLL(path)
+            # only a library already loaded in this process (NumPy's, which threadpoolctl just
+            # listed): RTLD_NOLOAD maps nothing new, so a file put at that path since is never run
+            lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | ctypes.RTLD_LOCAL)
         except OSError:
             continue
         for s_name, d_name, integer in _SYMBOLS:
@@ -113,7 +115,12 @@ static void NAME##_task(void *vc, int64_t i, int slot) {                        
     int64_t c = q->cols[i], w = q->widths[i];                                                         \
     T *o = q->out + c;                                                                                \
     (void)slot;                                                                                       \
-    q->f(101, 111, 111, q->m, w, q->k, 1, q->a, q->k, (const T *)(intptr_t)q->ptrs[i], q->ldbs[i], 0, o, q->ldc); \
+    if (q->m == 0 || w == 0) return;  /* an empty extent: nothing (BLAS refuses a leading dim of 0) */ \
+    if (q->k == 0) {  /* no products: zeros */                                                        \
+        for (int64_t r_ = 0; r_ < q->m; r_++) memset(o + r_ * q->ldc, 0, (size_t)w * sizeof(T));     \
+    } else {                                                                                          \
+        q->f(101, 111, 111, q->m, w, q->k, 1, q->a, q->k, (const T *)(intptr_t)q->ptrs[i], q->ldbs[i], 0, o, q->ldc); \
+    }                                                                                                 \
     if (q->has_bias) ADD_BIAS(T, o, q->ldc, q->m, w, q->bias + c);                                    \
 }                                                                                                     \
 static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {                          \
@@ -132,7 +139,8 @@ static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {    
     if (!ptrs || !ldbs || !widths || !cols) return NULL;                                              \
     if (c1 < count || c2 < count || c3 < count) return ge_fail();                                     \
     for (int64_t i = 0; i < count; i++)                                                               \
-        if (cols[i] < 0 || widths[i] < 0 || cols[i] + widths[i] > ldc) return ge_fail();              \
+        if (cols[i] < 0 || widths[i] < 0 || cols[i] + widths[i] > ldc                                 \
+            || (widths[i] > 0 && ldbs[i] < widths[i])) return ge_fail();                               \
     const T *bias = (const T *)ge_arr(args, 8, NPY, 0, has_bias ? ldc : 0);                           \
     if (!bias) return NULL;                                                                           \
     NAME##_ctx q = {(GEMM_T)(intptr_t)fn, m, k, ldc, has_bias, a, out, bias, ptrs, ldbs, widths, cols};  \
@@ -158,7 +166,9 @@ static void NAME##_task(void *vc, int64_t i, int slot) {                        
     int64_t r = q->starts[i], c = q->counts[i];                                                       \
     T *o = q->out + r * q->nn;                                                                        \
     (void)slot;                                                                                       \
-    q->f(101, 111, 111, c, q->nn, q->k, 1, q->a + r * q->k, q->k, q->b, q->nn, 0, o, q->nn);          \
+    if (c == 0 || q->nn == 0) return;  /* an empty extent: nothing (BLAS refuses a leading dim of 0) */ \
+    if (q->k == 0) memset(o, 0, (size_t)(c * q->nn) * sizeof(T));  /* no products: zeros */          \
+    else q->f(101, 111, 111, c, q->nn, q->k, 1, q->a + r * q->k, q->k, q->b, q->nn, 0, o, q->nn);      \
     if (q->has_bias) ADD_BIAS(T, o, q->nn, c, q->nn, q->bias);                                        \
 }                                                                                                     \
 static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {                          \
@@ -197,6 +207,8 @@ typedef struct { GEMM_T f; int64_t m, k, n; const T *a, *b; T *c; } NAME##_ctx; 
 static void NAME##_task(void *vc, int64_t i, int slot) {                                              \
     NAME##_ctx *q = (NAME##_ctx *)vc;                                                                 \
     (void)slot;                                                                                       \
+    if (q->m == 0 || q->n == 0) return;  /* an empty extent: nothing (BLAS refuses a leading dim of 0) */ \
+    if (q->k == 0) { memset(q->c + i * q->m * q->n, 0, (size_t)(q->m * q->n) * sizeof(T)); return; }  \
     q->f(101, 111, 111, q->m, q->n, q->k, 1, q->a + i * q->m * q->k, q->k, q->b + i * q->k * q->n, q->n, \
          0, q->c + i * q->m * q->n, q->n);                                                            \
 }                                                                                                     \

@@ -581,6 +581,7 @@ static void nc_plain_task(void *ctx, int64_t t, int slot) {
 static __thread float *nc_buf = NULL, *nc_dw_buf = NULL;
 static __thread size_t nc_cap = 0, nc_dw_cap = 0;
 static float *nc_grow(float **buf, size_t *cap, size_t count) {
+    if (count == 0) count = 1;  /* (an empty extent's scratch: a buffer all the same, not NULL) */
     if (count > *cap) {
         free(*buf);
         *buf = (float *)aligned_alloc(64, ((count * sizeof(float) + 63) / 64) * 64);
@@ -872,6 +873,13 @@ static void nc_pad_task(void *ctx, int64_t t, int slot) {
     memset(dst + (r->pl + r->wd) * 16, 0, (size_t)(r->wp - r->pl - r->wd) * 16 * sizeof(float));
 }
 
+/* refuse a convolution with no input channels: its tiles store after the last input block, so
+   with none the output would stay unwritten (the caller's NumPy form runs it: the bias alone) */
+static PyObject *nc_no_inputs(void) {
+    PyErr_SetString(PyExc_ValueError, "native kernel: a convolution of no input channels");
+    return NULL;
+}
+
 /* y = act(clip(conv(x, w) + bias + z)): (x, w packed (1-D), y, bias, has_bias, clip, lo, hi,
    threads, z or None, act, geometry[, convolution groups]); depthwise when dw is 1 (w (cb, kh,
    kw, 16), mb == cb); else the groups (whole blocks each) last */
@@ -893,6 +901,11 @@ static PyObject *nc_conv_any(PyObject *const *args, Py_ssize_t n, int dw) {
     q.groups = q.cg * q.tpg;
     q.chunk = q.ow > 0 ? q.ow : 1;
     q.chunks = 1;
+    int64_t need = dw ? ge_prod(q.cb, q.kh, q.kw, 16) : ge_prod(q.mb * 16, q.gib * 16, q.kh, q.kw);
+    if ((dw && q.mb != q.cb) || need < 0 || wn != need) return ge_fail();
+    /* an empty extent first: the task sizes below divide by the plane's width */
+    if (q.n <= 0 || q.mb <= 0 || q.oh <= 0 || q.ow <= 0) Py_RETURN_NONE;
+    if (q.cb <= 0) return nc_no_inputs();
     if (!dw && q.kh == 1 && q.kw == 1 && q.sh == 1 && q.sw == 1 && q.pt == 0 && q.pl == 0 && q.oh == q.h && q.ow == q.wd) {
         /* a 1x1 convolution: the plane is one row of h * w pixels (full tiles on small planes),
            in chunks of whole tiles (tasks for the threads when there are few channel groups) */
@@ -917,9 +930,6 @@ static PyObject *nc_conv_any(PyObject *const *args, Py_ssize_t n, int dw) {
             q.chunks = (q.ow + q.chunk - 1) / q.chunk;
         }
     }
-    int64_t need = dw ? ge_prod(q.cb, q.kh, q.kw, 16) : ge_prod(q.mb * 16, q.gib * 16, q.kh, q.kw);
-    if ((dw && q.mb != q.cb) || need < 0 || wn != need) return ge_fail();
-    if (q.n <= 0 || q.mb <= 0 || q.oh <= 0 || q.ow <= 0) Py_RETURN_NONE;
 #if defined(NC_VEC)
     /* columns whose window crosses the left or right border: the rows are copied with zeros
        on both sides first, so every tile is a whole one (pixels one at a time, there, cost
@@ -927,7 +937,7 @@ static PyObject *nc_conv_any(PyObject *const *args, Py_ssize_t n, int dw) {
     float *padded = NULL;
     /* (not for a depthwise one: its border pixels cost little one at a time, and the copy of a
        large plane as much as the convolution) */
-    if (!dw && (q.lo_w > 0 || q.hi_w < q.ow)) {
+    if (!dw && (q.lo_w > 0 || q.hi_w < q.ow) && q.cb > 0 && q.h > 0) {  /* (no input rows: nothing to pad) */
         int64_t wp = (q.ow - 1) * q.sw + (q.kw - 1) * q.dw + 1;
         if (wp < q.wd + q.pl) wp = q.wd + q.pl;
         int64_t rows = q.n * q.cb * q.h, size = ge_prod(rows, wp, 16, 1);
@@ -974,6 +984,7 @@ static PyObject *nc_conv_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     int64_t need = ge_prod(q.mb * 16, q.cb, q.kh, q.kw);
     if (need < 0 || wn != need) return ge_fail();
     if (q.n <= 0 || q.mb <= 0 || q.oh <= 0 || q.ow <= 0) Py_RETURN_NONE;
+    if (q.cb <= 0) return nc_no_inputs();
     q.groups = (q.mb + 3) / 4;
     q.rblk = q.oh;
     while (q.rblk > 1 && q.n * q.groups * ((q.oh + q.rblk - 1) / q.rblk) < 8 * width) q.rblk = (q.rblk + 1) / 2;
@@ -1198,6 +1209,7 @@ static PyObject *nc_wino(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     int64_t r = m + 2, p = r * r, ulen = ge_prod(q.mb * 16, q.cb / cg * 16, 1, 1);
     if (ulen < 0 || ge_prod(ulen, p, 1, 1) != un) return ge_fail();
     if (q.n <= 0 || q.mb <= 0 || q.oh <= 0 || q.ow <= 0) Py_RETURN_NONE;
+    if (q.cb <= 0) return nc_no_inputs();
 #if defined(NC_VEC)
     nc_wino_ctx w;
     memset(&w, 0, sizeof(w));

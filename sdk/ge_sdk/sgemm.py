@@ -621,6 +621,8 @@ static void sg_task(void *vc, int64_t i, int slot) {
 /* the task grid for `width` threads, then the run (without the GIL) */
 static void sg_exec(sg_ctx *q, int64_t width) {
 #if defined(SG_VEC)
+    /* an empty extent first: nothing to compute (m or n of 0 made the task grid divide by 0) */
+    if (q->m <= 0 || q->n <= 0) return;
     q->panels = (q->n + SG_NR - 1) / SG_NR;
     q->row_blocks = (q->m + SG_MC - 1) / SG_MC;
     if (q->cgroups < 1) q->cgroups = 1;
@@ -664,6 +666,7 @@ static PyObject *sg_run(sg_ctx *q, int64_t width) {
 static __thread float *sg_buf = NULL;
 static __thread size_t sg_cap = 0;
 static float *sg_scratch(size_t count) {
+    if (count == 0) count = 1;  /* (an empty extent's scratch: a buffer all the same, not NULL) */
     if (count > sg_cap) {
         free(sg_buf);
         /* 64-byte aligned: a panel row is two whole cache lines (a load across two costs twice) */
@@ -928,7 +931,8 @@ static PyObject *sg_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     for (int i = 0; i < 11; i++)
         if (geo[i] < (i == 7 || i == 8 ? 0 : 1) || geo[i] > lim) return ge_fail();
     if (xd[0] % group) return ge_fail();
-    kg = (xd[0] / group) * geo[1] * geo[2];
+    kg = ge_prod(xd[0] / group, geo[1], geo[2], 1);  /* (checked: kernel sides up to 2^30 each overflow) */
+    if (kg < 0) return ge_fail();
     m = arows < 0 ? ar : arows;
     if (m % group || mc != m || nc != geo[9] * geo[10]) return ge_fail();
     if (arows < 0 ? ac != kg : (ac != SG_MR || ar != group * ((m / group + SG_MR - 1) / SG_MR) * kg)) return ge_fail();
@@ -936,6 +940,19 @@ static PyObject *sg_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     sg_ctx q = {a, kg, NULL, c, nc, m, nc, kg, NULL, kind, NULL, 0, clip, 0, 0, 0, 0, 0, 0, 0, group, arows >= 0};
     if (sg_epilogue(args, &q, m)) return NULL;
     q.m = mg;
+    if (kg == 0 || mg == 0) {
+        /* an empty extent first: no products (0 input channels: the epilogue over zero sums,
+           B never read; 0 rows: nothing); the chunk sizes below would divide by kg */
+        q.b = c;
+#if defined(SG_VEC)
+        Py_BEGIN_ALLOW_THREADS
+        if (mg > 0) sg_exec(&q, width);
+        Py_END_ALLOW_THREADS
+        Py_RETURN_NONE;
+#else
+        return sg_run(&q, width);
+#endif
+    }
 #if defined(SG_VEC) && defined(__AVX512F__)
     if (geo[1] == 1 && geo[2] == 1 && geo[3] == 1 && geo[4] == 1 && geo[7] == 0 && geo[8] == 0 && geo[9] == xd[1]
         && geo[10] == xd[2] && nc > 0 && kg <= 128) {

@@ -724,12 +724,14 @@ static PyObject *dw_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (OWr * SW + (KW - 1) * DW + 48 > Wb) Wb = OWr * SW + (KW - 1) * DW + 48;
     Wb = (Wb + 15) / 16 * 16;
     if (Hb > (1LL << 20) || Wb > (1LL << 20) || Hb * Wb > (1LL << 28)) return ge_fail();
-    int64_t M = C * mult;
+    int64_t M = ge_prod(C, mult, 1, 1);  /* (checked: C and mult up to 2^40 each) */
+    if (M < 0) return ge_fail();
     const float *x = (const float *)ge_arr(args, 15, NPY_FLOAT, 0, ge_prod(N, C, H, W));
     const float *wt = (const float *)ge_arr(args, 16, NPY_FLOAT, 0, ge_prod(M, KH, KW, 1));
     const float *b = (const float *)ge_arr(args, 17, NPY_FLOAT, 0, M);
     float *out = (float *)ge_arr(args, 18, NPY_FLOAT, 1, ge_prod(N, M, OH, OW));
     if (!x || !wt || !b || !out) return NULL;
+    if (N == 0 || M == 0 || OH == 0 || OW == 0) Py_RETURN_NONE;  /* an empty extent first: no output */
 #if defined(__AVX512F__)
     {
         dw_ctx q1 = {x, wt, b, out, NULL, N, C, H, W, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW, mult, M, 0, act, 0, 0,

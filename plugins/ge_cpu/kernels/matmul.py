@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ge_core.kernel import KernelSpec, with_caps
@@ -40,7 +42,8 @@ def matmul_factory(spec: KernelSpec):
             shape = a.shape[:-1] + (panels.n,)
             y = o if o is not None and o.shape == shape and o.dtype == a.dtype and o.flags.c_contiguous \
                 and o.flags.writeable and not np.may_share_memory(o, a) else np.empty(shape, np.float32)
-            if sgemm.matmul_packed(np.ascontiguousarray(a.reshape(-1, panels.k)), panels, y.reshape(-1, panels.n),
+            rows = math.prod(a.shape[:-1])  # (not -1: a k or n of 0 leaves it undefined)
+            if sgemm.matmul_packed(np.ascontiguousarray(a.reshape(rows, panels.k)), panels, y.reshape(rows, panels.n),
                                    None, None, parallel.native_width()):
                 return (y,)
         if packed is not None and a.ndim >= 1 and a.dtype == packed.dtype and a.shape[-1] == packed.k:

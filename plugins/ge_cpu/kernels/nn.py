@@ -444,6 +444,27 @@ def conv_factory(spec: KernelSpec):
             epi["applied"] = True
         return _delivered(target, out)
 
+    def _empty_conv(x, w, b, out):
+        """The result of a convolution with an empty extent (a batch, channels, plane or kernel
+        of 0): an empty output, or (no input channels, an empty kernel) the bias alone."""
+        if x.ndim != nd + 2 or w.ndim != nd + 2:
+            raise ValueError(f"Conv: input {x.shape} and weight {w.shape} are not {nd}-D convolution operands")
+        n, c, m = x.shape[0], x.shape[1], w.shape[0]
+        if c % group or m % group or w.shape[1] != c // group:
+            raise ValueError(f"Conv: input channels {c} / group {group} do not match weights {w.shape}")
+        out_sp = plans((x.shape[2:], w.shape[2:]))[2]
+        if any(o < 0 for o in out_sp):
+            raise ValueError(f"Conv: input {x.shape} is smaller than the kernel {w.shape[2:]} with these pads")
+        shape = (n, m) + tuple(out_sp)
+        target = _out_target(out, shape, x.dtype)
+        target.fill(0)
+        if b is not None and target.size:
+            bv = np.asarray(b).reshape(-1)
+            if bv.shape != (m,):
+                raise ValueError(f"Conv: a bias of {bv.size} values for {m} output channels")
+            target += bv.astype(x.dtype).reshape((m,) + (1,) * nd)
+        return _delivered(target, out)
+
     def kernel(x, w, b=None, out=None, *, clip=None, addend=None, act=None):
         if clip is None and addend is None and act is None:
             return conv(x, w, b, out)
@@ -452,6 +473,8 @@ def conv_factory(spec: KernelSpec):
         return res, epi["applied"]
 
     def conv(x, w, b=None, out=None, epi=None):
+        if 0 in x.shape or 0 in w.shape:  # an empty extent first: no native path takes one
+            return _empty_conv(x, w, b_const if b_const is not None else b, out)
         if fast is not None and w is w_const and x.shape == fast[0] and x.dtype == np.float32 and x.flags.c_contiguous:
             r = _fast_conv(x, out, epi)
             if r is not None:
@@ -479,6 +502,8 @@ def conv_factory(spec: KernelSpec):
             if r is not None:
                 return r
         pb, pe, out_sp, _ = plans((in_sp, k))
+        if 0 in out_sp:
+            return _empty_conv(x, w, b, out)
         if wino is not None and w is w_const and x.dtype == wino.dtype and x.ndim == 4:
             o = out[0] if out is not None and out[0].flags.c_contiguous else None
             y = wino.run(x, (pb[0], pb[1], pe[0], pe[1]), out=o, bias=b)
@@ -1148,11 +1173,12 @@ static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t n) {    
     const T *x = (const T *)ge_mat(args, 0, NPY, 0, &rows, &cols);                                    \\
     T *y = x ? (T *)ge_mat(args, 1, NPY, 1, &nr, &nc) : NULL;                                         \\
     if (!y) return NULL;                                                                              \\
-    if (nr != rows || nc != cols || c < 1 || rows % c || cols < 1) return ge_fail();                  \\
+    if (nr != rows || nc != cols || c < 1 || rows % c) return ge_fail();                              \\
     double e = PyFloat_AsDouble(args[3]);                                                             \\
     if (e == -1.0 && PyErr_Occurred()) return NULL;                                                   \\
     const T *g = (const T *)ge_arr(args, 2, NPY, 0, 2 * c);                                           \\
     if (!g) return NULL;                                                                              \\
+    if (rows == 0 || cols == 0) Py_RETURN_NONE;  /* an empty extent first (a row of 0: no mean) */    \\
     NAME##_ctx q = {x, g, g + c, y, rows, cols, c, cols >= 16384 ? 1 : 16384 / cols, (T)e};           \\
     if (rows * cols < 65536) threads = 1;                                                             \\
     Py_BEGIN_ALLOW_THREADS                                                                            \\

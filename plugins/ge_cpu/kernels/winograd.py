@@ -164,14 +164,16 @@ static void out_##SUF##_task(void *vc, int64_t plane, int slot) {               
 static PyObject *in_##SUF(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {                  \\
     int64_t n, c, h, w, pt, pl, th, tw, threads;                                                      \\
     if (ge_nargs(nargs, 11)) return NULL;                                                             \\
-    if (ge_int(args, 2, 1, 1LL << 20, &n) || ge_int(args, 3, 1, 1LL << 20, &c)                        \\
-        || ge_int(args, 4, 1, 1LL << 20, &h) || ge_int(args, 5, 1, 1LL << 20, &w)                     \\
+    if (ge_int(args, 2, 0, 1LL << 20, &n) || ge_int(args, 3, 0, 1LL << 20, &c)                        \\
+        || ge_int(args, 4, 0, 1LL << 20, &h) || ge_int(args, 5, 0, 1LL << 20, &w)                     \\
         || ge_int(args, 6, 0, 1LL << 20, &pt) || ge_int(args, 7, 0, 1LL << 20, &pl)                   \\
-        || ge_int(args, 8, 1, 1LL << 20, &th) || ge_int(args, 9, 1, MAX_TW, &tw)                        \\
+        || ge_int(args, 8, 0, 1LL << 20, &th) || ge_int(args, 9, 0, MAX_TW, &tw)                        \\
         || ge_int(args, 10, 1, 4096, &threads)) return NULL;                                          \\
-    const T *x = (const T *)ge_arr(args, 0, NPY, 0, n * c * h * w);                                   \\
-    T *v = x ? (T *)ge_arr(args, 1, NPY, 1, 16 * c * n * th * tw) : NULL;                             \\
+    /* (sizes as checked products: four factors up to 2^20 overflow int64) */                        \\
+    const T *x = (const T *)ge_arr(args, 0, NPY, 0, ge_prod(n, c, h, w));                             \\
+    T *v = x ? (T *)ge_arr(args, 1, NPY, 1, ge_prod(16 * c, n, th, tw)) : NULL;                       \\
     if (!v) return NULL;                                                                              \\
+    if (n == 0 || c == 0 || th == 0 || tw == 0) Py_RETURN_NONE;  /* an empty extent: no tile */       \\
     in_##SUF##_ctx q = {x, v, n, c, h, w, pt, pl, th, tw};                                            \\
     Py_BEGIN_ALLOW_THREADS                                                                            \\
     ge_parallel(in_##SUF##_task, &q, n * c, threads);                                                 \\
@@ -181,14 +183,15 @@ static PyObject *in_##SUF(PyObject *self, PyObject *const *args, Py_ssize_t narg
 static PyObject *out_##SUF(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {                 \\
     int64_t n, m, oh, ow, threads, th, tw;                                                            \\
     if (ge_nargs(nargs, 8)) return NULL;                                                              \\
-    if (ge_int(args, 3, 1, 1LL << 20, &n) || ge_int(args, 4, 1, 1LL << 20, &m)                        \\
-        || ge_int(args, 5, 1, 1LL << 20, &oh) || ge_int(args, 6, 1, 2 * MAX_TW, &ow)                        \\
+    if (ge_int(args, 3, 0, 1LL << 20, &n) || ge_int(args, 4, 0, 1LL << 20, &m)                        \\
+        || ge_int(args, 5, 0, 1LL << 20, &oh) || ge_int(args, 6, 0, 2 * MAX_TW, &ow)                        \\
         || ge_int(args, 7, 1, 4096, &threads)) return NULL;                                           \\
     th = (oh + 1) / 2; tw = (ow + 1) / 2;                                                             \\
     if (tw > MAX_TW) return ge_fail();                                                                  \\
-    const T *mm = (const T *)ge_arr(args, 0, NPY, 0, 16 * m * n * th * tw);                           \\
-    T *y = mm ? (T *)ge_arr(args, 1, NPY, 1, n * m * oh * ow) : NULL;                                 \\
+    const T *mm = (const T *)ge_arr(args, 0, NPY, 0, ge_prod(16 * m, n, th, tw));                     \\
+    T *y = mm ? (T *)ge_arr(args, 1, NPY, 1, ge_prod(n, m, oh, ow)) : NULL;                           \\
     if (!y) return NULL;                                                                              \\
+    if (n == 0 || m == 0 || oh == 0 || ow == 0) Py_RETURN_NONE;  /* an empty extent: no output */     \\
     const T *bias = NULL;                                                                             \\
     if (args[2] != Py_None) { bias = (const T *)ge_arr(args, 2, NPY, 0, m); if (!bias) return NULL; } \\
     out_##SUF##_ctx q = {mm, bias, y, n, m, oh, ow, th, tw};                                          \\
@@ -298,6 +301,15 @@ class Winograd:
         n, c, h, wd = x.shape
         if c != self.c:
             raise ValueError(f"Conv: input has {c} channels, the weights {self.c}")
+        oh, ow = h + pads[0] + pads[2] - 2, wd + pads[1] + pads[3] - 2
+        if oh < 0 or ow < 0:
+            raise ValueError(f"Conv: input {x.shape} with pads {tuple(pads)} is smaller than the 3x3 kernel")
+        if 0 in (n, c, h, wd, oh, ow, self.m):  # an empty extent first: zeros (+ bias), or nothing
+            y = out if out is not None else np.empty((n, self.m, oh, ow), self.dtype)
+            y.fill(0)
+            if bias is not None and y.size:
+                y += np.asarray(bias).reshape((self.m, 1, 1)).astype(y.dtype, copy=False)
+            return y
         fns = self._native
         if fns is not None and x.dtype == self.dtype and (wd + pads[1] + pads[3]) // 2 <= MAX_TILES_ACROSS:
             return self._run_native(fns, np.ascontiguousarray(x), pads, out, bias)
