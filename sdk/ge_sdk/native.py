@@ -14,11 +14,14 @@ The cache is the user's own folder (:mod:`ge_core.cache`: ``$GE_CACHE_DIR``, els
 ``ge_<key>.so`` with ``ge_<key>.sum`` (the SHA-256 of the ``.so``) and ``ge_<key>.c`` (its
 source, for reading). The key hashes the source and the prelude compiled before it, the compiler (path, size, modification time), the flags,
 the Python ABI, NumPy's version and the CPU's feature flags, so another compiler, interpreter or
-CPU never loads an entry built for a different one. Before an entry is loaded its folder and
-files must be owned by this user and writable by nobody else, and the ``.so`` must hash to its
-``.sum``; an entry that fails any check is ignored and rebuilt (a folder that fails them is not
-used at all: the process builds into a private temporary folder). A model file never carries
-native code: only the user's own cache folder is trusted (docs/security.md).
+CPU never loads an entry built for a different one. Before an entry is loaded its folder (and
+every folder above it, checked again for every build) and files must be owned by this user and
+writable by nobody else, and the ``.so`` must hash to its ``.sum``; an entry that fails any
+check is ignored and rebuilt (a folder that fails them is not used at all: the process builds
+into a private temporary folder). What is loaded is exactly the bytes that were checked (or
+just built): read once through a descriptor and loaded from a sealed in-memory copy
+(:func:`_load`), so a file swapped in after the check or the build is never what runs. A model
+file never carries native code: only the user's own cache folder is trusted (docs/security.md).
 
 ``GE_NATIVE=0`` turns native kernels off (the callers' NumPy forms run); ``GE_CC`` (or ``CC``)
 names the compiler.
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -45,7 +49,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
-from ge_core.cache import cache_dir, digest, enabled, entry_ok, read_data, write_data
+from ge_core.cache import cache_dir, enabled, entry_ok, note_write, read_data, read_entry, read_private, write_data
 
 #: bumped when the prelude or the calling convention changes (old entries are then unused)
 ABI = 1
@@ -262,31 +266,104 @@ def _init_src(modname: str) -> str:
             f"PyMODINIT_FUNC PyInit_{modname}(void) {{ return PyModule_Create(&ge_module); }}\n")
 
 
-def _load(modname: str, so: str) -> ModuleType:
+#: Called as ``hook(stage, so_path)`` just before a module is loaded: ``"built"`` after a fresh
+#: build was renamed into the cache, ``"cached"`` after an entry's bytes were read and checked.
+#: For tests (a file swapped at that moment must not be what is loaded); None otherwise.
+before_load: Any = None
+
+#: ``MFD_EXEC`` (Linux 6.3+; older kernels refuse the flag, and then it is not needed)
+_MFD_EXEC = 0x10
+
+
+def _fd_path(fd: int) -> str:
+    """A path naming the open descriptor ``fd`` that no earlier load in this process used: the
+    dynamic loader returns the library it loaded before under the same name (and descriptor
+    numbers are reused), so the n-th load inserts n's bits as ``./`` (0) and ``.//`` (1)."""
+    n = _state["loads"] = _state.get("loads", 0) + 1
+    return "/proc/self/fd/" + "".join(".//" if n >> i & 1 else "./" for i in range(n.bit_length())) + str(fd)
+
+
+def _memfd(modname: str, data: bytes) -> int | None:
+    """A sealed in-memory file holding ``data`` (Linux), or None where there is none."""
+    if not hasattr(os, "memfd_create") or not os.path.isdir("/proc/self/fd"):
+        return None
+    flags = os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
+    fd = None
+    for extra in (_MFD_EXEC, 0):
+        try:
+            fd = os.memfd_create(modname, flags | extra)
+            break
+        except OSError as e:
+            if e.errno != errno.EINVAL:  # e.g. EACCES: executable memfds are forbidden here
+                return None
+    if fd is None:
+        return None
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        try:
+            import fcntl
+
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+                        | fcntl.F_SEAL_SEAL)
+        except (ImportError, AttributeError, OSError):
+            pass
+        return fd
+    except OSError:
+        os.close(fd)
+        return None
+
+
+def _load(modname: str, so: str, data: bytes) -> ModuleType:
+    """Load the extension module whose file's bytes are ``data`` (already checked against the
+    sum, or just built): from a sealed in-memory copy of those bytes (``/proc/self/fd/N``), so
+    what is loaded is exactly what was checked, whatever happens to ``so`` meanwhile; where
+    there is no memfd, from a copy in a new private folder of this process. ``so`` is only the
+    name the module reports (``__file__``)."""
     import numpy as np
 
-    loader = importlib.machinery.ExtensionFileLoader(modname, so)
-    spec = importlib.util.spec_from_file_location(modname, so, loader=loader)
-    assert spec is not None
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
+    fd = _memfd(modname, data)
+    private = None
+    if fd is not None:
+        path = _fd_path(fd)
+    else:
+        private = tempfile.mkdtemp(prefix="ge-load-")
+        path = os.path.join(private, modname + (".so" if not so.endswith(".pyd") else ".pyd"))
+        with open(path, "xb") as f:
+            f.write(data)
+    try:
+        loader = importlib.machinery.ExtensionFileLoader(modname, path)
+        spec = importlib.util.spec_from_file_location(modname, path, loader=loader)
+        assert spec is not None
+        mod = importlib.util.module_from_spec(spec)
+        loader.exec_module(mod)
+    finally:
+        if fd is not None:
+            os.close(fd)
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
+    mod.__file__ = so
     mod.setup(np.ndarray, None if modname == _state.get("pool_name") else pool_capsule())
     return mod
 
 
 def _load_or_build(key: str, full: str, stats: dict[str, Any]) -> ModuleType | None:
-    d = cache_dir()
+    d = cache_dir()  # checked again for every build: the folder and every folder above it
     modname = f"ge_{key}"
     so, total = os.path.join(d, modname + ".so"), os.path.join(d, modname + ".sum")
     t0 = time.perf_counter()
     if os.path.lexists(so) or os.path.lexists(total):
-        if entry_ok(so, total):
+        data = read_entry(so, total)
+        if data is not None:
             try:
-                mod = _load(modname, so)
+                if before_load is not None:
+                    before_load("cached", so)
+                mod = _load(modname, so, data)
                 stats["cached"] += 1
                 stats["load_s"] += time.perf_counter() - t0
                 return mod
-            except ImportError:
+            except (ImportError, OSError):  # not a module of this name, or no room for its copy
                 pass
         stats["rebuilt"] += 1
         for p in (so, total):
@@ -298,7 +375,17 @@ def _load_or_build(key: str, full: str, stats: dict[str, Any]) -> ModuleType | N
     cc = compiler()
     assert cc is not None
     inc = _includes() or []
-    fd, tmp = tempfile.mkstemp(prefix=f".{modname}.", suffix=".so", dir=d)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{modname}.", suffix=".so", dir=d)
+    except OSError:  # the folder went away (removed, moved) since it was checked: check it again
+        d = cache_dir()
+        so, total = os.path.join(d, modname + ".so"), os.path.join(d, modname + ".sum")
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{modname}.", suffix=".so", dir=d)
+        except OSError as e:
+            stats["failed"] += 1
+            _warn_once(f"ge: a native kernel could not be built ({type(e).__name__}: {e}); its NumPy form runs instead")
+            return None
     os.close(fd)
     csrc = tmp[:-3] + ".c"
     try:
@@ -316,24 +403,36 @@ def _load_or_build(key: str, full: str, stats: dict[str, Any]) -> ModuleType | N
             return None
         os.chmod(tmp, 0o600)
         os.chmod(csrc, 0o600)
-        sha = digest(tmp)
+        # the bytes the compiler wrote, read once (no link, a regular file of this process's
+        # user): they are hashed for the sum and they are what is loaded below, whatever
+        # happens to the files in the folder after the rename
+        data = read_private(tmp, owner=os.geteuid())
+        if data is None:
+            raise OSError(f"the compiler's output '{tmp}' is not a private regular file")
+        sha = hashlib.sha256(data).hexdigest()
         os.replace(tmp, so)
         os.replace(csrc, os.path.join(d, modname + ".c"))
         fd, tsum = tempfile.mkstemp(prefix=f".{modname}.", suffix=".sum", dir=d)
         with os.fdopen(fd, "w", encoding="ascii") as f:
             f.write(sha + "\n")
         os.replace(tsum, total)
-        mod = _load(modname, so)
+        if before_load is not None:
+            before_load("built", so)
+        mod = _load(modname, so, data)
     except (OSError, subprocess.SubprocessError, ImportError) as e:
         stats["failed"] += 1
         _warn_once(f"ge: a native kernel could not be built ({type(e).__name__}: {e}); its NumPy form runs instead")
         return None
     finally:
         for p in (tmp, csrc):
-            if os.path.exists(p):
-                os.unlink(p)
+            try:
+                if os.path.lexists(p):
+                    os.unlink(p)
+            except OSError:  # not a file any more (the folder changed under the build): left alone
+                pass
     stats["compiled"] += 1
     stats["compile_s"] += time.perf_counter() - t0
+    note_write(d, len(data) + len(src) + 65, keep=modname)
     return mod
 
 
