@@ -157,7 +157,8 @@ def compile(model: Graph | Any, options: CompileOptions | dict | str | os.PathLi
 
 def load_om(path: str | os.PathLike, *, verify_checksums: bool = True, threads: int | None = None,
             executor: str | None = None, **run_options: Any) -> CompiledModel:
-    """Load a compiled .om file (validated; weights memory-mapped, not copied). A plugin's kind
+    """Load a compiled .om file (read once into private memory, then validated: a snapshot that
+    later changes to the file cannot reach). A plugin's kind
     of .om loads as the plugin's model, which has CompiledModel's interface: a gear model
     (``atc --dynamic_batch_size`` ...) as a :class:`ge_atc.gear_model.GearModel`.
 

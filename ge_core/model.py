@@ -79,7 +79,7 @@ class CompiledModel:
         self._executable = None
         self._dim_ranges: dict[str, tuple[int, int | None]] | None = None
         self._lock = threading.Lock()
-        self._keepalive: Any = None  # the mapped .om file whose weights the graph uses
+        self._keepalive: Any = None  # the .om's snapshot (private memory) whose weights the graph uses
         self._async_runner: AsyncRunner | None = None
         #: ``load_seconds`` (set by :func:`ge_core.load_om`: reading, verifying and building the
         #: .om) and ``first_run_seconds`` (the first :meth:`run`), the cold-start pair
@@ -337,6 +337,14 @@ class CompiledModel:
         evaluated there); the planned arena of a model with static shapes."""
         from .memory import SymbolicPlan
 
+        if not isinstance(dims, Mapping):
+            raise InputError(f"arena_bytes_at takes a dict of symbol name -> int, not {_what(dims)}",
+                             hint="e.g. model.arena_bytes_at({'batch': 4})")
+        for k, v in dims.items():
+            if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise InputError(f"arena_bytes_at: symbol {k!r:.60} = {_what(v)}: a symbol's value is an int of at "
+                                 "least 0 (not a bool, float or string)",
+                                 hint="pass the input dims' sizes, e.g. {'batch': 4}")
         plan = self.memory_plan
         if isinstance(plan, SymbolicPlan):
             want = plan.problem.symbols() if plan.problem is not None else set()
@@ -352,9 +360,32 @@ class CompiledModel:
         """Inputs that may be left out of the feeds, with the value each then takes."""
         return {v.name: v.default for v in self.graph.inputs if v.default is not None}
 
+    # -- the interface tools build on (profiling, dumps, queues): a gear model has it too --------
+    def check_feeds(self, feeds: Mapping[str, Any] | np.ndarray | None = None, **kw: Any) -> dict[str, Any]:
+        """The feeds :meth:`run` would take (a dict, a lone array, keyword arguments), checked as
+        :meth:`run` checks them, defaults filled in: ``{input name: array}``; else InputError."""
+        return self._check_feeds(self._feed_dict(feeds, kw))
+
+    def check_output_names(self, names: Sequence[str] | None) -> list[str] | None:
+        """``output_names`` as :meth:`run` checks them (None: every output); else InputError."""
+        return self._check_output_names(names)
+
+    def model_for(self, feeds: Mapping[str, Any] | np.ndarray | None = None, **kw: Any) -> CompiledModel:
+        """The compiled model (one graph, one memory plan, one executable) that runs ``feeds``:
+        this model; a gear model's gear of the feeds' shapes."""
+        return self
+
+    @property
+    def registries(self):
+        """The plugin registries this model's kernels and backend come from."""
+        from .plugins import get_host
+
+        return (self._host or get_host()).registries
+
     # ------------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> str:
-        """Write the model as an .om file (atomically); returns the path."""
+        """Write the model as an .om file (atomically: a failure leaves what was at ``path``
+        as it was; see :func:`ge_core.om.save_om`); returns the path."""
         from .om import save_om
 
         return save_om(self, os.fspath(path))
@@ -398,8 +429,8 @@ class AsyncRunner:
         if self._closed:
             raise InputError("this AsyncRunner is closed", hint="make a new AsyncRunner(model)")
         model = self.model
-        wanted = model._check_output_names(output_names)
-        checked = model._check_feeds(model._feed_dict(feeds, kw))
+        wanted = model.check_output_names(output_names)
+        checked = model.check_feeds(feeds, **kw)
         _check_timeout(timeout)
         self._slots.acquire()
         try:
@@ -446,6 +477,11 @@ def _positive(name: str, value: Any, default: int, zero_ok: bool = False) -> int
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise InputError(f"AsyncRunner({name}={value!r}): {name} is an integer of at least {low}")
     return int(value)
+
+
+def _what(v: Any) -> str:
+    """``v`` for a message: its repr (shortened) and type."""
+    return f"{v!r:.40} ({type(v).__name__})"
 
 
 def _listed(names: list[Any], most: int = 10) -> str:

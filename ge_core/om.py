@@ -5,7 +5,9 @@ An .om holds two partitions (see :mod:`ge_core.om_container` for the container):
 * ``model``: UTF-8 JSON: the compiled graph (constants by reference), schedule, streams and
   events, memory plan, options, report and the producer's version;
 * ``weights``: every constant in one blob, each tensor 64-byte aligned, the partition
-  4096-byte aligned, so loading maps it and the constants are views of the file (no copy).
+  4096-byte aligned. Loading reads the file once into private anonymous memory (page aligned,
+  so the alignment holds in memory) and the constants are read-only views of that snapshot (no
+  further copy); the loaded model does not depend on the file afterwards.
 
 A plugin may define another kind of .om, one whose container holds a partition of its own
 (``ge_register_om_kinds``: ge_atc's gear models, partition ``gears``); :func:`load_om`,
@@ -17,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import secrets
 import zlib
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -37,7 +40,16 @@ from .ir.graph import Graph
 from .ir.verify import verify_graph
 from .memory import MAX_ORDERS, MemoryPlan, SymbolicPlan, verify_plan, verify_symbolic_plan
 from .model import CompiledModel
-from .om_container import Container, map_readonly, read_container, write_container, write_file_atomic
+from .om_container import (
+    Container,
+    anonymous_buffer,
+    fsync_directory,
+    read_container,
+    read_file_into,
+    read_partition,
+    write_container,
+    write_file_atomic,
+)
 from .options import CompileOptions
 from .schedule import StreamAssignment, verify_streams
 from .serialize import FORMAT_VERSION, LIMITS, WeightWriter, dump_definition, graph_to_dict, load_definition, read_graph
@@ -135,7 +147,13 @@ def types_verdict_key(model_bytes: memoryview, graph: Graph, host) -> str:
 def save_om(model: CompiledModel, path: str, *, external_weight: int = 0) -> str:
     """Write ``model`` to ``path``. ``external_weight`` (ATC's ``--external_weight``): 0 keeps the
     weights in the .om; 1 writes one file per weight, 2 one merged file, in a ``weight`` folder
-    beside the .om, which then names them by relative path (with size and CRC32)."""
+    beside the .om, which then names them by relative path (with size and CRC32), under names
+    unique to this .om's file name and this save (:func:`weight_file_prefix`).
+
+    A save over an existing model never leaves it broken: everything new is written under new
+    names first, the .om is switched atomically, and only then are the previous version's weight
+    files removed (:class:`ModelFileSave`). A failure before the switch leaves the previous model
+    complete and removes what the save wrote."""
     if external_weight not in (0, 1, 2):
         raise OptionError(f"external_weight must be 0, 1 or 2, not {external_weight!r:.20}")
     if not path:
@@ -144,15 +162,16 @@ def save_om(model: CompiledModel, path: str, *, external_weight: int = 0) -> str
 
     d, weights = checked_definition(model, path)
     data: Any = weights.chunks()
-    if external_weight:
-        d["external_weights"] = write_external_weights(path, weights, external_weight)
-        data = b""
-    blob = dump_definition(d, f"'{path}'")
-    write_container(
-        path,
-        [("model", blob, 8), ("weights", data, 4096)],
-        producer=f"ge-python {__version__}",
-    )
+    with ModelFileSave(path) as save:  # the old model, or the new one, is complete at every point
+        if external_weight:
+            d["external_weights"] = save.external_weights(weights, external_weight)
+            data = b""
+        blob = dump_definition(d, f"'{path}'")
+        write_container(
+            path,
+            [("model", blob, 8), ("weights", data, 4096)],
+            producer=f"ge-python {__version__}",
+        )
     remember_types_checked(blob, model.graph, get_host())
     return path
 
@@ -186,33 +205,190 @@ def remember_types_checked(blob: bytes, graph: Graph, host) -> None:
 WEIGHT_DIR = "weight"
 MAX_WEIGHT_FILES = 1 << 16
 _SAFE_PART = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+#: In memory, each external weight file starts at a multiple of this (a tensor's alignment in a blob).
+_PART_ALIGNMENT = 64
+
+
+def _legacy_stem(path: str) -> str:
+    """The stem ge up to 0.1 named weight files by (``weight/<stem>.weights.bin``, ``<stem>.w<i>.bin``):
+    not unique (``a b.om`` and ``a_b.om``, ``m.om`` and ``m`` share it); kept to recognise them."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.splitext(os.path.basename(path))[0]) or "model"
+
+
+def weight_file_prefix(path: str) -> str:
+    """The prefix of the weight files of the .om at ``path``, unique to its full file name: the
+    readable stem (cut to 64 characters) then ``-`` and 12 hex digits of the SHA-256 of the file
+    name (``m.om`` -> ``m-3f1c...``). Files of two .om files in one folder never share a name."""
+    base = os.path.basename(os.path.abspath(path))
+    tag = hashlib.sha256(os.fsencode(base)).hexdigest()[:12]
+    return f"{_legacy_stem(path)[:64]}-{tag}"
+
+
+def _owned_name(path: str, name: str) -> bool:
+    """Whether ``name`` (a file in ``weight/``) is one ge writes for the .om at ``path``: a
+    version of this name's files (``<prefix>.<8 hex>.weights.bin`` / ``.w<i>.bin``) or the name
+    an older ge gave (``<stem>.weights.bin`` / ``<stem>.w<i>.bin``, possibly shared with another
+    model of the same stem: see :func:`_referenced_elsewhere`)."""
+    ours = re.escape(weight_file_prefix(path)) + r"\.[0-9a-f]{8}\.(?:weights|w[0-9]+)\.bin"
+    legacy = re.escape(_legacy_stem(path)) + r"\.(?:weights|w[0-9]+)\.bin"
+    return bool(re.fullmatch(ours, name) or re.fullmatch(legacy, name))
+
+
+def _listed_weight_files(raw: Any) -> list[str]:
+    """The relative paths an .om's model definition bytes name as external weight files."""
+    try:
+        d = load_definition(raw, "a model being replaced")
+    except GEError:
+        return []
+    ext = d.get("external_weights") if isinstance(d, dict) else None
+    files = ext.get("files") if isinstance(ext, dict) else None
+    if not isinstance(files, list):
+        return []
+    return [f["path"] for f in files[:MAX_WEIGHT_FILES] if isinstance(f, dict) and isinstance(f.get("path"), str)]
+
+
+def _referenced_elsewhere(path: str, rels: set[str]) -> set[str]:
+    """Those of ``rels`` that another .om in the folder of ``path`` names (a copy of it, or a
+    model an older ge gave the same weight file names). Only .om headers and model partitions
+    are read; a quoted occurrence counts, so in doubt a file is kept."""
+    folder = os.path.dirname(os.path.abspath(path))
+    me = os.path.normcase(os.path.abspath(path))
+    keep: set[str] = set()
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return set(rels)
+    for entry in entries:
+        try:
+            if os.path.normcase(entry.path) == me or not entry.is_file(follow_symlinks=False):
+                continue
+            raw = read_partition(entry.path, "model", max_size=MAX_MODEL_JSON)
+        except (OSError, GEError):
+            continue
+        if raw:
+            keep.update(r for r in rels if f'"{r}"'.encode() in raw)
+    return keep
+
+
+class ModelFileSave:
+    """One save of an .om at ``path`` that leaves, at every point, either the model that was
+    there or the new one complete, and never touches another model's files.
+
+    New external weight files get names no earlier version used (:func:`weight_file_prefix`, a
+    random 8-hex-digit version, written to a temporary name, fsynced, renamed); then the .om is
+    written atomically (:func:`write_container`) and only after that switch are the previous
+    version's weight files removed (those :func:`_owned_name` says this name owns and no other .om
+    in the folder names). On a failure before the switch the new files are removed and the
+    previous model is as it was. Use as a context manager around the container write::
+
+        with ModelFileSave(path) as save:
+            if mode:
+                d["external_weights"] = save.external_weights(weights, mode)
+            write_container(path, ...)
+    """
+
+    def __init__(self, path: str, *, replacing: bool = True) -> None:
+        self.path = path
+        self.folder = os.path.dirname(os.path.abspath(path))
+        self.written: list[str] = []
+        self.old: list[str] = []
+        raw = None
+        try:
+            if replacing and os.path.lexists(path):
+                raw = read_partition(path, "model", max_size=MAX_MODEL_JSON)
+        except GEError:  # not a file we can read: nothing of ours to clean up
+            raw = None
+        if raw:
+            self.old = _listed_weight_files(raw)
+
+    def external_weights(self, weights: WeightWriter, mode: int) -> dict[str, Any]:
+        """Write the weights beside the .om (``weight/``): mode 1 one file per weight (table
+        entries name their file with ``part``, offset 0), mode 2 one merged file (the blob the
+        weights partition would hold). Returns the definition's ``external_weights`` section."""
+        wdir = os.path.join(self.folder, WEIGHT_DIR)
+        try:
+            os.makedirs(wdir, exist_ok=True)
+        except OSError as e:
+            raise ModelFileError(f"cannot create the weight folder beside {self.path}: {e.strerror or e}") from e
+        prefix = weight_file_prefix(self.path)
+        taken = {os.path.basename(r) for r in self.old}
+        for _ in range(100):
+            version = secrets.token_hex(4)
+            if not any(n.startswith(f"{prefix}.{version}.") for n in taken) and not os.path.exists(
+                    os.path.join(wdir, f"{prefix}.{version}.weights.bin")):
+                break
+        files = []
+
+        def write(rel: str, chunks: Any) -> None:
+            full = os.path.join(self.folder, rel)
+            self.written.append(full)  # before the write: a failure after the rename still removes it
+            size, crc = write_file_atomic(full, chunks)
+            files.append({"path": rel, "size": size, "crc32": f"{crc:08x}"})
+
+        if mode == 2:
+            write(f"{WEIGHT_DIR}/{prefix}.{version}.weights.bin", weights.chunks())
+        else:
+            for i, (entry, a) in enumerate(zip(weights.table, weights.arrays)):
+                if "offset" not in entry:
+                    continue  # strings live in the definition
+                raw = a.tobytes() if not a.ndim else np.ascontiguousarray(a).reshape(-1).view(np.uint8).data
+                entry["part"], entry["offset"] = len(files), 0
+                write(f"{WEIGHT_DIR}/{prefix}.{version}.w{i}.bin", [raw])
+        fsync_directory(wdir)  # the new files are durable before the .om that names them
+        return {"mode": mode, "files": files}
+
+    def __enter__(self) -> ModelFileSave:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            if self.written and self._switched():
+                return  # interrupted after the switch (a Ctrl-C in the last fsync): the files are in use
+            for full in self.written:  # names no one else uses: this save's, never switched to
+                try:
+                    os.unlink(full)
+                except OSError:
+                    pass
+            return
+        self.remove_previous()
+
+    def _switched(self) -> bool:
+        """Whether the .om at the path now names a file this save wrote."""
+        try:
+            raw = read_partition(self.path, "model", max_size=MAX_MODEL_JSON)
+        except GEError:
+            return False
+        mine = {os.path.normcase(os.path.abspath(f)) for f in self.written}
+        return bool(raw) and any(os.path.normcase(os.path.join(self.folder, *r.split("/"))) in mine
+                                 for r in _listed_weight_files(raw))
+
+    def remove_previous(self) -> None:
+        """Remove the weight files of the version this save replaced (after the switch)."""
+        new = {os.path.normcase(os.path.abspath(f)) for f in self.written}
+        doomed = set()
+        for rel in self.old:
+            parts = rel.split("/")
+            if len(parts) != 2 or parts[0] != WEIGHT_DIR or not _owned_name(self.path, parts[1]):
+                continue  # a file ge did not name for this model: never ours to remove
+            full = os.path.join(self.folder, WEIGHT_DIR, parts[1])
+            if os.path.normcase(os.path.abspath(full)) not in new and not os.path.islink(full):
+                doomed.add(rel)
+        if doomed:
+            doomed -= _referenced_elsewhere(self.path, doomed)
+        for rel in sorted(doomed):
+            try:
+                os.unlink(os.path.join(self.folder, *rel.split("/")))
+            except OSError:
+                pass  # an orphan left behind is harmless
 
 
 def write_external_weights(path: str, weights: WeightWriter, mode: int) -> dict[str, Any]:
-    """Write the weights of an .om at ``path`` beside it (``weight/``): mode 1 one file per weight
-    (table entries name their file with ``part``, offset 0), mode 2 one merged file (the blob the
-    weights partition would hold). Returns the definition's ``external_weights`` section."""
-    folder = os.path.dirname(os.path.abspath(path))
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.splitext(os.path.basename(path))[0]) or "model"
-    try:
-        os.makedirs(os.path.join(folder, WEIGHT_DIR), exist_ok=True)
-    except OSError as e:
-        raise ModelFileError(f"cannot create the weight folder beside {path}: {e.strerror or e}") from e
-    files = []
-    if mode == 2:
-        rel = f"{WEIGHT_DIR}/{stem}.weights.bin"
-        size, crc = write_file_atomic(os.path.join(folder, rel), weights.chunks())
-        files.append({"path": rel, "size": size, "crc32": f"{crc:08x}"})
-    else:
-        for i, (entry, a) in enumerate(zip(weights.table, weights.arrays)):
-            if "offset" not in entry:
-                continue  # strings live in the definition
-            rel = f"{WEIGHT_DIR}/{stem}.w{i}.bin"
-            raw = a.tobytes() if not a.ndim else np.ascontiguousarray(a).reshape(-1).view(np.uint8).data
-            size, crc = write_file_atomic(os.path.join(folder, rel), [raw])
-            entry["part"], entry["offset"] = len(files), 0
-            files.append({"path": rel, "size": size, "crc32": f"{crc:08x}"})
-    return {"mode": mode, "files": files}
+    """Write the weights of an .om at ``path`` beside it (``weight/``, see
+    :meth:`ModelFileSave.external_weights`: names unique to this .om and this version) and return
+    the definition's ``external_weights`` section. A writer that replaces a file uses
+    :class:`ModelFileSave` instead, which also removes what a failed save wrote and the previous
+    version's files after the switch."""
+    return ModelFileSave(path, replacing=False).external_weights(weights, mode)
 
 
 def _external_path(om_path: str, rel: Any, i: int) -> str:
@@ -234,15 +410,19 @@ def _external_path(om_path: str, rel: Any, i: int) -> str:
 
 
 def weight_buffers(path: str, d: dict[str, Any], container, verify_checksums: bool = True) -> Any:
-    """The weights' bytes of an .om: its weights partition, or (``external_weights``) the mapped
-    external files, each checked for its recorded size and CRC32 before use."""
+    """The weights' bytes of an .om: its weights partition, or (``external_weights``) the
+    external files, each read once into private memory (one buffer for all, each file 64-byte
+    aligned in it) and checked for its recorded size and CRC32 on the bytes read. Like the
+    container, the result is a snapshot: later changes to the files do not reach it."""
     ext = d.get("external_weights")
     if ext is None:
         return container.partition("weights")
     files = ext.get("files") if isinstance(ext, dict) else None
     if ext.get("mode") not in (1, 2) or not isinstance(files, list) or len(files) > MAX_WEIGHT_FILES:
         raise OmFormatError(f"'{path}': the external weights section is invalid", hint=_RECREATE)
-    parts: list[Any] = []
+    hint_copy = "external weights live beside the .om (folder 'weight'): copy them with it"
+    specs: list[tuple[str, str, int, str]] = []
+    seen: set[str] = set()
     for i, f in enumerate(files):
         if not isinstance(f, dict):
             raise OmFormatError(f"'{path}': external weight file #{i} is not described", hint=_RECREATE)
@@ -252,21 +432,46 @@ def weight_buffers(path: str, d: dict[str, Any], container, verify_checksums: bo
                 isinstance(crc, str) and re.fullmatch(r"[0-9a-f]{8}", crc)):
             raise OmFormatError(f"'{path}': external weight file '{f.get('path')}' has no valid size and crc32",
                                 hint=_RECREATE)
+        key = os.path.normcase(os.path.realpath(full))
+        if key in seen:
+            raise OmFormatError(f"'{path}': external weight file '{f['path']}' is named twice", hint=_RECREATE)
+        seen.add(key)
+        specs.append((f["path"], full, size, crc))
+
+    def wrong_size(rel: str, got: int, size: int) -> OmFormatError:
+        return OmFormatError(f"'{path}': weight file '{rel}' is {got} bytes, the model expects {size}",
+                             hint="the weight files were swapped, truncated or come from another build; "
+                                  "copy the ones atc wrote with this .om")
+
+    # sizes first (a stat each): no buffer is sized by what the definition claims alone
+    for rel, full, size, _ in specs:
         try:
-            m = map_readonly(full)
-        except ModelFileError as e:
-            raise ModelFileError(f"'{path}': its weight file '{f['path']}' cannot be read: {e.detail}",
-                                 hint="external weights live beside the .om (folder 'weight'): copy them with it") from None
-        got = 0 if m is None else len(m)
+            got = os.stat(full).st_size
+        except OSError as e:
+            raise ModelFileError(f"'{path}': its weight file '{rel}' cannot be read: {e.strerror or e}",
+                                 hint=hint_copy) from None
         if got != size:
-            raise OmFormatError(f"'{path}': weight file '{f['path']}' is {got} bytes, the model expects {size}",
-                                hint="the weight files were swapped, truncated or come from another build; "
-                                     "copy the ones atc wrote with this .om")
-        view: Any = b"" if m is None else memoryview(m)
+            raise wrong_size(rel, got, size)
+    offsets, total = [], 0
+    for _, _, size, _ in specs:
+        offsets.append(total)
+        total += -(-size // _PART_ALIGNMENT) * _PART_ALIGNMENT
+    buf = anonymous_buffer(total, path) if total else None
+    whole = memoryview(buf) if buf is not None else memoryview(b"")
+    parts: list[Any] = []
+    for (rel, full, size, crc), at in zip(specs, offsets):
+        view = whole[at:at + size]
+        try:
+            got = read_file_into(full, view)
+        except ModelFileError as e:
+            raise ModelFileError(f"'{path}': its weight file '{rel}' cannot be read: {e.detail}",
+                                 hint=e.hint if "changed while" in e.detail else hint_copy) from None
+        if got != size:
+            raise wrong_size(rel, got, size)
         if verify_checksums and f"{zlib.crc32(view):08x}" != crc:
-            raise OmFormatError(f"'{path}': weight file '{f['path']}' does not match its checksum (crc32 {crc})",
+            raise OmFormatError(f"'{path}': weight file '{rel}' does not match its checksum (crc32 {crc})",
                                 hint="the weight files were swapped or changed; copy the ones atc wrote with this .om")
-        parts.append(view)
+        parts.append(view.toreadonly())
     return parts
 
 
@@ -414,7 +619,9 @@ def call_kind(found: tuple[str, OmKind, str], path: str, method: str, *args: Any
 
 def load_om(path: str | os.PathLike, *, host=None, verify_checksums: bool = True,
             run_options: dict[str, Any] | None = None) -> CompiledModel:
-    """Load an .om file; everything is validated before use. Weights stay memory-mapped.
+    """Load an .om file; everything is validated before use. The file (and its external weight
+    files) is read once into private memory: the model is a snapshot that later changes to the
+    files cannot reach (``docs/security.md``, "When a loaded model's files change").
     ``run_options`` (threads, executor, ...) replace the stored ones before the executable is
     built (once). A plugin's kind of .om (:class:`OmKind`) gives the model its ``load`` builds.
 

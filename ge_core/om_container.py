@@ -58,10 +58,16 @@ whatever was at the target path before is left untouched. Partition data may be 
 an iterable of buffers (written one after another, never concatenated in memory); sizes and CRCs
 are computed while streaming and the header and table are written last.
 
-Reading maps the file read-only; :meth:`Container.partition` returns zero-copy read-only
-memoryviews of that mapping. Any byte content, however hostile, gives an :class:`OmFormatError`
-(a :class:`~ge_core.errors.GEError`); a missing, unreadable or non-regular file gives a
-:class:`ModelFileError`. The file must not be modified by someone else while it is mapped.
+Reading takes a *snapshot*: the file's bytes are read once (``read``, no file mapping) into
+process-private anonymous memory (:func:`anonymous_buffer`: page aligned, so the weights partition
+is 4096-aligned in memory too), and everything is validated against the bytes actually read;
+:meth:`Container.partition` returns zero-copy read-only memoryviews of that snapshot. Nothing that
+later happens to the file (rewritten in place, truncated, replaced, deleted) can reach an open
+container or a model loaded from it: no mapping of the file exists, so a truncation cannot end the
+process with SIGBUS. A file that changes *while* it is read gives a clear error (its size no longer
+matches, or its checksums fail). Any byte content, however hostile, gives an
+:class:`OmFormatError` (a :class:`~ge_core.errors.GEError`); a missing, unreadable or non-regular
+file gives a :class:`ModelFileError`.
 """
 
 from __future__ import annotations
@@ -85,8 +91,10 @@ __all__ = [
     "Container",
     "PartitionInfo",
     "describe",
-    "map_readonly",
+    "anonymous_buffer",
     "read_container",
+    "read_file_into",
+    "read_partition",
     "write_file_atomic",
     "write_container",
 ]
@@ -299,7 +307,7 @@ def _discard(tmp: str | None) -> None:
             pass
 
 
-def _fsync_directory(directory: str) -> None:
+def fsync_directory(directory: str) -> None:
     try:
         fd = os.open(directory or ".", os.O_RDONLY)
     except OSError:
@@ -366,7 +374,7 @@ def write_container(
             os.fsync(f.fileno())
         os.replace(tmp, path)
         tmp = None
-        _fsync_directory(os.path.dirname(path))
+        fsync_directory(os.path.dirname(path))
     except OSError as e:
         raise ModelFileError(
             f"cannot write {path}: {e.strerror or e}",
@@ -545,36 +553,138 @@ class _Reader:
                 raise self.fail(f"partition {e.kind!r} is corrupted (checksum mismatch)")
 
 
-def _open_mapping(path: str) -> mmap.mmap | None:
-    """Map ``path`` read-only; None for an empty file. Raises ModelFileError for I/O problems."""
-    hint = "check the path and its permissions"
+_READ_HINT = "check the path and its permissions"
+#: Bytes per ``read`` call when taking a snapshot (a bounded syscall; the loop fills the buffer).
+READ_CHUNK = 1 << 24
+_HUGE_PAGE = 1 << 21
+
+
+def anonymous_buffer(size: int, path: str = "") -> mmap.mmap:
+    """A zero-filled, writable, page-aligned buffer of ``size`` (> 0) bytes in process-private
+    anonymous memory (``MAP_PRIVATE | MAP_ANONYMOUS`` where the platform has it): no file backs it,
+    so nothing done to any file can take its pages away. Out of memory is a ModelFileError."""
+    try:
+        private = getattr(mmap, "MAP_PRIVATE", None)
+        if private is None:
+            return mmap.mmap(-1, size)
+        buf = mmap.mmap(-1, size, flags=private, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        huge = getattr(mmap, "MADV_HUGEPAGE", None)
+        if huge is not None and size >= _HUGE_PAGE:
+            try:  # a few 2 MiB faults instead of one per 4 KiB page: the read runs at memcpy speed
+                buf.madvise(huge)
+            except OSError:
+                pass
+        return buf
+    except (OSError, OverflowError, ValueError, MemoryError) as e:
+        detail = getattr(e, "strerror", None) or e
+        raise ModelFileError(f"{path or 'a model file'}: cannot allocate {size} bytes to load it: {detail}",
+                             hint="free memory, or load it on a machine with more") from None
+
+
+def _nonblocking(file: str, flags: int) -> int:
+    return os.open(file, flags | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0), 0o666)
+
+
+def _open_regular(path: str, what: str = ".om file") -> tuple[Any, int]:
+    """``(file, size)`` of the regular file at ``path``, opened unbuffered for reading
+    (non-blocking, so a FIFO swapped in after the check cannot hang the open); ModelFileError for a
+    missing, unreadable, directory or non-regular path."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise ModelFileError(f"{path}: no such file", hint=hint) from None
+        raise ModelFileError(f"{path}: no such file", hint=_READ_HINT) from None
     except (OSError, ValueError) as e:  # ValueError: a NUL in the path
-        raise ModelFileError(f"{path!r}: cannot read: {getattr(e, 'strerror', None) or e}", hint=hint) from None
+        raise ModelFileError(f"{path!r}: cannot read: {getattr(e, 'strerror', None) or e}", hint=_READ_HINT) from None
     if stat.S_ISDIR(st.st_mode):
-        raise ModelFileError(f"{path}: is a directory, not an .om file", hint="pass the .om file")
+        raise ModelFileError(f"{path}: is a directory, not {'an' if what[0] in '.aeiou' else 'a'} {what}",
+                             hint=f"pass the {what}")
     if not stat.S_ISREG(st.st_mode):
-        raise ModelFileError(f"{path}: is not a regular file", hint="pass the .om file")
+        raise ModelFileError(f"{path}: is not a regular file", hint=f"pass the {what}")
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                return None
-            return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+        f = open(path, "rb", buffering=0, opener=_nonblocking)
+    except FileNotFoundError:
+        raise ModelFileError(f"{path}: no such file (it was removed while being opened)", hint=_READ_HINT) from None
     except (OSError, ValueError) as e:
-        detail = getattr(e, "strerror", None) or e
-        raise ModelFileError(f"{path}: cannot read: {detail}", hint=hint) from None
+        raise ModelFileError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}", hint=_READ_HINT) from None
+    try:
+        st = os.fstat(f.fileno())
+    except OSError as e:
+        f.close()
+        raise ModelFileError(f"{path}: cannot read: {e.strerror or e}", hint=_READ_HINT) from None
+    if not stat.S_ISREG(st.st_mode):
+        f.close()
+        raise ModelFileError(f"{path}: is not a regular file", hint=f"pass the {what}")
+    return f, st.st_size
+
+
+def _fill(f: Any, view: memoryview, path: str) -> int:
+    """Read from ``fd`` into ``view`` until it is full or the file ends; the bytes read. One
+    more byte is then asked for: a file longer than ``view`` counts as ``len(view) + 1``."""
+    pos, n = 0, len(view)
+    try:
+        while pos < n:
+            got = f.readinto(view[pos:min(n, pos + READ_CHUNK)])
+            if not got:
+                return pos
+            pos += got
+        return n + 1 if f.read(1) else n
+    except OSError as e:
+        raise ModelFileError(f"{path}: cannot read: {e.strerror or e}", hint=_READ_HINT) from None
+
+
+def _changed(path: str, expected: int, got: int) -> ModelFileError:
+    now = "more" if got > expected else f"only {got}"
+    return ModelFileError(
+        f"{path}: the file changed while it was being read (it had {expected} bytes, then {now})",
+        hint="another program is writing it: load it again once the writing is done")
+
+
+def _read_snapshot(path: str) -> mmap.mmap | None:
+    """The bytes of the regular file at ``path`` in private anonymous memory (None for an empty
+    file). Raises ModelFileError for I/O problems and for a file that changes size while read."""
+    f, size = _open_regular(path)
+    try:
+        if size == 0:
+            return None
+        buf = anonymous_buffer(size, path)
+        view = memoryview(buf)
+        try:
+            got = _fill(f, view, path)
+        finally:
+            view.release()
+        if got != size:
+            buf.close()
+            raise _changed(path, size, got)
+        return buf
+    finally:
+        f.close()
+
+
+def read_file_into(path: str, view: memoryview) -> int:
+    """Fill ``view`` with the bytes of the regular file at ``path``, which must be exactly
+    ``len(view)`` bytes long; returns the file's size. A file of another size is not read (its
+    size is returned: the caller says what it expected); one that changes size while read, a
+    missing, unreadable or non-regular file is a :class:`ModelFileError`. Used for the external
+    weight files of an .om, so they too are a snapshot in private memory."""
+    f, size = _open_regular(path, "weight file")
+    try:
+        if size != len(view):
+            return size
+        got = _fill(f, view, path)
+        if got != size:
+            raise _changed(path, size, got)
+        return size
+    finally:
+        f.close()
 
 
 class Container:
-    """An open, validated .om container; partitions are zero-copy views of a read-only mapping.
+    """An open, validated .om container; partitions are zero-copy read-only views of a snapshot
+    of the file in private memory (the file itself is not held open or mapped).
 
     Use as a context manager or call :meth:`close`. Views (and NumPy arrays made from them with
-    ``np.frombuffer``) keep the mapping alive: :meth:`close` unmaps at once when none are left,
-    otherwise the mapping is released when the last of them is garbage-collected.
+    ``np.frombuffer``) keep the snapshot alive: :meth:`close` frees it at once when none are left,
+    otherwise it is freed when the last of them is garbage-collected.
     """
 
     def __init__(
@@ -587,8 +697,8 @@ class Container:
         self.file_size: int = header["file_size"]
         self._header = header
         self._entries = {e.kind: e for e in entries}
-        self._mmap: mmap.mmap | None = mapping
-        self._view: memoryview | None = memoryview(mapping)
+        self._mmap: mmap.mmap | None = mapping  # the snapshot: anonymous memory, not the file
+        self._view: memoryview | None = memoryview(mapping).toreadonly()
 
     def kinds(self) -> list[str]:
         """The partition kinds, in table order."""
@@ -608,7 +718,7 @@ class Container:
             ) from None
 
     def partition(self, kind: str) -> memoryview:
-        """A read-only, zero-copy view of partition ``kind``'s bytes."""
+        """A read-only, zero-copy view of partition ``kind``'s bytes (in the snapshot)."""
         e = self.info(kind)
         if self._view is None:
             raise ValueError(f"{self.path}: container is closed")
@@ -619,7 +729,7 @@ class Container:
         return self._view is None
 
     def close(self) -> None:
-        """Release the mapping (deferred while views of it are still alive). Idempotent."""
+        """Free the snapshot (deferred while views of it are still alive). Idempotent."""
         view, mapping = self._view, self._mmap
         self._view = self._mmap = None
         if view is not None:
@@ -628,7 +738,7 @@ class Container:
             try:
                 mapping.close()
             except BufferError:
-                pass  # views still exported; unmapped when the last one is collected
+                pass  # views still exported; freed when the last one is collected
 
     def __enter__(self) -> Container:
         return self
@@ -645,7 +755,7 @@ def _load(path: str | os.PathLike[str], verify_checksums: bool) -> tuple[
     str, mmap.mmap, dict[str, Any], list[PartitionInfo]
 ]:
     path = os.fsdecode(os.fspath(path))
-    mapping = _open_mapping(path)
+    mapping = _read_snapshot(path)
     if mapping is None:
         raise OmFormatError(
             f"{path}: the file is empty (0 bytes); it is truncated or this is not an .om file",
@@ -671,9 +781,10 @@ def _load(path: str | os.PathLike[str], verify_checksums: bool) -> tuple[
 def read_container(path: str | os.PathLike[str], *, verify_checksums: bool = True) -> Container:
     """Open and validate the .om container at ``path``.
 
-    Everything is checked before use: signature, version, header and table checksums, sizes,
-    bounds, alignment, overlaps, padding, and (with ``verify_checksums``) every partition's CRC32.
-    Raises :class:`OmFormatError` for bad content, :class:`ModelFileError` for I/O problems.
+    The file is read once into private memory and everything is checked on the bytes read,
+    before use: signature, version, header and table checksums, sizes, bounds, alignment,
+    overlaps, padding, and (with ``verify_checksums``) every partition's CRC32. Later changes to
+    the file do not reach the container. Raises :class:`OmFormatError` for bad content, :class:`ModelFileError` for I/O problems.
     """
     return Container(*_load(path, verify_checksums))
 
@@ -699,10 +810,51 @@ def describe(path: str | os.PathLike[str], *, verify_checksums: bool = False) ->
     }
 
 
-def map_readonly(path: str) -> mmap.mmap | None:
-    """A read-only mapping of the regular file at ``path`` (None for an empty file); a missing,
-    unreadable or non-regular file is a :class:`ModelFileError`. Used for external weight files."""
-    return _open_mapping(path)
+def read_partition(path: str | os.PathLike[str], kind: str, *, max_size: int) -> bytes | None:
+    """The bytes of partition ``kind`` of the .om at ``path``, reading only the header, the
+    partition table and that partition (header, table and partition CRCs checked); None when the
+    file is not an .om, has no such partition or it is larger than ``max_size``. Never raises for
+    bad content; a missing or unreadable file is a :class:`ModelFileError`. For a writer that
+    wants to know what the file it replaces names (never for loading a model)."""
+    path = os.fsdecode(os.fspath(path))
+    f, size = _open_regular(path)
+
+    def pread(n: int, at: int) -> bytes:
+        f.seek(at)
+        buf = bytearray(n)
+        got = _fill(f, memoryview(buf), path)
+        return bytes(buf[:got])
+
+    try:
+        head = pread(HEADER_SIZE, 0)
+        if len(head) < HEADER_SIZE or head[:8] != MAGIC + SIGNATURE:
+            return None
+        (_, _, major, _, header_size, _, _, count, table_offset, entry_size, table_crc, file_size, _,
+         header_crc) = HEADER_STRUCT.unpack_from(head, 0)
+        if (major != FORMAT_VERSION[0] or not HEADER_SIZE <= header_size <= MAX_HEADER_SIZE
+                or count > MAX_PARTITIONS or not ENTRY_SIZE <= entry_size <= MAX_ENTRY_SIZE
+                or file_size != size):
+            return None
+        head = pread(header_size, 0)
+        if len(head) != header_size or zlib.crc32(
+                head[HEADER_SIZE:], zlib.crc32(b"\0\0\0\0", zlib.crc32(head[:HEADER_CRC_OFFSET]))) != header_crc:
+            return None
+        table = pread(count * entry_size, table_offset)
+        if len(table) != count * entry_size or zlib.crc32(table) != table_crc:
+            return None
+        for i in range(count):
+            raw_kind, offset, psize, _, crc, _, _ = ENTRY_STRUCT.unpack_from(table, i * entry_size)
+            if raw_kind.rstrip(b"\0") != kind.encode("ascii", "replace"):
+                continue
+            if psize > max_size or offset + psize > size:
+                return None
+            data = pread(psize, offset) if psize else b""
+            return data if len(data) == psize and zlib.crc32(data) == crc else None
+        return None
+    except (OSError, struct.error, ModelFileError):
+        return None
+    finally:
+        f.close()
 
 
 def write_file_atomic(path: str, chunks: Iterable[Buffer]) -> tuple[int, int]:

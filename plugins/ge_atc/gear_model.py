@@ -41,6 +41,7 @@ from ge_core import __version__
 from ge_core.errors import GraphError, InputError, OmFormatError, OptionError
 from ge_core.model import CompiledModel, NodeArg
 from ge_core.om import (
+    ModelFileSave,
     checked_definition,
     definition_summary,
     model_from_definition,
@@ -48,7 +49,6 @@ from ge_core.om import (
     remember_types_checked,
     report_problem,
     weight_buffers,
-    write_external_weights,
 )
 from ge_core.om_container import write_container
 from ge_core.plugins import get_host
@@ -316,9 +316,22 @@ class GearModel:
         """:meth:`CompiledModel.run` on the gear the feeds' shapes select."""
         return self.pick(feeds, kw).run(feeds, timeout=timeout, output_names=output_names, **kw)
 
-    def _check_feeds(self, feeds: dict[str, Any]) -> dict[str, Any]:
-        """The feeds checked by the gear they select (as :meth:`CompiledModel.run` checks them)."""
-        return self.pick(feeds)._check_feeds(feeds)
+    def check_feeds(self, feeds: Mapping[str, Any] | np.ndarray | None = None, **kw: Any) -> dict[str, Any]:
+        """The feeds checked by the gear they select (:meth:`CompiledModel.check_feeds`)."""
+        return self.pick(feeds, kw).check_feeds(feeds, **kw)
+
+    def check_output_names(self, names: Sequence[str] | None) -> list[str] | None:
+        """:meth:`CompiledModel.check_output_names` (every gear gives the same outputs)."""
+        return self.models[0].check_output_names(names)
+
+    def model_for(self, feeds: Mapping[str, Any] | np.ndarray | None = None, **kw: Any) -> CompiledModel:
+        """The gear's compiled model that runs ``feeds`` (:meth:`pick`)."""
+        return self.pick(feeds, kw)
+
+    @property
+    def registries(self):
+        """The plugin registries the gears' kernels come from."""
+        return self.models[0].registries
 
     def run_async(self, feeds: Mapping[str, Any] | np.ndarray | None = None, *,
                   output_names: Sequence[str] | None = None, **kw: Any):
@@ -359,14 +372,15 @@ def save_gears(model: GearModel, path: str, *, external_weight: int = 0) -> str:
     head: dict[str, Any] = {"format": GEAR_FORMAT, "version": GEAR_VERSION, "producer": f"ge-python {__version__}",
                             **model.table.as_dict(), "report": report}
     data: Any = shared.chunks()
-    if external_weight:
-        head["external_weights"] = write_external_weights(path, shared, external_weight)
-        data = b""
-    blobs = [dump_definition(d, f"'{path}' gear {i}") for i, d in enumerate(defs)]
-    for g, b in zip(head["gears"], blobs):
-        g["bytes"] = len(b)
-    write_container(path, [("model", dump_definition(head, f"'{path}'"), 8), (GEARS_PARTITION, blobs, 8),
-                           ("weights", data, 4096)], producer=f"ge-python {__version__}")
+    with ModelFileSave(path) as save:  # the old model, or the new one, is complete at every point
+        if external_weight:
+            head["external_weights"] = save.external_weights(shared, external_weight)
+            data = b""
+        blobs = [dump_definition(d, f"'{path}' gear {i}") for i, d in enumerate(defs)]
+        for g, b in zip(head["gears"], blobs):
+            g["bytes"] = len(b)
+        write_container(path, [("model", dump_definition(head, f"'{path}'"), 8), (GEARS_PARTITION, blobs, 8),
+                               ("weights", data, 4096)], producer=f"ge-python {__version__}")
     for b, m in zip(blobs, model.models):
         remember_types_checked(b, m.graph, get_host())
     return path

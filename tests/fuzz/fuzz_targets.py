@@ -2437,7 +2437,8 @@ _NPY_DESCRS = ["'<f4'", "'|O'", "'O'", "'<U4'", "'|V8'", "'|S3'", "'>f8'", "'<c1
 _NPY_SHAPES = ["()", "(2, 3)", "(3, 2)", "(6,)", "(0,)", "(-1,)", "(-1, -6)", "(2**62, 4)", "(4294967296,)",
                "(9223372036854775807,)", "(9223372036854775808,)", "(2, 2**62, 2**62)", "(1,) * 64", "(1,)*33",
                "(" + "1, " * 100 + ")", "('2', 3)", "(2.0, 3)", "[2, 3]", "((2,),)", "None", "(True,)",
-               "(10**100,)", "(6, 0, 2**63)", "(0, 2**63, 2**63)"]
+               "(10**100,)", "(6, 0, 2**63)", "(0, 2**63, 2**63)",
+               "(0, 3)", "(2, 0)", "(0, 0)", "(0, 1)"]  # empty feeds: the model's native loops get 0-size extents
 
 
 def _npy_header(descr: str, fortran: str, shape: str, extra: str = "", version: int = 1, pad_to: int = 64,
@@ -2650,3 +2651,6 @@ class SelfTestTarget(Target):
 
 
 TARGETS["selftest"] = SelfTestTarget
+TARGETS["native"] = __import__("native_targets").NativeTarget  # every native kernel entry (issue 42)
+TARGETS["cache"] = __import__("cache_targets").CacheTarget  # races and damage in the cache folder (issue 42)
+TARGETS["mutated_files"] = __import__("file_change_targets").MutatedFilesTarget  # files changed under a loaded model (issue 42)
