@@ -147,8 +147,10 @@ class KernelSpec:
 # ------------------------------------------------------------------------------------------
 #: Environment variable: the most iterations one Loop node may run in one inference (0: no limit).
 MAX_LOOP_ITERATIONS_ENV = "GE_MAX_LOOP_ITERATIONS"
-#: Its default: far more than any real model runs in Python, few enough to end a runaway loop.
-DEFAULT_MAX_LOOP_ITERATIONS = 10_000_000
+#: Its default: more than a real model's loop runs per inference (a decoder's steps, a sequence's
+#: positions), few enough that a runaway loop with a trivial body ends within a second or two
+#: (an iteration costs about 10 us in Python: 100,000 of them take about a second).
+DEFAULT_MAX_LOOP_ITERATIONS = 100_000
 
 
 @dataclass(frozen=True)
@@ -212,9 +214,11 @@ def max_loop_iterations() -> int | None:
 def check_loop_iterations(node_name: str, done: int, limit: int | None) -> None:
     """Raise :class:`ExecutionError` naming the loop node once ``done`` iterations reach ``limit``."""
     if limit is not None and done >= limit:
+        default = " (the default)" if limit == DEFAULT_MAX_LOOP_ITERATIONS else ""
         raise ExecutionError(
             f"node '{node_name}': the loop ran {done} iterations, the limit (environment variable "
-            f"{MAX_LOOP_ITERATIONS_ENV}) is {limit}",
-            hint=f"check the loop's trip count and condition inputs, or raise {MAX_LOOP_ITERATIONS_ENV} "
-                 "(0 disables the limit)",
+            f"{MAX_LOOP_ITERATIONS_ENV}) is {limit}{default}",
+            hint=f"check the loop's trip count and condition inputs, or raise the limit: set the environment "
+                 f"variable {MAX_LOOP_ITERATIONS_ENV} to more iterations (e.g. {MAX_LOOP_ITERATIONS_ENV}="
+                 f"{limit * 10}), or to 0 for no limit",
         )

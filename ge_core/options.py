@@ -538,12 +538,16 @@ def _coerce(k: str, v: Any) -> Any:
     if k == "threads":
         if v is None:
             return None
+        bad = f"option threads must be a positive integer of at most {MAX_THREADS}, not {v!r:.40}"
+        if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
+            raise OptionError(bad)
         try:
-            n = int(v)
+            n = int(v.strip() if isinstance(v, str) else v)
         except (TypeError, ValueError, OverflowError):
-            raise OptionError(f"threads must be a positive integer, not {v!r}") from None
-        if n < 1:
-            raise OptionError(f"threads must be a positive integer, not {v!r}")
+            raise OptionError(bad) from None
+        if not 1 <= n <= MAX_THREADS:
+            raise OptionError(bad, hint=f"threads is the number of worker threads (this machine has "
+                                        f"{os.cpu_count() or 1} CPUs); leave it unset for one per CPU")
         return n
     if k == "log":
         s = str(v).strip().lower()
@@ -575,6 +579,11 @@ def _coerce(k: str, v: Any) -> Any:
             raise OptionError(f"soc_version must be a backend name, not {v!r}")
         return v.strip()
     return v
+
+
+#: The most worker threads the option ``threads`` takes (far above any useful count: a larger
+#: value is a mistake that would start that many threads).
+MAX_THREADS = max(1024, 8 * (os.cpu_count() or 1))
 
 
 def _is_int(s: str) -> bool:

@@ -249,6 +249,7 @@ def _store_reduced(graph: Graph, order: list[Node], chosen: set[Node], reduced: 
         if not all(u in chosen for u, _ in uses) or len(uses) != len(v.uses()):
             continue
         arr = np.asarray(v.const_value)
+        _check_range(v, arr, uses, reduced, table.get("mode", ""))
         saved += arr.nbytes - arr.astype(reduced).nbytes
         for u, _ in uses:
             table["nodes"].setdefault(u.name, {"op": u.op_type, "weights": reduced.name, "compute": "float32"})
@@ -256,6 +257,28 @@ def _store_reduced(graph: Graph, order: list[Node], chosen: set[Node], reduced: 
         changed = True
     table["weights_bytes_saved"] = int(saved)
     return changed
+
+
+def _check_range(v: Value, arr: np.ndarray, uses: list[tuple[Node, int]], reduced: np.dtype, mode: str) -> None:
+    """OptionError naming the weight, its nodes, its largest magnitude and the reduced type's
+    range when a finite value of ``arr`` does not fit ``reduced`` (it would become infinity)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        finite = np.isfinite(arr)
+        overflow = finite & ~np.isfinite(arr.astype(reduced))
+    if not overflow.any():
+        return
+    top = float(np.max(np.abs(arr[finite])))
+    limit = float(ml_dtypes.finfo(reduced).max) if reduced.name == "bfloat16" else float(np.finfo(reduced).max)
+    nodes = list(dict.fromkeys(u.name for u, _ in uses))
+    shown = ", ".join(f"'{n}'" for n in nodes[:5]) + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")
+    ops = sorted({u.op_type for u, _ in uses})
+    raise OptionError(
+        f"--precision_mode={mode}: initializer '{v.name}' (read by node(s) {shown}) has values up to "
+        f"|{top:.6g}|, outside the {reduced.name} range +-{limit:.6g}: stored as {reduced.name} they would "
+        f"become infinity ({int(overflow.sum())} value(s))",
+        hint=f"keep the node(s) in float32 with --keep_dtype (a file listing {nodes[0]!r} or OpType::{ops[0]}), or "
+             f"use --precision_mode=allow_mix_precision with {ops[0]} on the black list of --modify_mixlist, or "
+             "must_keep_origin_dtype")
 
 
 def _force_fp32(graph: Graph, kept: set[Node], table: dict[str, Any]) -> bool:

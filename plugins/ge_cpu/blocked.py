@@ -41,7 +41,7 @@ from ge_core.ops import OpDef, OpKind
 from ge_core.passes import Pass, PassContext, PassResult
 from ge_sdk import nchwc
 
-from .kernels.nchwc import ACTIVATIONS, DOMAIN, PACKINGS, pack_weight, packing_for
+from .kernels.nchwc import ACTIVATIONS, DOMAIN, PACKINGS, pack_weight, packed_size, packing_for
 from .kernels.nn import window_plan
 from .program import conv_algorithm_option
 
@@ -211,9 +211,16 @@ def _pool_plan(node: Node) -> dict | None:
     dil = [int(v) for v in (a.get("dilations") or (1, 1))]
     if len(k) != 2 or len(strides) != 2 or len(dil) != 2 or min(k + strides + dil) < 1:
         return None
-    pads = _explicit_pads(node, k, strides, dil, _static4(node.inputs[0]), _static4(node.outputs[0]))
-    if pads is None:
+    xs = _static4(node.inputs[0])
+    pads = _explicit_pads(node, k, strides, dil, xs, _static4(node.outputs[0]))
+    if pads is None or xs is None:
         return None
+    if int(a.get("ceil_mode", 0) or 0):
+        # (a MaxPool's ceil_mode windows past the end padding: the same as more -inf end padding,
+        # so the blocked op, which has no ceil_mode, gets the end padding its windows reach)
+        mode = _text(a.get("auto_pad", "NOTSET")) or "NOTSET"
+        _, _, _, pend = window_plan(mode, pads, xs[2:], k, strides, dil, True)
+        pads = [*pads[:2], *pend]
     attrs: dict[str, Any] = {"kernel_shape": k, "strides": strides, "dilations": dil, "pads": pads}
     if node.op_type == "AveragePool":
         attrs["count_include_pad"] = int(a.get("count_include_pad", 0) or 0)
@@ -715,6 +722,7 @@ def check_node(node: Node) -> None:
             raise _bad(node, f"weight_packing must be one of {', '.join(x or '(none)' for x in PACKINGS)}")
         if _text(a.get("weight_packing", "")) and not _ints_ok(a.get("weight_shape"), 4, 1):
             raise _bad(node, "a packed weight needs weight_shape, 4 positive ints")
+        _check_conv_geometry(node)
     if node.op_type == "NchwcGroupNorm":
         gs = a.get("group_channels")
         if not isinstance(gs, (int, np.integer)) or not (1 <= gs <= 64 * BLOCK) or not (BLOCK % gs == 0 or gs % BLOCK == 0):
@@ -731,6 +739,73 @@ def check_node(node: Node) -> None:
         if x is not None and x.shape is not None and len(x.shape) == 5 and isinstance(x.shape[1], int) \
                 and c > x.shape[1] * BLOCK:
             raise _bad(node, f"attribute channels {c} exceeds the input's {x.shape[1]} blocks of {BLOCK}")
+
+
+def _check_conv_geometry(node: Node) -> None:
+    """An NchwcConv's attributes against its weight: the kernel runs the weight's (M, C/group,
+    KH, KW) (``weight_shape`` of a packed one), while its output type comes from the attributes,
+    so a ``kernel_shape`` or ``group`` that contradicts the weight (or the input's channels) would
+    run a convolution of another output shape than the one planned."""
+    a = node.attrs
+    if _text(a.get("weight_packing", "")):
+        w = tuple(int(v) for v in a["weight_shape"])
+        how = "its packed weight's weight_shape"
+    else:
+        wt = node.inputs[1].type if len(node.inputs) > 1 and node.inputs[1] is not None else None
+        if wt is None or wt.shape is None or not all(isinstance(d, int) for d in wt.shape):
+            return
+        if len(wt.shape) != 4:
+            raise _bad(node, f"the weight must be 4-D (M, C/group, KH, KW), it is {tuple(wt.shape)}")
+        w = tuple(wt.shape)
+        how = "its weight's shape"
+    m, cg = w[:2]
+    if "kernel_shape" in a and tuple(int(v) for v in a["kernel_shape"]) != w[2:]:
+        raise _bad(node, f"attribute kernel_shape {list(a['kernel_shape'])} contradicts {how} {list(w)} "
+                         f"(kernel {list(w[2:])})")
+    group = int(a.get("group", 1))
+    if m % group:
+        raise _bad(node, f"attribute group {group} does not divide the {m} output channels of {how} {list(w)}")
+    x = node.inputs[0].type if node.inputs and node.inputs[0] is not None else None
+    plain = bool(int(a.get("plain_input", 0) or 0))
+    if x is not None and x.shape is not None and isinstance(x.shape[1] if len(x.shape) > 1 else None, int):
+        if plain:
+            if group != 1 or len(x.shape) != 4 or x.shape[1] != cg:
+                raise _bad(node, f"a plain (NCHW) input of {x.shape[1] if len(x.shape) > 1 else '?'} channels, group "
+                                 f"{group}, does not fit {how} {list(w)} (an ungrouped one of {cg} channels)")
+        elif len(x.shape) == 5:
+            cb = x.shape[1]
+            depthwise = group > 1 and cg == 1 and group == m
+            if depthwise:
+                ok = cb == nchwc.blocks(m)
+            elif group > 1:
+                ok = cg * group == cb * BLOCK
+            else:
+                ok = cb >= nchwc.blocks(cg)
+            if not ok:
+                raise _bad(node, f"attribute group {group} and the input's {cb} blocks of {BLOCK} channels "
+                                 f"contradict {how} {list(w)}")
+    packing = _text(a.get("weight_packing", ""))
+    if packing:
+        depthwise = group > 1 and cg == 1 and group == m
+        k, st, dil = w[2:], tuple(a.get("strides") or (1, 1)), tuple(a.get("dilations") or (1, 1))
+        fits = {"plain": plain, "depthwise": depthwise and not plain, "blocked": not plain and not depthwise}.get(
+            packing, not plain and not depthwise and k == (3, 3) and st == (1, 1) and dil == (1, 1))
+        if not fits:
+            raise _bad(node, f"weight_packing {packing} does not fit the convolution: it contradicts the attributes "
+                             f"(weight {list(w)}, group {group}, strides {list(st)}, dilations {list(dil)}"
+                             f"{', plain input' if plain else ''})")
+        wt = node.inputs[1].type if len(node.inputs) > 1 and node.inputs[1] is not None else None
+        cb = 0 if plain else (x.shape[1] if x is not None and x.shape is not None and len(x.shape) == 5 else None)
+        if wt is not None and wt.shape is not None and len(wt.shape) == 1 and isinstance(wt.shape[0], int) \
+                and isinstance(cb, int):
+            want = packed_size(packing, w, cb, group)
+            if wt.shape[0] != want:
+                raise _bad(node, f"a {packing} weight of {wt.shape[0]} floats, {want} expected for its weight_shape "
+                                 f"{list(w)}")
+    y = node.outputs[0].type if node.outputs and node.outputs[0] is not None else None
+    if y is not None and y.shape is not None and len(y.shape) == 5 and isinstance(y.shape[1], int) \
+            and y.shape[1] != nchwc.blocks(m):
+        raise _bad(node, f"the output's {y.shape[1]} blocks do not hold the {m} output channels of {how} {list(w)}")
 
 
 def _window_infer(channels_from_weight: bool):

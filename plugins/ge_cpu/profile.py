@@ -26,12 +26,8 @@ def profile(model, feeds: dict[str, np.ndarray], runs: int = 5) -> dict[str, Any
     from .executable import CpuExecutable
     from .streams import MultiStreamExecutable
 
-    regs = model._host.registries if model._host is not None else None
-    if regs is None:
-        from ge_core.plugins import get_host
-
-        regs = get_host().registries
-    kernels = regs.kernels_for("cpu")
+    model = model.model_for(feeds)  # (a gear model: the gear of the feeds' shapes)
+    kernels = model.registries.kernels_for("cpu")
     plan = model.memory_plan or MemoryPlan({}, 0, "none")
     if model.streams.count > 1:
         exe: CpuExecutable = MultiStreamExecutable(model.graph, kernels, model.options, plan, model.streams)
@@ -104,15 +100,21 @@ def configure(p) -> None:
 
 def run(args) -> int:
     import ge_core as ge
-    from ge_sdk.cli import feed_arg, random_feeds, write_json_atomic  # feed_arg: NAME=FILE.npy as ge run reads it
+    from ge_core.writes import InputFiles, check_target, write_json_atomic
+    from ge_sdk.cli import feed_arg, random_feeds  # feed_arg: NAME=FILE.npy as ge run reads it
 
-    model = ge.load_om(args.model)
+    trace_path = args.trace or os.path.splitext(os.path.basename(args.model))[0] + ".trace.json"
+    inputs = InputFiles(args.model, *(s.partition("=")[2] for s in args.input or [] if "=" in s))
+    check_target(inputs.check(trace_path, "--trace"), "the trace")  # never over the .om or a feed file
+    loaded = ge.load_om(args.model)
     feeds = dict(feed_arg(s) for s in args.input or [])
+    # the compiled model that runs them (of a gear model: the gear of the given inputs' shapes,
+    # the first gear when they do not set it), whose inputs the random ones follow
+    model = loaded.model_for(feeds)
     for k, v in random_feeds(model).items():
         feeds.setdefault(k, v)
-    result = profile(model, model._check_feeds(feeds), runs=max(1, args.runs))
-    trace_path = args.trace or os.path.splitext(os.path.basename(args.model))[0] + ".trace.json"
-    write_json_atomic(trace_path, result.pop("trace"))
+    result = profile(model, model.check_feeds(feeds), runs=max(1, args.runs))
+    write_json_atomic(trace_path, result.pop("trace"), "the trace", inputs=inputs, flag="--trace")
     if args.json:
         print(json.dumps({**result, "trace": trace_path}, indent=1))
         return 0

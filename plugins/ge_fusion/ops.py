@@ -170,6 +170,30 @@ def check_node(node) -> None:
         _check_program(node, "program", len(node.inputs), anchor=False, required=True)
     elif node.op_type in ("FusedConv", "FusedMatMul"):
         _check_program(node, "epilogue", max(0, len(node.inputs) - 3), anchor=True, required=False)
+    if node.op_type == "FusedConv":
+        _check_conv_weight(node)
+
+
+def _check_conv_weight(node) -> None:
+    """A FusedConv's kernel_shape and group against its weight (M, C/group, K...) and input: the
+    kernel runs the weight's window, the node's output type comes from the attributes."""
+    x = node.inputs[0].type if node.inputs and node.inputs[0] is not None else None
+    w = node.inputs[1].type if len(node.inputs) > 1 and node.inputs[1] is not None else None
+    if w is None or w.shape is None or not all(isinstance(d, int) for d in w.shape):
+        return
+    ws = tuple(w.shape)
+    if len(ws) < 3:
+        raise _bad(node, f"the weight must be (M, C/group, K...), it is {list(ws)}")
+    k = node.attrs.get("kernel_shape")
+    if k is not None and tuple(int(v) for v in k) != ws[2:]:
+        raise _bad(node, f"attribute kernel_shape {list(k)} contradicts the weight's shape {list(ws)}")
+    group = int(node.attrs.get("group", 1))
+    if group < 1 or ws[0] % group:
+        raise _bad(node, f"attribute group {group} does not divide the {ws[0]} output channels of the weight {list(ws)}")
+    if x is not None and x.shape is not None and len(x.shape) == len(ws) and isinstance(x.shape[1], int) \
+            and x.shape[1] != ws[1] * group:
+        raise _bad(node, f"attribute group {group} and the input's {x.shape[1]} channels contradict the weight's "
+                         f"shape {list(ws)}")
 
 
 #: every op of this plugin is made by the compiler only, and has its attributes checked

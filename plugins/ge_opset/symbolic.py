@@ -65,6 +65,8 @@ def infer(node: Node, opset: int) -> Sequence[TensorType | None] | None:
     rule = _RULES.get(node.op_type)
     if rule is None and node.op_type not in BROADCAST_OPS:
         return types
+    if node.op_type in _CEIL_POOLS and node.attrs.get("ceil_mode", 0):
+        return _ceil_pool_types(node, types)
     if types is not None and all(t is not None and t.shape is not None and None not in t.shape for t in types):
         return types  # ONNX knew every dim
     try:
@@ -122,6 +124,31 @@ def _set(node: Node, dims: Any, scalar: bool = False) -> None:
         _clear_data(node)
         return
     node.outputs[0].meta[INFERRED_META] = (tuple(dims), scalar)
+
+
+_CEIL_POOLS = frozenset({"MaxPool", "AveragePool", "LpPool"})
+
+
+def _ceil_pool_types(node: Node, types: Sequence[TensorType | None] | None) -> Sequence[TensorType | None] | None:
+    """A ``ceil_mode`` pool's types: ONNX's inference keeps a last window that starts in the end
+    padding, onnxruntime (and the kernels) drop it, so the rule's dims replace ONNX's here."""
+    try:
+        mine = _r_window(node)
+    except (TypeError, ValueError, KeyError, IndexError, OverflowError, ZeroDivisionError):
+        mine = None
+    if not mine:
+        return types
+    if types is None:
+        return mine
+    out = []
+    for i, t in enumerate(types):
+        m = mine[i] if i < len(mine) else None
+        if t is None or t.shape is None or m is None or m.shape is None or len(m.shape) != len(t.shape):
+            out.append(t if t is not None else m)
+            continue
+        dims = tuple(b if b is not None else a for a, b in zip(t.shape, m.shape))
+        out.append(TensorType(t.dtype, dims))
+    return out
 
 
 def _propagate_data(node: Node) -> None:
@@ -496,13 +523,21 @@ def _r_flatten(node):
     return [TensorType(None, (S.prod(x.shape[:axis]), S.prod(x.shape[axis:])))]
 
 
-def window_dim(d: Any, k: int, stride: int, dilation: int, pad: int, ceil: bool = False, same: bool = False) -> Any:
-    """The output size of a convolution or pooling window along one dim of size ``d``."""
+def window_dim(d: Any, k: int, stride: int, dilation: int, pad: int, ceil: bool = False, same: bool = False,
+               pad_begin: int = 0) -> Any:
+    """The output size of a convolution or pooling window along one dim of size ``d``.
+
+    With ``ceil`` (pooling's ``ceil_mode``), a last window that would start in the end padding
+    is dropped, as onnxruntime does (and ONNX's own inference does not): its start
+    ``(out - 1) * stride`` must be below ``d + pad_begin``.
+    """
     if same:
         return S.floordiv(S.add(d, stride - 1), stride)
     span = S.sub(S.add(d, pad), dilation * (k - 1) + 1)
     if ceil:
         span = S.add(span, stride - 1)
+        out = S.add(S.floordiv(span, stride), 1)
+        return S.dmin(out, S.add(S.floordiv(S.add(d, pad_begin - 1), stride), 1))
     return S.add(S.floordiv(span, stride), 1)
 
 
@@ -535,7 +570,7 @@ def _r_window(node):
             dims.append(window_dim(x.shape[2 + i], k[i], strides[i], dil[i], 0, ceil))
         else:
             dims.append(window_dim(x.shape[2 + i], k[i], strides[i], dil[i], pads[i] + pads[i + nd], ceil,
-                                   same=auto in ("SAME_UPPER", "SAME_LOWER")))
+                                   same=auto in ("SAME_UPPER", "SAME_LOWER"), pad_begin=pads[i]))
     return [TensorType(None, tuple(dims))] + [TensorType(None, tuple(dims))] * (len(node.outputs) - 1)
 
 
