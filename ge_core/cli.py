@@ -56,7 +56,9 @@ def plain(x: Any) -> str:
 
 def guard(fn: Callable[[], int]) -> int:
     """``fn()``'s exit status; a :class:`GEError` prints ``error: ...`` and exits with its code (2 for
-    a usage error), Ctrl-C 130, a bug in ge or a plugin ``internal error: ...`` and 3."""
+    a usage error), Ctrl-C 130, a bug in ge or a plugin ``internal error: ...`` and 3. As a last
+    resort, running out of memory and an ``OSError`` that names its file (a full disk, no
+    permission) are ``error: ...`` and 2 too: the machine's or the file's fault, not a bug."""
     try:
         return fn() or 0
     except GEError as e:
@@ -69,6 +71,25 @@ def guard(fn: Callable[[], int]) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except MemoryError:  # a model or inputs too large for this machine: not a bug
+        if os.environ.get("GE_DEBUG"):
+            raise
+        print("error: out of memory (the model, its inputs or their shapes need more memory than this machine "
+              "has: give smaller shapes or inputs)", file=sys.stderr)
+        return 2
+    except OSError as e:  # a file the command reads or writes (disk full, no permission): name it
+        if os.environ.get("GE_DEBUG"):
+            raise
+        if e.filename is None:
+            print(f"internal error: {type(e).__name__}: {e} (this is a bug in ge or a plugin; rerun with GE_DEBUG=1 "
+                  "for the traceback and report it)", file=sys.stderr)
+            return 3
+        def shown(f: Any) -> str:
+            return f"'{os.fsdecode(f) if isinstance(f, (str, bytes)) else f}'"
+
+        where = shown(e.filename) + (f" -> {shown(e.filename2)}" if e.filename2 is not None else "")
+        print(f"error: {where}: {e.strerror or e} (check the path, its permissions and the free space)", file=sys.stderr)
+        return 2
     except Exception as e:  # a bug, not the user's fault: say so, briefly
         if os.environ.get("GE_DEBUG"):
             raise

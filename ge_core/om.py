@@ -43,7 +43,6 @@ from .model import CompiledModel
 from .om_container import (
     Container,
     anonymous_buffer,
-    fsync_directory,
     read_container,
     read_file_into,
     read_partition,
@@ -53,6 +52,7 @@ from .om_container import (
 from .options import CompileOptions
 from .schedule import StreamAssignment, verify_streams
 from .serialize import FORMAT_VERSION, LIMITS, WeightWriter, dump_definition, graph_to_dict, load_definition, read_graph
+from .writes import fsync_directory
 
 if TYPE_CHECKING:
     from .plugins import PluginHost

@@ -85,6 +85,7 @@ from typing import Any, Union
 import numpy as np
 
 from .errors import ModelFileError, OmFormatError
+from .writes import fsync_directory
 
 __all__ = [
     "FORMAT_VERSION",
@@ -305,19 +306,6 @@ def _discard(tmp: str | None) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-
-
-def fsync_directory(directory: str) -> None:
-    try:
-        fd = os.open(directory or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def write_container(

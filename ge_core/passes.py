@@ -447,9 +447,13 @@ class DumpIR(PassInstrument):
     def __init__(self, dump_dir: str) -> None:
         self.dump_dir = dump_dir
         self.index = 0
+        self.inputs: Any = None
 
     def before_pipeline(self, graph: Graph, ctx: PassContext) -> None:
-        os.makedirs(self.dump_dir, exist_ok=True)
+        from .writes import InputFiles, make_folder
+
+        self.inputs = InputFiles(graph.metadata.get("source"))  # never written over (by inode)
+        make_folder(self.dump_dir, "the IR dump folder (dump_ir)", inputs=self.inputs, flag="dump_ir")
         self.dump(graph, "input")
 
     def after_pass(self, pass_: Pass, graph: Graph, ctx: PassContext, result: PassResult) -> None:
@@ -460,8 +464,9 @@ class DumpIR(PassInstrument):
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", label)
         path = os.path.join(self.dump_dir, f"{self.index:03d}_{safe}.txt")
         self.index += 1
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(str(graph) + "\n")
+        from .writes import write_bytes_atomic
+
+        write_bytes_atomic(path, str(graph) + "\n", "the IR dump", inputs=self.inputs, flag="dump_ir")
 
 
 class Verify(PassInstrument):

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ge_core.errors import OptionError, UnsupportedOpError
-from ge_sdk.cli import compile_with_progress, guard, write_json_atomic
+from ge_sdk.cli import compile_with_progress, guard
 
 from .flags import IGNORED, IMPLEMENTED, REFUSED, all_ignored, ignored_note
 
@@ -169,10 +169,28 @@ def input_shape_from_range(text: str, input_shape: str | None) -> str:
     return ";".join(parts)
 
 
+def command_inputs(args: argparse.Namespace):
+    """The files ATC's flags in ``args`` name to read (:class:`ge_core.writes.InputFiles`): no
+    output flag may write over one of them (the same name, a link, a hard link)."""
+    from ge_core.writes import InputFiles
+
+    return InputFiles(*(getattr(args, k, None) for k in (
+        "model", "om", "config", "fusion_switch_file", "keep_dtype", "modify_mixlist", "insert_op_conf")))
+
+
+def _write_json(path: str, data: Any, what: str, args: argparse.Namespace, flag: str) -> None:
+    from ge_core.writes import check_target, write_json_atomic
+
+    inputs = getattr(args, "command_inputs", None)
+    check_target(path if inputs is None else inputs.check(path, flag), what)
+    write_json_atomic(path, data, what, inputs=inputs, flag=flag)
+
+
 def run(args: argparse.Namespace) -> int:
     """Carry out parsed ATC flags (``--mode`` 0, 1, 3 or 6)."""
     _check_choices(args)
     _notes(args)
+    args.command_inputs = inputs = command_inputs(args)
     if args.mode in (1, 6):
         if not args.om:
             raise OptionError(f"atc --mode={args.mode} needs --om=MODEL.om")
@@ -185,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
             print(model_info_text(info))
             return 0
         if args.json:
-            write_json_atomic(args.json, info)
+            _write_json(args.json, info, "the model JSON", args, "--json")
         else:
             print(json.dumps(info, indent=2, default=str))
         return 0
@@ -200,6 +218,14 @@ def run(args: argparse.Namespace) -> int:
     if not args.output:
         raise OptionError("atc needs --output=NAME (the .om path without or with .om)")
     from ge_core.om import save_om
+    from ge_core.writes import check_target
+
+    check_target(inputs.check(args.output if args.output.endswith(".om") else args.output + ".om", "--output"),
+                 "the .om")
+    if args.report:
+        check_target(inputs.check(args.report, "--report"), "the compile report")
+    if args.check_report:
+        inputs.check(args.check_report, "--check_report")
 
     from .gears import gear_flag, gear_plan
 
@@ -240,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
         save_om(model, out, external_weight=int(args.external_weight or 0))
         report = model.report
     if args.report:
-        write_json_atomic(args.report, report)
+        _write_json(args.report, report, "the compile report", args, "--report")
     print(f"ATC run success: wrote {out}")
     if args.display_model_info == "1":
         from ge_core.om import inspect_om
@@ -279,7 +305,7 @@ def _write_check_report(args: argparse.Namespace, opts: dict[str, Any]) -> str:
 
     report = precheck(args.model, opts)
     path = args.check_report or os.path.join(os.environ.get("ASCEND_WORK_PATH") or ".", "check_result.json")
-    write_json_atomic(path, report)
+    _write_json(path, report, "the pre-check report", args, "--check_report")
     args.precheck_result = report
     return path
 

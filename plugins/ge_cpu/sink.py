@@ -140,6 +140,12 @@ class SinkCode:
                         ns[gensrc.name("n", s)] = input_name[s]
                         body.append((f"v{s} = feeds[n{s}]", -1))
                         loaded.add(s)
+            if not multi:  # a graph output that is a graph input no step reads (a pass-through)
+                for s in self.program.output_slots:
+                    if s in input_name and s not in loaded and s not in consts:
+                        ns[gensrc.name("n", s)] = input_name[s]
+                        body.append((f"v{s} = feeds[n{s}]", -1))
+                        loaded.add(s)
             for i in steps:
                 st = self.program.steps[i]
                 ns[gensrc.name("k", i)] = st.fn

@@ -42,8 +42,11 @@ def plan_rectangles(graph: Graph, plan: MemoryPlan, binding: dict[str, int] | No
 
 
 def plot_plan(graph: Graph, plan: MemoryPlan, path: str | os.PathLike, *, title: str | None = None,
-              binding: dict[str, int] | None = None) -> str:
-    """Draw ``plan`` for ``graph`` (in its schedule order) to an image file; returns the path."""
+              binding: dict[str, int] | None = None, inputs: Any = None, flag: str | None = None) -> str:
+    """Draw ``plan`` for ``graph`` (in its schedule order) to an image file; returns the path.
+    The file is written through a temporary file beside it; with ``inputs``
+    (:class:`ge_core.writes.InputFiles`) a path that is one of them is refused."""
+    image_format(path)  # an unknown extension says so before anything is drawn
     plt = _pyplot()
     from matplotlib.patches import Rectangle
 
@@ -64,19 +67,43 @@ def plot_plan(graph: Graph, plan: MemoryPlan, path: str | os.PathLike, *, title:
     ax.set_title(title or f"{graph.name}: {len(rects)} tensors in {plan.arena_bytes:,} bytes ({plan.planner})")
     fig.tight_layout()
     path = os.fspath(path)
+    fmt = image_format(path)
     try:
-        fig.savefig(path)
-    except OSError as e:
-        raise GEError(f"cannot write the memory plot '{path}': {e.strerror or e}") from None
+        from ge_core.writes import write_atomic
+
+        write_atomic(path, lambda f: fig.savefig(f, format=fmt), "the memory plot", inputs=inputs, flag=flag)
+    except (ValueError, RuntimeError) as e:  # matplotlib's own complaint about the file or format
+        raise GEError(f"cannot write the memory plot '{path}': {e}") from None
     finally:
         plt.close(fig)
     return path
 
 
-def plot_om(om_path: str | os.PathLike, out: str | os.PathLike) -> str:
-    """Draw the memory plan stored in an .om file."""
-    from ge_core.om import load_om
+def image_format(path: str | os.PathLike) -> str:
+    """The image format matplotlib writes ``path`` in (from its extension, png without one); a
+    GEError listing the supported formats for an extension matplotlib cannot write."""
+    ext = os.path.splitext(os.fspath(path))[1].lstrip(".").lower()
+    if not ext:
+        return "png"
+    _pyplot()
+    from matplotlib.backend_bases import FigureCanvasBase
 
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    if ext not in formats:
+        raise GEError(f"cannot draw the memory plot '{os.fspath(path)}': '.{ext}' is not an image format matplotlib "
+                      f"writes", hint=f"use one of: {', '.join('.' + f for f in formats)}")
+    return ext
+
+
+def plot_om(om_path: str | os.PathLike, out: str | os.PathLike, *, flag: str = "the memory plot") -> str:
+    """Draw the memory plan stored in an .om file (never over the .om or its weight files)."""
+    from ge_core.om import load_om
+    from ge_core.writes import InputFiles, check_target
+
+    inputs = InputFiles(om_path)
+    inputs.check(out, flag)
+    image_format(out)
+    check_target(out, "the memory plot")
     model = load_om(om_path)
     plan = model.memory_plan
     if plan is None:
@@ -86,9 +113,10 @@ def plot_om(om_path: str | os.PathLike, out: str | os.PathLike) -> str:
         binding = plan.references[0] if plan.references else {}
         at = plan.at(binding)
         shapes = ", ".join(f"{k}={v}" for k, v in sorted(binding.items()))
-        return plot_plan(model.graph, at, out, binding=binding,
+        return plot_plan(model.graph, at, out, binding=binding, inputs=inputs, flag=flag,
                          title=f"{name} at {shapes}: {at.arena_bytes:,} bytes (symbolic plan, {plan.planner})")
-    return plot_plan(model.graph, plan, out, title=f"{name}: {plan.arena_bytes:,} bytes ({plan.planner})")
+    return plot_plan(model.graph, plan, out, title=f"{name}: {plan.arena_bytes:,} bytes ({plan.planner})",
+                     inputs=inputs, flag=flag)
 
 
 def configure(parser: Any) -> None:
@@ -97,7 +125,7 @@ def configure(parser: Any) -> None:
 
 
 def run(args: Any) -> int:
-    path = plot_om(args.model, args.out)
+    path = plot_om(args.model, args.out, flag=getattr(args, "flag", None) or "the memory plot")
     if not getattr(args, "quiet", False):
         print(f"memory plot: {path}")
     return 0

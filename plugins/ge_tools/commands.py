@@ -25,7 +25,6 @@ from ge_sdk.cli import (
     random_feeds,
     random_input_shapes,
     table,
-    write_json_atomic,
 )
 
 
@@ -119,17 +118,30 @@ def run_compile(args: argparse.Namespace) -> int:
     import ge_core as ge
 
     out = args.output
+    base = os.path.splitext(os.path.basename(os.fspath(args.model).rstrip("/")))[0] or "model"
     if not out:
-        base = os.path.splitext(os.path.basename(os.fspath(args.model).rstrip("/")))[0] or "model"
         out = base + ".om"
+    elif out.endswith(("/", os.sep)) or os.path.isdir(out):  # a folder: MODEL.om in it
+        out = os.path.join(out, base + ".om")
     if not out.endswith(".om"):
         out += ".om"
+    from ge_core.writes import check_target
+    from ge_core.writes import write_json_atomic as write_json
+
+    from .common import command_inputs
+
+    inputs = command_inputs(args)  # no output may overwrite one of them (by inode: links too)
+    check_target(inputs.check(out, "-o/--output"), "the .om")
+    if args.report:
+        check_target(inputs.check(args.report, "--report"), "the compile report")
+    if args.dump_ir:
+        inputs.check(args.dump_ir, "--dump-ir")
     opts = _compile_options(args)
     model = compile_with_progress(ge, args.model, opts, quiet=args.quiet)
     log_stages(model.report)
     model.save(out)
     if args.report:
-        write_json_atomic(args.report, model.report)
+        write_json(args.report, model.report, "the compile report", inputs=inputs, flag="--report")
     if not args.quiet:
         con = console()
         _print_report(model.report, con)
@@ -142,11 +154,21 @@ def run_run(args: argparse.Namespace) -> int:
 
     import ge_core as ge
 
+    from .common import check_random_sizes, check_seed, command_inputs
+
+    check_seed(args.seed)
+    inputs = command_inputs(args)  # --output-dir / --dump-tensors never write over one of them
+    for flag, folder in (("--output-dir", args.output_dir), ("--dump-tensors", args.dump_tensors)):
+        if folder:
+            inputs.check(folder, flag, exclusive=False)
     model = ge.load_om(args.model)
     feeds = dict(feed_arg(s) for s in args.input or [])
     shapes = random_input_shapes(args.input_shape, feeds)
     if args.random or shapes or not feeds and model.input_names:
-        rnd = random_feeds(_random_gear(model, args), args.seed, shapes, known=feeds, strict=True)
+        gear = _random_gear(model, args, feeds, shapes)
+        check_random_sizes(gear.graph, shapes, known={**{v.name: v.default for v in gear.graph.inputs
+                                                          if v.default is not None}, **feeds}, default_dim=None)
+        rnd = random_feeds(gear, args.seed, shapes, known=feeds, strict=True)
         for k, v in rnd.items():
             feeds.setdefault(k, v)
     if args.repeat < 1:
@@ -161,9 +183,9 @@ def run_run(args: argparse.Namespace) -> int:
         warm.append(time.perf_counter() - t1)
     files: dict[str, str] = {}
     if args.output_dir:
-        files = _save_outputs(outs, args.output_dir)
+        files = _save_outputs(outs, args.output_dir, inputs=inputs, flag="--output-dir")
     if args.dump_tensors:
-        dump_tensors(model, feeds, args.dump_tensors)
+        dump_tensors(model, feeds, args.dump_tensors, inputs=inputs)
     timing: dict[str, Any] = {"seconds": dt, "cold_seconds": dt}
     if warm:
         timing.update(warm_runs=len(warm), warm_seconds_median=float(np.median(warm)), warm_seconds_min=min(warm))
@@ -188,29 +210,32 @@ def run_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _random_gear(model, args: argparse.Namespace):
+def _random_gear(model, args: argparse.Namespace, feeds: dict[str, Any] | None = None, shapes: Any = None):
     """The model whose input types random inputs follow: of a gear model, the gear ``--gear``
-    (default 0), said on stderr; a run still takes the gear of the feeds' shapes."""
+    (default: the gear the fed inputs and ``--input-shape`` select, else 0), said on stderr; a
+    run still takes the gear of the feeds' shapes."""
+    from .common import model_for_shapes
+
     gear = getattr(args, "gear", None)
     if not hasattr(model, "gear"):
         if gear is not None:
             raise OptionError(f"--gear {gear}: '{args.model}' is not a gear model",
                               hint="gear models come from atc --dynamic_batch_size, --dynamic_image_size or --dynamic_dims")
         return model
-    chosen = model.gear(0 if gear is None else gear)
+    chosen = model.gear(gear) if gear is not None else model_for_shapes(model, feeds or {}, shapes or {})
     i = model.models.index(chosen)
     print(f"note: random inputs of {model.table.gear_text(i)}; the gears are {model.table.describe()}; "
           f"--gear N (0..{len(model.models) - 1}) picks another", file=sys.stderr)
     return chosen
 
 
-def dump_tensors(model, feeds: dict[str, Any], folder: str) -> str:
+def dump_tensors(model, feeds: dict[str, Any], folder: str, *, inputs: Any = None) -> str:
     """Run ``model`` with every tensor a node computes as an output (:meth:`CompiledModel.with_outputs`)
     and save each as .npy in ``folder``, with ``index.json``: per tensor in schedule order, the
     node and op that computed it, dtype, shape and file. Returns the index path."""
-    exposed = model.with_outputs(None)
+    exposed = model.model_for(feeds).with_outputs(None)  # (a gear model: the gear of the feeds' shapes)
     outs = exposed.run(feeds)
-    files = _save_outputs(outs, folder)
+    files = _save_outputs(outs, folder, inputs=inputs, flag="--dump-tensors")
     made_by = {o.name: n for n in exposed.graph.node_list() for o in n.outputs}
     order = {name: i for i, name in enumerate(made_by)}
     index = []
@@ -220,26 +245,33 @@ def dump_tensors(model, feeds: dict[str, Any], folder: str) -> str:
                       "dtype": str(getattr(arr, "dtype", "")), "shape": list(np.shape(arr)),
                       "file": os.path.basename(files[name]), "output": name in model.output_names})
     path = os.path.join(folder, "index.json")
-    write_json_atomic(path, index)
+    from ge_core.writes import write_json_atomic as write_json
+
+    write_json(path, index, "the tensor index", inputs=inputs, flag="--dump-tensors")
     return path
 
 
-def _save_outputs(outs: dict[str, np.ndarray], folder: str) -> dict[str, str]:
+def _save_outputs(outs: dict[str, np.ndarray], folder: str, *, inputs: Any = None,
+                  flag: str = "--output-dir") -> dict[str, str]:
     """Save each output as its own .npy in ``folder`` (names from :func:`output_file_names`);
-    returns output name -> path written."""
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
-        raise ModelFileError(f"cannot create output folder '{folder}': {e.strerror or e}") from None
-    files = {}
+    returns output name -> path written. Each file goes through a temporary file beside it,
+    synced and size-checked, and all are renamed in place only when every one was written:
+    a full disk fails with the path and leaves no partial file. A file that is one of
+    ``inputs`` (:class:`ge_core.writes.InputFiles`) is refused."""
+    from ge_core.writes import make_folder, write_all_atomic
+
+    make_folder(folder, "the output folder", inputs=inputs, flag=flag)
+    files: dict[str, str] = {}
+    items = []
     for (name, arr), fname in zip(outs.items(), output_file_names(list(outs))):
         path = os.path.join(folder, fname)
-        try:
-            np.save(path, arr, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise ModelFileError(f"cannot write output '{name}' to '{path}': {getattr(e, 'strerror', None) or e}",
-                                 hint="check the folder; outputs that are not arrays cannot be saved as .npy") from None
+        a = np.asarray(arr)
+        if a.dtype.hasobject:
+            raise ModelFileError(f"cannot write output '{name}' to '{path}': an array of {a.dtype} cannot be saved "
+                                 "as .npy without pickle", hint="outputs that are not plain arrays cannot be saved")
+        items.append((path, lambda f, _a=a: np.save(f, _a, allow_pickle=False)))
         files[name] = path
+    write_all_atomic(items, "output file", inputs=inputs, flag=flag)
     return files
 
 
@@ -249,12 +281,13 @@ def run_inspect(args: argparse.Namespace) -> int:
     if getattr(args, "source", False):
         import ge_core as ge
 
-        exe = ge.load_om(args.model).executable
-        src = getattr(exe, "source", None)
-        if src is None:
-            raise OptionError(f"the executor of '{args.model}' ({type(exe).__name__}) generates no source",
-                              hint="compile with the option executor=sink (the default for single-stream schedules)")
-        print(src, end="")
+        loaded = ge.load_om(args.model)
+        gears = list(getattr(loaded, "models", None) or [loaded])
+        for i, m in enumerate(gears):
+            src = _generated_source(m, args.model if len(gears) == 1 else f"{args.model}, gear {i}")
+            if len(gears) > 1:
+                print(f"# {loaded.table.gear_text(i)}" if hasattr(loaded, "table") else f"# gear {i}")
+            print(src, end="" if src.endswith("\n") else "\n")
         return 0
     info = inspect_om(args.model)
     info["model"]["output_types"] = output_types(args.model, info["model"].get("outputs") or [])
@@ -263,12 +296,15 @@ def run_inspect(args: argparse.Namespace) -> int:
         info["kernel_cache"] = kc
     if getattr(args, "memory_plot", None):  # drawn by the plugin command memory-plot (ge_memory)
         from ge_core.plugins import get_host
+        from ge_core.writes import InputFiles, check_target
+
+        check_target(InputFiles(args.model).check(args.memory_plot, "--memory-plot"), "the memory plot")
 
         draw = get_host().registries.cli_commands.get("memory-plot")
         if draw is None:
             raise OptionError("--memory-plot: no plugin provides the memory-plot command",
                               hint="the ge_memory plugin does: is it disabled (GE_DISABLE_PLUGINS)?")
-        draw.run(argparse.Namespace(model=args.model, out=args.memory_plot, quiet=True))
+        draw.run(argparse.Namespace(model=args.model, out=args.memory_plot, quiet=True, flag="--memory-plot"))
         info["memory_plot"] = os.fspath(args.memory_plot)
     if args.json:
         print(json.dumps(info, indent=2, default=str))
@@ -301,6 +337,26 @@ def run_inspect(args: argparse.Namespace) -> int:
     if info.get("memory_plot"):
         con.print(f"memory plot: {plain(info['memory_plot'])}")
     return 0
+
+
+def _generated_source(model, what: str) -> str:
+    """The code the sink executor generated for ``model`` (``ge inspect --source``); an
+    OptionError saying why there is none (which executor runs it, and what gives one)."""
+    exe = model.executable
+    src = getattr(exe, "source", None)
+    if isinstance(src, str):
+        return src
+    extra = getattr(getattr(model, "options", None), "extra", None) or {}
+    chosen = str(extra.get("executor", "auto") or "auto")
+    kind = type(exe).__name__
+    if "Symbolic" in kind:
+        raise OptionError(f"'{what}' has no generated source: its memory plan is symbolic (input dims are set by "
+                          f"each run), so the {kind} interprets it in the arena each run's shapes give "
+                          f"(executor option: {chosen})",
+                          hint='compile it with static input shapes (--input-shape "name:d1,d2,...") for generated code')
+    raise OptionError(f"'{what}' has no generated source: it runs on the {kind} (executor option: {chosen})",
+                      hint="compile it with the option executor=sink (--option executor=sink; the default, auto, "
+                           "generates code for static shapes)")
 
 
 def _print_gears(gears: dict[str, Any], con) -> None:

@@ -126,6 +126,15 @@ def symbolic_dims(model, args: argparse.Namespace) -> dict[str, int]:
     return dims
 
 
+def model_for_shapes(model, feeds: Mapping[str, Any], shapes: Mapping[str, Any]):
+    """The compiled model whose input types random inputs follow (``model.model_for``): of a
+    gear model, the gear that the fed arrays' and the ``--input-shape`` shapes select (its first
+    gear when they set none; InputError listing the gears when they match none); else ``model``."""
+    sized = {n: np.broadcast_to(np.zeros((), np.float32), tuple(s)) for n, s in shapes.items()
+             if n not in feeds and all(type(d) is int and d >= 0 for d in s)}  # (shapes only: no memory)
+    return model.model_for({**sized, **feeds})
+
+
 def make_feeds(model, args: argparse.Namespace) -> dict[str, np.ndarray]:
     """Feeds from ``--input`` files, the rest random (seeded): shapes from ``--input-shape``,
     symbolic dims from ``--batch``/``--dim`` and the files' shapes, other symbolic dims 1."""
@@ -145,9 +154,16 @@ def make_feeds(model, args: argparse.Namespace) -> dict[str, np.ndarray]:
                              hint=f"inputs: {', '.join(model.input_names)}")
         feeds[name] = read_feed_file(name, path)
     shapes = random_input_shapes(getattr(args, "input_shape", None), feeds)
+    model = model_for_shapes(model, feeds, shapes)  # (a gear model: the gear those shapes select)
     defaults = {v.name: v.default for v in model.graph.inputs if v.default is not None}
-    rnd = random_inputs(model.graph, getattr(args, "seed", 0) or 0, symbolic_dims(model, args), shapes=shapes,
-                        known={**defaults, **feeds}, option="--input-shape")
+    dims = symbolic_dims(model, args)
+    check_random_sizes(model.graph, shapes, dims, known={**defaults, **feeds})
+    try:
+        rnd = random_inputs(model.graph, check_seed(getattr(args, "seed", 0) or 0), dims, shapes=shapes,
+                            known={**defaults, **feeds}, option="--input-shape")
+    except MemoryError:
+        raise InputError("the random inputs do not fit in memory",
+                         hint="give smaller dims with --input-shape, or feed inputs from files with --input") from None
     for v in model.graph.inputs:
         if v.name not in feeds and v.default is None:
             feeds[v.name] = rnd[v.name]
@@ -303,6 +319,69 @@ def file_arg(path: str, what: str) -> str:
     if not os.path.isdir(d):
         raise ModelFileError(f"cannot write {what} '{path}': folder '{d}' does not exist")
     return path
+
+
+def command_inputs(args: argparse.Namespace, *more: Any):
+    """The files a command reads (:class:`ge_core.writes.InputFiles`): the model (with its
+    external weights or data), ``--source``, the ``--input`` feed files, ``--config``,
+    ``--fusion-switch-file`` and ``more``; its writers refuse to write over any of them."""
+    from ge_core.writes import InputFiles
+
+    files = InputFiles(getattr(args, "model", None), getattr(args, "source", None) if isinstance(
+        getattr(args, "source", None), str) else None, getattr(args, "config", None),
+        getattr(args, "fusion_switch_file", None), *more)
+    for spec in getattr(args, "input", None) or []:
+        if isinstance(spec, str) and "=" in spec:
+            files.add(spec.partition("=")[2])
+    return files
+
+
+def _available_bytes() -> int:
+    """Memory this process may reasonably take: MemAvailable, else the physical memory."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+def check_seed(seed: Any) -> int:
+    """``--seed``: an integer of at least 0 (NumPy's generators take no negative seed)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise OptionError(f"--seed {seed}: the seed is an integer of at least 0")
+    return seed
+
+
+def check_random_sizes(graph, shapes: Mapping[str, Any] | None, dims: Mapping[str, int] | None = None, *,
+                       known: Mapping[str, Any] | None = None, default_dim: int | None = 1,
+                       option: str = "--input-shape") -> None:
+    """Refuse random inputs too large to allocate, before allocating them: an InputError naming
+    the input, its shape and its byte size (a random float input takes 8 bytes per element
+    while it is drawn)."""
+    from ge_sdk.inputs import input_shapes
+
+    sized = input_shapes(graph, shapes, dims, default_dim=default_dim, known=known, option=option)
+    avail = _available_bytes()
+    total = 0
+    for v in graph.inputs:
+        if v.name in (known or {}) or v.name not in sized:
+            continue
+        n = 1
+        for d in sized[v.name]:
+            n *= int(d)
+        dt = np.dtype(getattr(v.type, "dtype", None) or np.float32)
+        nbytes = n * dt.itemsize
+        total += n * max(dt.itemsize, 8)  # drawn as 64-bit numbers, then cast
+        if total > avail:
+            raise InputError(f"random input '{v.name}' of shape {list(sized[v.name])} ({dt}) is {nbytes:,} bytes: "
+                             f"more than the {avail:,} bytes of memory available",
+                             hint=f"give smaller dims with {option}, or feed it from a file with --input")
 
 
 def to_json(data: Any) -> str:

@@ -246,7 +246,7 @@ def bisect_passes(args: argparse.Namespace, opened, feeds: dict[str, np.ndarray]
         else:
             result["note"] = f"with '{culprit}' on the model {after}"
         path = args.repro or f"ge_repro_before_{''.join(c if c.isalnum() or c in '._-' else '_' for c in culprit)}.onnx"
-        result["repro"] = _write_repro(before.graph, path)
+        result["repro"] = _write_repro(before.graph, path, getattr(args, "command_inputs", None))
         result["repro_fused_ops"] = sorted({n.qualified_op for n in before.graph.walk()
                                             if n.domain in regs.ops.internal_domains()})
     result["compiles"] = len(tried)
@@ -254,10 +254,18 @@ def bisect_passes(args: argparse.Namespace, opened, feeds: dict[str, np.ndarray]
     return result
 
 
-def _write_repro(graph, path: str) -> str:
-    from .common import file_arg
+def _write_repro(graph, path: str, inputs: Any = None) -> str:
+    """The graph as ONNX at ``path``, written through a temporary file (never over an input)."""
+    from ge_core.writes import check_target, write_bytes_atomic
 
-    export_graph(graph.copy(), file_arg(path, "the repro model"))
+    if inputs is not None:
+        inputs.check(path, "--repro")
+    check_target(path, "the repro model")
+    proto = export_graph(graph.copy())
+    if proto.ByteSize() < 2**31 - 2**20:
+        write_bytes_atomic(path, proto.SerializeToString(), "the repro model", inputs=inputs, flag="--repro")
+    else:  # over protobuf's 2 GiB: the exporter writes the weights as external data beside it
+        export_graph(graph.copy(), path)
     return path
 
 
@@ -266,6 +274,13 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     check_tolerances(args.rtol, args.atol)
     if args.threads is not None and args.threads < 1:
         raise OptionError(f"--threads {args.threads}: give a positive number")
+    from ge_core.writes import check_target
+
+    from .common import command_inputs
+
+    args.command_inputs = command_inputs(args)  # --repro never writes over one of them
+    if args.repro and args.bisect_passes:
+        check_target(args.command_inputs.check(args.repro, "--repro"), "the repro model")
     opened = open_model(args, threads=args.threads)
     model = opened.model
     feeds = make_feeds(model, args)

@@ -76,9 +76,21 @@ def run(args: argparse.Namespace) -> int:
     if not is_om(args.model):
         raise ModelFileError(f"'{args.model}' is not a compiled .om",
                              hint="compile it first: ge compile MODEL -o MODEL.om")
-    out = file_arg(args.output, "the ONNX file")
+    from ge_core.writes import check_target, write_bytes_atomic
+
+    from .common import command_inputs
+
+    inputs = command_inputs(args)
+    out = check_target(inputs.check(file_arg(args.output, "the ONNX file"), "-o/--output"), "the ONNX file")
+    inputs.check(out + ".data", "-o/--output (its external data file)")
     model = ge.load_om(args.model)
-    proto = export_om(model, out, check=not args.no_check)
+    proto = export_om(model, None, check=False)
+    if proto.ByteSize() < _TWO_GIB:  # one file, written through a temporary file beside it
+        if not args.no_check:
+            checker(proto)
+        write_bytes_atomic(out, proto.SerializeToString(), "the ONNX file", inputs=inputs, flag="-o/--output")
+    else:  # weights as external data beside it (OUT.data)
+        proto = export_om(model, out, check=not args.no_check)
     if not args.quiet:
         fused = next((p.value for p in proto.metadata_props if p.key == "ge.fused_ops"), "none")
         print(f"wrote {out}: {len(proto.graph.node)} nodes, fused ops: {fused}", file=sys.stderr)

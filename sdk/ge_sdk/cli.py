@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ge_core.cli import console, guard, plain, table
-from ge_core.errors import InputError, ModelFileError, OptionError
+from ge_core.errors import InputError, OptionError
 
 __all__ = ["compile_with_progress", "console", "feed_arg", "guard", "log_stages", "output_file_names", "parse_kv",
            "plain", "random_feeds", "random_input_shapes", "table", "write_json_atomic"]
@@ -41,22 +40,12 @@ def parse_kv(items: Sequence[str] | None, what: str) -> dict[str, Any]:
 
 
 def write_json_atomic(path: str, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file (never half a file); ModelFileError on failure."""
-    d = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(d):
-        raise ModelFileError(f"cannot write '{path}': folder '{d}' does not exist")
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, default=str)
-            f.write("\n")
-        os.replace(tmp, path)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise ModelFileError(f"cannot write '{path}': {e.strerror}") from None
+    """Write ``data`` as JSON to ``path`` through a temporary file (never half a file: synced and
+    size-checked, then renamed; :func:`ge_core.writes.write_json_atomic`); ModelFileError on failure."""
+    from ge_core.writes import check_target
+    from ge_core.writes import write_json_atomic as write
+
+    write(check_target(path, "the file"), data, "the file")
 
 
 def output_file_names(names: Sequence[str]) -> list[str]:

@@ -36,11 +36,14 @@ def _configure_viz(p: argparse.ArgumentParser) -> None:
 
 def _run_viz(args: argparse.Namespace) -> int:
     import ge_core as ge
+    from ge_core.writes import InputFiles, check_target
 
     from .cli import parse_kv
     from .viz import render
 
     path = args.model
+    inputs = InputFiles(path, args.config)  # -o never writes over one of them (a link to it included)
+    check_target(inputs.check(args.output, "-o/--output"), "the drawing")
     streams = None
     report = None
     if path.endswith(".om"):
@@ -56,7 +59,7 @@ def _run_viz(args: argparse.Namespace) -> int:
         graph, streams, report = model.graph, model.streams.streams, model.report
     else:
         graph = ge.load(path, framework=args.framework)
-    render(graph, args.output, streams=streams, title=path, report=report)
+    render(graph, args.output, streams=streams, title=path, report=report, inputs=inputs)
     print(f"wrote {args.output} ({len(graph)} nodes)", file=sys.stderr)
     return 0
 

@@ -211,7 +211,10 @@ def create(name: str, directory: str = ".", force: bool = False) -> str:
     """Write a new plugin distribution into ``directory/<dist>``; returns its path."""
     dist, pkg = names(name)
     root = os.path.join(directory, dist)
-    if os.path.exists(root) and os.listdir(root) and not force:
+    from ge_core.writes import make_folder
+
+    make_folder(root, "the plugin's folder")  # a file in the way, no permission: said with the path
+    if os.listdir(root) and not force:
         raise OptionError(f"'{root}' already exists and is not empty", hint="choose another --dir or pass --force")
     files = {
         "pyproject.toml": PYPROJECT,
@@ -222,7 +225,13 @@ def create(name: str, directory: str = ".", force: bool = False) -> str:
     }
     for rel, text in files.items():
         path = os.path.join(root, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(Template(text).substitute(dist=dist, pkg=pkg))
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(Template(text).substitute(dist=dist, pkg=pkg))
+        except OSError as e:
+            from ge_core.errors import ModelFileError
+
+            raise ModelFileError(f"cannot write '{path}': {e.strerror or e}",
+                                 hint="choose a --dir this user can write") from None
     return root

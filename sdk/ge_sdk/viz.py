@@ -415,8 +415,10 @@ margin:2px;border-radius:10px;font-size:12px}} #canvas{{overflow:hidden;border:1
 
 
 def render(graph: Graph, path: str, *, streams: Sequence[int] | None = None, title: str | None = None,
-           report: dict[str, Any] | None = None) -> str:
-    """Write ``graph`` to ``path`` as SVG or HTML (by suffix); returns the path."""
+           report: dict[str, Any] | None = None, inputs: Any = None) -> str:
+    """Write ``graph`` to ``path`` as SVG or HTML (by suffix), through a temporary file beside it;
+    returns the path. With ``inputs`` (:class:`ge_core.writes.InputFiles`) a path that is one of
+    them is refused."""
     from ge_core.errors import OptionError
 
     low = path.lower()
@@ -426,6 +428,7 @@ def render(graph: Graph, path: str, *, streams: Sequence[int] | None = None, tit
         text = render_html(graph, streams=streams, title=title, report=report)
     else:
         raise OptionError(f"cannot tell the drawing format of '{path}'", hint="use a .svg or .html output path")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    from ge_core.writes import write_bytes_atomic
+
+    write_bytes_atomic(path, text, "the drawing", inputs=inputs, flag="-o/--output")
     return path
