@@ -413,6 +413,144 @@ def no_reuse_bytes(problem: MemoryProblem) -> int:
     return sum(align_up(b.size, a) for b in problem.buffers) + sum(align_up(n, a) for _, _, n in problem.aliases.values())
 
 
+class SortedList:
+    """Sorted keys (duplicates allowed) in buckets of at most ``2 * LOAD`` (the layout of the
+    ``sortedcontainers`` package, reduced to what the planners and :func:`verify_plan` need): add,
+    remove and neighbour queries take O(log n) comparisons and move at most a bucket in memory, so
+    100k keys cost what 100k inserts into short lists cost (a flat list moves half of itself)."""
+
+    LOAD = 512
+    __slots__ = ("_lists", "_maxes", "_len")
+
+    def __init__(self, keys: Any = ()) -> None:
+        keys = sorted(keys)
+        n = self.LOAD
+        self._lists: list[list[Any]] = [keys[i:i + n] for i in range(0, len(keys), n)]
+        self._maxes: list[Any] = [b[-1] for b in self._lists]
+        self._len = len(keys)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self):
+        for b in self._lists:
+            yield from b
+
+    def last(self) -> Any:
+        """The largest key, or None."""
+        return self._maxes[-1] if self._maxes else None
+
+    def add(self, x: Any) -> None:
+        maxes, lists = self._maxes, self._lists
+        self._len += 1
+        if not maxes:
+            lists.append([x])
+            maxes.append(x)
+            return
+        k = bisect.bisect_right(maxes, x)
+        if k == len(maxes):
+            k -= 1
+            b = lists[k]
+            b.append(x)
+            maxes[k] = x
+        else:
+            b = lists[k]
+            bisect.insort_right(b, x)
+        if len(b) > 2 * self.LOAD:
+            half = self.LOAD
+            lists[k:k + 1] = [b[:half], b[half:]]
+            maxes[k:k + 1] = [b[half - 1], b[-1]]
+
+    def remove(self, x: Any) -> None:
+        """Remove one key equal to ``x`` (ValueError if there is none)."""
+        maxes, lists = self._maxes, self._lists
+        k = bisect.bisect_left(maxes, x)
+        if k < len(maxes):
+            b = lists[k]
+            i = bisect.bisect_left(b, x)
+            if i < len(b) and b[i] == x:
+                del b[i]
+                self._len -= 1
+                if not b:
+                    del lists[k]
+                    del maxes[k]
+                elif i == len(b):
+                    maxes[k] = b[-1]
+                return
+        raise ValueError(f"{x!r} is not in the list")
+
+    def floor(self, x: Any) -> Any:
+        """The largest key <= x, or None."""
+        maxes = self._maxes
+        k = bisect.bisect_right(maxes, x)
+        if k < len(maxes):
+            b = self._lists[k]
+            i = bisect.bisect_right(b, x)
+            if i:
+                return b[i - 1]
+        return self._lists[k - 1][-1] if k else None
+
+    def lower(self, x: Any) -> Any:
+        """The largest key < x, or None."""
+        maxes = self._maxes
+        k = bisect.bisect_left(maxes, x)
+        if k < len(maxes):
+            b = self._lists[k]
+            i = bisect.bisect_left(b, x)
+            if i:
+                return b[i - 1]
+        return self._lists[k - 1][-1] if k else None
+
+    def ceiling(self, x: Any) -> Any:
+        """The smallest key >= x, or None."""
+        maxes = self._maxes
+        k = bisect.bisect_left(maxes, x)
+        if k == len(maxes):
+            return None
+        b = self._lists[k]
+        return b[bisect.bisect_left(b, x)]
+
+    def higher(self, x: Any) -> Any:
+        """The smallest key > x, or None."""
+        maxes = self._maxes
+        k = bisect.bisect_right(maxes, x)
+        if k == len(maxes):
+            return None
+        b = self._lists[k]
+        return b[bisect.bisect_right(b, x)]
+
+    def pop_range(self, lo: Any, hi: Any) -> list[Any]:
+        """Remove and return (in order) the keys in [lo, hi]."""
+        maxes, lists = self._maxes, self._lists
+        out: list[Any] = []
+        k = bisect.bisect_left(maxes, lo)
+        while k < len(maxes):
+            b = lists[k]
+            i = bisect.bisect_left(b, lo)
+            j = bisect.bisect_right(b, hi)
+            if i >= j:
+                break
+            out.extend(b[i:j])
+            del b[i:j]
+            if not b:
+                del lists[k]
+                del maxes[k]
+                continue
+            maxes[k] = b[-1]
+            if i < len(b):  # the bucket keeps keys above hi: nothing further
+                break
+            k += 1
+        self._len -= len(out)
+        return out
+
+
+def _overlap_error(plan: MemoryPlan, a: Buffer, oa: int, b: Buffer, ob: int) -> GEError:
+    return GEError(
+        f"memory plan by '{plan.planner}' overlaps '{a.name}' [{oa}, {oa + a.size}) and "
+        f"'{b.name}' [{ob}, {ob + b.size}) while both are alive"
+    )
+
+
 def verify_plan(problem: MemoryProblem, plan: MemoryPlan) -> None:
     """Raise GEError if two buffers alive at once overlap, or a buffer leaves the arena.
 
@@ -464,19 +602,44 @@ def verify_plan(problem: MemoryProblem, plan: MemoryPlan) -> None:
                           "(expand_plan gives it its offset)")
         if plan.offsets[member] != plan.offsets[root] + off:
             raise GEError(f"memory plan by '{plan.planner}' places '{member}' apart from '{root}', whose bytes it shares")
-    # sweep over time; compare each buffer with the ones alive when it starts
-    alive: list[tuple[int, int, Buffer]] = []
+    # Sweep over time (buffers by start) with the live buffers also in offset order. While no two
+    # live buffers overlap, those of nonzero size are disjoint ranges, so a new buffer overlaps one
+    # of them only if it overlaps its neighbour below or above: O(n log n), where comparing it with
+    # every live buffer was quadratic in the buffers alive at once (a wide graph's .om took minutes
+    # to load). A zero-size buffer at x overlaps [o, o + n) when o < x < o + n: those live apart.
+    offsets = plan.offsets
+    alive: list[tuple[int, int, Buffer]] = []  # heap by end
+    ranges = SortedList()  # offsets of the live buffers of nonzero size ...
+    top: dict[int, int] = {}  # ... and their ends
+    points = SortedList()  # offsets of the live buffers of size zero
     for i, b in enumerate(bufs):
         while alive and alive[0][0] < b.start:
-            heapq.heappop(alive)
-        ob = plan.offsets[b.name]
-        for _, _, a in alive:
-            oa = plan.offsets[a.name]
-            if ob < oa + a.size and oa < ob + b.size:
-                raise GEError(
-                    f"memory plan by '{plan.planner}' overlaps '{a.name}' [{oa}, {oa + a.size}) and "
-                    f"'{b.name}' [{ob}, {ob + b.size}) while both are alive"
-                )
+            _, _, a = heapq.heappop(alive)
+            oa = offsets[a.name]
+            if a.size:
+                ranges.remove(oa)
+                del top[oa]
+            else:
+                points.remove(oa)
+        ob = offsets[b.name]
+        if b.size:
+            below, above, point = ranges.floor(ob), ranges.higher(ob), points.higher(ob)
+            bad = ((below is not None and top[below] > ob) or (above is not None and above < ob + b.size)
+                   or (point is not None and point < ob + b.size))
+        else:
+            below = ranges.lower(ob)
+            bad = below is not None and top[below] > ob
+        if bad:
+            for _, _, a in alive:  # name the pair that comparing with every live buffer names
+                oa = offsets[a.name]
+                if ob < oa + a.size and oa < ob + b.size:
+                    raise _overlap_error(plan, a, oa, b, ob)
+            raise GEError(f"memory plan by '{plan.planner}' overlaps '{b.name}' with a buffer alive with it")
+        if b.size:
+            ranges.add(ob)
+            top[ob] = ob + b.size
+        else:
+            points.add(ob)
         heapq.heappush(alive, (b.end, i, b))
 
 
@@ -548,12 +711,43 @@ class SymbolicPlan:
 
 
 def _below_lists(buffers: Sequence[Buffer], order: Sequence[str]) -> list[list[int]]:
-    """Per position in ``order``, the earlier positions whose buffers are alive at the same time."""
+    """Per position in ``order``, the earlier positions a buffer must lie above: of the earlier
+    buffers alive at the same time, those placed last among the ones alive at some step of its
+    lifetime.
+
+    Every other earlier buffer alive with it lies below one of these at every binding (a buffer
+    placed later and alive at a common step lies above it), so :func:`place_in_order` gives the
+    same offsets as with all of them. It is the skyline over time: the steps as pieces, each
+    owned by the buffer placed last over it; placing a buffer reads the owners of the pieces over
+    its lifetime and makes them one piece of its own. Each placement adds at most two pieces, so
+    the lists hold at most 3n positions in all and take O(n log n) to find (all the earlier
+    buffers alive at once were n^2 / 2 for a wide graph)."""
     by_name = {b.name: b for b in buffers}
-    spans = [(by_name[n].start, by_name[n].end) for n in order]
+    starts = sorted({b.start for b in buffers})
+    # steps as ranks of the distinct starts: two lifetimes meet iff the later start is in both
+    spans = [(bisect.bisect_left(starts, by_name[n].start), bisect.bisect_right(starts, by_name[n].end) - 1)
+             for n in order]
+    steps = len(starts)
+    owner = [-1] * (steps + 1)  # per piece start, the buffer placed last over it
+    pieces = SortedList([0])
     out: list[list[int]] = []
     for i, (s, e) in enumerate(spans):
-        out.append([j for j in range(i) if spans[j][0] <= e and s <= spans[j][1]])
+        first = pieces.floor(s)
+        inner = pieces.pop_range(s + 1, e)
+        last = owner[first]
+        below = [last] if last >= 0 else []
+        for k in inner:
+            o = owner[k]
+            if o >= 0 and o != last:
+                below.append(o)
+            last = o
+        if e + 1 < steps and pieces.ceiling(e + 1) != e + 1:
+            pieces.add(e + 1)
+            owner[e + 1] = last
+        if first < s:
+            pieces.add(s)
+        owner[s] = i
+        out.append(below)
     return out
 
 
