@@ -3,8 +3,9 @@
 Instead of interpreting a list of steps per run, the executor writes straight-line source code
 for the schedule: each step is one call (a NumPy ufunc with ``out=`` for simple elementwise ops,
 else the node's kernel), planned buffers of the arena are bound once per execution context as
-closure variables, constants are globals of the generated module, and a value nobody reads any
-more is deleted. A run is then a single call of that function. The source stays inspectable
+globals of that context's copy of the run functions (``t<slot>``; closure cells made CPython's
+compile quadratic in their number: 16k planned buffers took 9 s to compile, 4k 1 s), constants
+and kernels are globals of the generated module, and a value nobody reads any more is deleted. A run is then a single call of that function. The source stays inspectable
 (``executable.source``, ``ge inspect --source``); a kernel error is mapped back from the failing
 line of the generated code to its node.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import linecache
 import sys
+import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,7 +50,7 @@ _counter = iter(range(1, 1 << 62))
 #: the helpers bound in its namespace, and nothing read from the model (node, value and graph
 #: names stay in the namespace as objects: graph input names as ``n<slot>``)
 _VOCAB = gensrc.Vocabulary(
-    names=frozenset({"_make", "T", "arena", "np", "_may_share", "_copyto", "_relu", "_arity", "feeds", "E", "_wait",
+    names=frozenset({"arena", "np", "_may_share", "_copyto", "_relu", "_arity", "feeds", "E", "_wait",
                      "_set", "_r", "len", "isinstance"}),
     patterns=(r"t[0-9]+", r"v[0-9]+", r"c[0-9]+", r"k[0-9]+", r"n[0-9]+", r"run[0-9]+"),
     attributes=frozenset({"dtype", "shape", "copy", "ndarray", *(u.split(".", 1)[1] for u in _UFUNCS.values())}),
@@ -80,16 +82,28 @@ class SinkCode:
         # keep the source findable for tracebacks and debuggers
         linecache.cache[self.filename] = (len(self.source), None, self.source.splitlines(True), self.filename)
         exec(code, ns)
-        self._make = ns["_make"]
+        self._ns = ns
+        self._codes = [ns[f"run{g}"].__code__ for g in range(self._groups)]
+        self._planned = sorted(s for s, *_ in layout.planned)
         self._consts = dict(program.const_slots)
+
+    def _make(self, T: Any, arena: Any) -> list[Any]:
+        """The run functions of one execution context: the module's functions over a namespace
+        that also binds that context's planned views (``t<slot>``) and its ``arena``."""
+        g = dict(self._ns)
+        g["arena"] = arena
+        for s in self._planned:
+            g[gensrc.name("t", s)] = T[s]
+        return [types.FunctionType(c, g, c.co_name) for c in self._codes]
 
     # -- code generation ---------------------------------------------------------------------------
     def _generate(self, groups: list[list[int]] | None = None, waits: dict[int, list[int]] | None = None,
                   records: set[int] | None = None) -> tuple[str, dict[int, int], dict[str, Any]]:
-        """Source of ``_make(T, arena)``, which binds the planned views and returns the run
-        function(s): one ``run0(feeds)`` returning the outputs for a single stream, or with
-        ``groups`` (step indices per stream) one ``run{k}(feeds, E, _wait, _set)`` per stream that
-        waits for and sets events and passes values read by other streams through the list ``E``."""
+        """Source of the run function(s): one ``run0(feeds)`` returning the outputs for a single
+        stream, or with ``groups`` (step indices per stream) one ``run{k}(feeds, E, _wait, _set)``
+        per stream that waits for and sets events and passes values read by other streams through
+        the list ``E``. Planned views ``t<slot>`` and ``arena`` are globals each execution
+        context binds (:meth:`_make`)."""
         ns: dict[str, Any] = {"np": np, "_may_share": np.may_share_memory, "_copyto": np.copyto, "_relu": _relu,
                               "_arity": self._arity}
         multi = groups is not None
@@ -121,9 +135,8 @@ class SinkCode:
                 return gensrc.name("c", s)
             return gensrc.name("v", s)
 
-        lines: list[str] = ["def _make(T, arena):"]
-        for s in sorted(planned):
-            lines.append(f"    t{s} = T[{s}]")
+        self._groups = len(groups)
+        lines: list[str] = []
         line_step: dict[int, int] = {}
         for g, steps in enumerate(groups):
             last_use: dict[int, int] = {}
@@ -167,17 +180,16 @@ class SinkCode:
                 if dead:
                     body.append(("del " + ", ".join(f"v{s}" for s in sorted(set(dead))), i))
             if multi:
-                lines.append(f"    def run{g}(feeds, E, _wait, _set):")
+                lines.append(f"def run{g}(feeds, E, _wait, _set):")
                 body.append(("return None", -1))
             else:
-                lines.append(f"    def run{g}(feeds):")
+                lines.append(f"def run{g}(feeds):")
                 body.append((f"return [{', '.join(ref(s) if s in consts else f'v{s}' for s in self.program.output_slots)}]", -1))
             first = len(lines) + 1
             for k, (text, step) in enumerate(body):
-                lines.append("        " + text)
+                lines.append("    " + text)
                 if step >= 0:
                     line_step[first + k] = step
-        lines.append(f"    return [{', '.join(f'run{g}' for g in range(len(groups)))}]")
         return "\n".join(lines) + "\n", line_step, ns
 
     def _emit_step(self, body, i: int, ref, planned) -> None:

@@ -296,7 +296,7 @@ def test_inspect_source_of_sunk_models_with_unusual_value_names(tmp_path, capsys
     om = tmp_path / "m.om"
     assert _ge(capsys, "compile", src, "-o", om, "-q", "--option", "executor=sink")[0] == 0
     rc, out, err = _ge(capsys, "inspect", om, "--source")
-    assert rc == 0 and "def _make" in out, err
+    assert rc == 0 and "def run0(feeds):" in out, err
     assert all(n not in out for n in names if not n.isidentifier() and not n.isdigit())  # names are no code
 
 
@@ -306,7 +306,7 @@ def test_inspect_source_without_generated_code_says_why(tmp_path, capsys):
     assert _ge(capsys, "compile", src, "-o", om, "-q", "-O", "0", "--option", "executor=sink")[0] == 0
     rc, out, err = _ge(capsys, "inspect", om, "--source")
     if rc == 0:
-        assert "def _make" in out
+        assert "def run0(feeds):" in out
     else:
         _clean_error(rc, err, "m.om", "no generated source", "symbolic", "--input-shape")
 
@@ -317,7 +317,7 @@ def test_inspect_source_of_a_gear_model_prints_every_gear(tmp_path, capsys):
                "--dynamic_batch_size=1,2")[0] == 0
     rc, out, err = _ge(capsys, "inspect", tmp_path / "g.om", "--source")
     assert rc == 0, err
-    assert out.count("def _make") == 2 and "batch 2" in out
+    assert out.count("def run0(feeds):") == 2 and "batch 2" in out
 
 
 # ------------------------------------------------------------------------------------------------
