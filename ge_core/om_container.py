@@ -85,7 +85,7 @@ from typing import Any, Union
 import numpy as np
 
 from .errors import ModelFileError, OmFormatError
-from .writes import fsync_directory
+from .writes import discard, fsync_directory
 
 __all__ = [
     "FORMAT_VERSION",
@@ -299,15 +299,6 @@ def _create_temp(path: str) -> tuple[int, str]:
     raise FileExistsError(f"could not create a temporary file next to {path}")
 
 
-def _discard(tmp: str | None) -> None:
-    """Remove a temporary file a failed write left (if any)."""
-    if tmp is not None:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-
-
 def write_container(
     path: str | os.PathLike[str],
     partitions: Iterable[tuple[str, PartitionData, int]],
@@ -369,7 +360,7 @@ def write_container(
             hint="check that the directory exists and is writable and that the path is not a directory",
         ) from e
     finally:
-        _discard(tmp)
+        discard(tmp)
 
 
 # --------------------------------------------------------------------------- reading
@@ -867,5 +858,5 @@ def write_file_atomic(path: str, chunks: Iterable[Buffer]) -> tuple[int, int]:
         raise ModelFileError(f"cannot write {path}: {e.strerror or e}",
                              hint="check that the folder exists and is writable") from e
     finally:
-        _discard(tmp)
+        discard(tmp)
     return size, crc

@@ -212,7 +212,8 @@ def _temp_beside(path: str) -> tuple[IO[bytes], str]:
     raise FileExistsError(errno.EEXIST, f"could not create a temporary file next to {path}")
 
 
-def _discard(tmp: str | None) -> None:
+def discard(tmp: str | None) -> None:
+    """Remove a temporary file a failed write left (if any)."""
     if tmp is not None:
         try:
             os.unlink(tmp)
@@ -292,7 +293,7 @@ def _write_temp(path: str, write: Callable[[IO[bytes]], Any], what: str) -> str:
         raise ModelFileError(f"cannot write {what} '{path}': {_reason(e)}",
                              hint="nothing was written; check the folder and the free space") from None
     finally:
-        _discard(tmp)
+        discard(tmp)
 
 
 def _special(path: str) -> bool:
@@ -359,7 +360,7 @@ def write_all_atomic(items: Iterable[tuple[Any, Callable[[IO[bytes]], Any]]], wh
             fsync_directory(d)
     finally:
         for tmp, _ in temps[replaced:]:
-            _discard(tmp)
+            discard(tmp)
     return [p for p, _ in special + todo]
 
 

@@ -42,20 +42,7 @@ OTHER = 12345
 #: the share of loads that really dlopen (each maps a new copy of the module for the process's life)
 REAL_LOADS = 0.02
 
-_SRC = """
-static PyObject *canary(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    int64_t count;
-    if (ge_nargs(n, 3)) return NULL;
-    const float *x = (const float *)ge_vec(args, 0, NPY_FLOAT, 0, &count);
-    if (!x) return NULL;
-    float *out = (float *)ge_arr(args, 1, NPY_FLOAT, 1, count);
-    if (!out) return NULL;
-    double k = PyFloat_AsDouble(args[2]);
-    if (k == -1.0 && PyErr_Occurred()) return NULL;
-    for (int64_t i = 0; i < count; i++) out[i] = x[i] * (float)k + ADDf;
-    Py_RETURN_NONE;
-}
-"""
+_SRC = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "native_canary.c"), encoding="ascii").read()
 #: (real constant, impostor constant) of each kernel
 _KERNELS = ((11.0, 1011.0), (13.0, 1013.0))
 _DATA = {"fuzz_cache_a": b"payload-a" * 50, "fuzz_cache_b": bytes(range(256)) * 8}

@@ -128,6 +128,20 @@ def refused(entry: str, why: Any) -> NativeRefused:
     return NativeRefused(f"{entry}: {why}")
 
 
+def through_wrapper(entry, what, call):
+    """``call()`` of a kernel's Python wrapper: the native entry's clean refusal, or (for hostile
+    arguments, ``what`` says which) the wrapper's own failure on them, is a refusal; anything else
+    propagates (a wrapper failing on valid arguments is a bug)."""
+    try:
+        return call()
+    except CLEAN as e:
+        raise refused(entry, e) from None
+    except (AttributeError, IndexError) as e:
+        if what:
+            raise refused(entry, f"wrapper: {type(e).__name__}: {e}") from None
+        raise
+
+
 def close(entry: str, got: np.ndarray, want: np.ndarray, tol: float = 1e-3) -> None:
     got = np.asarray(got, np.float64)
     if got.shape != want.shape:
@@ -213,14 +227,7 @@ def e_sgemm_packed(rng, hostile):
             width, what = weird_int(rng), "width"
         else:
             z, what = (out if rng.random() < 0.5 else hostile_array(rng, arr(rng, (m, n)))[0]), "addend"
-    try:
-        ok = sgemm.matmul_packed(a, panels, out, bias, clip, width, z, act)
-    except CLEAN as e:
-        raise refused("sg_packed", e) from None
-    except (AttributeError, IndexError) as e:
-        if what:
-            raise refused("sg_packed", f"wrapper: {type(e).__name__}: {e}") from None
-        raise
+    ok = through_wrapper("sg_packed", what, lambda: sgemm.matmul_packed(a, panels, out, bias, clip, width, z, act))
     if not ok:
         raise refused("sg_packed", f"wrapper refused ({what or 'valid arguments'})")
     if not what:
@@ -252,14 +259,7 @@ def e_sgemm_rows(rng, hostile):
             out, what = hostile_array(rng, out)
         else:
             bias, what = hostile_array(rng, arr(rng, (m,)))
-    try:
-        ok = sgemm.matmul_rows(a, b, out, bias, None, rng.choice([1, 2]))
-    except CLEAN as e:
-        raise refused("sg_conv", e) from None
-    except (AttributeError, IndexError) as e:
-        if what:
-            raise refused("sg_conv", f"wrapper: {type(e).__name__}: {e}") from None
-        raise
+    ok = through_wrapper("sg_conv", what, lambda: sgemm.matmul_rows(a, b, out, bias, None, rng.choice([1, 2])))
     if not ok:
         raise refused("sg_conv", f"wrapper refused ({what or 'valid'})")
     if not what:
@@ -617,14 +617,7 @@ def e_attention(rng, hostile):
         else:
             out, what = np.zeros((b, hd, m, dv), dt)[..., ::-1], "reversed output"
     scale = rng.choice([0.125, 1.0, float("nan")]) if hostile else 0.125
-    try:
-        res = attention.run(q, kt, v, mask, scale, out, rng.choice([1, 2]))
-    except CLEAN as e:
-        raise refused("attention", e) from None
-    except (AttributeError, IndexError) as e:
-        if what:
-            raise refused("attention", f"wrapper: {type(e).__name__}: {e}") from None
-        raise
+    res = through_wrapper("attention", what, lambda: attention.run(q, kt, v, mask, scale, out, rng.choice([1, 2])))
     if res is None:
         raise refused("attention", f"wrapper refused ({what or 'valid'})")
     if not what and not np.isnan(scale):
@@ -680,14 +673,7 @@ def e_loop(rng, hostile):
             out, what = hostile_array(rng, np.zeros(full, dt))
         else:
             xs, what = xs[:2], "operands"
-    try:
-        got = fn(*xs, out=out) if out is not None else fn(*xs)
-    except CLEAN as e:
-        raise refused("loop", e) from None
-    except (AttributeError, IndexError) as e:
-        if what:
-            raise refused("loop", f"wrapper: {type(e).__name__}: {e}") from None
-        raise
+    got = through_wrapper("loop", what, lambda: fn(*xs, out=out) if out is not None else fn(*xs))
     if not what:
         x64 = [np.asarray(x, np.float64) for x in xs]
         close("loop", got, np.maximum(x64[0] * x64[1] + x64[2], 0) - x64[1], 1e-5)
@@ -820,14 +806,7 @@ def e_window(rng, hostile):
             wt, what = hostile_array(rng, wt)
         else:
             dv, what = hostile_array(rng, np.ones(oh * ow, dt))
-    try:
-        ok = _window.run(kind, plan, x, out, wt, bias, dv, threads=rng.choice([1, 2]), direct=rng.random() < 0.5)
-    except CLEAN as e:
-        raise refused("window_" + kind, e) from None
-    except (AttributeError, IndexError) as e:
-        if what:
-            raise refused("window_" + kind, f"wrapper: {type(e).__name__}: {e}") from None
-        raise
+    ok = through_wrapper("window_" + kind, what, lambda: _window.run(kind, plan, x, out, wt, bias, dv, threads=rng.choice([1, 2]), direct=rng.random() < 0.5))
     if not ok:
         raise refused("window_" + kind, f"wrapper refused ({what or 'valid'})")
     if not what and kind == "conv" and n and c and oh and ow:

@@ -30,20 +30,7 @@ ROOT = os.geteuid() == 0
 OTHER = 12345  # a user and group that is not this process's
 
 #: the canary kernel: out[i] = x[i] * k + ADD (ADD differs between the real one and the impostor)
-SRC = """
-static PyObject *canary(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    int64_t count;
-    if (ge_nargs(n, 3)) return NULL;
-    const float *x = (const float *)ge_vec(args, 0, NPY_FLOAT, 0, &count);
-    if (!x) return NULL;
-    float *out = (float *)ge_arr(args, 1, NPY_FLOAT, 1, count);
-    if (!out) return NULL;
-    double k = PyFloat_AsDouble(args[2]);
-    if (k == -1.0 && PyErr_Occurred()) return NULL;
-    for (int64_t i = 0; i < count; i++) out[i] = x[i] * (float)k + ADDf;
-    Py_RETURN_NONE;
-}
-"""
+SRC = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "native_canary.c"), encoding="ascii").read()
 GOOD, EVIL = 7.0, 1007.0
 
 
