@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "fuzz"))
 import fuzz_engine  # noqa: E402
 
 TARGETS = ("onnx", "om", "config", "switch", "tensorflow", "codegen", "pt2", "feeds", "native",
-           "mutated_files")
+           "mutated_files", "cache")
 #: seconds a case may take on average before a --cases campaign counts as hung (default 0.05):
 #: a .pt2 that loads goes through torch's decompositions (0.15 s)
 SECONDS_PER_CASE = {"pt2": 0.15, "mutated_files": 0.1}  # mutated_files: 20,000 cases took 690 s
