@@ -348,6 +348,27 @@ def _load(modname: str, so: str, data: bytes) -> ModuleType:
     return mod
 
 
+def module_source(modname: str, source: str, functions: Sequence[str]) -> str:
+    """The whole C text :func:`build` compiles for ``source`` exporting ``functions`` as the
+    extension module ``modname`` (the prelude, the method table and the init function)."""
+    return PRELUDE + source + _module_table(functions) + _init_src(modname)
+
+
+def run_compiler(csrc: str, out: str) -> subprocess.CompletedProcess[str]:
+    """Compile the C file ``csrc`` into the extension module ``out`` with :func:`build`'s
+    compiler, flags and include folders (again without ``-march=native`` for a compiler that
+    lacks it). The caller checks the return code."""
+    cc = compiler()
+    if cc is None:
+        raise NativeSourceError("no C compiler: native kernels are unavailable here")
+    cmd = [cc, *_flags(), *(f"-I{p}" for p in _includes() or []), csrc, "-o", out, "-lm"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    if r.returncode != 0 and "-march=native" in cmd:  # a compiler without -march=native
+        cmd.remove("-march=native")
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    return r
+
+
 def _load_or_build(key: str, full: str, stats: dict[str, Any]) -> ModuleType | None:
     d = cache_dir()  # checked again for every build: the folder and every folder above it
     modname = f"ge_{key}"
@@ -374,7 +395,6 @@ def _load_or_build(key: str, full: str, stats: dict[str, Any]) -> ModuleType | N
     src = PRELUDE + full + _init_src(modname)
     cc = compiler()
     assert cc is not None
-    inc = _includes() or []
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{modname}.", suffix=".so", dir=d)
     except OSError:  # the folder went away (removed, moved) since it was checked: check it again
@@ -391,11 +411,7 @@ def _load_or_build(key: str, full: str, stats: dict[str, Any]) -> ModuleType | N
     try:
         with open(csrc, "w", encoding="ascii") as f:
             f.write(src)
-        cmd = [cc, *_flags(), *(f"-I{p}" for p in inc), csrc, "-o", tmp, "-lm"]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
-        if r.returncode != 0 and "-march=native" in cmd:  # a compiler without -march=native
-            cmd.remove("-march=native")
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+        r = run_compiler(csrc, tmp)
         if r.returncode != 0:
             stats["failed"] += 1
             _warn_once(f"ge: a native kernel did not compile ({cc}); its NumPy form runs instead:\n"

@@ -26,6 +26,7 @@ removes any left from the one before.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -120,13 +121,13 @@ class CacheTarget(Target):
 
     def _compile(self, modname: str, src: str) -> bytes:
         native = self.native
-        full = src + native._module_table(["canary"])
         c = os.path.join(self.store, f"{modname}.{len(os.listdir(self.store))}.c")
         out = c[:-2] + ".so"
         with open(c, "w", encoding="ascii") as f:
-            f.write(native.PRELUDE + full + native._init_src(modname))
-        cmd = [native.compiler(), *native._flags(), *(f"-I{p}" for p in native._includes() or []), c, "-o", out, "-lm"]
-        subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+            f.write(native.module_source(modname, src, ["canary"]))
+        r = native.run_compiler(c, out)  # before the fuzzing child replaces native's compiler
+        if r.returncode != 0:
+            raise RuntimeError(f"the canary did not compile: {r.stderr[-2000:]}")
         with open(out, "rb") as f:
             return f.read()
 
@@ -304,10 +305,8 @@ class CacheTarget(Target):
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
         else:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(path)
-            except OSError:
-                pass
 
     # --------------------------------------------------------------------------------------------
     def _reset(self) -> None:

@@ -21,7 +21,7 @@ import pytest
 
 import ge_core as ge
 import ge_memory.planners as planners
-from ge_core import GEError, TensorType
+from ge_core import GEError
 from ge_core.ir import symbolic as S
 from ge_core.memory import (
     Buffer,
@@ -357,19 +357,20 @@ def test_symbolic_plans_scale_with_buffers_alive_at_once():
 # ------------------------------------------------------------------------------------------------
 # end to end: a wide graph's .om
 # ------------------------------------------------------------------------------------------------
-def wide_graph(n: int) -> ge.Graph:
-    """y = Relu(x) read by n branches Mul(y, c_i), summed one by one: n buffers alive at once."""
-    g = ge.Graph("wide")
-    g.opset_imports[""] = 17
-    x = g.add_input("x", TensorType("float32", (4,)))
-    y = g.add_node("Relu", [x], name="y").output
-    outs = [g.add_node("Mul", [y, g.add_constant(np.full(4, i + 1.5, np.float32), f"c{i}")], name=f"m{i}").output
-            for i in range(n)]
-    s = outs[0]
-    for i, v in enumerate(outs[1:]):
-        s = g.add_node("Add", [s, v], name=f"s{i}").output
-    g.set_outputs([s])
-    return g
+def _bench_module():
+    """bench/wide_load.py, loaded by path: its wide graph is the one these tests and the bench share."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "wide_load.py")
+    spec = importlib.util.spec_from_file_location("ge_bench_wide_load", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+#: y = Relu(x) read by n branches Mul(y, c_i), summed one by one: n buffers alive at once
+wide_graph = _bench_module().wide_graph
 
 
 def test_a_wide_graph_om_saves_and_loads_with_its_plan_checked_in_linear_time(tmp_path, monkeypatch):

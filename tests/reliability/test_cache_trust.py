@@ -37,12 +37,11 @@ GOOD, EVIL = 7.0, 1007.0
 def compile_as(modname: str, source: str, out: str) -> bytes:
     """A valid extension module of ``source`` whose init is ``modname``'s (an impostor that
     would load in its place), compiled the way native.build does."""
-    full = source + native._module_table(["canary"])
     c = out[:-3] + ".c"
     with open(c, "w", encoding="ascii") as f:
-        f.write(native.PRELUDE + full + native._init_src(modname))
-    cmd = [native.compiler(), *native._flags(), *(f"-I{p}" for p in native._includes() or []), c, "-o", out, "-lm"]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+        f.write(native.module_source(modname, source, ["canary"]))
+    r = native.run_compiler(c, out)
+    assert r.returncode == 0, r.stderr[-2000:]
     with open(out, "rb") as f:
         return f.read()
 

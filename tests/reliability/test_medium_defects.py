@@ -130,7 +130,7 @@ def blocked_om(tmp_path_factory):
     from ge_sdk import nchwc
 
     if not nchwc.available():
-        pytest.skip("needs the blocked kernels")
+        pytest.skip("the blocked (NCHWc) kernels need AVX-512F or AVX2+FMA and a C compiler")
     compiled = ge.compile(ge.load(_convs_then_pool({})))
     path = str(compiled.save(tmp_path_factory.mktemp("om") / "blocked.om"))
     d, blob = read_om(path)

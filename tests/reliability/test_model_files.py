@@ -226,8 +226,9 @@ def test_two_models_in_one_folder_never_share_weight_files(tmp_path, models, mod
     a, b = (str(tmp_path / n) for n in names)
     save_om(m0, a, external_weight=mode)
     save_om(m1, b, external_weight=mode)
-    if os.path.samefile(a, b):  # a case-insensitive file system: one file
-        pytest.skip("this file system does not tell the two names apart")
+    if os.path.samefile(a, b):  # a case-insensitive file system: one .om, the second save's, whole
+        np.testing.assert_array_equal(_run(b), ref1)
+        return
     assert not set(_listed(a)) & set(_listed(b))
     np.testing.assert_array_equal(_run(a), ref0)
     np.testing.assert_array_equal(_run(b), ref1)
