@@ -6,7 +6,7 @@ timed process:
 - **onnxruntime**: a new process imports onnxruntime, creates a session (ORT_ENABLE_ALL, the
   same thread count) on the .onnx and runs it once;
 - **ge, warm cache**: a new process imports ge_core, loads the .om (compiled beforehand with
-  ``ge compile``) and runs it once, with the kernel cache (``ge_sdk.native``) already holding
+  ``ge compile``) and runs it once, with the kernel cache (``ge_native.native``) already holding
   the model's kernels;
 - **ge, cold cache** (once per model): the same with an empty kernel cache, i.e. a new machine:
   the process compiles the kernels the .om needs; and ``ge compile`` itself with an empty cache,
@@ -55,7 +55,7 @@ t2 = time.time()
 feeds = {a.name: np.load(sys.argv[3] + "/" + str(i) + ".npy") for i, a in enumerate(m.inputs)}
 m.run(feeds)
 t3 = time.time()
-from ge_sdk import native
+from ge_native import native
 print(json.dumps({"end": t3, "import": t1 - t0, "load": t2 - t1, "run": t3 - t2, "native": native.stats(),
                   "numba": "numba" in sys.modules, "torch": "torch" in sys.modules, "onnx": "onnx" in sys.modules}))
 """

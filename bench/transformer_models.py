@@ -412,7 +412,7 @@ def core_round_trip() -> float | None:
     from minute to minute) make every engine's 2-thread figures drop, so each table prints it."""
     if (os.cpu_count() or 1) < 2:
         return None
-    from ge_sdk import native
+    from ge_native import native
 
     mod = native.build(_PING_SRC, ["pingpong"])
     if mod is None:

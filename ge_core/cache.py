@@ -1,6 +1,6 @@
 """The user's cache folder: the one place outside the installed code that ge trusts.
 
-Compiled native kernels (:mod:`ge_sdk.native`), derived tables (ONNX's schemas), generated
+Compiled native kernels (:mod:`ge_native.native`), derived tables (ONNX's schemas), generated
 code and the verdicts of earlier .om verifications are kept here so a new process does not
 redo that work. A model file never reaches this folder as code: every entry is written by ge
 itself from what it computed.

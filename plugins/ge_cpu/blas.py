@@ -215,7 +215,7 @@ def blas_threads(threads: int | None = None):
 
 
 #: values of the ``parallel`` option, and its default. ``engine``: BLAS at one thread, GE's
-#: pool (ge_sdk.parallel) ``threads`` wide: beside a busy process a 2-thread run stays at
+#: pool (ge_native.parallel) ``threads`` wide: beside a busy process a 2-thread run stays at
 #: 0.94x its 1-thread time where BLAS's threads fall to 0.27x (bench/transformer_models.py
 #: --busy --ge-blas), and on an idle machine the two are within the bench's noise. ``blas``:
 #: BLAS's own threads (this module's policy), no native kernels to compile on the first run.
@@ -236,7 +236,7 @@ def parallel_mode(options) -> str:
 
 
 def engine_width(options) -> int:
-    """How many threads GE's pool (:mod:`ge_sdk.parallel`) gives each run of a model compiled
+    """How many threads GE's pool (:mod:`ge_native.parallel`) gives each run of a model compiled
     with ``options``: 1 with ``parallel=blas``; else the ``threads`` option, or without it as
     many as BLAS would use outside runs (the cores by default). Kernels read it at build time
     (``spec.options["parallel_width"]``) to decide whether to cut their work into tasks."""

@@ -3,7 +3,7 @@
 A run of convolutions in NCHW pays for bringing each output pixel's inputs together (im2col, or
 the GEMM's pack) at every layer. The pass keeps the activations between such layers in the
 blocked layout ``(N, C/16, H, W, 16)`` (onnxruntime's NCHWc transformer, GE's NC1HWC0), where
-:mod:`ge_sdk.nchwc`'s direct kernels read them in place, and converts only at the edges:
+:mod:`ge_native.nchwc`'s direct kernels read them in place, and converts only at the edges:
 
 - ``NchwcConv`` (an ungrouped, depthwise or grouped (whole blocks a group) 2-D Conv/FusedConv
   with constant weights, its
@@ -39,7 +39,7 @@ from ge_core.ir.graph import Graph, Node, Value
 from ge_core.ir.types import TensorType
 from ge_core.ops import OpDef, OpKind
 from ge_core.passes import Pass, PassContext, PassResult
-from ge_sdk import nchwc
+from ge_native import nchwc
 
 from .kernels.nchwc import ACTIVATIONS, DOMAIN, PACKINGS, pack_weight, packed_size, packing_for
 from .kernels.nn import window_plan

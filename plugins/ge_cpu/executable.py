@@ -17,7 +17,7 @@ symbolic dims (any ``executor``)  + :class:`~ge_cpu.shaped.ShapedLayouts` (a Lay
 A run takes an arena context from the pool (when the executor has a layout), and runs the
 strategy at its thread setting (:func:`run_threads`): with ``parallel=engine`` (the default)
 BLAS executes at one thread and the kernels split their work over GE's pool
-(:mod:`ge_sdk.parallel`) at ``threads`` wide; with ``parallel=blas`` BLAS's own threads are the
+(:mod:`ge_native.parallel`) at ``threads`` wide; with ``parallel=blas`` BLAS's own threads are the
 parallelism, at ``threads`` (:class:`ge_cpu.blas.BlasThreads`).
 """
 
@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 from ge_core.backend import Executable
-from ge_sdk import parallel
+from ge_native import parallel
 
 from .blas import BLAS, engine_width, parallel_mode
 from .program import Program

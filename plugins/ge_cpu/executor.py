@@ -17,7 +17,7 @@ from ge_core.backend import Backend, Executable
 from ge_core.errors import OptionError
 from ge_core.ir.graph import Graph
 from ge_core.memory import MemoryPlan, SymbolicPlan
-from ge_sdk import native
+from ge_native import native
 
 from .arena import ArenaExecutable
 from .blas import BLAS, WAIT_SLICE_S, BlasThreads, blas_threads

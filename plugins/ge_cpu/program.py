@@ -33,7 +33,7 @@ from ge_core.ir.graph import Graph, Node, Value, graph_captures
 from ge_core.kernel import KernelSpec, check_deadline
 from ge_core.kernel import caps as kernel_caps
 from ge_core.ops import OpRegistry
-from ge_sdk import native, parallel
+from ge_native import native, parallel
 
 from .blas import engine_width
 from .checked import checked_kernel

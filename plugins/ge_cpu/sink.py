@@ -28,7 +28,7 @@ import numpy as np
 from ge_core.errors import ExecutionError, GEError
 from ge_core.ir.graph import Graph
 from ge_core.memory import MemoryPlan
-from ge_sdk import gensrc
+from ge_native import gensrc
 
 from .arena import CALL, NOOP, OUT, Context, ContextPool, Layout
 from .executable import CpuExecutable

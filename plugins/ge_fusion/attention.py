@@ -1,7 +1,7 @@
 """The fused Attention kernel's parallel form: one task per (batch, head) on the native pool.
 
 ``softmax(scale * Q @ K^T + mask) @ V`` for every head is one task of the process's native pool
-(:mod:`ge_sdk.native`): a BLAS ``gemm`` (single-threaded, :mod:`ge_sdk.gemm`)
+(:mod:`ge_native.native`): a BLAS ``gemm`` (single-threaded, :mod:`ge_native.gemm`)
 writes the head's scores into its own scratch block (``scale`` rides on ``alpha``), the rows
 get the mask, their max, ``exp`` (the prelude's vectorised ``expneg32``) and their sum in one
 pass each while the block is in cache, and a second ``gemm`` writes ``P @ V`` into the head's
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ge_sdk import gemm, native, sgemm
+from ge_native import gemm, native, sgemm
 
 _lock = threading.Lock()
 _kernels: dict[str, Any] = {}
@@ -53,7 +53,7 @@ static inline void hd_row64(double *row, const double *mk, int64_t nn) {
 }
 
 #if defined(__AVX512F__)
-/* hd_row64's steps on 16 lanes (ge_sdk.sgemm.ACTIVATION_C16's softmax row: the mask added as the
+/* hd_row64's steps on 16 lanes (ge_native.sgemm.ACTIVATION_C16's softmax row: the mask added as the
    row is read, expneg32's exact zero below -87.3) */
 static inline void hd_row32(float *row, const float *mk, int64_t nn) {
     sg_softmax_row16(row, mk, row, nn, 1.0f);

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ge_core.kernel import with_caps
-from ge_sdk import gensrc, parallel
+from ge_native import gensrc, parallel
 
 Step = tuple[str, list[str], dict[str, Any]]
 

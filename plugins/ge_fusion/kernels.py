@@ -15,7 +15,7 @@ import numpy as np
 
 from ge_core.errors import ExecutionError, UnsupportedOpError
 from ge_core.kernel import KernelSpec, caps, with_caps
-from ge_sdk import parallel, sgemm
+from ge_native import parallel, sgemm
 
 from . import codegen, loopgen
 from .ops import CONV_ATTRS, attention_perm
@@ -225,9 +225,9 @@ def matmul_factory(spec: KernelSpec):
     if c_const is not None and beta != 1.0:
         c_const = (c_const * c_const.dtype.type(beta)).astype(c_const.dtype)
     epi = _epilogue(spec, 3)
-    # a constant 2-D float32 weight: packed once into GE's own GEMM's panels (ge_sdk.sgemm),
+    # a constant 2-D float32 weight: packed once into GE's own GEMM's panels (ge_native.sgemm),
     # the bias added at the store; else contiguous column blocks, one pool task each, the bias
-    # added per block while its columns are in cache (ge_sdk.parallel.PackedWeight)
+    # added per block while its columns are in cache (ge_native.parallel.PackedWeight)
     panels, panel_bias = None, None
     if (not trans_a and b_const is not None and b_const.ndim == 2 and b_const.dtype == np.float32
             and dt == np.float32 and sgemm.available()):

@@ -4,7 +4,7 @@ A fused group over a large tensor is bound by how often it walks memory and by h
 step vectorises. NumPy walks memory once per op (eight passes for an eight-op chain); a
 generated loop computes the whole program per element in registers, reads each input once and
 writes the output once, and LLVM vectorises it. This module writes such a loop from a fused
-program (:mod:`ge_fusion.codegen`) in C and builds it with :mod:`ge_sdk.native` (compiled once
+program (:mod:`ge_fusion.codegen`) in C and builds it with :mod:`ge_native.native` (compiled once
 per machine, loaded from the user's kernel cache by later processes).
 
 Shapes are not part of the compiled code, so one compiled loop serves every layer whose group
@@ -14,7 +14,7 @@ into at most three dimensions; the innermost is contiguous in the output and eit
 or broadcast (stride 0, loaded once per row) in each operand.
 
 The C is made of tokens this module made (operand names, numeric literals, the prelude's math
-functions) and is checked token by token before it is compiled (:func:`ge_sdk.native.check_c`).
+functions) and is checked token by token before it is compiled (:func:`ge_native.native.check_c`).
 Set ``GE_FUSION_JIT=0`` to never use this path (generated NumPy code runs instead); no C
 compiler (or ``GE_NATIVE=0``) has the same effect.
 """
@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from ge_core.kernel import with_caps
-from ge_sdk import native, parallel, sgemm
-from ge_sdk.jit import enabled as jit_enabled
+from ge_native import native, parallel, sgemm
+from ge_native.jit import enabled as jit_enabled
 
 #: dtypes the loops are generated for (every operand and the output share one of them)
 DTYPES = ("float32", "float64")
@@ -46,7 +46,7 @@ _stats = {"compiled": 0, "reused": 0, "compile_s": 0.0, "inplace_variants": 0}
 
 
 def available() -> bool:
-    """True when native kernels can be built (:func:`ge_sdk.native.available`) and
+    """True when native kernels can be built (:func:`ge_native.native.available`) and
     ``GE_FUSION_JIT`` does not turn the loops off."""
     return jit_enabled("GE_FUSION_JIT") and native.available()
 
@@ -541,7 +541,7 @@ static inline void rms_row(const T *r, T *o, const T *gamma, T eps, T inv, int64
 }
 
 #if defined(__AVX512F__)
-/* a float32 row's softmax 16 lanes at a time in registers (ge_sdk.sgemm.ACTIVATION_C16's
+/* a float32 row's softmax 16 lanes at a time in registers (ge_native.sgemm.ACTIVATION_C16's
    sg_softmax_row16, as the Attention kernel's rows): the loops below reach 1.5 G elements/s,
    this 4+. A NaN (or an inf, whose difference from the max is NaN) enters the sum, so the whole
    row is NaN, as in NumPy. */

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ge_core.ops import OpDef
-from ge_sdk import native
+from ge_native import native
 
 from .kinds import RANDOM_OPS, op_alias, op_kind
 from .symbolic import infer as symbolic_infer
@@ -70,7 +70,7 @@ def _build_opdefs(domains: tuple[str, ...]) -> tuple[OpDef, ...]:
     op was deprecated (None if it never was).
 
     The walk over ONNX's schemas (and the import of onnx it needs) takes ~60 ms; its result is
-    kept in the user's kernel cache (:func:`ge_sdk.native.memo_json`, keyed by onnx's version
+    kept in the user's kernel cache (:func:`ge_native.native.memo_json`, keyed by onnx's version
     and this module's source), so a later process (``ge run``, loading an .om) reads it instead.
     What is read back is checked field by field; anything else is rebuilt from the schemas.
     """

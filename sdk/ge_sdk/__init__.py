@@ -15,7 +15,7 @@
 from typing import TYPE_CHECKING, Any
 
 #: public name -> the module it comes from; imported on first use (PEP 562), so that importing
-#: a submodule (``ge_sdk.native``, the pytest plugin) does not import the whole kit
+#: a submodule (the pytest plugin) does not import the whole kit
 _EXPORTS = {
     "Pass": "ge_core.passes", "PassContext": "ge_core.passes", "PassResult": "ge_core.passes",
     "PassInstrument": "ge_core.passes", "graph_pass": "ge_core.passes",

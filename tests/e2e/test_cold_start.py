@@ -17,7 +17,7 @@ CHILD = r"""
 import json, sys
 import numpy as np
 import ge_core as ge
-from ge_sdk import native
+from ge_native import native
 m = ge.load_om(sys.argv[1])
 x = np.load(sys.argv[2])
 y = m.run({"x": x})

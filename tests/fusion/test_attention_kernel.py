@@ -6,7 +6,7 @@ import pytest
 import threadpoolctl
 
 from ge_fusion import attention
-from ge_sdk import parallel
+from ge_native import parallel
 from tests.fusion.common import attention_reference
 
 

@@ -20,7 +20,7 @@ from ge_core.kernel import KernelSpec
 from ge_fusion import attention
 from ge_fusion.kernels import attention_factory
 from ge_fusion.rules import RULES
-from ge_sdk import parallel
+from ge_native import parallel
 from ge_sdk.rewrite import explain
 from tests.fusion.common import attention_reference, compile_onnx, export_last_hidden
 

@@ -111,7 +111,7 @@ def test_rotary_row_kernel_matches_numpy_at_every_width(x_shape, cache_shape):
     one thread and two."""
     from ge_core.kernel import KernelSpec
     from ge_fusion.kernels import rotary_factory
-    from ge_sdk import parallel
+    from ge_native import parallel
 
     rng = np.random.default_rng(len(x_shape))
     x = rng.standard_normal(x_shape).astype(np.float32)

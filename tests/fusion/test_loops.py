@@ -12,7 +12,7 @@ import pytest
 import ge_core as ge
 from ge_core.kernel import caps
 from ge_fusion import codegen, loopgen
-from ge_sdk import parallel
+from ge_native import parallel
 from ge_sdk.testing import GraphBuilder, random_inputs, run_onnxruntime, run_reference
 
 
@@ -364,7 +364,7 @@ def test_scaled_softmax_row_kernel(cols, alpha, period, dtype):
     same.)"""
     from ge_fusion.kernels import _softmax_inplace
     from ge_fusion.loopgen import row_kernel
-    from ge_sdk import parallel
+    from ge_native import parallel
 
     fn = row_kernel("softmax_scaled", dtype)
     native = fn is not None

@@ -3,7 +3,7 @@
 A fused program (``program`` / ``epilogue`` of ``ge.fused::*`` nodes) is validated against each
 op's attribute schema before any code is generated (``codegen.loads``, and ``load_om`` through
 ``OpDef.check``); generators bind attributes and model names as objects and build source from
-generator-made tokens only, checked by ``ge_sdk.gensrc`` before it is compiled; a source model
+generator-made tokens only, checked by ``ge_native.gensrc`` before it is compiled; a source model
 carrying a compiler-internal op is refused at load. Every hostile case below would run its
 payload without those checks (the key injection did, before them: it created the canary).
 """
@@ -24,7 +24,7 @@ from onnx import helper
 import ge_core as ge
 from ge_core.cli import main as ge_main
 from ge_fusion import codegen
-from ge_sdk import gensrc
+from ge_native import gensrc
 from ge_sdk.testing import GraphBuilder, run_onnxruntime
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz"))
@@ -288,7 +288,7 @@ def test_attribute_values_never_become_source_text(mode, attrs):
 
 
 # ------------------------------------------------------------------------------------------------
-# the token helpers and the vocabulary check (ge_sdk.gensrc)
+# the token helpers and the vocabulary check (ge_native.gensrc)
 # ------------------------------------------------------------------------------------------------
 VOCAB = gensrc.Vocabulary(names=frozenset({"f", "np"}), patterns=(r"t[0-9]+",), attributes=frozenset({"add"}),
                           keywords=frozenset({"out"}))
@@ -360,7 +360,7 @@ def test_window_loop_source_takes_only_a_known_kind_and_an_int():
 @pytest.mark.parametrize("bad", ['x = "a";', "x = 'a';", "/* c */", "// c", "#include <stdio.h>", "x = y \\\n;",
                                  "system(x);", "#pragma omp parallel for private(x)", "x = y @ z;"])
 def test_native_source_check_refuses_strings_comments_directives_and_unknown_names(bad):
-    from ge_sdk import native
+    from ge_native import native
 
     assert native.check_c("x = y + 1.5f;", {"x", "y"}) == "x = y + 1.5f;"
     with pytest.raises(native.NativeSourceError):

@@ -76,13 +76,13 @@ class CacheTarget(Target):
         import numpy  # noqa: F401
 
         import ge_core.cache  # noqa: F401
-        import ge_sdk.native  # noqa: F401
+        import ge_native.native  # noqa: F401
 
     # --------------------------------------------------------------------------------------------
     def setup(self, workdir: str) -> None:
         super().setup(workdir)
         from ge_core import cache
-        from ge_sdk import native
+        from ge_native import native
 
         if not native.available():
             raise RuntimeError("the cache target needs a C compiler and Python/NumPy headers")

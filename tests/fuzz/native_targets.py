@@ -205,7 +205,7 @@ def _epilogue(rng):
 
 
 def e_sgemm_packed(rng, hostile):
-    from ge_sdk import sgemm
+    from ge_native import sgemm
 
     m, k, n = dim(rng, 100), dim(rng, 70), dim(rng, 80)
     a = arr(rng, (m, k))
@@ -244,7 +244,7 @@ def e_sgemm_packed(rng, hostile):
 
 
 def e_sgemm_rows(rng, hostile):
-    from ge_sdk import sgemm
+    from ge_native import sgemm
 
     m, k, n = dim(rng, 60), dim(rng, 50), dim(rng, 90)
     w = arr(rng, (m, k))
@@ -287,7 +287,7 @@ def _conv_geometry(rng, channels_mult=1):
 
 
 def e_sgemm_conv(rng, hostile):
-    from ge_sdk import sgemm
+    from ge_native import sgemm
 
     group, c, m, k, s, d, p, (h, wd), (oh, ow) = _conv_geometry(rng)
     x = arr(rng, (c, h, wd))
@@ -358,7 +358,7 @@ def _raw_call(entry_name, fn, args, rng, hostile):
 
 
 def e_sgemm_raw(rng, hostile):
-    from ge_sdk import sgemm
+    from ge_native import sgemm
 
     mod = sgemm._mod()
     if mod is None:
@@ -388,7 +388,7 @@ def e_sgemm_raw(rng, hostile):
 
 
 def e_nchwc(rng, hostile):
-    from ge_sdk import nchwc
+    from ge_native import nchwc
 
     if not nchwc.available():
         raise refused("nchwc", "not built here")
@@ -530,7 +530,7 @@ def e_nchwc(rng, hostile):
 
 
 def e_gemm(rng, hostile):
-    from ge_sdk import gemm
+    from ge_native import gemm
 
     if not gemm.available():
         raise refused("gemm", "not built here")
@@ -736,7 +736,7 @@ def e_rows(rng, hostile):
         else:
             what = "none"
     if hostile and rng.random() < 0.3:  # the raw entry with rows, cols or threads of its own
-        from ge_sdk import native, sgemm
+        from ge_native import native, sgemm
 
         key = ("rows-module", np.dtype(dt).name)
         if key not in _LOOPS:
@@ -982,7 +982,7 @@ def _mutate_raw(rng, orig: tuple) -> list:
 def e_replay(rng, hostile):
     """A valid wrapper call of sgemm or nchwc recorded, then its raw entry called again with one
     argument changed (the entries check every size, stride and attribute themselves)."""
-    from ge_sdk import nchwc, sgemm
+    from ge_native import nchwc, sgemm
 
     which, run = rng.choice([(nchwc, e_nchwc), (sgemm, e_sgemm_conv), (sgemm, e_sgemm_packed)])
     mod = which._mod()
@@ -1023,7 +1023,7 @@ class NativeTarget(Target):
     def warm_up(self) -> None:
         import ge_cpu.kernels  # noqa: F401
         import ge_fusion.attention  # noqa: F401
-        from ge_sdk import gemm, nchwc, sgemm
+        from ge_native import gemm, nchwc, sgemm
 
         sgemm.available()
         nchwc.available()

@@ -13,7 +13,7 @@ from torch import nn
 
 import ge_core as ge
 from ge_core.errors import GraphError
-from ge_sdk import nchwc
+from ge_native import nchwc
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -246,7 +246,7 @@ def test_numpy_form_of_the_blocked_ops_matches(name, monkeypatch):
     blob, x = export(name)
     model = ge.compile(ge.load(blob))
     fast = model.run({"x": x})["y"]
-    import ge_sdk.nchwc as mod
+    import ge_native.nchwc as mod
 
     monkeypatch.setattr(mod, "_mod", lambda: None)
     slow = ge.compile(ge.load(blob), {"disabled_passes": []})  # (compiled again: no blocked ops now)
@@ -439,7 +439,7 @@ def test_group_norm_runs_blocked_with_its_affine_and_relu(monkeypatch):
     want = ort_run(blob, x.numpy())
     got = model.run({"x": x.numpy()})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
-    import ge_sdk.nchwc as mod
+    import ge_native.nchwc as mod
 
     monkeypatch.setattr(mod, "_mod", lambda: None)  # the blocked ops' NumPy forms
     np.testing.assert_allclose(model.run({"x": x.numpy()})["y"], got, rtol=1e-4, atol=1e-5)
@@ -458,7 +458,7 @@ def test_a_lone_depthwise_conv_runs_on_the_blocked_kernel(k, hw, stride):
     assert not any(op.startswith("Nchwc") for op in op_counts(model))  # (no layout group: one conv)
     got = model.run({"x": x.numpy()})["y"]
     np.testing.assert_allclose(got, ort_run(blob, x.numpy()), rtol=1e-3, atol=1e-4)
-    import ge_sdk.nchwc as mod
+    import ge_native.nchwc as mod
 
     calls = []
     real = mod.depthwise
@@ -484,7 +484,7 @@ def test_weights_are_packed_at_compile_time_and_a_load_does_no_weight_work(tmp_p
     assert not any(v.const_value is not None and v.const_value.ndim == 4 for v in model.graph.constants.values())
     want = model.run({"x": x})["y"]
     path = model.save(tmp_path / "m.om")
-    import ge_sdk.nchwc as mod
+    import ge_native.nchwc as mod
 
     def refuse(*a, **kw):
         raise AssertionError("a load packed a weight")

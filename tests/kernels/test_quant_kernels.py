@@ -10,7 +10,7 @@ import pytest
 
 from ge_core.errors import UnsupportedOpError
 from ge_core.kernel import caps
-from ge_sdk import native
+from ge_native import native
 
 from ._onnx_ref import build_kernel, check, make_model, run_kernel, run_ort
 

@@ -29,7 +29,7 @@ TOL = {np.float32: dict(rtol=1e-4, atol=1e-5), np.float64: dict(rtol=1e-10, atol
 def _window_loops_not_the_blocked_kernel(monkeypatch):
     """The depthwise Conv kernel runs small planes and wide kernels on the blocked layout's
     kernel where it builds (tests/kernels/test_nchwc_layout.py checks that): here, the loops."""
-    import ge_sdk.nchwc as nchwc
+    import ge_native.nchwc as nchwc
 
     monkeypatch.setattr(nchwc, "_mod", lambda: None)
 
@@ -487,7 +487,7 @@ def test_depthwise_conv_applies_its_epilogue_as_it_writes_on_every_thread_count(
 
 def test_direct_depthwise_kernel_is_built_where_the_compiler_targets_avx512():
     # the same compiler and flags as GE's GEMM, which says which instruction set it was built for
-    from ge_sdk import sgemm
+    from ge_native import sgemm
 
     assert _window.direct_available() == (sgemm.isa() == "avx512f")
 

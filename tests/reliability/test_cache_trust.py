@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from ge_core import cache as ge_cache
-from ge_sdk import native
+from ge_native import native
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler or Python/NumPy headers")
 
@@ -239,7 +239,7 @@ def test_the_blas_is_taken_only_from_libraries_already_loaded(monkeypatch, tmp_p
     that is not (or no longer) the loaded library maps nothing new."""
     import threadpoolctl
 
-    from ge_sdk import gemm
+    from ge_native import gemm
 
     lib = tmp_path / "libfake_blas.so"
     c = tmp_path / "fake.c"

@@ -181,7 +181,7 @@ def _want(got, want, what: str) -> str:
 
 
 def _direct(name: str) -> str:
-    from ge_sdk import gemm, nchwc, sgemm
+    from ge_native import gemm, nchwc, sgemm
 
     rng = np.random.default_rng(1)
     w = rng.standard_normal((64, 32)).astype(np.float32)
@@ -250,7 +250,7 @@ def _compare(name: str, threads: int) -> str:
     import ge_core as ge
 
     if name in DIRECT:
-        from ge_sdk import parallel
+        from ge_native import parallel
 
         with parallel.use_threads(threads):
             return _direct(name)

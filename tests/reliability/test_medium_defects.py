@@ -127,7 +127,7 @@ def _ints(*v):
 
 @pytest.fixture(scope="module")
 def blocked_om(tmp_path_factory):
-    from ge_sdk import nchwc
+    from ge_native import nchwc
 
     if not nchwc.available():
         pytest.skip("the blocked (NCHWc) kernels need AVX-512F or AVX2+FMA and a C compiler")

@@ -18,7 +18,7 @@ import pytest
 CASES = {
     # a 1x1 blocked convolution over a plane of width 0: its column chunks divided by 0 (SIGFPE)
     "nc_conv_plane_width0": """
-        from ge_sdk import nchwc
+        from ge_native import nchwc
         if nchwc.available():
             wpk = nchwc.pack_weights(np.ones((16, 32, 1, 1), np.float32))
             out = np.zeros((1, 1, 10, 0, 16), np.float32)
@@ -28,7 +28,7 @@ CASES = {
     # and with no padding it returned with its output never written; now refused (False: the
     # caller's NumPy form runs)
     "nc_conv_no_input_blocks": """
-        from ge_sdk import nchwc
+        from ge_native import nchwc
         if nchwc.available():
             for k, p in (((3, 3), (1, 1)), ((1, 1), (0, 0))):
                 out = np.full((1, 1, 9, 11, 16), np.nan, np.float32)
@@ -37,7 +37,7 @@ CASES = {
     """,
     # GE's GEMM with 0 rows or 0 columns: the task grid divided by its row blocks / groups (SIGFPE)
     "sg_packed_empty": """
-        from ge_sdk import sgemm
+        from ge_native import sgemm
         if sgemm.available():
             w = np.ones((8, 40), np.float32)
             assert sgemm.matmul_packed(np.ones((0, 8), np.float32), sgemm.Panels(w), np.empty((0, 40), np.float32))
@@ -45,7 +45,7 @@ CASES = {
     """,
     # a convolution whose channels x kernel sides wrap int64 to 0 columns: accepted, then a division by 0
     "sg_conv_kernel_overflow": """
-        from ge_sdk import sgemm
+        from ge_native import sgemm
         if sgemm.available():
             geo = np.array([1, 2**30, 2**30, 1, 1, 1, 1, 0, 0, 1, 1], np.int64)
             assert refused(lambda: sgemm._mod().sg_conv(np.zeros((16, 3, 3), np.float32), np.zeros((4, 0), np.float32),
@@ -63,7 +63,7 @@ CASES = {
     # a row kernel's rows * cols wrapped to 0: 2^40 rows written into a 1-element array
     "row_kernel_size_overflow": """
         from ge_fusion import loopgen
-        from ge_sdk import native, sgemm
+        from ge_native import native, sgemm
         mod = native.build(loopgen._ROW_TYPES["float32"] + sgemm.ACTIVATION_C16 + loopgen._ROW_SRC,
                            list(loopgen.ROW_KINDS)) if loopgen.available() else None
         if mod is not None:
@@ -84,7 +84,7 @@ CASES = {
     """,
     # BLAS refuses a leading dimension of 0: the rows/batch entries left their output unwritten
     "gemm_k0": """
-        from ge_sdk import gemm
+        from ge_native import gemm
         if gemm.available():
             out = np.full((8, 5), np.nan, np.float32)
             assert gemm.run_rows(np.zeros((8, 0), np.float32), np.zeros((0, 5), np.float32), out, [(0, 8)], 1)

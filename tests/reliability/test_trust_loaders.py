@@ -73,7 +73,7 @@ def _files():
 #: from the user's own cache folder after its owner, permission and SHA-256 checks and found only
 #: by the hash of that source (docs/security.md, "The user's cache folder"; Python's own
 #: ``__pycache__`` is the same trust). No file from outside reaches it.
-ALLOWED = {"sdk/ge_sdk/gensrc.py": {"imports marshal", "marshal.loads(...) (never)"}}
+ALLOWED = {"sdk/ge_native/gensrc.py": {"imports marshal", "marshal.loads(...) (never)"}}
 
 
 def test_no_reader_unpickles_or_unmarshals():
@@ -87,7 +87,7 @@ def test_no_reader_unpickles_or_unmarshals():
 
 
 def test_the_marshal_reader_reads_only_the_checked_cache():
-    src = (ROOT / "sdk" / "ge_sdk" / "gensrc.py").read_text(encoding="utf-8")
+    src = (ROOT / "sdk" / "ge_native" / "gensrc.py").read_text(encoding="utf-8")
     assert src.count("marshal.loads(") == 1
     body = src[src.index("def compile_checked"):]
     # the bytes come from the cache's checked reader, and nothing else is unmarshalled

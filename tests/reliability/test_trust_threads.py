@@ -9,7 +9,7 @@ get the same bits as sequential runs, with ``threads`` set and with the multi-st
 
 Those policy tests compile with ``parallel=blas`` (BLAS's threads are the parallelism). The
 default, ``parallel=engine``, runs BLAS at one thread and GE's own pool ``threads`` wide
-(``ge_sdk.parallel``): the last tests check what its kernels see, that its results have the
+(``ge_native.parallel``): the last tests check what its kernels see, that its results have the
 same bits from 16 calling threads, and at every width above one.
 """
 
@@ -24,7 +24,8 @@ import threadpoolctl
 
 import ge_core as ge
 from ge_core import hookimpl
-from ge_sdk import GraphBuilder, parallel, temporary_plugin
+from ge_native import parallel
+from ge_sdk import GraphBuilder, temporary_plugin
 from ge_sdk.testing import run_reference
 
 N_THREADS = 16

@@ -7,7 +7,7 @@ def _make_vmath_kernel(name):
     import numba
     from numba import types as nt
 
-    from ge_sdk import vmath
+    from ge_native import vmath
 
     f = vmath.FUNCTIONS[name]
     arr = nt.Array(nt.float32, 1, "C")
@@ -22,6 +22,6 @@ def _make_vmath_kernel(name):
 
 @pytest.fixture
 def vmath_kernel():
-    """``vmath_kernel(name)``: a numba kernel ``(x, out)`` writing ``ge_sdk.vmath``'s function
+    """``vmath_kernel(name)``: a numba kernel ``(x, out)`` writing ``ge_native.vmath``'s function
     ``name`` of each float32 of ``x`` into ``out`` (compiled eagerly, for 1-D C arrays)."""
     return _make_vmath_kernel

@@ -1,4 +1,4 @@
-"""The native kernel cache (ge_sdk.native): built once per machine, trusted only when it is the
+"""The native kernel cache (ge_native.native): built once per machine, trusted only when it is the
 user's own and intact, and giving the same results warm and cold."""
 
 import json
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ge_core import cache as ge_cache
-from ge_sdk import native
+from ge_native import native
 
 #: a kernel that scales a float32 vector: out[i] = x[i] * k + 1
 SRC = """
@@ -34,7 +34,7 @@ static PyObject *scale(PyObject *self, PyObject *const *args, Py_ssize_t n) {
 CHILD = textwrap.dedent("""
     import json, sys, warnings
     import numpy as np
-    from ge_sdk import native
+    from ge_native import native
     src = open(sys.argv[1]).read()
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
@@ -212,7 +212,7 @@ def test_the_native_pool_survives_a_fork():
     import multiprocessing as mp
 
     from ge_fusion import codegen
-    from ge_sdk import parallel
+    from ge_native import parallel
 
     prog = codegen.dumps([("Mul", ["a0", "a1"], {}), ("Add", ["t0", "a1"], {})])
     fn = codegen.compile_program(prog, ["float32"] * 2, [(512, 1024), (1024,)], "float32", (512, 1024), mode="loop")
@@ -238,7 +238,7 @@ def test_vector_kernels_build_for_the_cpus_instruction_set():
     """GE's GEMM and the blocked convolutions build for AVX-512F where the CPU has it, else for
     AVX2 + FMA (the same packing and sums), else not at all: no x86 machine with AVX2 is left on
     the slow paths. Without a C compiler neither builds; without /proc/cpuinfo the two agree."""
-    from ge_sdk import nchwc, sgemm
+    from ge_native import nchwc, sgemm
 
     flags = native.cpu_flags()
     if not native.available():
@@ -254,7 +254,7 @@ def test_vector_kernels_build_for_the_cpus_instruction_set():
 def test_packed_weights_start_on_a_cache_line():
     """The vector kernels stream packed weights a register at a time: each pack starts on a
     64-byte line (NumPy alone gives 16), with the values of the NumPy packing."""
-    from ge_sdk import nchwc, sgemm
+    from ge_native import nchwc, sgemm
 
     rng = np.random.default_rng(0)
     w4 = rng.standard_normal((40, 24, 3, 3)).astype(np.float32)

@@ -1,4 +1,4 @@
-"""The blocked-layout kernels (ge_sdk.nchwc): odd convolution shapes against float64, the
+"""The blocked-layout kernels (ge_native.nchwc): odd convolution shapes against float64, the
 epilogue, depthwise, pooling, the reorders, the same bits at every thread count, what they refuse.
 
 On a CPU without AVX-512F or AVX2 + FMA each entry must refuse (return False, leave the output alone): the
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from ge_sdk import nchwc
+from ge_native import nchwc
 
 RNG = np.random.default_rng(7)
 EPS = float(np.finfo(np.float32).eps)

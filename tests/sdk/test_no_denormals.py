@@ -12,7 +12,7 @@ flag, with no timing involved.
 import numpy as np
 import pytest
 
-from ge_sdk import native, sgemm
+from ge_native import native, sgemm
 
 FLAGS_SRC = r"""
 #include <fenv.h>

@@ -1,4 +1,4 @@
-"""GE's thread pool (ge_sdk.parallel) and its native GEMM path (ge_sdk.gemm)."""
+"""GE's thread pool (ge_native.parallel) and its native GEMM path (ge_native.gemm)."""
 
 import multiprocessing
 import os
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import threadpoolctl
 
-from ge_sdk import gemm, parallel
+from ge_native import gemm, parallel
 
 
 @pytest.fixture(autouse=True)

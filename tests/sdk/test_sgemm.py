@@ -1,4 +1,4 @@
-"""GE's own float32 GEMM (ge_sdk.sgemm): odd shapes against float64, its epilogue, the same bits
+"""GE's own float32 GEMM (ge_native.sgemm): odd shapes against float64, its epilogue, the same bits
 at every thread count, what it refuses; and the kernels that use it against onnxruntime."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ge_core as ge
-from ge_sdk import parallel, sgemm
+from ge_native import parallel, sgemm
 
 # the kernel runs on AVX-512F and on AVX2 + FMA (the x86 machines seen: Intel and AMD EPYC with
 # AVX-512, AMD EPYC Zen 3 with AVX2 only): tests/sdk/test_native.py checks that it does
@@ -196,7 +196,7 @@ def test_a_convolution_with_its_epilogue_at_the_store_matches_onnxruntime(cin, c
 
 def _spy_conv_calls(monkeypatch) -> list:
     """The calls of GE's GEMM convolution, by its function or by a layer's prepared call
-    (:class:`ge_sdk.sgemm.Conv2d`, the layer's object first), each ending (clip, width, addend, act)."""
+    (:class:`ge_native.sgemm.Conv2d`, the layer's object first), each ending (clip, width, addend, act)."""
     calls: list = []
     real, real_run = sgemm.conv2d, sgemm.Conv2d.run
     monkeypatch.setattr(sgemm, "conv2d", lambda *a, **k: calls.append(a) or real(*a, **k))

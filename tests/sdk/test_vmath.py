@@ -1,4 +1,4 @@
-"""ge_sdk.vmath: vectorisable float32 math for numba kernels (the fused loops of ge_fusion and the
+"""ge_native.vmath: vectorisable float32 math for numba kernels (the fused loops of ge_fusion and the
 cpu backend's own loops inline it): accuracy in ulp against float64 NumPy, NaN and infinities."""
 
 import math

@@ -19,7 +19,7 @@ the C compiler vectorises:
 The taps are unrolled (one compiled loop per kind, tap count and dtype; shapes, strides, pads
 and dilations are run-time values, so every depthwise 3x3 layer of a network shares one
 compiled loop); above :data:`MAX_UNROLL` taps one generic loop per kind and dtype accumulates
-tap by tap. The loops are C built by :mod:`ge_sdk.native` (compiled once per machine, kept in
+tap by tap. The loops are C built by :mod:`ge_native.native` (compiled once per machine, kept in
 the user's kernel cache), run without the GIL, and check every offset against the arrays they
 are given before they read or write.
 
@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from ge_sdk import gensrc, native, sgemm
-from ge_sdk.jit import enabled as jit_enabled
+from ge_native import gensrc, native, sgemm
+from ge_native.jit import enabled as jit_enabled
 
 #: dtypes the loops are compiled for (input, weights, bias and output share one of them)
 DTYPES = ("float32", "float64")
@@ -62,7 +62,7 @@ _sources: dict[tuple, str] = {}
 
 
 def available() -> bool:
-    """True when native kernels can be built (:func:`ge_sdk.native.available`) and
+    """True when native kernels can be built (:func:`ge_native.native.available`) and
     ``GE_CPU_JIT`` does not turn the loops off."""
     return jit_enabled("GE_CPU_JIT") and native.available()
 
@@ -85,7 +85,7 @@ _NAMES = frozenset({"kernel", "bad", "x", "wt", "b", "dv", "out", "Wp", "sw", "m
 _PATTERNS = (r"s[0-9]+", r"w[0-9]+")
 
 #: the activations a depthwise convolution applies as it writes its output (float32 loops),
-#: after the bias and a clip to [lo, hi]: GE's GEMM's table and C (one home, ge_sdk.sgemm)
+#: after the bias and a clip to [lo, hi]: GE's GEMM's table and C (one home, ge_native.sgemm)
 ACTS = sgemm.ACTIVATIONS
 
 #: the float32 epilogue on the output plane: EPI(v) clips, then applies activation ``act``;
@@ -324,7 +324,7 @@ def _source(kind: str, taps: int | None) -> str:
 
 
 def checked_source(kind: str, taps: int | None) -> str:
-    """The C of one loop after the token check (:func:`ge_sdk.native.check_c`)."""
+    """The C of one loop after the token check (:func:`ge_native.native.check_c`)."""
     return native.check_c(_source(kind, taps), _NAMES | native.PRELUDE_NAMES, _PATTERNS)
 
 

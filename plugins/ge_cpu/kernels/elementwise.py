@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from ge_core.kernel import KernelSpec, with_caps
-from ge_sdk import native
-from ge_sdk.jit import enabled as jit_enabled
+from ge_native import native
+from ge_native.jit import enabled as jit_enabled
 
 from ._util import as_str, cast_like, in_dtype, is_float, kernel_table, onnx_dtype, out_dtype, unsupported
 

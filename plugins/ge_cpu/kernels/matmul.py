@@ -1,5 +1,5 @@
 """Matrix kernels: MatMul, Gemm, Einsum (BLAS does the work; GEMMs split over GE's thread pool,
-:func:`ge_sdk.parallel.matmul`)."""
+:func:`ge_native.parallel.matmul`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ge_core.kernel import KernelSpec, with_caps
-from ge_sdk import parallel, sgemm
+from ge_native import parallel, sgemm
 
 from ._util import as_str, cast_like, const_input, has_input
 
@@ -31,7 +31,7 @@ def _fits(o: np.ndarray | None, a: np.ndarray, b: np.ndarray) -> np.ndarray | No
 
 def matmul_factory(spec: KernelSpec):
     w = const_input(spec, 1)
-    # a constant 2-D float32 weight: packed once for GE's own GEMM (ge_sdk.sgemm)
+    # a constant 2-D float32 weight: packed once for GE's own GEMM (ge_native.sgemm)
     panels = sgemm.Panels(w) if w is not None and w.ndim == 2 and w.dtype == np.float32 and sgemm.available() else None
     packed, _ = parallel.pack_for(spec, w) if panels is None else (None, None)
 
@@ -77,7 +77,7 @@ def gemm_factory(spec: KernelSpec):
     if c_const is not None and beta != 1.0:
         c_const = c_const * c_const.dtype.type(beta)
     beta_run = 1.0 if c_const is not None else beta
-    # a constant float32 weight: packed once for GE's own GEMM (ge_sdk.sgemm), a bias row added
+    # a constant float32 weight: packed once for GE's own GEMM (ge_native.sgemm), a bias row added
     # at its store
     panels, panel_bias = None, None
     if not trans_a and b_const is not None and b_const.ndim == 2 and b_const.dtype == np.float32 and sgemm.available():

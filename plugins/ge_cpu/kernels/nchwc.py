@@ -1,8 +1,8 @@
 """Kernels of the blocked-layout ops (domain ``ge.cpu``) the ``nchwc_layout`` pass makes.
 
-An activation in the blocked layout is ``(N, C/16, H, W, 16)`` (:mod:`ge_sdk.nchwc`). The
+An activation in the blocked layout is ``(N, C/16, H, W, 16)`` (:mod:`ge_native.nchwc`). The
 convolution packs its constant weight once, when the kernel is built; each op runs the vector
-kernels of :mod:`ge_sdk.nchwc` (AVX-512F or AVX2) into the planned output, or, where they do not
+kernels of :mod:`ge_native.nchwc` (AVX-512F or AVX2) into the planned output, or, where they do not
 run (neither, an .om compiled elsewhere), the same math in NumPy on the NCHW form.
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 
 from ge_core.errors import UnsupportedOpError
 from ge_core.kernel import KernelSpec, with_caps
-from ge_sdk import native, nchwc, parallel
+from ge_native import native, nchwc, parallel
 
 DOMAIN = "ge.cpu"
 
@@ -313,7 +313,7 @@ def winograd_tile(algorithm: str, w_shape, group: int, k, s, d, plain: bool, y_s
 
 #: how an NchwcConv's weight input is stored (attribute ``weight_packing``): "" the (M, C, KH, KW)
 #: weight (packed when the kernel is built), else the layout pass's packing of it, done at compile
-#: time and kept in the .om so a load does no weight work: "blocked" (:func:`ge_sdk.nchwc.
+#: time and kept in the .om so a load does no weight work: "blocked" (:func:`ge_native.nchwc.
 #: pack_weights`, grouped or not), "plain" (a stem's, ``pack_plain``), "depthwise", "winograd2" and
 #: "winograd4" (``winograd_weights``: the algorithm chosen with the packing)
 PACKINGS = ("", "blocked", "plain", "depthwise", "winograd2", "winograd4")

@@ -21,8 +21,8 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ge_core.kernel import KernelSpec, with_caps
-from ge_sdk import native, nchwc, parallel, sgemm
-from ge_sdk.jit import enabled as jit_enabled
+from ge_native import native, nchwc, parallel, sgemm
+from ge_native.jit import enabled as jit_enabled
 
 from . import _window, winograd
 from ._util import as_str, cast_like, const_input, has_input, in_dtype, ints, kernel_table, norm_axis, unsupported
@@ -164,11 +164,11 @@ _COLS_BLOCK = 1 << 24
 
 
 def _conv2d_sgemm(x, wk, b, out, shape, group, k, strides, dilations, pb, epi, rows=None):
-    """A 2-D convolution per image on GE's own GEMM (:func:`ge_sdk.sgemm.conv2d`: the column
+    """A 2-D convolution per image on GE's own GEMM (:func:`ge_native.sgemm.conv2d`: the column
     matrix packed straight into its panels, the bias and the caller's epilogue ``epi`` at the
     store), written into the planned output; None when that path does not run these arrays. A
     1-D convolution (wav2vec2's feature extractor and its grouped positional conv) runs as a
-    2-D one of height 1. ``rows``: the constant weight as :class:`ge_sdk.sgemm.RowPanels`, or
+    2-D one of height 1. ``rows``: the constant weight as :class:`ge_native.sgemm.RowPanels`, or
     None (then ``wk`` is read in place)."""
     if x.dtype != np.float32 or wk.dtype != np.float32 or x.ndim not in (3, 4) or not sgemm.available():
         return None
@@ -234,11 +234,11 @@ def _epilogue_args(b, shape, epi):
 
 def _pointwise_sgemm(wk, xs, b, out, shape, epi=None, rows=None):
     """A 1x1 convolution (or an im2col column matrix) as ``W @ X`` per image on GE's own GEMM
-    (:mod:`ge_sdk.sgemm`: the activation packed by the call; the bias and the caller's epilogue
+    (:mod:`ge_native.sgemm`: the activation packed by the call; the bias and the caller's epilogue
     ``epi`` -- an addend, a clip, an activation: :class:`ge_core.kernel.KernelCaps` -- applied
     at the store), written into the planned output; None when that path does not run these
     arrays (the caller's BLAS form runs). ``rows``: the constant weight as
-    :class:`ge_sdk.sgemm.RowPanels`, or None."""
+    :class:`ge_native.sgemm.RowPanels`, or None."""
     if xs.dtype != np.float32 or wk.dtype != np.float32 or not xs.flags.c_contiguous or not sgemm.available():
         return None
     n, m = shape[:2]
@@ -308,7 +308,7 @@ def conv_factory(spec: KernelSpec):
             and w_const.ndim >= 3 and (group == 1 or w_const.shape[1] > 1) and sgemm.available()):
         w_rows = sgemm.RowPanels(np.ascontiguousarray(w_const.reshape(w_const.shape[0], -1)), group)
 
-    # the layer's GEMM call prepared once for its static input shape (ge_sdk.sgemm.Conv2d): the
+    # the layer's GEMM call prepared once for its static input shape (ge_native.sgemm.Conv2d): the
     # general path below re-derived the geometry, the bias and the epilogue's arguments on every
     # call, most of a small layer's time (ShuffleNet's grouped 1x1 layers: 11.5 -> 7 us a call)
     fast = None

@@ -35,7 +35,7 @@ import numpy as np
 
 from ge_core.errors import ExecutionError
 from ge_core.kernel import KernelSpec, with_caps
-from ge_sdk.jit import numba_if_enabled
+from ge_native.jit import numba_if_enabled
 
 from ._util import as_str, const_input, has_input, in_dtype, kernel_table, unsupported
 

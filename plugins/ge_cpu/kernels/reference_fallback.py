@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ge_core.kernel import KernelSpec
-from ge_sdk import native
+from ge_native import native
 from ge_sdk.onnx_types import dtype_to_elem
 
 from ._util import unsupported

@@ -22,15 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from ge_sdk import native, parallel
-from ge_sdk.jit import enabled as jit_enabled
+from ge_native import native, parallel
+from ge_native.jit import enabled as jit_enabled
 
 #: The weight transform G (4 x 3) of F(2, 3).
 G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
 
 #: Winograd pays when the GEMMs dominate its transforms: at least this many input and output
 #: channels (the transforms cost O(C + M) per tile, the products O(C * M)). Measured against GE's
-#: own GEMM on the im2col panels (ge_sdk.sgemm, the epilogue at its store): squeezenet's
+#: own GEMM on the im2col panels (ge_native.sgemm, the epilogue at its store): squeezenet's
 #: 16 -> 64 and 32 -> 128 layers and ResNet's 64 -> 256 at 13x13 ran 1.1-1.4x slower as Winograd.
 MIN_CHANNELS = 64
 #: ... and with groups, at least this many channels per group (each group's GEMMs are that wide).

@@ -21,7 +21,7 @@ that this copying is a fifth of the time. This kernel skips it:
   onnxruntime's FusedConv orders them.
 
 The tasks are blocks of rows times groups of panels, claimed one at a time on the native pool
-(:func:`ge_sdk.native` ``ge_parallel``); for ``x @ W`` the rows come in even parts, one per
+(:func:`ge_native.native` ``ge_parallel``); for ``x @ W`` the rows come in even parts, one per
 thread, which each thread starts with (the rows the row kernels of :mod:`ge_fusion.loopgen` give
 it too, so a layer's input is in the cache of the core that reads it). Each element of ``C`` is one chain of fused
 multiply-adds in the order of ``k`` whatever the split, so a product has the same bits at every
@@ -210,7 +210,7 @@ static inline void sg_softmax_row16(const float *r, const float *mk, float *o, i
 
 #elif defined(__AVX2__) && defined(__FMA__)
 /* the same math on 8 lanes in AVX2 registers (sg_exp8, sg_erf8, sg_act8): lane for
-   lane the AVX-512 forms', for the kernels that run on AVX2 (ge_sdk.nchwc) */
+   lane the AVX-512 forms', for the kernels that run on AVX2 (ge_native.nchwc) */
 #define SG_C8(v) _mm256_set1_ps(v)
 #define SG_SIGN8 _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u))
 /* the shared core of sg_exp8 and sg_expneg8 on a clamped argument xc: exp's polynomial on the

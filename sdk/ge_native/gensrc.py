@@ -180,7 +180,7 @@ def compile_checked(src: str, filename: str, vocab: Vocabulary, *, mode: str = "
     """:func:`check_source`, then ``compile``: the only way generated source becomes code.
     ``filename`` is the generator's own (build it with :func:`label` from anything else).
 
-    ``cache``: keep the compiled code in the user's kernel cache (:mod:`ge_sdk.native`: a folder
+    ``cache``: keep the compiled code in the user's kernel cache (:mod:`ge_native.native`: a folder
     only this user can write, every entry checked against its SHA-256), keyed by the source, the
     vocabulary and the interpreter, so a later process compiling the same source reads it back
     instead of checking and compiling again (a large model's generated executor: ~50 ms). Only

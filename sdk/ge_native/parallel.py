@@ -16,14 +16,14 @@ So during a run BLAS executes at one thread and the kernels split their own work
   :func:`matmul` and :class:`PackedWeight` split a GEMM that way. A result therefore has the
   same bits at every width above one: the parts are the same, only who computes them changes.
   A one-thread run makes NumPy's single call (fastest there; it may differ in the last bit).
-- :mod:`ge_sdk.gemm` runs split GEMMs on the native pool (:mod:`ge_sdk.native`) without the GIL (BLAS at one thread
+- :mod:`ge_native.gemm` runs split GEMMs on the native pool (:mod:`ge_native.native`) without the GIL (BLAS at one thread
   per block); this module's Python pool serves everything else and is the fallback.
 - :func:`use_threads` sets the width for the current run (a context variable, so the worker
   threads of the stream executors and nested runs see their run's width); the cpu backend sets
   it from the ``threads`` option. Outside a run the width is 1 and everything runs inline.
 
 A task runs on a pool thread: kernels that split work must release the GIL inside each task
-(NumPy's BLAS and ufunc calls, :mod:`ge_sdk.native` kernels, numba ``nogil`` loops) or the split gains nothing. A task that
+(NumPy's BLAS and ufunc calls, :mod:`ge_native.native` kernels, numba ``nogil`` loops) or the split gains nothing. A task that
 calls :func:`parallel_for` itself runs its inner tasks inline (no nesting, no deadlock).
 Plugin authors' kernels may use all of this.
 """
@@ -66,7 +66,7 @@ def planned_width(spec: Any) -> int:
     """The pool width a kernel built from ``spec`` (a KernelSpec) will run at: the backend
     puts it in ``spec.options["parallel_width"]`` (1 when absent). Kernels that cut their
     operands at build time (:class:`PackedWeight`) do so only when it is above one. Above one,
-    the native GEMM driver (:mod:`ge_sdk.gemm`) is built now (once per process; from the kernel
+    the native GEMM driver (:mod:`ge_native.gemm`) is built now (once per process; from the kernel
     cache after the first time on this machine), so a model's first run compiles nothing."""
     try:
         width = max(1, int((getattr(spec, "options", None) or {}).get("parallel_width", 1) or 1))
@@ -78,7 +78,7 @@ def planned_width(spec: Any) -> int:
 
 
 def prepare_native() -> None:
-    """Build the native split-GEMM driver (:mod:`ge_sdk.gemm`) now, for a model built to run
+    """Build the native split-GEMM driver (:mod:`ge_native.gemm`) now, for a model built to run
     wider than one thread (once per process; from the kernel cache after the first time)."""
     if not _in_forked_or_pool():
         from . import gemm
@@ -343,7 +343,7 @@ class PackedWeight:
                 self.cuts = [(0, self.n)]
         # the blocks replace the matrix (no second copy is kept)
         self.blocks = [np.ascontiguousarray(w[:, lo:hi]) for lo, hi in self.cuts]
-        self._native: Any = None  # ge_sdk.gemm.Blocks, made on first use
+        self._native: Any = None  # ge_native.gemm.Blocks, made on first use
 
     def row_cuts(self, m: int) -> list[tuple[int, int]]:
         """The row tasks of a product with ``m`` rows (the "rows" split)."""

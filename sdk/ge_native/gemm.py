@@ -1,9 +1,9 @@
 """GEMMs on GE's thread pool without the GIL: BLAS at one thread, called from native threads.
 
-:mod:`ge_sdk.parallel` owns the engine's threading; this module is its fast path for matrix
+:mod:`ge_native.parallel` owns the engine's threading; this module is its fast path for matrix
 products. A Python thread pool pays tens of microseconds per job to wake a worker and to learn
 that it finished (futexes; more in a VM), which is the whole time of a transformer's small
-GEMMs. Here a split GEMM is one call into a native kernel (:mod:`ge_sdk.native`) whose tasks
+GEMMs. Here a split GEMM is one call into a native kernel (:mod:`ge_native.native`) whose tasks
 call BLAS's own single-threaded ``sgemm``/``dgemm`` on one block of columns (or rows) each:
 
 - the tasks run on the process's one native pool: its workers look for work for about a
@@ -20,7 +20,7 @@ with BLAS at one thread: at more, every block's call would split again over BLAS
 
 :func:`available` says whether the path works here (native kernels build, a CBLAS ``sgemm`` in
 NumPy's BLAS, and not in a process forked after the pool started: its threads do not survive
-a fork); without it callers use :mod:`ge_sdk.parallel`'s Python pool. Set
+a fork); without it callers use :mod:`ge_native.parallel`'s Python pool. Set
 ``GE_NATIVE_GEMM=0`` to turn it off.
 """
 

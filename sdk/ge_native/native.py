@@ -2,7 +2,7 @@
 
 A plugin's hot loops (ge_fusion's fused elementwise groups and row kernels, the column-block
 GEMM driver, attention) are C source written by their generators from validated tokens only
-(:func:`check_c`, like :mod:`ge_sdk.gensrc` for Python). :func:`build` turns such a source into
+(:func:`check_c`, like :mod:`ge_native.gensrc` for Python). :func:`build` turns such a source into
 a CPython extension module: it compiles it with the machine's C compiler the first time and
 loads it from the cache afterwards, so a new process starts without compiling anything (and
 without importing numba). A call into such a module costs about 0.03 us, and every entry
@@ -238,7 +238,7 @@ def lazy_module(switch: str, source: str, functions: Sequence[str], ok: str) -> 
     """A function returning the module of ``source`` (built once, on the first call, by
     :func:`build`) when the environment switch ``switch`` leaves it on and its ``ok()`` entry
     returns 1 (the instruction set it was compiled for is there), else None: the kernels of
-    :mod:`ge_sdk.sgemm` and :mod:`ge_sdk.nchwc`."""
+    :mod:`ge_native.sgemm` and :mod:`ge_native.nchwc`."""
     lock = threading.Lock()
     state: dict[str, Any] = {}
 
@@ -849,7 +849,7 @@ static inline float ge_min32(float a, float b) { return (a <= b || a != a) ? a :
 static inline double ge_max64(double a, double b) { return (a >= b || a != a) ? a : b; }
 static inline double ge_min64(double a, double b) { return (a <= b || a != a) ? a : b; }
 
-/* Cephes single-precision math with arithmetic, selects and bit-casts only (ge_sdk.vmath's
+/* Cephes single-precision math with arithmetic, selects and bit-casts only (ge_native.vmath's
    algorithms, constant for constant), so loops that inline them vectorise. */
 /* the shared core of exp32 and expneg32: the polynomial of exp on the reduced argument of xc,
    and in *t the rounding sum whose low mantissa bits hold the power of two */

@@ -16,7 +16,7 @@ pixel are one vector, so a direct kernel reads its inputs in place:
   of the 16 or 36 points a 1x1 convolution over the plane of tiles (the tiles above, the weight
   transformed and packed once by :func:`winograd_weights`), the output transform and epilogue;
 - :func:`depthwise`: a tile of up to 12 pixels of one block, a vector multiply-add per tap;
-- the epilogue, as GE's GEMM has it (:mod:`ge_sdk.sgemm`): a bias per channel, an addend of the
+- the epilogue, as GE's GEMM has it (:mod:`ge_native.sgemm`): a bias per channel, an addend of the
   output's layout (a residual), a clip, an activation, over each span of a row while it is in L1;
 - :func:`pool` (max, average with or without the padding), :func:`global_average`, and the
   reorders :func:`to_blocked` / :func:`from_blocked` between NCHW and the blocked layout (a
