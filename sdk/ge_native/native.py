@@ -234,6 +234,46 @@ def build(source: str, functions: Sequence[str], *, count: bool = True) -> Modul
         return mod
 
 
+#: the fixed C this package ships (``csrc/*.c``, ``csrc/*.h``): trusted code, installed like the
+#: plugins' Python; generated C still goes through :func:`check_c`
+CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+_CSRC_NAME = re.compile(r"[a-z0-9_]{1,64}\.[ch]\Z")
+_LOCAL_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([a-z0-9_]{1,64}\.h)"[ \t]*$', re.M)
+_csrc_texts: dict[str, str] = {}
+
+
+def _csrc_file(name: str) -> str:
+    if not _CSRC_NAME.match(name):
+        raise NativeSourceError(f"{name!r} is not a file name of ge_native's csrc/ (lower-case .c or .h)")
+    text = _csrc_texts.get(name)
+    if text is None:
+        path = os.path.join(CSRC, name)
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise NativeSourceError(f"cannot read the C source {path}: {e.strerror}; reinstall ge-python") from None
+        _csrc_texts[name] = text
+    return text
+
+
+def c_source(*names: str) -> str:
+    """The text of ge_native's C files ``names`` (``"sgemm.c"``, ...) in order, each local
+    ``#include "x.h"`` replaced by that header's text where it first appears and dropped after,
+    so what :func:`build` compiles, and what its cache key hashes, is the whole source. Every
+    file also compiles alone (``-I csrc``), which the suite checks with ``-Wall -Werror``.
+    ``prelude.h`` is what :func:`build` puts before every module: its include line is dropped."""
+    seen: set[str] = {"prelude.h"}
+
+    def expand(name: str) -> str:
+        if name in seen:
+            return ""
+        seen.add(name)
+        return _LOCAL_INCLUDE.sub(lambda m: expand(m.group(1)), _csrc_file(name))
+
+    return "".join(expand(n) for n in names)
+
+
 def lazy_module(switch: str, source: str, functions: Sequence[str], ok: str) -> Any:
     """A function returning the module of ``source`` (built once, on the first call, by
     :func:`build`) when the environment switch ``switch`` leaves it on and its ``ok()`` entry
