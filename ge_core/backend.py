@@ -16,6 +16,9 @@ class Executable:
     #: How the backend's generated kernels were made, e.g. ``{"loop": 3, "numpy": 2}`` (the
     #: report's ``kernel_modes``); empty when it generates none.
     kernel_modes: dict[str, int] = {}
+    #: node name -> ``{"op", "algorithm", "variant"}`` for every node whose kernel names an
+    #: algorithm or an instruction-set variant (the report's ``node_kernels``)
+    node_kernels: dict[str, dict[str, str]] = {}
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:  # pragma: no cover
         """Outputs in graph output order; feeds are already checked by the caller."""

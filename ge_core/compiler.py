@@ -112,6 +112,9 @@ def compile_graph(graph: Graph, options: CompileOptions, host, progress: Callabl
     modes = getattr(exe, "kernel_modes", None)
     if modes:
         report["kernel_modes"] = dict(modes)
+    chosen = getattr(exe, "node_kernels", None)
+    if chosen:  # which algorithm and instruction-set variant each such node runs
+        report["node_kernels"] = {k: dict(v) for k, v in chosen.items()}
     native = getattr(exe, "native_kernels", None)
     if native:  # compiled kernels (part of compile_seconds): how many were compiled, how many came from the cache
         report["native_kernels"] = dict(native)

@@ -59,6 +59,12 @@ class KernelCaps:
     #: ``clip=(lo, hi)``; ``"act"``: ``act=name``, an activation the kernel names); so called it
     #: returns ``(outputs, applied)``, ``applied`` False when it left them all to the caller
     epilogue: tuple[str, ...] = ()
+    #: the algorithm the factory chose for this node ("winograd", "nchwc", "im2col"...), for the
+    #: report's ``node_kernels``; "" when the op has one way
+    algorithm: str = ""
+    #: the instruction-set variant of the native code it runs ("avx512f", "amx_bf16", "scalar"...,
+    #: a name of :mod:`ge_native.isa`), for the report's ``node_kernels``; "" when none
+    variant: str = ""
 
 
 def caps(kernel: Any) -> KernelCaps:

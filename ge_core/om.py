@@ -511,7 +511,7 @@ _COUNT, _NUMBER, _TEXT, _OBJECT, _ARRAY = "count", "number", "text", "object", "
 _REPORT_KEYS = {"nodes_before": _COUNT, "nodes_after": _COUNT, "kernels": _COUNT, "op_counts": _OBJECT,
                 "passes": _ARRAY, "memory": _OBJECT, "streams": _OBJECT, "backend": _TEXT,
                 "compile_seconds": _NUMBER, "kernel_modes": _OBJECT, "pass_failures": _ARRAY,
-                "native_kernels": _OBJECT}
+                "native_kernels": _OBJECT, "node_kernels": _OBJECT}
 _MEMORY_KEYS = {"arena_bytes": _COUNT, "lower_bound_bytes": _COUNT, "no_reuse_bytes": _COUNT,
                 "weights_bytes": _COUNT, "planner": _TEXT, "alignment": _COUNT, "dynamic_buffers": _COUNT,
                 "shared_values": _OBJECT, "planner_candidates": _OBJECT}

@@ -82,6 +82,7 @@ class CpuExecutable(Executable):
         self.noop_steps = layout.noop_steps if layout is not None else 0
         self.kernel_count = layout.kernel_count if layout is not None else len(program.steps)
         self.kernel_modes = program.kernel_modes
+        self.node_kernels = program.node_kernels
         self.native_kernels = program.native_kernels
         #: the stream layout (:class:`ge_cpu.streams.StreamLayout`), None on one stream
         self.streams = streams

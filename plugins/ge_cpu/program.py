@@ -166,6 +166,9 @@ class Program:
         self.kernel_count = len(steps)
         modes = collections.Counter(m for st in steps for m in [kernel_caps(st.fn).mode] if m)
         self.kernel_modes = dict(sorted(modes.items()))
+        #: the algorithm and instruction-set variant of every node whose kernel names one
+        self.node_kernels = {st.node.name: {"op": st.node.op_type, "algorithm": c.algorithm, "variant": c.variant}
+                             for st in steps for c in [kernel_caps(st.fn)] if c.algorithm or c.variant}
         after = native.stats()
         #: the native kernel modules this build needed: compiled now, or loaded from the cache
         self.native_kernels = {"compiled": int(after["compiled"] - before["compiled"]),
