@@ -267,6 +267,16 @@ class CompileOptions:
             opts.check_extra(registered)
         return opts
 
+    def getoption(self, name: str, default: Any = None) -> Any:
+        """The value of option ``name``: a core field (``threads``, ``input_shape``...) or an
+        option a plugin registered (``conv_algorithm``...), ``default`` when it is unset (None or
+        absent). The one way plugins read options (as pytest's ``config.getoption``)."""
+        if name in _FIELD_NAMES:
+            v = getattr(self, name)
+        else:
+            v = self.extra.get(name)
+        return default if v is None else v
+
     def pass_enabled_by_switch(self, name: str, default: bool = True) -> bool:
         if name in self.fusion_switches:
             return self.fusion_switches[name]
@@ -276,6 +286,10 @@ class CompileOptions:
         d = dataclasses.asdict(self)
         d["input_shape"] = {k: [str(x) if isinstance(x, DimRange) else x for x in v] for k, v in self.input_shape.items()}
         return d
+
+
+#: the core fields :meth:`CompileOptions.getoption` reads directly
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(CompileOptions))
 
 
 def _flatten_legacy_extra(v: Any) -> Any:
