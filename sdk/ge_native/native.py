@@ -1,27 +1,18 @@
-"""Native kernels: C that a generator wrote, compiled once per machine and kept in the user's cache.
+"""Native kernels: C compiled once per machine and kept in the user's cache.
 
-A plugin's hot loops (ge_fusion's fused elementwise groups and row kernels, the column-block
-GEMM driver, attention) are C source written by their generators from validated tokens only
-(:func:`check_c`, like :mod:`ge_native.gensrc` for Python). :func:`build` turns such a source into
-a CPython extension module: it compiles it with the machine's C compiler the first time and
-loads it from the cache afterwards, so a new process starts without compiling anything (and
-without importing numba). A call into such a module costs about 0.03 us, and every entry
-checks its arrays (type, dtype, contiguity, writability, size against what the loop touches)
-before it runs, so a wrong call raises instead of touching memory it does not own.
+:func:`build` turns a C source into a CPython extension module: it compiles it with the
+machine's C compiler the first time and loads it from the cache afterwards, so a new process
+starts without compiling anything (and without importing numba). A call into such a module costs
+about 0.03 us, and every entry checks its arrays (type, dtype, contiguity, writability, size
+against what the loop touches) before it runs. The fixed C is package data (``csrc/``, read
+with :func:`c_source`); C a generator writes (ge_fusion's fused loops) is made of validated
+tokens only (:func:`check_c`, like :mod:`ge_native.gensrc` for Python).
 
-The cache is the user's own folder (:mod:`ge_core.cache`: ``$GE_CACHE_DIR``, else
-``$XDG_CACHE_HOME/ge-python``, else ``~/.cache/ge-python``, mode 0700). An entry is
-``ge_<key>.so`` with ``ge_<key>.sum`` (the SHA-256 of the ``.so``) and ``ge_<key>.c`` (its
-source, for reading). The key hashes the source and the prelude compiled before it, the compiler (path, size, modification time), the flags,
-the Python ABI, NumPy's version and the CPU's feature flags, so another compiler, interpreter or
-CPU never loads an entry built for a different one. Before an entry is loaded its folder (and
-every folder above it, checked again for every build) and files must be owned by this user and
-writable by nobody else, and the ``.so`` must hash to its ``.sum``; an entry that fails any
-check is ignored and rebuilt (a folder that fails them is not used at all: the process builds
-into a private temporary folder). What is loaded is exactly the bytes that were checked (or
-just built): read once through a descriptor and loaded from a sealed in-memory copy
-(:func:`_load`), so a file swapped in after the check or the build is never what runs. A model
-file never carries native code: only the user's own cache folder is trusted (docs/security.md).
+The cache is the user's own folder (:mod:`ge_core.cache`); an entry's key hashes the source and
+the prelude, the compiler, the flags, the Python ABI, NumPy's version and the CPU's features,
+and an entry is loaded only when its folder and files are this user's alone and the ``.so``
+matches its SHA-256 (what is loaded is exactly the bytes checked). A model file never carries
+native code. docs/native.md says more; docs/security.md the trust rules.
 
 ``GE_NATIVE=0`` turns native kernels off (the callers' NumPy forms run); ``GE_CC`` (or ``CC``)
 names the compiler.
@@ -124,14 +115,20 @@ def cpu_flags() -> frozenset[str] | None:
         flags = None
         try:
             with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-                for line in f:
-                    if line.startswith(("flags", "Features")):
-                        flags = frozenset(line.split(":", 1)[1].split())
-                        break
+                flags = parse_cpu_flags(f)
         except OSError:
             pass
         _state["flags"] = flags
     return _state["flags"]
+
+
+def parse_cpu_flags(lines: Iterable[str]) -> frozenset[str] | None:
+    """The feature flags of the first ``flags`` (x86) or ``Features`` (ARM) line of ``lines``, a
+    ``/proc/cpuinfo`` text's lines; None when there is none."""
+    for line in lines:
+        if line.startswith(("flags", "Features")) and ":" in line:
+            return frozenset(line.split(":", 1)[1].split())
+    return None
 
 
 def _cpu_flags() -> str:
@@ -160,6 +157,17 @@ def _flags() -> list[str]:
     if sys.platform == "darwin":
         flags += ["-undefined", "dynamic_lookup"]
     return flags
+
+
+def build_flags() -> list[str]:
+    """The compiler flags every native module is built with (a copy)."""
+    return list(_flags())
+
+
+def include_dirs() -> list[str]:
+    """The header folders a build passes with ``-I``: Python's and NumPy's (empty when either
+    lacks its headers, and native kernels are then unavailable)."""
+    return list(_includes() or [])
 
 
 def key_for(source: str) -> str | None:
@@ -259,8 +267,8 @@ def _csrc_file(name: str) -> str:
 
 def c_source(*names: str) -> str:
     """The text of ge_native's C files ``names`` (``"sgemm.c"``, ...) in order, each local
-    ``#include "x.h"`` replaced by that header's text where it first appears and dropped after,
-    so what :func:`build` compiles, and what its cache key hashes, is the whole source. Every
+    include of a header (``x.h`` in quotes) replaced by its text where it first appears and
+    dropped after, so what :func:`build` compiles, and what its cache key hashes, is the whole source. Every
     file also compiles alone (``-I csrc``), which the suite checks with ``-Wall -Werror``.
     ``prelude.h`` is what :func:`build` puts before every module: its include line is dropped."""
     seen: set[str] = {"prelude.h"}
@@ -502,151 +510,7 @@ def _load_or_build(key: str, full: str, stats: dict[str, Any]) -> ModuleType | N
 #: instead waits at its closing barrier for every thread of its team). Workers look for the next
 #: job for about 1 ms, yielding the core between looks, then sleep. One job runs at a time: a
 #: second caller, or a task that starts a loop of its own, runs its loop inline.
-_POOL_SRC = r"""
-#include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
-#include <time.h>
-
-#define GE_MAX_WORKERS 63
-/* how long an idle worker looks for the next job (yielding the core to anyone who wants it)
-   before it sleeps: a run's parallel kernels come tens to hundreds of microseconds apart */
-#define GE_SPIN_US 1000.0
-static struct {
-    ge_task_t fn; void *ctx; int64_t n; int64_t cap;
-    atomic_llong next, done;
-    atomic_int open, active, joined;
-    atomic_uint seq;
-} job;
-static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_mutex_t sleep_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t sleep_cv = PTHREAD_COND_INITIALIZER;
-static atomic_int sleepers;
-static int nworkers;
-static _Thread_local int in_task;
-
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
-
-
-/* a job of up to GE_STATIC_MAX tasks is shared out in ranges: participant `slot` of `cap` runs
-   tasks [slot * n / cap, (slot + 1) * n / cap) first, then claims whatever is left of the others'
-   (each task's flag taken once), so a descheduled participant still costs at most the task it
-   holds. Consecutive layers with the same split then find their inputs in the core's own cache:
-   claimed in arrival order, the tasks landed on either thread at random, and a layer read about
-   half its input from the other core's (ShuffleNet at 2 threads, vCPUs 190 ns apart: ge/ORT
-   1.42-1.60 -> 1.32-1.36; SqueezeNet 1.04-1.12 -> 0.96-1.02) */
-#define GE_STATIC_MAX 4096
-static atomic_char claimed[GE_STATIC_MAX];
-static void run_share(int slot) {
-    int64_t n = job.n, cap = job.cap;
-    if (n <= GE_STATIC_MAX) {
-        int64_t lo = slot * n / cap, hi = (slot + 1) * n / cap;
-        for (int pass = 0; pass < 2; pass++)
-            for (int64_t i = pass ? 0 : lo; i < (pass ? n : hi); i++)
-                if (!atomic_exchange_explicit(&claimed[i], 1, memory_order_acq_rel)) {
-                    job.fn(job.ctx, i, slot);
-                    atomic_fetch_add_explicit(&job.done, 1, memory_order_release);
-                }
-        return;
-    }
-    for (;;) {
-        int64_t i = atomic_fetch_add(&job.next, 1);
-        if (i >= n) break;
-        job.fn(job.ctx, i, slot);
-        atomic_fetch_add_explicit(&job.done, 1, memory_order_release);
-    }
-}
-
-static void *worker(void *arg) {
-    (void)arg;
-    unsigned seen = atomic_load(&job.seq);
-    in_task = 1;
-    for (;;) {
-        double t0 = now_us();
-        while (atomic_load_explicit(&job.seq, memory_order_acquire) == seen) {
-            if (now_us() - t0 > GE_SPIN_US) {
-                pthread_mutex_lock(&sleep_mu);
-                atomic_fetch_add(&sleepers, 1);
-                while (atomic_load(&job.seq) == seen) pthread_cond_wait(&sleep_cv, &sleep_mu);
-                atomic_fetch_sub(&sleepers, 1);
-                pthread_mutex_unlock(&sleep_mu);
-                break;
-            }
-            sched_yield();
-        }
-        seen = atomic_load(&job.seq);
-        atomic_fetch_add(&job.active, 1);
-        if (atomic_load(&job.open)) {
-            int slot = 1 + atomic_fetch_add(&job.joined, 1);
-            if (slot < job.cap) run_share(slot);
-        }
-        atomic_fetch_sub(&job.active, 1);
-    }
-    return 0;
-}
-
-static void pool_parallel(ge_task_t fn, void *ctx, int64_t n, int64_t threads) {
-    if (in_task || threads <= 1 || n <= 1 || pthread_mutex_trylock(&call_mu) != 0) {
-        for (int64_t i = 0; i < n; i++) fn(ctx, i, 0);
-        return;
-    }
-    int want = (int)(threads - 1 < GE_MAX_WORKERS ? threads - 1 : GE_MAX_WORKERS);
-    while (nworkers < want) {
-        pthread_t t;
-        if (pthread_create(&t, 0, worker, 0) != 0) break;
-        pthread_detach(t);
-        nworkers++;
-    }
-    job.fn = fn; job.ctx = ctx; job.n = n; job.cap = threads;
-    if (n <= GE_STATIC_MAX)
-        for (int64_t i = 0; i < n; i++) atomic_store_explicit(&claimed[i], 0, memory_order_relaxed);
-    atomic_store(&job.next, 0);
-    atomic_store(&job.done, 0);
-    atomic_store(&job.joined, 0);
-    atomic_store(&job.open, 1);
-    atomic_fetch_add_explicit(&job.seq, 1, memory_order_release);
-    if (atomic_load(&sleepers) > 0) {
-        pthread_mutex_lock(&sleep_mu);
-        pthread_cond_broadcast(&sleep_cv);
-        pthread_mutex_unlock(&sleep_mu);
-    }
-    in_task = 1;
-    run_share(0);
-    in_task = 0;
-    while (atomic_load_explicit(&job.done, memory_order_acquire) < n) sched_yield();  /* tasks workers hold */
-    atomic_store(&job.open, 0);
-    while (atomic_load(&job.active) > 0) sched_yield();  /* a worker between waking and its first look */
-    pthread_mutex_unlock(&call_mu);
-}
-
-static ge_parallel_t pool_entry = pool_parallel;
-
-/* a forked child has none of the workers: it starts from an empty pool */
-static void child_reset(void) {
-    nworkers = 0;
-    in_task = 0;
-    atomic_store(&job.open, 0);
-    atomic_store(&job.active, 0);
-    atomic_store(&sleepers, 0);
-    pthread_mutex_init(&call_mu, 0);
-    pthread_mutex_init(&sleep_mu, 0);
-    pthread_cond_init(&sleep_cv, 0);
-}
-
-static PyObject *capsule(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    static int registered = 0;
-    if (ge_nargs(n, 0)) return NULL;
-    if (!registered) {
-        pthread_atfork(0, 0, child_reset);
-        registered = 1;
-    }
-    return PyCapsule_New((void *)&pool_entry, "ge_native_pool", 0);
-}
-"""
+_POOL_SRC = c_source("pool.c")
 
 
 _cpus: list[int] = []
@@ -746,259 +610,7 @@ def check_c(src: str, names: Iterable[str], patterns: Sequence[str] = ()) -> str
 # ------------------------------------------------------------------------------------------------
 # the prelude: headers, argument checks, vectorisable float32 math
 # ------------------------------------------------------------------------------------------------
-PRELUDE = r"""
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include <numpy/ndarraytypes.h>
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
-
-static PyTypeObject *ge_ndarray = 0;
-
-/* a task of a parallel loop: fn(ctx, index, slot), slot < threads (a thread's scratch index) */
-typedef void (*ge_task_t)(void *ctx, int64_t i, int slot);
-typedef void (*ge_parallel_t)(ge_task_t fn, void *ctx, int64_t n, int64_t threads);
-static ge_parallel_t ge_pool = 0;
-
-/* run fn over [0, n) on up to `threads` threads of the process's one native pool (the caller
-   takes part; tasks are claimed one at a time, so a descheduled worker costs at most the task
-   it holds); inline without the pool */
-static void ge_parallel(ge_task_t fn, void *ctx, int64_t n, int64_t threads) {
-    if (ge_pool && threads > 1 && n > 1) {
-        ge_pool(fn, ctx, n, threads);
-        return;
-    }
-    for (int64_t i = 0; i < n; i++) fn(ctx, i, 0);
-}
-
-static PyObject *ge_setup(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (n != 2 || !PyType_Check(args[0])) { PyErr_SetString(PyExc_TypeError, "setup takes numpy.ndarray and the pool"); return 0; }
-    Py_INCREF(args[0]);
-    ge_ndarray = (PyTypeObject *)args[0];
-    if (args[1] != Py_None) {
-        ge_parallel_t *p = (ge_parallel_t *)PyCapsule_GetPointer(args[1], "ge_native_pool");
-        if (!p) return 0;
-        ge_pool = *p;
-    }
-    Py_RETURN_NONE;
-}
-
-/* The data of argument i: an aligned C-contiguous ndarray of dtype number `type` (writable when
-   asked) holding at least `need` elements; else a Python exception and NULL. */
-static void *ge_arr(PyObject *const *args, int i, int type, int writable, int64_t need) {
-    PyObject *o = args[i];
-    if (!ge_ndarray || !PyObject_TypeCheck(o, ge_ndarray)) {
-        PyErr_Format(PyExc_TypeError, "native kernel argument %d: an ndarray is needed", i);
-        return 0;
-    }
-    PyArrayObject *a = (PyArrayObject *)o;
-    int fl = PyArray_FLAGS(a);
-    if (PyArray_TYPE(a) != type || !(fl & NPY_ARRAY_C_CONTIGUOUS) || !(fl & NPY_ARRAY_ALIGNED)
-        || (writable && !(fl & NPY_ARRAY_WRITEABLE))) {
-        PyErr_Format(PyExc_TypeError, "native kernel argument %d: wrong dtype, layout or a read-only array", i);
-        return 0;
-    }
-    int64_t size = 1;
-    for (int d = 0; d < PyArray_NDIM(a); d++) size *= PyArray_DIMS(a)[d];
-    if (need < 0 || size < need) {
-        PyErr_Format(PyExc_ValueError, "native kernel argument %d: %lld elements, the loop reads %lld", i,
-                     (long long)size, (long long)need);
-        return 0;
-    }
-    return PyArray_DATA(a);
-}
-
-/* the data and the `nd` dims of argument i: an aligned C-contiguous ndarray of `nd` dimensions
-   and dtype number `type` (writable when asked) */
-static void *ge_nd(PyObject *const *args, int i, int type, int writable, int nd, int64_t *dims) {
-    void *p = ge_arr(args, i, type, writable, 0);
-    if (!p) return 0;
-    PyArrayObject *a = (PyArrayObject *)args[i];
-    if (PyArray_NDIM(a) != nd) {
-        PyErr_Format(PyExc_TypeError, "native kernel argument %d: a %d-D array is needed", i, nd);
-        return 0;
-    }
-    for (int d = 0; d < nd; d++) dims[d] = PyArray_DIMS(a)[d];
-    return p;
-}
-
-/* a 1-D array and its length */
-static void *ge_vec(PyObject *const *args, int i, int type, int writable, int64_t *count) {
-    return ge_nd(args, i, type, writable, 1, count);
-}
-
-/* a 2-D array, its rows and columns */
-static void *ge_mat(PyObject *const *args, int i, int type, int writable, int64_t *rows, int64_t *cols) {
-    int64_t dims[2];
-    void *p = ge_nd(args, i, type, writable, 2, dims);
-    *rows = dims[0];
-    *cols = dims[1];
-    return p;
-}
-
-/* argument i as a C integer in [lo, hi] */
-static int ge_int(PyObject *const *args, int i, int64_t lo, int64_t hi, int64_t *v) {
-    long long x = PyLong_AsLongLong(args[i]);
-    if (x == -1 && PyErr_Occurred()) return -1;
-    if (x < lo || x > hi) {
-        PyErr_Format(PyExc_ValueError, "native kernel argument %d: %lld is out of range", i, x);
-        return -1;
-    }
-    *v = (int64_t)x;
-    return 0;
-}
-
-/* raise: the sizes or offsets a kernel was given do not fit its arrays */
-static PyObject *ge_fail(void) {
-    PyErr_SetString(PyExc_ValueError, "native kernel: the offsets it was given lie outside its arrays");
-    return NULL;
-}
-
-static int ge_nargs(Py_ssize_t n, Py_ssize_t want) {
-    if (n != want) {
-        PyErr_Format(PyExc_TypeError, "native kernel takes %zd arguments, got %zd", want, n);
-        return -1;
-    }
-    return 0;
-}
-
-/* a * b * c * d, or -1 when that overflows (or a factor is negative) */
-static int64_t ge_prod(int64_t a, int64_t b, int64_t c, int64_t d) {
-    int64_t r;
-    if (a < 0 || b < 0 || c < 0 || d < 0 || __builtin_mul_overflow(a, b, &r) || __builtin_mul_overflow(r, c, &r)
-        || __builtin_mul_overflow(r, d, &r)) return -1;
-    return r;
-}
-
-/* the last element index + 1 a loop nest touches (sum of (extent - 1) * stride, plus one); -1 on overflow */
-static int64_t ge_span(int64_t d0, int64_t d1, int64_t d2, int64_t s0, int64_t s1, int64_t s2) {
-    if (d0 <= 0 || d1 <= 0 || d2 <= 0) return 0;
-    int64_t a, b, c, t;
-    if (__builtin_mul_overflow(d0 - 1, s0, &a) || __builtin_mul_overflow(d1 - 1, s1, &b)
-        || __builtin_mul_overflow(d2 - 1, s2, &c) || __builtin_add_overflow(a, b, &t)
-        || __builtin_add_overflow(t, c, &t) || __builtin_add_overflow(t, 1, &t)) return -1;
-    return t;
-}
-
-static inline float ge_bits_f32(int32_t b) { float f; memcpy(&f, &b, 4); return f; }
-static inline int32_t ge_f32_bits(float f) { int32_t b; memcpy(&b, &f, 4); return b; }
-static inline float ge_max32(float a, float b) { return (a >= b || a != a) ? a : b; }
-static inline float ge_min32(float a, float b) { return (a <= b || a != a) ? a : b; }
-static inline double ge_max64(double a, double b) { return (a >= b || a != a) ? a : b; }
-static inline double ge_min64(double a, double b) { return (a <= b || a != a) ? a : b; }
-
-/* Cephes single-precision math with arithmetic, selects and bit-casts only (ge_native.vmath's
-   algorithms, constant for constant), so loops that inline them vectorise. */
-/* the shared core of exp32 and expneg32: the polynomial of exp on the reduced argument of xc,
-   and in *t the rounding sum whose low mantissa bits hold the power of two */
-static inline float ge_exp_core(float xc, float *t) {
-    *t = xc * 1.44269504088896341f + 12582912.0f;
-    float fx = *t - 12582912.0f;
-    float r = xc - fx * 0.693359375f - fx * -2.12194440e-4f;
-    float z = r * r;
-    return (((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r
-             + 1.6666665459e-1f) * r + 5.0000001201e-1f) * z + r + 1.0f;
-}
-
-static inline float exp32(float x) {
-    float xc = x < 88.8f ? x : 88.8f;
-    xc = xc > -104.0f ? xc : -104.0f;
-    float t;
-    float y = ge_exp_core(xc, &t);
-    int32_t n = ge_f32_bits(t) - 0x4B400000;
-    int32_t n1 = n >> 1;
-    int32_t n2 = n - n1;
-    y = y * ge_bits_f32((n1 + 127) << 23) * ge_bits_f32((n2 + 127) << 23);
-    return x == x ? y : x;
-}
-
-/* exp for x <= 0 (softmax's shifted logits): one scaling factor; below -87.3 the result is 0,
-   never a denormal nor the smallest normal (a masked score's weight: every product a later
-   GEMM makes from a value near 1e-38 is denormal, and each costs the CPU a microcode assist:
-   GPT-2's causal attention ran 20x slower on them) */
-static inline float expneg32(float x) {
-    float xc = x > -87.3f ? x : -87.3f;
-    float t;
-    float y = ge_exp_core(xc, &t);
-    y = y * ge_bits_f32((ge_f32_bits(t) - 0x4B400000 + 127) << 23);
-    y = x >= -87.3f ? y : 0.0f;
-    return x == x ? y : x;
-}
-
-static inline float log32(float x) {
-    int sub = x < 1.17549435e-38f;
-    float xs = sub ? x * 8388608.0f : x;
-    int32_t bits = ge_f32_bits(xs);
-    int32_t e = ((bits >> 23) & 0xFF) - 126;
-    e = sub ? e - 23 : e;
-    float m = ge_bits_f32((bits & 0x007FFFFF) | 0x3F000000);
-    int low = m < 0.707106781186547524f;
-    e = low ? e - 1 : e;
-    m = low ? (m + m - 1.0f) : (m - 1.0f);
-    float fe = (float)e;
-    float z = m * m;
-    float y = ((((((((7.0376836292e-2f * m + -1.1514610310e-1f) * m + 1.1676998740e-1f) * m + -1.2420140846e-1f) * m
-                   + 1.4249322787e-1f) * m + -1.6668057665e-1f) * m + 2.0000714765e-1f) * m + -2.4999993993e-1f) * m
-               + 3.3333331174e-1f) * m * z;
-    y = y + -2.12194440e-4f * fe - 0.5f * z;
-    float r = m + y + 0.693359375f * fe;
-    r = x == 0.0f ? -INFINITY : r;
-    r = x < 0.0f ? NAN : r;
-    return (x == INFINITY || x != x) ? x : r;
-}
-
-static inline float log1p32(float u) {
-    float w = u + 1.0f;
-    float d = w - 1.0f;
-    float r = d == 0.0f ? u : log32(w) * (u / d);
-    return u == INFINITY ? u : r;
-}
-
-static inline float expm1_32(float x) {
-    float small = x * (1.0f + x * (0.5f + x * ((float)(1.0 / 6.0) + x * ((float)(1.0 / 24.0) + x * (float)(1.0 / 120.0)))));
-    return fabsf(x) < 0.0625f ? small : exp32(x) - 1.0f;
-}
-
-static inline float tanh32(float x) {
-    float z = x * x;
-    float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z + -5.37397155531e-2f) * z + 1.33314422036e-1f) * z
-                   + -3.33332819422e-1f) * z * x + x;
-    float ax = fabsf(x);
-    /* exp's argument stops at 40 (tanh is 1.0f from 9.1 on): 2 / (exp + 1) never goes below the
-       normal range, whose denormals cost a microcode assist per use (NaN passes) */
-    float big = 1.0f - 2.0f / (exp32(ax > 20.0f ? 40.0f : ax + ax) + 1.0f);
-    big = x < 0.0f ? -big : big;
-    return ax < 0.625f ? small : big;
-}
-
-/* erf32's rational c * P(t) / Q(t), t = c^2, in any lane width (the scalar erf32 below, GE's
-   GEMM's 16- and 8-lane stores: one set of coefficients): FMA(a, b, c), MUL, DIV and C(v), a
-   constant, of that width. A fit of erf(c) / c on [-3.92, 3.92] whose relative error is 5e-8 in
-   exact arithmetic (its float32 evaluation: within 7 ulp, 4e-7 absolute; relative near 0). */
-#define GE_ERF_RATIO(FMA, MUL, DIV, C, c, t)                                                        \
-    DIV(MUL(c, FMA(FMA(FMA(FMA(FMA(FMA(C(1.992528e-08f), t, C(-1.9577806e-06f)), t, C(1.4182818e-04f)), \
-                                   t, C(3.7006338e-03f)), t, C(5.0570205e-02f)), t, C(1.999013e-01f)),   \
-                       t, C(1.1283791e+00f))),                                                        \
-        FMA(FMA(FMA(FMA(C(9.558066e-04f), t, C(1.4351207e-02f)), t, C(1.1498877e-01f)), t, C(5.104896e-01f)), \
-            t, C(1.0f)))
-#define GE_S_FMA(a, b, c) ((a) * (b) + (c))
-#define GE_S_MUL(a, b) ((a) * (b))
-#define GE_S_DIV(a, b) ((a) / (b))
-#define GE_S_C(v) (v)
-
-static inline float erf32(float x) {
-    /* GE_ERF_RATIO on c, x held in [-3.92, 3.92] (beyond, erf is 1.0f in float32), held in
-       [-1, 1]; no exp and no branch: the Abramowitz-Stegun form it replaced computed two
-       branches and an exp, and GELU at a GEMM's store ran at 2.5x its cost */
-    float c = x > 3.92f ? 3.92f : (x < -3.92f ? -3.92f : x);
-    float t = c * c;
-    float r = GE_ERF_RATIO(GE_S_FMA, GE_S_MUL, GE_S_DIV, GE_S_C, c, t);
-    r = r > 1.0f ? 1.0f : (r < -1.0f ? -1.0f : r);
-    return x == x ? r : x;
-}
-"""
+PRELUDE = _csrc_file("prelude.h")
 
 #: the prelude's names a generated kernel may call
 PRELUDE_NAMES = frozenset({"ge_parallel", "ge_task_t", "ge_arr", "ge_vec", "ge_mat", "ge_prod", "ge_fail", "NPY_INT64", "ge_int", "ge_nargs", "ge_span", "ge_max32", "ge_min32", "ge_max64", "ge_min64",

@@ -1,31 +1,22 @@
 """The engine's thread pool: one per process, shared by every kernel that splits its work.
 
-Why the engine owns its threads instead of leaving them to BLAS: OpenBLAS splits each GEMM into
-as many equal parts as it has threads and waits for all of them, and its workers spin between
-calls. On a machine where anything else runs, a descheduled worker stalls the whole GEMM (a
-2-thread run of a transformer took up to 30x its best time), and any other parallel work (fused
-loops, row kernels) competes with the spinning workers instead of running.
+OpenBLAS splits each GEMM into as many equal parts as it has threads, waits for all of them and
+spins between calls, so a descheduled worker stalls the whole GEMM. During a run BLAS therefore
+executes at one thread and the kernels split their own work here:
 
-So during a run BLAS executes at one thread and the kernels split their own work here:
+- :func:`parallel_for` runs ``fn(i)`` for ``i in range(n)``; the caller and the pool workers
+  *claim* tasks one at a time, so a late worker delays the run by at most the task it holds;
+- :func:`chunks` cuts a dimension into tasks by its size alone, and :func:`matmul` and
+  :class:`PackedWeight` split a GEMM that way: a result has the same bits at every width above
+  one (a one-thread run makes NumPy's single call);
+- :mod:`ge_native.gemm` runs split GEMMs on the native pool without the GIL; this module's
+  Python pool serves everything else and is the fallback;
+- :func:`use_threads` sets the width of the current run (a context variable); outside a run
+  the width is 1 and everything runs inline.
 
-- :func:`parallel_for` runs ``fn(i)`` for ``i in range(n)``. The caller and up to
-  ``threads() - 1`` pool workers *claim* tasks one at a time until none is left, so a worker
-  that is late or descheduled delays the run by at most the task it holds, never by a share
-  fixed in advance. Workers block on a lock between jobs (they never spin).
-- :func:`chunks` cuts a dimension into tasks by its size alone, never by the thread count, and
-  :func:`matmul` and :class:`PackedWeight` split a GEMM that way. A result therefore has the
-  same bits at every width above one: the parts are the same, only who computes them changes.
-  A one-thread run makes NumPy's single call (fastest there; it may differ in the last bit).
-- :mod:`ge_native.gemm` runs split GEMMs on the native pool (:mod:`ge_native.native`) without the GIL (BLAS at one thread
-  per block); this module's Python pool serves everything else and is the fallback.
-- :func:`use_threads` sets the width for the current run (a context variable, so the worker
-  threads of the stream executors and nested runs see their run's width); the cpu backend sets
-  it from the ``threads`` option. Outside a run the width is 1 and everything runs inline.
-
-A task runs on a pool thread: kernels that split work must release the GIL inside each task
-(NumPy's BLAS and ufunc calls, :mod:`ge_native.native` kernels, numba ``nogil`` loops) or the split gains nothing. A task that
-calls :func:`parallel_for` itself runs its inner tasks inline (no nesting, no deadlock).
-Plugin authors' kernels may use all of this.
+A task runs on a pool thread: kernels that split work must release the GIL inside each task, or
+the split gains nothing. A task that calls :func:`parallel_for` itself runs its inner tasks
+inline. Plugin authors' kernels may use all of this; docs/native.md says more.
 """
 
 from __future__ import annotations

@@ -183,3 +183,32 @@ def erf32(x):  # type: ignore[no-untyped-def]
 #: name in generated code -> function, for the loops' namespace
 FUNCTIONS = {"exp32": exp32, "expneg32": expneg32, "log32": log32, "log1p32": log1p32, "expm1_32": expm1_32, "tanh32": tanh32,
              "sigmoid32": sigmoid32, "erf32": erf32}
+
+
+#: the activations of :mod:`ge_native.activations` (activations.h's act_*32, term for term)
+_GELU_S = F(0.70710678118654752)
+_GT_A, _GT_B = F(1.5957691216057308), F(0.0713548162726)
+_SIXTH = F(1.0 / 6.0)
+
+
+@numba.njit(inline="always")
+def silu32(x):  # type: ignore[no-untyped-def]
+    return x / (_ONE + exp32(-x))
+
+
+@numba.njit(inline="always")
+def gelu32(x):  # type: ignore[no-untyped-def]
+    return _HALF * x * (_ONE + erf32(x * _GELU_S))
+
+
+@numba.njit(inline="always")
+def gelu_tanh32(x):  # type: ignore[no-untyped-def]
+    return x / (_ONE + exp32(-(x * (_GT_A + _GT_B * x * x))))
+
+
+@numba.njit(inline="always")
+def hardswish32(x):  # type: ignore[no-untyped-def]
+    g = x * _SIXTH + _HALF
+    g = g if g > _ZERO else _ZERO
+    g = g if g < _ONE else _ONE
+    return x * g

@@ -211,7 +211,7 @@ def test_the_native_pool_survives_a_fork():
     # parallel loops run on the caller alone, with the same results, and never wait for them
     import multiprocessing as mp
 
-    from ge_fusion import codegen
+    from ge_cpu.fused import codegen
     from ge_native import parallel
 
     prog = codegen.dumps([("Mul", ["a0", "a1"], {}), ("Add", ["t0", "a1"], {})])

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ge_core.kernel import KernelSpec, with_caps
-from ge_native import parallel, sgemm
+from ge_native import isa, parallel, sgemm
 
 from ._util import as_str, cast_like, const_input, has_input
 
@@ -54,6 +54,8 @@ def matmul_factory(spec: KernelSpec):
         return (cast_like(parallel.matmul(a, b, out=o), a.dtype),)
 
     with_caps(kernel, accepts_out=True)
+    if panels is not None:  # GE's own GEMM runs: the report names its instruction set
+        with_caps(kernel, variant=isa.variant_of("sgemm"))
     return kernel
 
 
@@ -127,6 +129,8 @@ def gemm_factory(spec: KernelSpec):
         return (cast_like(y, a.dtype),)
 
     with_caps(kernel, accepts_out=True)
+    if panels is not None:  # GE's own GEMM runs: the report names its instruction set
+        with_caps(kernel, variant=isa.variant_of("sgemm"))
     return kernel
 
 
