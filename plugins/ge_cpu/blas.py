@@ -54,10 +54,9 @@ class BlasThreads:
       (``contextvars.copy_context().run``), as the stream executors do; otherwise that run is a
       new one, and waits for the outer run to end if it needs another count.
 
-    threadpoolctl (3.8+) lets only the first thread that set OpenBLAS's count change it again
-    and silently ignores the others, which made a per-run limit from a worker thread a no-op;
-    this object lifts that rule for the moment it sets the count (``clear_controlling_thread``).
-    Changing the count from outside while a run is active is outside this promise.
+    threadpoolctl (3.8+) ignores every thread but the first that set OpenBLAS's count; this
+    object lifts that rule while it sets the count (``clear_controlling_thread``). Changing the
+    count from outside while a run is active is outside this promise.
     """
 
     def __init__(self) -> None:
@@ -227,8 +226,7 @@ def parallel_mode(options) -> str:
     """The ``parallel`` option's value, checked (an OptionError names it and its values)."""
     from ge_core.errors import OptionError
 
-    extra = getattr(options, "extra", {}) or {}
-    mode = str(extra.get("parallel", DEFAULT_PARALLEL) or DEFAULT_PARALLEL).lower()
+    mode = str(options.getoption("parallel", DEFAULT_PARALLEL) or DEFAULT_PARALLEL).lower()
     if mode not in PARALLEL:
         raise OptionError(f"option parallel: '{mode}' is not one of {', '.join(PARALLEL)}",
                           hint="parallel=engine (GE's thread pool, the default) or parallel=blas (BLAS's threads)")
@@ -242,7 +240,7 @@ def engine_width(options) -> int:
     (``spec.options["parallel_width"]``) to decide whether to cut their work into tasks."""
     if parallel_mode(options) == "blas":
         return 1
-    threads = getattr(options, "threads", None)
+    threads = options.getoption("threads")
     if threads:
         return max(1, int(threads))
     base = [n for n in BLAS.baseline() if n > 0]

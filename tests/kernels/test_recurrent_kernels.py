@@ -305,3 +305,17 @@ def test_native_in_ge_ops():
     kinds = {r["op"]: r["kernel"] for r in op_table() if r["domain"] == "ai.onnx"}
     for op in ("LSTM", "GRU", "RNN"):
         assert kinds[op] == NATIVE
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_kernels_name_their_variant(monkeypatch, op):
+    """The report's variant: the compiled (numba) step loops, or NumPy with GE_CPU_JIT=0."""
+    from ge_core.ir.types import TensorType
+    from ge_cpu.kernels import recurrent
+
+    ins = _inputs(op, 1)
+    outs = [TensorType(np.float32, None)] * N_OUT[op]
+    kernel = build_kernel(op, ins, {"hidden_size": H}, 14, outs, const=(1, 2, 3))
+    assert caps(kernel).variant == ("numba" if recurrent.jit_available() else "numpy")
+    monkeypatch.setenv("GE_CPU_JIT", "0")
+    assert caps(build_kernel(op, ins, {"hidden_size": H}, 14, outs, const=(1, 2, 3))).variant == "numpy"

@@ -601,3 +601,39 @@ def test_averagepool_over_the_whole_plane(dtype, hw, attrs, monkeypatch):
     x = rand(2, 19, *hw, dtype=dtype) * 10.0
     check("AveragePool", [x], {"kernel_shape": k, **attrs}, const=())
     assert bool(calls) == bool(attrs.get("pads"))  # (check runs the kernel twice: with and without out=)
+
+
+# ------------------------------------------------------------------------------------------------
+# the fixed C in csrc/window.h, the generated part small; the variants named
+
+
+def test_window_loop_source_is_a_fixed_header_and_a_small_generated_part():
+    from ge_native import native
+
+    for kind in _window.KINDS:
+        for taps in (1, 9, None):
+            part = _window.checked_source(kind, taps)
+            # the copy-in, copy-out, epilogue and checked entry live in csrc/window.h
+            assert "win_entry(args, n, " in part and "ge_int" not in part and "EPI_PLANE" not in part
+            assert len(part) < 2000
+            for dt in _window.DTYPES:
+                full = _window.full_source(kind, taps, dt)
+                assert full == native.c_source(f"window_{'f32' if dt == 'float32' else 'f64'}.h") + part
+                assert "static PyObject *win_entry(" in full and "#include \"" not in full
+    # a generic loop is a call of the tap-by-tap form; an unrolled one names every tap
+    assert "win_conv_taps(q, buf, tmp, m);" in _window.checked_source("conv", None)
+    assert "s8[j]" in _window.checked_source("conv", 9) and "s9" not in _window.checked_source("conv", 9)
+
+
+def test_window_loops_name_their_variant(monkeypatch):
+    from ge_native import isa
+
+    fam = isa.family("depthwise")
+    assert fam is _window.FAMILY and fam.fallback == "numpy"
+    assert _window.variant() in fam.names() and _window.variant(direct=False) in fam.names()
+    assert _window.variant() == ("avx512f" if _window.direct_available() else _window.variant(direct=False))
+    # the loops are built here (test_window_loops_are_available): a compiled variant, not NumPy
+    assert _window.variant(direct=False) in ("avx512f", "avx2", "scalar")
+    assert (_window.variant(direct=False) == "avx512f") == ("avx512f" in isa.features())
+    monkeypatch.setenv("GE_CPU_JIT", "0")
+    assert _window.variant(direct=False) == "numpy"

@@ -105,3 +105,18 @@ def test_strided_and_dilated_convs_never_take_winograd_and_narrow_groups_only_wh
     assert winograd.applies((1, 128, 28, 28), (128, 64, 3, 3), [1, 1], [1, 1], 2, np.float32)  # RegNet's width 64
     assert not winograd.applies((1, 128, 28, 28), (128, 8, 3, 3), [1, 1], [1, 1], 16, np.float32)  # width 8
     assert winograd.applies((1, 128, 28, 28), (128, 8, 3, 3), [1, 1], [1, 1], 16, np.float32, pays=False)
+
+
+def test_winograd_names_its_variant(monkeypatch):
+    from ge_native import isa
+
+    w = np.ones((8, 8, 3, 3), np.float32)
+    fam = isa.family("winograd")
+    assert fam is winograd.FAMILY and fam.fallback == "numpy"
+    assert winograd.Winograd(w, compiled=False).variant == "numpy"
+    compiled = winograd.Winograd(w)
+    assert compiled.compiled  # a C compiler is on every supported machine (the window loops' test)
+    assert compiled.variant == isa.variant_of("winograd") and compiled.variant in ("avx512f", "avx2", "scalar")
+    assert (compiled.variant == "avx512f") == ("avx512f" in isa.features())
+    monkeypatch.setenv("GE_CPU_JIT", "0")
+    assert isa.variant_of("winograd") == "numpy" and not winograd.Winograd(w).compiled

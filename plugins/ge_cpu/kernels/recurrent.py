@@ -543,180 +543,228 @@ def _reverse_index(lens: np.ndarray | None, steps: int, batch: int) -> np.ndarra
     return np.where(idx >= 0, idx, t)
 
 
-def _make_factory(op: str) -> Callable[[KernelSpec], Any]:
-    n_gates = _GATES[op]
+class _Config:
+    """A node's attributes, read and checked once when its kernel is built."""
 
-    def factory(spec: KernelSpec):
+    __slots__ = ("op", "spec", "n_gates", "direction", "nd", "layout", "clip", "input_forget", "lbr", "hidden_attr",
+                 "acts", "groups", "cdt", "odt", "n_out", "want", "gate_acts", "fast_lstm", "clip_cache")
+
+    def __init__(self, op: str, spec: KernelSpec) -> None:
+        self.op = op
+        self.spec = spec
+        self.n_gates = _GATES[op]
         direction = as_str(spec.attr("direction"), "forward") or "forward"
         if direction == "foward":  # the opset-1 schemas' default, misspelt
             direction = "forward"
         if direction not in _DIRECTIONS:
             raise unsupported(spec, f"direction={direction!r} (expected forward, reverse or bidirectional)")
-        nd = 2 if direction == "bidirectional" else 1
-        layout = int(spec.attr("layout", 0) or 0)
-        if layout not in (0, 1):
-            raise unsupported(spec, f"layout={layout}")
+        self.direction = direction
+        self.nd = 2 if direction == "bidirectional" else 1
+        self.layout = int(spec.attr("layout", 0) or 0)
+        if self.layout not in (0, 1):
+            raise unsupported(spec, f"layout={self.layout}")
         clip_attr = spec.attr("clip")
-        clip = None if clip_attr is None else float(clip_attr)
-        if clip is not None and not clip > 0:
-            raise unsupported(spec, f"clip={clip} (the cell clip threshold must be positive)")
-        input_forget = bool(int(spec.attr("input_forget", 0) or 0)) if op == "LSTM" else False
-        lbr = bool(int(spec.attr("linear_before_reset", 0) or 0)) if op == "GRU" else False
-        hidden_attr = spec.attr("hidden_size")
-        acts = _parse_acts(spec, op, nd)
-        groups = _Groups(acts)
-        cdt, odt = _compute_dtype(spec)
-        n_out = spec.num_outputs
-        if n_out > (3 if op == "LSTM" else 2):
-            raise unsupported(spec, f"{n_out} outputs")
-        want = [i < n_out and spec.outputs[i] is not None for i in range(3)]
+        self.clip = None if clip_attr is None else float(clip_attr)
+        if self.clip is not None and not self.clip > 0:
+            raise unsupported(spec, f"clip={self.clip} (the cell clip threshold must be positive)")
+        self.input_forget = bool(int(spec.attr("input_forget", 0) or 0)) if op == "LSTM" else False
+        self.lbr = bool(int(spec.attr("linear_before_reset", 0) or 0)) if op == "GRU" else False
+        self.hidden_attr = spec.attr("hidden_size")
+        self.acts = _parse_acts(spec, op, self.nd)
+        self.groups = _Groups(self.acts)
+        self.cdt, self.odt = _compute_dtype(spec)
+        self.n_out = spec.num_outputs
+        if self.n_out > (3 if op == "LSTM" else 2):
+            raise unsupported(spec, f"{self.n_out} outputs")
+        self.want = [i < self.n_out and spec.outputs[i] is not None for i in range(3)]
         # which activation feeds each gate's pre-activation
-        gate_acts = {"LSTM": (0, 0, 0, 1), "GRU": (0, 0, 1), "RNN": (0,)}[op]
-        fast_lstm = op == "LSTM" and all(
-            a[0].name == "Sigmoid" and a[1].name == "Tanh" and a[2].name == "Tanh" for _, a in groups.parts)
+        self.gate_acts = {"LSTM": (0, 0, 0, 1), "GRU": (0, 0, 1), "RNN": (0,)}[op]
+        self.fast_lstm = op == "LSTM" and all(
+            a[0].name == "Sigmoid" and a[1].name == "Tanh" and a[2].name == "Tanh" for _, a in self.groups.parts)
+        # clip bounds per gate (scaled like the pre-activations); built lazily per hidden size
+        self.clip_cache: dict[int, np.ndarray] = {}
 
-        def prepare(w, r, b, p) -> _Prepared:
-            w = np.asarray(w)
-            r = np.asarray(r)
-            if w.ndim != 3 or r.ndim != 3 or w.shape[0] != nd or r.shape[0] != nd:
-                raise ExecutionError(f"{spec.describe()}: W {list(w.shape)} / R {list(r.shape)} do not match "
-                                     f"{nd} direction(s)", hint="check the weights against direction")
-            hidden = r.shape[2]
-            if hidden_attr is not None and int(hidden_attr) != hidden:
-                raise ExecutionError(f"{spec.describe()}: hidden_size={hidden_attr} but R has hidden size {hidden}",
-                                     hint="fix hidden_size or R")
-            gh = n_gates * hidden
-            if w.shape[1] != gh or r.shape[1] != gh:
-                raise ExecutionError(f"{spec.describe()}: W {list(w.shape)} / R {list(r.shape)} must have "
-                                     f"{gh} rows ({n_gates} gates x hidden {hidden})", hint="check the weights")
-            isz = w.shape[2]
-            pre = _pre_vector(acts, gate_acts, hidden, cdt)  # (nd, gh)
-            pp = _Prepared()
-            pp.hidden, pp.input_size = hidden, isz
-            wb = np.zeros((nd, gh), cdt) if b is None else np.asarray(b)[:, :gh].astype(cdt)
-            rb = np.zeros((nd, gh), cdt) if b is None else np.asarray(b)[:, gh:2 * gh].astype(cdt)
-            if b is not None and np.asarray(b).shape != (nd, 2 * gh):
-                raise ExecutionError(f"{spec.describe()}: B has shape {list(np.asarray(b).shape)}, expected "
-                                     f"{[nd, 2 * gh]}", hint="check the bias")
-            wx = np.empty((nd, isz + 1, gh), cdt)
-            wx[:, :isz, :] = w.transpose(0, 2, 1)
-            bias = wb + rb
-            if op == "GRU" and lbr:
-                bias[:, 2 * hidden:] = wb[:, 2 * hidden:]  # Rbh stays inside r * (H R_h^T + Rbh)
-                rbh = rb[:, 2 * hidden:] * pre[:, 2 * hidden:]
-                pp.rbh = rbh.reshape(nd, 1, hidden) if np.any(rbh) else None
-            wx[:, isz, :] = bias
-            wx *= pre[:, None, :]
-            rows = r.astype(cdt) * pre[:, :, None]  # (nd, gh, hidden), ONNX layout
-            fn = _step_gemm(cdt)
-            if op == "GRU":
-                pp.rec = _Rec(rows[:, :2 * hidden], fn)
-                pp.rec_h = _Rec(rows[:, 2 * hidden:], fn)
-            else:
-                pp.rec = _Rec(rows, fn)
-            pp.wx = wx
-            if op == "LSTM" and p is not None:
-                pa = np.asarray(p).astype(cdt)
-                if pa.shape != (nd, 3 * hidden):
-                    raise ExecutionError(f"{spec.describe()}: P has shape {list(pa.shape)}, expected "
-                                         f"{[nd, 3 * hidden]}", hint="check the peepholes")
-                if np.any(pa):
-                    # P order is (i, o, f); each is scaled like the gate it feeds
-                    pi = pa[:, :hidden] * pre[:, :hidden]
-                    po = pa[:, hidden:2 * hidden] * pre[:, hidden:2 * hidden]
-                    pf = pa[:, 2 * hidden:] * pre[:, 2 * hidden:3 * hidden]
-                    pp.peep = np.stack([pi, po, pf]).reshape(3, nd, 1, hidden)
-            return pp
+    def clip_bounds(self, hidden: int) -> np.ndarray | None:
+        """(nd, 1, gates * hidden) clip bounds scaled like the pre-activations (None: no clip)."""
+        if self.clip is None:
+            return None
+        cb = self.clip_cache.get(hidden)
+        if cb is None:
+            cb = (self.clip * _pre_vector(self.acts, self.gate_acts, hidden, self.cdt)).reshape(
+                self.nd, 1, self.n_gates * hidden)
+            self.clip_cache[hidden] = cb
+        return cb
 
+
+def _check_weights(cfg: _Config, w: np.ndarray, r: np.ndarray) -> int:
+    """The hidden size of ``W`` / ``R`` after checking them against the node."""
+    spec, nd = cfg.spec, cfg.nd
+    if w.ndim != 3 or r.ndim != 3 or w.shape[0] != nd or r.shape[0] != nd:
+        raise ExecutionError(f"{spec.describe()}: W {list(w.shape)} / R {list(r.shape)} do not match "
+                             f"{nd} direction(s)", hint="check the weights against direction")
+    hidden = r.shape[2]
+    if cfg.hidden_attr is not None and int(cfg.hidden_attr) != hidden:
+        raise ExecutionError(f"{spec.describe()}: hidden_size={cfg.hidden_attr} but R has hidden size {hidden}",
+                             hint="fix hidden_size or R")
+    gh = cfg.n_gates * hidden
+    if w.shape[1] != gh or r.shape[1] != gh:
+        raise ExecutionError(f"{spec.describe()}: W {list(w.shape)} / R {list(r.shape)} must have "
+                             f"{gh} rows ({cfg.n_gates} gates x hidden {hidden})", hint="check the weights")
+    return int(hidden)
+
+
+def _peepholes(cfg: _Config, p, pre: np.ndarray, hidden: int) -> np.ndarray | None:
+    """LSTM's peepholes (3, nd, 1, hidden), each scaled like the gate it feeds; None when all zero."""
+    nd, cdt = cfg.nd, cfg.cdt
+    pa = np.asarray(p).astype(cdt)
+    if pa.shape != (nd, 3 * hidden):
+        raise ExecutionError(f"{cfg.spec.describe()}: P has shape {list(pa.shape)}, expected "
+                             f"{[nd, 3 * hidden]}", hint="check the peepholes")
+    if not np.any(pa):
+        return None
+    # P order is (i, o, f); each is scaled like the gate it feeds
+    pi = pa[:, :hidden] * pre[:, :hidden]
+    po = pa[:, hidden:2 * hidden] * pre[:, hidden:2 * hidden]
+    pf = pa[:, 2 * hidden:] * pre[:, 2 * hidden:3 * hidden]
+    return np.stack([pi, po, pf]).reshape(3, nd, 1, hidden)
+
+
+def _prepare(cfg: _Config, w, r, b, p) -> _Prepared:
+    """The packed weights of ``W``, ``R``, ``B`` and ``P`` (see :class:`_Prepared`)."""
+    w = np.asarray(w)
+    r = np.asarray(r)
+    hidden = _check_weights(cfg, w, r)
+    nd, cdt, op = cfg.nd, cfg.cdt, cfg.op
+    gh = cfg.n_gates * hidden
+    isz = w.shape[2]
+    pre = _pre_vector(cfg.acts, cfg.gate_acts, hidden, cdt)  # (nd, gh)
+    pp = _Prepared()
+    pp.hidden, pp.input_size = hidden, isz
+    wb = np.zeros((nd, gh), cdt) if b is None else np.asarray(b)[:, :gh].astype(cdt)
+    rb = np.zeros((nd, gh), cdt) if b is None else np.asarray(b)[:, gh:2 * gh].astype(cdt)
+    if b is not None and np.asarray(b).shape != (nd, 2 * gh):
+        raise ExecutionError(f"{cfg.spec.describe()}: B has shape {list(np.asarray(b).shape)}, expected "
+                             f"{[nd, 2 * gh]}", hint="check the bias")
+    wx = np.empty((nd, isz + 1, gh), cdt)
+    wx[:, :isz, :] = w.transpose(0, 2, 1)
+    bias = wb + rb
+    if op == "GRU" and cfg.lbr:
+        bias[:, 2 * hidden:] = wb[:, 2 * hidden:]  # Rbh stays inside r * (H R_h^T + Rbh)
+        rbh = rb[:, 2 * hidden:] * pre[:, 2 * hidden:]
+        pp.rbh = rbh.reshape(nd, 1, hidden) if np.any(rbh) else None
+    wx[:, isz, :] = bias
+    wx *= pre[:, None, :]
+    rows = r.astype(cdt) * pre[:, :, None]  # (nd, gh, hidden), ONNX layout
+    fn = _step_gemm(cdt)
+    if op == "GRU":
+        pp.rec = _Rec(rows[:, :2 * hidden], fn)
+        pp.rec_h = _Rec(rows[:, 2 * hidden:], fn)
+    else:
+        pp.rec = _Rec(rows, fn)
+    pp.wx = wx
+    if op == "LSTM" and p is not None:
+        pp.peep = _peepholes(cfg, p, pre, hidden)
+    return pp
+
+
+def _project(cfg: _Config, xs: np.ndarray, lens: np.ndarray | None, pp: _Prepared) -> np.ndarray:
+    """Step 1: the input projection of every step, both directions (each in the order it reads
+    ``X``), with the biases: one batched GEMM; (nd, steps, batch, gates * hidden)."""
+    nd = cfg.nd
+    steps, batch, isz = xs.shape
+    xa = np.empty((nd, steps, batch, isz + 1), cfg.cdt)
+    xa[..., isz] = 1
+    for d in range(nd):
+        rev = cfg.direction == "reverse" or d == 1
+        if not rev:
+            xa[d, :, :, :isz] = xs
+        elif lens is None:
+            xa[d, :, :, :isz] = xs[::-1]
+        else:
+            ridx = _reverse_index(lens, steps, batch)
+            xa[d, :, :, :isz] = xs[ridx, np.arange(batch)[None, :]]
+    gh = cfg.n_gates * pp.hidden
+    return np.matmul(xa.reshape(nd, steps * batch, isz + 1), pp.wx).reshape(nd, steps, batch, gh)
+
+
+def _outputs(cfg: _Config, out, hs: np.ndarray, hinit: np.ndarray, c_final: np.ndarray | None, run_steps: int,
+             lens: np.ndarray | None, steps: int, batch: int) -> tuple:
+    """Step 3: ``Y``, ``Y_h`` (and LSTM's ``Y_c``) of the node's outputs, None where unused."""
+    nd, layout, odt, want, n_out = cfg.nd, cfg.layout, cfg.odt, cfg.want, cfg.n_out
+    hidden = hs.shape[-1]
+    outs: list[np.ndarray | None] = []
+    if want[0]:
+        y_shape = (batch, steps, nd, hidden) if layout == 1 else (steps, nd, batch, hidden)
+        y = _target(out, 0, y_shape, odt)
+        yv = y.transpose(1, 2, 0, 3) if layout == 1 else y  # (steps, nd, batch, hidden) view
+        _assemble_y(yv, hs, run_steps, lens, cfg.direction, nd)
+        outs.append(y)
+    else:
+        outs.append(None)
+    last = hs[run_steps - 1] if run_steps > 0 else hinit
+    if want[1]:
+        outs.append(_final(out, 1, last, lens, layout, odt))
+    elif n_out > 1:
+        outs.append(None)
+    if cfg.op == "LSTM" and want[2]:
+        assert c_final is not None
+        outs.append(_final(out, 2, c_final, lens, layout, odt))
+    elif n_out > 2:
+        outs.append(None)
+    return tuple(outs[:n_out])
+
+
+def _run(cfg: _Config, pp: _Prepared, x, seq_lens, h0, c0, out) -> tuple:
+    """One call of the node: the projection, the recurrence and the outputs."""
+    spec, layout, nd, cdt = cfg.spec, cfg.layout, cfg.nd, cfg.cdt
+    hidden = pp.hidden
+    if x.ndim != 3:
+        raise ExecutionError(f"{spec.describe()}: X must be 3-D, got shape {list(x.shape)}",
+                             hint="feed [seq, batch, input] (layout 0) or [batch, seq, input] (layout 1)")
+    xs = x.transpose(1, 0, 2) if layout == 1 else x
+    steps, batch, isz = xs.shape
+    if isz != pp.input_size:
+        raise ExecutionError(f"{spec.describe()}: X has input size {isz}, W expects {pp.input_size}",
+                             hint="check the input against W")
+    lens = _lengths(seq_lens, batch, steps, spec)
+    run_steps = steps if lens is None else int(lens.max())
+    xw = _project(cfg, xs, lens, pp)
+    # 2. the recurrence
+    hs = np.empty((max(run_steps, 1), nd, batch, hidden), cdt)  # h after each step, step order
+    hinit = np.zeros((nd, batch, hidden), cdt)
+    if h0 is not None:
+        hinit[...] = h0.transpose(1, 0, 2) if layout == 1 else h0
+    valid = None if lens is None else (np.arange(steps)[:, None] < lens[None, :])  # (steps, batch)
+    min_len = steps if lens is None else int(lens.min())
+    cb = cfg.clip_bounds(hidden)
+    c_final = None
+    if cfg.op == "LSTM":
+        c_final = _run_lstm(xw, pp, hs, hinit, c0, layout, run_steps, valid, min_len, cb, cfg.groups,
+                            cfg.fast_lstm, cfg.input_forget, cdt)
+    elif cfg.op == "GRU":
+        _run_gru(xw, pp, hs, hinit, run_steps, valid, min_len, cb, cfg.groups, cfg.lbr, cdt)
+    else:
+        _run_rnn(xw, pp, hs, hinit, run_steps, valid, min_len, cb, cfg.groups, cdt)
+    return _outputs(cfg, out, hs, hinit, c_final, run_steps, lens, steps, batch)
+
+
+def _make_factory(op: str) -> Callable[[KernelSpec], Any]:
+    def factory(spec: KernelSpec):
+        cfg = _Config(op, spec)
         consts = [const_input(spec, i) for i in (1, 2, 3)]
         p_const = const_input(spec, 7) if op == "LSTM" else None
         static_ok = consts[0] is not None and consts[1] is not None and (consts[2] is not None or not has_input(spec, 3)) \
             and (op != "LSTM" or p_const is not None or not has_input(spec, 7))
-        prepared = prepare(consts[0], consts[1], consts[2], p_const) if static_ok else None
-
-        # clip bounds per gate (scaled like the pre-activations); built lazily per hidden size
-        clip_cache: dict[int, np.ndarray] = {}
-
-        def clip_bounds(hidden: int) -> np.ndarray | None:
-            if clip is None:
-                return None
-            cb = clip_cache.get(hidden)
-            if cb is None:
-                cb = (clip * _pre_vector(acts, gate_acts, hidden, cdt)).reshape(nd, 1, n_gates * hidden)
-                clip_cache[hidden] = cb
-            return cb
+        prepared = _prepare(cfg, consts[0], consts[1], consts[2], p_const) if static_ok else None
 
         def kernel(x, w, r, b=None, seq_lens=None, h0=None, c0=None, p=None, out=None):
-            pp = prepared if prepared is not None else prepare(w, r, b, p if op == "LSTM" else None)
-            hidden = pp.hidden
-            if x.ndim != 3:
-                raise ExecutionError(f"{spec.describe()}: X must be 3-D, got shape {list(x.shape)}",
-                                     hint="feed [seq, batch, input] (layout 0) or [batch, seq, input] (layout 1)")
-            xs = x.transpose(1, 0, 2) if layout == 1 else x
-            steps, batch, isz = xs.shape
-            if isz != pp.input_size:
-                raise ExecutionError(f"{spec.describe()}: X has input size {isz}, W expects {pp.input_size}",
-                                     hint="check the input against W")
-            lens = _lengths(seq_lens, batch, steps, spec)
-            run_steps = steps if lens is None else int(lens.max())
+            pp = prepared if prepared is not None else _prepare(cfg, w, r, b, p if op == "LSTM" else None)
+            return _run(cfg, pp, x, seq_lens, h0, c0, out)
 
-            # 1. input projection of every step, both directions: one batched GEMM
-            xa = np.empty((nd, steps, batch, isz + 1), cdt)
-            xa[..., isz] = 1
-            for d in range(nd):
-                rev = direction == "reverse" or d == 1
-                if not rev:
-                    xa[d, :, :, :isz] = xs
-                elif lens is None:
-                    xa[d, :, :, :isz] = xs[::-1]
-                else:
-                    ridx = _reverse_index(lens, steps, batch)
-                    xa[d, :, :, :isz] = xs[ridx, np.arange(batch)[None, :]]
-            gh = n_gates * hidden
-            xw = np.matmul(xa.reshape(nd, steps * batch, isz + 1), pp.wx).reshape(nd, steps, batch, gh)
-
-            # 2. the recurrence
-            hs = np.empty((max(run_steps, 1), nd, batch, hidden), cdt)  # h after each step, step order
-            hinit = np.zeros((nd, batch, hidden), cdt)
-            if h0 is not None:
-                hinit[...] = h0.transpose(1, 0, 2) if layout == 1 else h0
-            valid = None if lens is None else (np.arange(steps)[:, None] < lens[None, :])  # (steps, batch)
-            min_len = steps if lens is None else int(lens.min())
-            cb = clip_bounds(hidden)
-            c_final = None
-            if op == "LSTM":
-                c_final = _run_lstm(xw, pp, hs, hinit, c0, layout, run_steps, valid, min_len, cb, groups,
-                                    fast_lstm, input_forget, cdt)
-            elif op == "GRU":
-                _run_gru(xw, pp, hs, hinit, run_steps, valid, min_len, cb, groups, lbr, cdt)
-            else:
-                _run_rnn(xw, pp, hs, hinit, run_steps, valid, min_len, cb, groups, cdt)
-
-            # 3. outputs
-            outs: list[np.ndarray | None] = []
-            y = None
-            if want[0]:
-                y_shape = (batch, steps, nd, hidden) if layout == 1 else (steps, nd, batch, hidden)
-                y = _target(out, 0, y_shape, odt)
-                yv = y.transpose(1, 2, 0, 3) if layout == 1 else y  # (steps, nd, batch, hidden) view
-                _assemble_y(yv, hs, run_steps, lens, direction, nd)
-                outs.append(y)
-            else:
-                outs.append(None)
-            last = hs[run_steps - 1] if run_steps > 0 else hinit
-            if want[1]:
-                yh = _final(out, 1, last, lens, layout, odt)
-                outs.append(yh)
-            elif n_out > 1:
-                outs.append(None)
-            if op == "LSTM" and want[2]:
-                assert c_final is not None
-                outs.append(_final(out, 2, c_final, lens, layout, odt))
-            elif n_out > 2:
-                outs.append(None)
-            return tuple(outs[:n_out])
-
-        if odt == cdt and all(want[i] for i in range(n_out)):
+        # the per-step GEMM and the gate loops run compiled (numba) where they can, else in NumPy
+        variant = "numba" if jit_available() and cfg.cdt.name in ("float32", "float64") else "numpy"
+        with_caps(kernel, variant=variant)
+        if cfg.odt == cfg.cdt and all(cfg.want[i] for i in range(cfg.n_out)):
             with_caps(kernel, accepts_out=True)
         return kernel
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ge_core.kernel import KernelSpec
+from ge_core.kernel import KernelSpec, with_caps
 from ge_native import native
 from ge_sdk.onnx_types import dtype_to_elem
 
@@ -97,7 +97,7 @@ def reference_factory(spec: KernelSpec):
         results = evaluator.run(None, feeds)
         return tuple(_convert(r, dt) for r, dt in zip(results, out_dtypes))
 
-    return kernel
+    return with_caps(kernel, variant="numpy")  # onnx.reference's evaluator: NumPy
 
 
 def _convert(r, dt):
