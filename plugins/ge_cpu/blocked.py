@@ -5,13 +5,11 @@ the GEMM's pack) at every layer. The pass keeps the activations between such lay
 blocked layout ``(N, C/16, H, W, 16)`` (onnxruntime's NCHWc transformer, GE's NC1HWC0), where
 :mod:`ge_native.nchwc`'s direct kernels read them in place, and converts only at the edges:
 
-- ``NchwcConv`` (an ungrouped, depthwise or grouped (whole blocks a group) 2-D Conv/FusedConv
-  with constant weights, its
-  epilogue of a residual, a clip and an activation kept), ``NchwcMaxPool``,
-  ``NchwcAveragePool``, and the elementwise ops between them (Relu, Sigmoid, Clip, Add, Mul,
-  ... on 5-D values: a ``(N, C, 1, 1)`` operand, an SE block's scale, is reordered too and
-  broadcasts the same), ``NchwcGlobalAveragePool`` (its NCHW ``(N, C, 1, 1)`` result leaves
-  the layout for free);
+- ``NchwcConv`` (a 2-D Conv/FusedConv the conv table's ``nchwc`` algorithm takes,
+  :mod:`.kernels.conv.nchwc`, its epilogue of a residual, a clip and an activation kept),
+  ``NchwcMaxPool``, ``NchwcAveragePool``, the elementwise ops between them (Relu, Clip, Add,
+  Mul, ... on 5-D values: an SE block's ``(N, C, 1, 1)`` scale is reordered too),
+  ``NchwcGlobalAveragePool`` (its NCHW ``(N, C, 1, 1)`` result leaves the layout for free);
 - ``NchwcGroupNorm``: a group normalization as exporters write it (``Reshape`` to (N, G, -1),
   ``InstanceNormalization``, ``Reshape`` back: PyTorch's GroupNorm, BiT's), its groups whole in
   the blocks, with the per-channel Mul and Add (its weight and bias) and a Relu after it;
@@ -21,10 +19,10 @@ A channel count that is not a whole number of blocks (MobileNet's 24, EfficientN
 zero-padded to one, as onnxruntime's transformer does: every op taken maps finite values to finite
 ones (so the padded lanes stay finite) and every convolution reads them through zero weights
 (so they never reach a real channel); a Concat takes a padded input only last (the blocks of the
-others must stay whole). A grouped convolution needs whole blocks a group. Only groups of
-connected nodes holding at least two convolutions are rewritten: a lone
-convolution would pay two reorders for one layer. The pass runs where the kernels run (the cpu
-backend, AVX-512F or AVX2 with FMA); the ops' kernels keep a NumPy form for an .om loaded on another machine.
+others must stay whole). Only groups of connected nodes holding at least two convolutions are
+rewritten: a lone convolution would pay two reorders for one layer. The pass runs where the
+kernels run (AVX-512F or AVX2 with FMA); the ops' kernels keep a NumPy form for an .om loaded on
+another machine.
 """
 
 from __future__ import annotations
@@ -34,15 +32,18 @@ from typing import Any
 
 import numpy as np
 
-from ge_core.errors import GraphError, OptionError
+from ge_core.errors import GEError, GraphError, OptionError
 from ge_core.ir.graph import Graph, Node, Value
 from ge_core.ir.types import TensorType
+from ge_core.kernel import KernelSpec
 from ge_core.ops import OpDef, OpKind
 from ge_core.passes import Pass, PassContext, PassResult
 from ge_native import nchwc
 
-from .kernels.nchwc import ACTIVATIONS, DOMAIN, PACKINGS, pack_weight, packed_size, packing_for
-from .kernels.nn import window_plan
+from .kernels import conv
+from .kernels.conv import nchwc as conv_nchwc
+from .kernels.conv.geometry import window_plan
+from .kernels.nchwc import ACTIVATIONS, DOMAIN, PACKINGS, pack_weight, packed_size
 from .program import conv_algorithm_option
 
 BLOCK = nchwc.BLOCK
@@ -55,7 +56,7 @@ BINARY = frozenset(("Add", "Mul", "Sub"))
 #: epilogue ops of a FusedConv the kernel applies at its store, by activation name
 STORE_ACTS = {"Sigmoid": "sigmoid", "Silu": "silu", "HardSwish": "hardswish"}
 #: the most input channels a convolution reading NCHW directly takes (a stem's RGB, a mask)
-PLAIN_MAX_CHANNELS = 8
+PLAIN_MAX_CHANNELS = conv_nchwc.PLAIN_MAX_CHANNELS
 
 
 def _text(v: Any) -> str:
@@ -139,41 +140,21 @@ def _explicit_pads(node: Node, k: list[int], strides: list[int], dil: list[int],
     return [*pb, *pe]
 
 
-def _conv_plan(node: Node) -> dict | None:
-    """The NchwcConv attributes of a Conv/FusedConv the blocked kernels run, or None."""
+def _conv_plan(node: Node, conv_algorithm: str = "auto") -> dict | None:
+    """The NchwcConv attributes of a Conv/FusedConv the blocked kernels run (the conv table's
+    ``nchwc`` algorithm applies: :mod:`.kernels.conv.nchwc`), or None."""
     if not ((node.op_type == "Conv" and node.domain in ("", "ai.onnx")) or (node.op_type == "FusedConv" and node.domain == FUSED)):
         return None
     if len(node.inputs) < 2 or len(node.outputs) != 1:
         return None
-    x, w = node.inputs[0], node.inputs[1]
-    xs, ys = _static4(x), _static4(node.outputs[0])
-    if xs is None or ys is None or w is None or w.const_value is None:
+    try:
+        plan = conv.ConvPlan(KernelSpec.from_node(node, None, conv_algorithm=conv_algorithm), layout=True)
+    except GEError:  # (a geometry no convolution kernel takes: the node's own kernel reports it)
         return None
-    wv = w.const_value
-    if wv.ndim != 4 or wv.dtype != np.float32:
+    g = conv_nchwc.geometry(plan) if conv.applies(conv_nchwc.NAME, plan) else None
+    if g is None:
         return None
-    b = node.inputs[2] if len(node.inputs) > 2 else None
-    if b is not None and (b.const_value is None or b.const_value.size != wv.shape[0]):
-        return None
-    group = int(node.attrs.get("group", 1) or 1)
-    m, c = wv.shape[0], xs[1]
-    # a network's first layer (3 channels) reads its NCHW input directly (no reorder, no padding
-    # of 3 channels to a block); other channel counts must be whole blocks
-    plain = c % BLOCK != 0 and c <= PLAIN_MAX_CHANNELS and group == 1
-    depthwise = group == c == m and wv.shape[1] == 1
-    # a grouped one (RegNet's, ResNeXt's): each group's input and output channels whole blocks
-    whole_groups = group > 1 and wv.shape[1] * group == c and c % (group * BLOCK) == 0 and m % (group * BLOCK) == 0
-    if group != 1 and not (depthwise or whole_groups):
-        return None
-    if group == 1 and wv.shape[1] != c:
-        return None
-    k = tuple(int(v) for v in (node.attrs.get("kernel_shape") or wv.shape[2:]))
-    if k != tuple(wv.shape[2:]):
-        return None
-    strides = [int(v) for v in (node.attrs.get("strides") or (1, 1))]
-    dil = [int(v) for v in (node.attrs.get("dilations") or (1, 1))]
-    if len(strides) != 2 or len(dil) != 2 or min(strides + dil) < 1:
-        return None
+    k, strides, dil, xs, ys = g["k"], g["strides"], g["dilations"], g["xs"], g["ys"]
     pads = _explicit_pads(node, list(k), strides, dil, xs, ys)
     if pads is None:
         return None
@@ -184,16 +165,16 @@ def _conv_plan(node: Node) -> dict | None:
     if addend and _static4(node.inputs[3]) != ys:
         return None
     attrs: dict[str, Any] = {"kernel_shape": list(k), "strides": strides, "dilations": dil, "pads": pads,
-                             "group": group}
+                             "group": g["group"]}
     if lo is not None:
         attrs["clip_min"] = lo
     if hi is not None:
         attrs["clip_max"] = hi
     if act:
         attrs["activation"] = act
-    if plain:
+    if g["plain"]:
         attrs["plain_input"] = 1
-    return {"attrs": attrs, "addend": addend, "plain": plain}
+    return {"attrs": attrs, "addend": addend, "plain": g["plain"], "conv": plan}
 
 
 def _pool_plan(node: Node) -> dict | None:
@@ -343,9 +324,9 @@ def _groupnorm_chain(node: Node) -> dict | None:
             "scale": sc.astype(np.float32), "bias": bi.astype(np.float32), "relu": relu}
 
 
-def _plan(node: Node) -> Plan | None:
+def _plan(node: Node, conv_algorithm: str = "auto") -> Plan | None:
     """(kind, plan) for a node the layout can take: conv, pool, elementwise, or gap."""
-    p = _conv_plan(node)
+    p = _conv_plan(node, conv_algorithm)
     if p is not None:
         return "conv", p
     p = _pool_plan(node)
@@ -449,9 +430,9 @@ def _edges(grp: set[Node], plans: dict[Node, Plan]) -> int:
     return len(entering) + leaving
 
 
-def apply_layout(graph: Graph, min_convs: int = 2, conv_algorithm: str = "auto") -> dict[str, int]:
-    """Rewrite ``graph``'s top level: the groups of :func:`_plan` nodes with at least
-    ``min_convs`` convolutions run in the blocked layout. Returns counts per kind."""
+def _plan_nodes(graph: Graph, conv_algorithm: str) -> dict[Node, Plan]:
+    """The :func:`_plan` of every top-level node the layout can take (a group normalization's
+    inner nodes planned with its first, as absorbed)."""
     plans: dict[Node, Plan] = {}
     for n in graph.node_list():
         if n in plans:  # (a group normalization's inner nodes, planned with its first)
@@ -462,153 +443,197 @@ def apply_layout(graph: Graph, min_convs: int = 2, conv_algorithm: str = "auto")
             for m in gn["inner"] + [gn["last"]]:
                 plans[m] = ("absorbed", {"head": n})
             continue
-        got = _plan(n)
+        got = _plan(n, conv_algorithm)
         if got is not None:
             plans[n] = got
+    return plans
+
+
+def _kept(graph: Graph, plans: dict[Node, Plan], min_convs: int) -> set[Node]:
+    """The planned nodes whose group pays for its reorders: at least ``min_convs`` convolutions,
+    and two for each plane that enters or leaves (zfnet's three between two LRNs do not)."""
     keep: set[Node] = set()
     for grp in _groups(graph, plans):
         convs = sum(1 for n in grp if plans[n][0] == "conv")
-        # a group pays for its reorders: at least min_convs convolutions, and two for each plane
-        # that enters or leaves (zfnet's three between two LRNs do not)
         if convs >= min_convs and convs >= 2 * _edges(grp, plans):
             keep |= grp
-    stats = {"convs": 0, "pools": 0, "elementwise": 0, "concats": 0, "reorders": 0}
-    if not keep:
-        return stats
-    blocked: dict[Value, Value] = {}  # an NCHW value -> its blocked form
-    order = [n for n in graph.node_list() if n in keep]
+    return keep
 
-    def block_of(v: Value | None, before: Node) -> Value:
+
+class _Rewrite:
+    """One rewrite of a graph's kept nodes into their blocked forms (:func:`apply_layout`)."""
+
+    def __init__(self, graph: Graph, plans: dict[Node, Plan], keep: set[Node]) -> None:
+        self.graph, self.plans, self.keep = graph, plans, keep
+        self.stats = {"convs": 0, "pools": 0, "elementwise": 0, "concats": 0, "reorders": 0}
+        self.blocked: dict[Value, Value] = {}  # an NCHW value -> its blocked form
+        self.order = [n for n in graph.node_list() if n in keep]
+        self.made: dict[Node, Node] = {}
+        self.replaced: list[Value] = []  # weight constants whose packed form the blocked convolutions read
+        # the NCHW values that stand for a source tensor (a reorder's result, a global pool's) take
+        # its name once the original is gone (what --dump-tensors and the comparison tools match
+        # the source by); a blocked one keeps its own
+        self.named: list[tuple[Value, str]] = []
+
+    def block_of(self, v: Value | None, before: Node) -> Value:
         if v is None:  # pragma: no cover - the plans only take present inputs
             raise GraphError(f"nchwc_layout: {before.describe()} lacks an input")
-        got = blocked.get(v)
+        got = self.blocked.get(v)
         if got is not None:
             return got
-        r = graph.add_node("NchwcReorderInput", [v], domain=DOMAIN, name=f"{v.name}_to_nchwc", before=before,
-                           output_types=[_blocked_type(_shape(v))])
-        stats["reorders"] += 1
-        blocked[v] = r.outputs[0]
+        r = self.graph.add_node("NchwcReorderInput", [v], domain=DOMAIN, name=f"{v.name}_to_nchwc", before=before,
+                                output_types=[_blocked_type(_shape(v))])
+        self.stats["reorders"] += 1
+        self.blocked[v] = r.outputs[0]
         return r.outputs[0]
 
-    made: dict[Node, Node] = {}
-    replaced: list[Value] = []  # weight constants whose packed form the blocked convolutions read
-    # the NCHW values that stand for a source tensor (a reorder's result, a global pool's) take
-    # its name once the original is gone (what --dump-tensors and the comparison tools match
-    # the source by); a blocked one keeps its own
-    named: list[tuple[Value, str]] = []
-    for n in order:
-        kind, p = plans[n]
+    def groupnorm(self, n: Node, p: dict) -> None:
+        graph = self.graph
+        last_out = p["last"].outputs[0]
+        ys = _shape(last_out)
+        new = graph.add_node("NchwcGroupNorm", [self.block_of(n.inputs[0], n),
+                                                graph.add_constant(_pad_channels(p["scale"], ys[1])),
+                                                graph.add_constant(_pad_channels(p["bias"], ys[1]))],
+                             {"group_channels": p["group_channels"], "epsilon": p["epsilon"], "relu": int(p["relu"])},
+                             domain=DOMAIN, name=n.name, before=n, output_types=[_blocked_type(ys)])
+        self.stats["elementwise"] += 1
+        self.made[n] = self.made[p["last"]] = new
+        self.blocked[last_out] = new.outputs[0]
+
+    def conv(self, n: Node, p: dict, ys: tuple[int, ...]) -> Node:
+        x_in = n.inputs[0] if p["plain"] else self.block_of(n.inputs[0], n)
+        attrs = dict(p["attrs"])
+        w_in = n.inputs[1]
+        if w_in is not None and w_in.const_value is not None and w_in.const_value.dtype == np.float32:
+            # the weight packed now, for the algorithm the conv table chooses now: the .om keeps it so
+            wv = w_in.const_value
+            cb = 0 if p["plain"] else nchwc.blocks(_shape(n.inputs[0])[1])
+            packing = conv_nchwc.packing(p["conv"], cb, _blocked_type(ys).shape)
+            self.replaced.append(w_in)
+            w_in = self.graph.add_constant(pack_weight(packing, wv, cb, attrs["group"]))
+            attrs["weight_packing"] = packing
+            attrs["weight_shape"] = [int(v) for v in wv.shape]
+        ins = [x_in, w_in, n.inputs[2] if len(n.inputs) > 2 else None]
+        if p["addend"]:
+            ins.append(self.block_of(n.inputs[3], n))
+        self.stats["convs"] += 1
+        return self.graph.add_node("NchwcConv", ins, attrs, domain=DOMAIN, name=n.name, before=n,
+                                   output_types=[_blocked_type(ys)])
+
+    def gap(self, n: Node) -> None:
         out = n.outputs[0]
-        if kind == "absorbed":  # (made with the group normalization's first node)
-            continue
-        if kind == "groupnorm":
-            last_out = p["last"].outputs[0]
-            ys = _shape(last_out)
-            new = graph.add_node("NchwcGroupNorm", [block_of(n.inputs[0], n), graph.add_constant(_pad_channels(p["scale"], ys[1])),
-                                                    graph.add_constant(_pad_channels(p["bias"], ys[1]))],
-                                 {"group_channels": p["group_channels"], "epsilon": p["epsilon"], "relu": int(p["relu"])},
-                                 domain=DOMAIN,
-                                 name=n.name, before=n, output_types=[_blocked_type(ys)])
-            stats["elementwise"] += 1
-            made[n] = made[p["last"]] = new
-            blocked[last_out] = new.outputs[0]
-            continue
-        ys = _shape(out)
-        if kind == "conv":
-            x_in = n.inputs[0] if p["plain"] else block_of(n.inputs[0], n)
-            attrs = dict(p["attrs"])
-            w_in = n.inputs[1]
-            if w_in is not None and w_in.const_value is not None and w_in.const_value.dtype == np.float32:
-                # the weight packed now, for the algorithm chosen now: the .om keeps it so
-                wv = w_in.const_value
-                cb = 0 if p["plain"] else nchwc.blocks(_shape(n.inputs[0])[1])
-                packing = packing_for(conv_algorithm, wv.shape, attrs["group"], attrs["kernel_shape"], attrs["strides"],
-                                      attrs["dilations"], p["plain"], cb, _blocked_type(ys).shape)
-                replaced.append(w_in)
-                w_in = graph.add_constant(pack_weight(packing, wv, cb, attrs["group"]))
-                attrs["weight_packing"] = packing
-                attrs["weight_shape"] = [int(v) for v in wv.shape]
-            ins = [x_in, w_in, n.inputs[2] if len(n.inputs) > 2 else None]
-            if p["addend"]:
-                ins.append(block_of(n.inputs[3], n))
-            new = graph.add_node("NchwcConv", ins, attrs, domain=DOMAIN, name=n.name, before=n,
-                                 output_types=[_blocked_type(ys)])
-            stats["convs"] += 1
-        elif kind == "pool":
+        new = self.graph.add_node("NchwcGlobalAveragePool", [self.block_of(n.inputs[0], n)], {"channels": _shape(out)[1]},
+                                  domain=DOMAIN, name=n.name, before=n, output_types=[out.type])
+        self.made[n] = new
+        if not out.is_graph_output:  # (a graph output's name moves over with the replacement)
+            self.named.append((new.outputs[0], out.name))
+        out.replace_all_uses_with(new.outputs[0])
+
+    def other(self, n: Node, kind: str, p: dict, ys: tuple[int, ...]) -> Node:
+        """A pool, a batch norm, an elementwise op or a concat on blocked values."""
+        graph = self.graph
+        if kind == "pool":
             op = "NchwcMaxPool" if n.op_type == "MaxPool" else "NchwcAveragePool"
-            new = graph.add_node(op, [block_of(n.inputs[0], n)], dict(p["attrs"]), domain=DOMAIN, name=n.name,
-                                 before=n, output_types=[_blocked_type(ys)])
-            stats["pools"] += 1
-        elif kind == "batchnorm":
-            x5 = block_of(n.inputs[0], n)
+            self.stats["pools"] += 1
+            return graph.add_node(op, [self.block_of(n.inputs[0], n)], dict(p["attrs"]), domain=DOMAIN, name=n.name,
+                                  before=n, output_types=[_blocked_type(ys)])
+        if kind == "batchnorm":
+            x5 = self.block_of(n.inputs[0], n)
             sc = graph.add_constant(p["scale"])
             sh = graph.add_constant(p["shift"])
             mul = graph.add_node("Mul", [x5, sc], name=f"{n.name}_scale", before=n, output_types=[_blocked_type(ys)])
-            new = graph.add_node("Add", [mul.outputs[0], sh], name=n.name, before=n, output_types=[_blocked_type(ys)])
-            stats["elementwise"] += 2
-        elif kind == "gap":
-            new = graph.add_node("NchwcGlobalAveragePool", [block_of(n.inputs[0], n)], {"channels": ys[1]},
-                                 domain=DOMAIN, name=n.name, before=n, output_types=[out.type])
-            made[n] = new
-            if not out.is_graph_output:  # (a graph output's name moves over with the replacement)
-                named.append((new.outputs[0], out.name))
-            out.replace_all_uses_with(new.outputs[0])
-            continue
-        else:
-            ins = [v if v is None or v.is_constant else block_of(v, n) for v in n.inputs]
-            if kind == "elementwise" and n.op_type in BINARY:
-                for i, v in enumerate(ins):
-                    cc = _channel_const(v, ys[1]) if v is not None and v.is_constant else None
-                    if cc is not None and cc.ndim == 5:
-                        ins[i] = graph.add_constant(cc)
-            attrs = dict(n.attrs)
-            if kind == "concat":
-                attrs["axis"] = 1  # (the blocks' axis in 5-D: -3 would name H there)
-            new = graph.add_node(n.op_type, ins, attrs, domain=n.domain, name=n.name, before=n,
-                                 output_types=[_blocked_type(ys)])
-            stats["elementwise" if kind == "elementwise" else "concats"] += 1
-        made[n] = new
-        blocked[out] = new.outputs[0]
-    # values read outside the layout (or graph outputs) leave it through a reorder
-    for n in order:
-        if plans[n][0] in ("gap", "groupnorm") or (plans[n][0] == "absorbed" and n is not plans[plans[n][1]["head"]][1]["last"]):
-            continue
-        out = n.outputs[0]
-        outside = [u for u in out.users if u not in keep] or out.is_graph_output
-        if outside:
-            r = graph.add_node("NchwcReorderOutput", [blocked[out]], {"channels": _shape(out)[1]}, domain=DOMAIN,
-                               name=f"{out.name}_from_nchwc", after=made[n], output_types=[out.type])
-            stats["reorders"] += 1
-            for u, i in out.uses():
-                if u not in keep:
-                    u.set_input(i, r.outputs[0])
-            if out.is_graph_output:
-                out.replace_all_uses_with(r.outputs[0])
-            else:
-                named.append((r.outputs[0], out.name))
-    for n in reversed(order):
-        for v in n.outputs:
-            for u, _ in v.uses():
-                if u in keep:
-                    continue
-                raise GraphError(f"nchwc_layout: node '{u.name}' still reads '{v.name}'")
-        _detach(graph, n)
-    # the weights packed above: the originals go when nothing else reads them (an .om keeps one form)
-    for v in replaced:
-        if v.is_constant and not v.has_uses() and not v.is_graph_output and graph.constants.get(v.name) is v:
-            graph.remove_constant(v)
-    for v, name in named:
-        if name not in graph.names:
-            graph.rename_value(v, name)
-    # the blocked nodes take their originals' names (what --keep_dtype, the tools and the
-    # reports name them by)
-    for old, new in made.items():
-        if plans[old][0] == "absorbed":
-            continue
-        if old.name != new.name and old.name not in graph.node_names:
-            graph.node_names.release(new.name)
-            new.name = graph.node_names.claim(old.name)
-    return stats
+            self.stats["elementwise"] += 2
+            return graph.add_node("Add", [mul.outputs[0], sh], name=n.name, before=n, output_types=[_blocked_type(ys)])
+        ins = [v if v is None or v.is_constant else self.block_of(v, n) for v in n.inputs]
+        if kind == "elementwise" and n.op_type in BINARY:
+            for i, v in enumerate(ins):
+                cc = _channel_const(v, ys[1]) if v is not None and v.is_constant else None
+                if cc is not None and cc.ndim == 5:
+                    ins[i] = graph.add_constant(cc)
+        attrs = dict(n.attrs)
+        if kind == "concat":
+            attrs["axis"] = 1  # (the blocks' axis in 5-D: -3 would name H there)
+        self.stats["elementwise" if kind == "elementwise" else "concats"] += 1
+        return graph.add_node(n.op_type, ins, attrs, domain=n.domain, name=n.name, before=n,
+                              output_types=[_blocked_type(ys)])
+
+    def nodes(self) -> None:
+        """Every kept node's blocked form, in the graph's order."""
+        for n in self.order:
+            kind, p = self.plans[n]
+            if kind == "absorbed":  # (made with the group normalization's first node)
+                continue
+            if kind == "groupnorm":
+                self.groupnorm(n, p)
+                continue
+            if kind == "gap":
+                self.gap(n)
+                continue
+            out = n.outputs[0]
+            ys = _shape(out)
+            new = self.conv(n, p, ys) if kind == "conv" else self.other(n, kind, p, ys)
+            self.made[n] = new
+            self.blocked[out] = new.outputs[0]
+
+    def leave(self) -> None:
+        """Values read outside the layout (or graph outputs) leave it through a reorder."""
+        plans, graph = self.plans, self.graph
+        for n in self.order:
+            if plans[n][0] in ("gap", "groupnorm") or (plans[n][0] == "absorbed" and n is not plans[plans[n][1]["head"]][1]["last"]):
+                continue
+            out = n.outputs[0]
+            outside = [u for u in out.users if u not in self.keep] or out.is_graph_output
+            if outside:
+                r = graph.add_node("NchwcReorderOutput", [self.blocked[out]], {"channels": _shape(out)[1]}, domain=DOMAIN,
+                                   name=f"{out.name}_from_nchwc", after=self.made[n], output_types=[out.type])
+                self.stats["reorders"] += 1
+                for u, i in out.uses():
+                    if u not in self.keep:
+                        u.set_input(i, r.outputs[0])
+                if out.is_graph_output:
+                    out.replace_all_uses_with(r.outputs[0])
+                else:
+                    self.named.append((r.outputs[0], out.name))
+
+    def finish(self) -> None:
+        """The originals removed, the names handed over."""
+        graph = self.graph
+        for n in reversed(self.order):
+            for v in n.outputs:
+                for u, _ in v.uses():
+                    if u in self.keep:
+                        continue
+                    raise GraphError(f"nchwc_layout: node '{u.name}' still reads '{v.name}'")
+            _detach(graph, n)
+        # the weights packed above: the originals go when nothing else reads them (an .om keeps one form)
+        for v in self.replaced:
+            if v.is_constant and not v.has_uses() and not v.is_graph_output and graph.constants.get(v.name) is v:
+                graph.remove_constant(v)
+        for v, name in self.named:
+            if name not in graph.names:
+                graph.rename_value(v, name)
+        # the blocked nodes take their originals' names (what --keep_dtype, the tools and the
+        # reports name them by)
+        for old, new in self.made.items():
+            if self.plans[old][0] == "absorbed":
+                continue
+            if old.name != new.name and old.name not in graph.node_names:
+                graph.node_names.release(new.name)
+                new.name = graph.node_names.claim(old.name)
+
+
+def apply_layout(graph: Graph, min_convs: int = 2, conv_algorithm: str = "auto") -> dict[str, int]:
+    """Rewrite ``graph``'s top level: the groups of :func:`_plan` nodes with at least
+    ``min_convs`` convolutions run in the blocked layout. Returns counts per kind."""
+    plans = _plan_nodes(graph, conv_algorithm)
+    keep = _kept(graph, plans, min_convs)
+    rw = _Rewrite(graph, plans, keep)
+    if not keep:
+        return rw.stats
+    rw.nodes()
+    rw.leave()
+    rw.finish()
+    return rw.stats
 
 
 def fold_channel_scales(graph: Graph) -> int:

@@ -37,15 +37,17 @@ from ge_native import native, parallel
 
 from .blas import engine_width
 from .checked import checked_kernel
+from .kernels import conv
 from .values import as_output, describe_value
 
-#: Values of the ``conv_algorithm`` option (the cpu Conv kernel's choice per layer).
-CONV_ALGORITHMS = ("auto", "im2col", "winograd", "winograd4")
+#: Values of the ``conv_algorithm`` option (the cpu Conv kernel's choice per layer): its preferences,
+#: then the conv table's algorithms (one forced: :mod:`.kernels.conv`)
+CONV_ALGORITHMS = conv.PREFERENCES + tuple(n for n in conv.names() if n not in conv.PREFERENCES)
 
 
 def conv_algorithm_option(options: Any) -> str:
     """The ``conv_algorithm`` option, checked (OptionError naming the values)."""
-    v = str((getattr(options, "extra", {}) or {}).get("conv_algorithm", "auto") or "auto").lower()
+    v = str(options.getoption("conv_algorithm", "auto") or "auto").lower()
     if v not in CONV_ALGORITHMS:
         from ge_core.errors import OptionError
 

@@ -895,9 +895,9 @@ def test_scalar_binary_and_logic():
 @pytest.mark.parametrize("xs,ws,attrs", [CONV_CASES[1], CONV_CASES[3], CONV_CASES[16]])
 def test_conv_blocked_im2col(monkeypatch, xs, ws, attrs):
     """The row-blocked im2col path (used for very large column matrices) gives the same result."""
-    from ge_cpu.kernels import nn
+    from ge_cpu.kernels.conv import im2col
 
-    monkeypatch.setattr(nn, "_COLS_BLOCK", 64)
+    monkeypatch.setattr(im2col, "COLS_BLOCK", 64)
     check("Conv", [rand(*xs), rand(*ws), rand(ws[0])], attrs, const=(1, 2))
 
 

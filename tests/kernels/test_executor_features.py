@@ -19,6 +19,7 @@ from ge_core.errors import UnsupportedOpError
 from ge_core.ir.graph import Graph
 from ge_core.ir.types import TensorType
 from ge_core.kernel import KernelSpec, caps
+from ge_core.options import CompileOptions
 
 
 def _vi(name, shape, elem=TensorProto.FLOAT):
@@ -127,7 +128,7 @@ def test_every_unsupported_node_is_named_at_once():
         raise UnsupportedOpError(f"{spec.describe()}: float32 is not supported by this test kernel")
 
     with pytest.raises(UnsupportedOpError) as ei:
-        SequentialExecutable(g, {("", "Relu"): refuse}, None)
+        SequentialExecutable(g, {("", "Relu"): refuse}, CompileOptions())
     msg = str(ei.value)
     assert "3 node(s)" in msg
     for part in ("Frobnicate (domain my.domain)", "'f1', 'f2'", "Twiddle", "node 'r' (Relu)", "float32"):

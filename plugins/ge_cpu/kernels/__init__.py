@@ -15,7 +15,9 @@ QLinearMatMul, ConvInteger, QLinearConv), ``normalization`` (GroupNormalization,
 RMSNormalization, LpNormalization), ``attention`` (Attention, RotaryEmbedding), ``activations``
 (Swish, SwiGLU), ``tensor_extra`` (CumProd, ReverseSequence, Compress, EyeLike, ReduceLogSum).
 ``reference_fallback`` runs any other ONNX op through ``onnx.reference`` and is not part of
-``KERNELS``.
+``KERNELS``. The Conv kernel's algorithms are the ``conv`` subpackage's table; ``_util`` (the
+kernels' spec helpers) and ``_window`` (the compiled window loop) are private to the package
+and its subpackages.
 """
 
 from __future__ import annotations
@@ -87,4 +89,4 @@ for _mod in (control, elementwise, matmul, nn, reduce, resize, tensor, recurrent
             raise RuntimeError(f"kernel {_key} defined twice")
         KERNELS[_key] = _arrays_out(_factory)
 
-__all__ = ["KERNELS"]
+__all__ = ["KERNELS", "util", "window"]

@@ -14,7 +14,7 @@ import numpy as np
 
 from ge_core.errors import UnsupportedOpError
 from ge_core.kernel import KernelSpec, with_caps
-from ge_native import native, nchwc, parallel
+from ge_native import isa, native, nchwc, parallel
 
 DOMAIN = "ge.cpu"
 
@@ -93,9 +93,10 @@ def _numpy_act(v: np.ndarray, act: str) -> np.ndarray:
     return 0.5 * v * (1.0 + np.tanh(0.7978845608028654 * (v + 0.044715 * v ** 3)))  # gelu_tanh
 
 
-def conv_factory(spec: KernelSpec):
-    """NchwcConv(x5, W, [B], [Z], [S]): ``act(clip(conv(x5 * S, W) + B + Z))`` on blocked arrays
-    (``S`` a per-channel input scale, (N or 1, C/16, 1, 1, 16))."""
+def _weight_of(spec: KernelSpec):
+    """``(w, w_t, packing, wpk_const, w_shape)`` of an NchwcConv's weight input: the constant
+    (M, C, KH, KW) weight (None when packed or computed at run time), its type, the packing, the
+    constant packed weight, and the (M, C, KH, KW) shape (raises naming the node)."""
     w = spec.const_inputs[1] if len(spec.const_inputs) > 1 else None
     w_t = spec.inputs[1] if len(spec.inputs) > 1 else None
     packing = spec.attr("weight_packing", "") or ""
@@ -115,6 +116,61 @@ def conv_factory(spec: KernelSpec):
         w_shape = tuple(w.shape) if w is not None else (tuple(w_t.shape) if w_t is not None and w_t.shape else ())
     if len(w_shape) != 4 or not all(isinstance(d, int) and d > 0 for d in w_shape) or (w is not None and w.dtype != np.float32):
         raise _refuse(spec, "needs a float32 (M, C, KH, KW) weight of a static shape")
+    return w, w_t, packing, wpk_const, w_shape
+
+
+def _input_blocks(spec: KernelSpec, plain: bool, group: int, depthwise: bool, w_shape) -> int:
+    """The input's blocks of 16 channels (0 for a plain NCHW input), checked against the weight."""
+    m, cg = w_shape[:2]
+    x_t = spec.inputs[0]
+    if plain:  # an NCHW input (a stem)
+        if group > 1 or x_t is None or x_t.shape is None or len(x_t.shape) != 4 or x_t.shape[1] != cg:
+            raise _refuse(spec, f"plain_input needs an ungrouped NCHW input of the weight's {cg} channels")
+        return 0
+    if x_t is None or x_t.shape is None or len(x_t.shape) != 5 or x_t.shape[4] != nchwc.BLOCK:
+        raise _refuse(spec, "needs a blocked (N, C/16, H, W, 16) input")
+    cb = x_t.shape[1]
+    want = nchwc.blocks(m) if depthwise else (cg * group // nchwc.BLOCK if group > 1 else None)
+    if not isinstance(cb, int) or (want is not None and cb != want) or (want is None and cb < nchwc.blocks(cg)):
+        raise _refuse(spec, f"input blocks {cb} do not hold the weight's channels {w_shape}")
+    return cb
+
+
+def _numpy_conv(x5, w, b, z, y, *, plain, cb, depthwise, group, geometry, clip, act):
+    """The NumPy form of an NchwcConv (an .om run where the blocked kernels do not), into ``y``."""
+    k, s, d, pads = geometry
+    m, cg = w.shape[:2]
+    if plain:
+        x4 = np.asarray(x5, np.float32)
+    else:
+        x4 = _unblock(x5, cb * nchwc.BLOCK if not depthwise else m)
+    if group == 1:
+        x4 = x4[:, :cg]
+    oh, ow = y.shape[2:4]
+    win = _windows(x4, k, s, d, pads, (oh, ow), 0.0)
+    if depthwise:
+        r = np.einsum("nchwij,cij->nchw", win, w[:, 0], optimize=True)
+    elif group > 1:
+        mg = m // group
+        r = np.concatenate([np.einsum("nchwij,mcij->nmhw", win[:, i * cg:(i + 1) * cg], w[i * mg:(i + 1) * mg],
+                                      optimize=True) for i in range(group)], axis=1)
+    else:
+        r = np.einsum("nchwij,mcij->nmhw", win, w, optimize=True)
+    if b is not None:
+        r = r + b.reshape(1, m, 1, 1)
+    if z is not None:
+        r = r + _unblock(z, m)
+    if clip is not None:
+        r = np.clip(r, clip[0], clip[1])
+    if act:
+        r = _numpy_act(r, act)
+    return _block(r.astype(np.float32), y)
+
+
+def conv_factory(spec: KernelSpec):
+    """NchwcConv(x5, W, [B], [Z], [S]): ``act(clip(conv(x5 * S, W) + B + Z))`` on blocked arrays
+    (``S`` a per-channel input scale, (N or 1, C/16, 1, 1, 16))."""
+    w, w_t, packing, wpk_const, w_shape = _weight_of(spec)
     b = spec.const_inputs[2] if len(spec.const_inputs) > 2 else None
     has_b = len(spec.inputs) > 2 and spec.inputs[2] is not None
     group = int(spec.attr("group", 1) or 1)
@@ -123,19 +179,8 @@ def conv_factory(spec: KernelSpec):
     if group > 1 and not depthwise and (m % (group * nchwc.BLOCK) or cg % nchwc.BLOCK):
         raise _refuse(spec, f"a grouped convolution needs whole blocks of {nchwc.BLOCK} channels a group "
                             f"(weight {w_shape}, group {group})")
-    x_t = spec.inputs[0]
     plain = bool(int(spec.attr("plain_input", 0) or 0))
-    if plain:  # an NCHW input (a stem)
-        if group > 1 or x_t is None or x_t.shape is None or len(x_t.shape) != 4 or x_t.shape[1] != cg:
-            raise _refuse(spec, f"plain_input needs an ungrouped NCHW input of the weight's {cg} channels")
-        cb = 0
-    elif x_t is None or x_t.shape is None or len(x_t.shape) != 5 or x_t.shape[4] != nchwc.BLOCK:
-        raise _refuse(spec, "needs a blocked (N, C/16, H, W, 16) input")
-    else:
-        cb = x_t.shape[1]
-        want = nchwc.blocks(m) if depthwise else (cg * group // nchwc.BLOCK if group > 1 else None)
-        if not isinstance(cb, int) or (want is not None and cb != want) or (want is None and cb < nchwc.blocks(cg)):
-            raise _refuse(spec, f"input blocks {cb} do not hold the weight's channels {w_shape}")
+    cb = _input_blocks(spec, plain, group, depthwise, w_shape)
     k, s, d, pads = _geometry(spec, tuple(w_shape[2:]))
     act = spec.attr("activation", "") or ""
     act = act.decode() if isinstance(act, bytes) else act
@@ -195,31 +240,8 @@ def conv_factory(spec: KernelSpec):
         return raw[0]
 
     def numpy_conv(x5, w, b, z, y):
-        if plain:
-            x4 = np.asarray(x5, np.float32)
-        else:
-            x4 = _unblock(x5, cb * nchwc.BLOCK if not depthwise else m)
-        if group == 1:
-            x4 = x4[:, :cg]
-        oh, ow = y.shape[2:4]
-        win = _windows(x4, k, s, d, pads, (oh, ow), 0.0)
-        if depthwise:
-            r = np.einsum("nchwij,cij->nchw", win, w[:, 0], optimize=True)
-        elif group > 1:
-            mg = m // group
-            r = np.concatenate([np.einsum("nchwij,mcij->nmhw", win[:, i * cg:(i + 1) * cg], w[i * mg:(i + 1) * mg],
-                                          optimize=True) for i in range(group)], axis=1)
-        else:
-            r = np.einsum("nchwij,mcij->nmhw", win, w, optimize=True)
-        if b is not None:
-            r = r + b.reshape(1, m, 1, 1)
-        if z is not None:
-            r = r + _unblock(z, m)
-        if clip is not None:
-            r = np.clip(r, clip[0], clip[1])
-        if act:
-            r = _numpy_act(r, act)
-        return _block(r.astype(np.float32), y)
+        return _numpy_conv(x5, w, b, z, y, plain=plain, cb=cb, depthwise=depthwise, group=group, geometry=(k, s, d, pads),
+                           clip=clip, act=act)
 
     # an input scale (input 4: an SE block's gate, (N or 1, CB, 1, 1, 16)) scales the weight's
     # input channels per image instead of the activation: a copy of the weight a call, here
@@ -275,7 +297,8 @@ def conv_factory(spec: KernelSpec):
             numpy_conv(x, weight(wpk_run) if wv is None else wv, bv, z, y)
         return (y,)
 
-    return with_caps(kernel, accepts_out=True, mode=mode)
+    # (the report's node_kernels: "nchwc", or "nchwc_winograd2" / "nchwc_winograd4")
+    return with_caps(kernel, accepts_out=True, mode=mode, algorithm=mode.replace(" ", "_"), variant=isa.variant_of("nchwc"))
 
 
 #: Winograd F(2x2, 3x3) where a plane holds at least this many 2x2 tiles (7x7 planes of 512

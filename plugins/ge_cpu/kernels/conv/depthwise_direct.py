@@ -1,0 +1,70 @@
+"""A 3x3 (or smaller) depthwise 2-D layer with a constant float32 weight and a static input shape:
+its direct-kernel call prepared once (:class:`ge_cpu.kernels.window.DirectConv`; the general path
+spent 10 us of a ShuffleNet layer's 32 re-deriving it)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ge_native import isa, parallel
+
+from .. import _window as window
+from . import depthwise_window
+from .geometry import delivered, out_target
+from .plan import ConvPlan
+
+NAME = "depthwise_direct"
+
+
+def prepare(plan: ConvPlan):
+    """``(input shape, output shape, DirectConv)`` or None."""
+    w, xs, group = plan.w_const, plan.x_shape, plan.group
+    if not (depthwise_window.state(plan) is not None and w is not None and plan.nd == 2 and w.shape[1] == 1
+            and w.shape[0] == group and min(w.shape[2:]) < 5 and plan.dtype == np.float32 and w.dtype == np.float32
+            and plan.static_x and xs[1] == group and plan.bias_static and window.direct_available()):
+        return None
+    k2 = tuple(int(v) for v in w.shape[2:])
+    dw_shape = (xs[0], group) + tuple(plan.plans((tuple(xs[2:]), k2))[2])
+    bias0 = np.zeros(group, np.float32) if plan.b_const is None else np.asarray(plan.b_const, np.float32).reshape(-1)
+    try:
+        return (tuple(xs), dw_shape,
+                window.DirectConv(plan.window_plans((tuple(xs[2:]), k2)), xs, dw_shape, w.reshape(group, -1), bias0))
+    except ValueError:
+        return None
+
+
+def state(plan: ConvPlan):
+    return plan.state(NAME, prepare)
+
+
+def applies(plan: ConvPlan) -> bool:
+    return state(plan) is not None
+
+
+def run(plan: ConvPlan, dw_fast, x, w, out, epi):
+    """The prepared call into the planned output; None when it does not take this call."""
+    if dw_fast is None or w is not plan.w_const or x.shape != dw_fast[0] or x.dtype != np.float32 \
+            or not x.flags.c_contiguous:
+        return None
+    shape, call = dw_fast[1], dw_fast[2]
+    target = out_target(out, shape, np.float32)
+    clip = act = None
+    if epi is not None and epi["addend"] is None:
+        clip, act = epi["clip"], epi["act"]
+    if not call.run(x, target, parallel.native_width(), clip, act):
+        return None
+    if epi is not None and (clip is not None or act is not None):
+        epi["applied"] = True
+    return delivered(target, out)
+
+
+def variant(plan: ConvPlan) -> str:
+    """The direct kernel's variant (family ``depthwise``)."""
+    return isa.variant_of("depthwise")
+
+
+def build(plan: ConvPlan, forced: bool = False):
+    """The Conv kernel that runs this algorithm (:func:`.chain.build`)."""
+    from .chain import build as build_chain  # (the chain runs every algorithm: imported when built)
+
+    return build_chain(plan, NAME, forced)
