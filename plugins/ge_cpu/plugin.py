@@ -7,7 +7,15 @@ import json
 import sys
 
 from ge_core.errors import UnsupportedOpError
-from ge_core.hookspecs import hookimpl
+from ge_core.hookspecs import (
+    RegisterBackend,
+    RegisterCliCommand,
+    RegisterKernel,
+    RegisterOp,
+    RegisterOption,
+    RegisterPass,
+    hookimpl,
+)
 from ge_core.kernel import caps, with_caps
 
 #: ``caps(factory).kind`` values.
@@ -35,14 +43,14 @@ def _native_first(factory, reference):
 
 
 @hookimpl
-def ge_register_backends(register):
+def ge_register_backends(register: RegisterBackend) -> None:
     from .executor import CpuBackend
 
     register(CpuBackend())
 
 
 @hookimpl
-def ge_register_ops(register):
+def ge_register_ops(register: RegisterOp) -> None:
     """The blocked-layout ops (domain ge.cpu) the nchwc_layout pass makes."""
     from .blocked import OPDEFS
 
@@ -51,7 +59,7 @@ def ge_register_ops(register):
 
 
 @hookimpl
-def ge_register_passes(register):
+def ge_register_passes(register: RegisterPass) -> None:
     """nchwc_layout (stage "fuse"): runs of convolutions in the blocked layout."""
     from .blocked import NchwcLayout
 
@@ -59,7 +67,7 @@ def ge_register_passes(register):
 
 
 @hookimpl
-def ge_register_kernels(register):
+def ge_register_kernels(register: RegisterKernel) -> None:
     from .kernels import KERNELS
     from .kernels.reference_fallback import fallback_ops, reference_factory
 
@@ -73,6 +81,13 @@ def ge_register_kernels(register):
     # onnx.reference behind the same interface.
     for domain, op_type in fallback_ops():
         register(op_type, _reference_kind(reference_factory), domain=domain, backend="cpu")
+    # the fused ops (declared by ge_fusion, domain ge.fused): their kernels and code generation
+    from ge_sdk.fused import DOMAIN as FUSED
+
+    from .fused.kernels import KERNELS as FUSED_KERNELS
+
+    for op_type, factory in FUSED_KERNELS.items():
+        register(op_type, factory, domain=FUSED, backend="cpu")
 
 
 def _reference_kind(reference):
@@ -134,7 +149,7 @@ def _run_ops(args) -> int:
 
 
 @hookimpl
-def ge_register_cli_commands(register):
+def ge_register_cli_commands(register: RegisterCliCommand) -> None:
     register("ops", "list every op and its kernel kind (native, onnx.reference fallback, none)",
              _configure_ops, _run_ops)
     from . import profile
@@ -144,7 +159,7 @@ def ge_register_cli_commands(register):
 
 
 @hookimpl
-def ge_register_options(register):
+def ge_register_options(register: RegisterOption) -> None:
     register("executor", "auto", "cpu executor: auto (streams when the schedule has several, else sink), "
                                  "sink (one generated function), arena, streams or sequential")
     register("conv_algorithm", "auto", "cpu Conv of a 3x3, stride-1, ungrouped layer with constant weights: "

@@ -10,7 +10,7 @@ the producer's output.
 
 Each group of two or more ops (or one op with an anchor) becomes one node with a generated
 kernel: ``ge.fused::FusedElemwise`` (or the anchor as ``FusedConv`` / ``FusedMatMul``) whose
-``program`` / ``epilogue`` attribute is the group body (:mod:`ge_fusion.codegen`).
+``program`` / ``epilogue`` attribute is the group body (the program format of :mod:`ge_sdk.fused`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ import numpy as np
 
 from ge_core.ir.graph import Graph, Node, Value
 from ge_core.ops import OpKind
+from ge_native import native
+from ge_native.jit import enabled as jit_enabled
+from ge_sdk import fused
+from ge_sdk.fused import CONV_ATTRS, DOMAIN
 
-from . import codegen
-from .ops import CONV_ATTRS, DOMAIN
 from .rules import activation_steps
 
 #: The most external inputs a generated kernel takes (numexpr's operand limit is 32).
@@ -60,7 +62,7 @@ def fusible(node: Node, ops) -> bool:
             and out.type.rank >= 2
     if node.op_type == "Clip":
         return all(v is None or v.const_value is not None for v in node.inputs[1:]) and _float(node.inputs[0])
-    if not codegen.supported(node.op_type):
+    if not fused.supported(node.op_type):
         return False
     d = ops.lookup(node.domain, node.op_type) if ops is not None else None
     if d is None or d.kind not in (OpKind.ELEMWISE, OpKind.BROADCAST):
@@ -142,11 +144,9 @@ def _single_op_loop(node: Node) -> bool:
         return False
     t = node.outputs[0].type
     if t.dtype is None or t.dtype.name != "float32" or t.shape is None \
-            or not all(isinstance(d, int) for d in t.shape) or math.prod(t.shape) < codegen.LOOP_MIN_ELEMENTS:
+            or not all(isinstance(d, int) for d in t.shape) or math.prod(t.shape) < fused.LOOP_MIN_ELEMENTS:
         return False
-    from . import loopgen
-
-    return loopgen.available()
+    return jit_enabled(fused.LOOPS_SWITCH) and native.available()  # (the cpu backend's compiled loops)
 
 
 def materialize(graph: Graph, g: _Group) -> bool:
@@ -157,7 +157,7 @@ def materialize(graph: Graph, g: _Group) -> bool:
     inside = {m.outputs[0]: f"t{i}" for i, m in enumerate(members)}
     anchor_out = g.anchor.outputs[0] if g.anchor is not None else None
     inputs: dict[Value, str] = {}
-    steps: list[codegen.Step] = []
+    steps: list[fused.Step] = []
     refs: dict[Value, str] = {}
     created: list[Value] = []
 
@@ -194,7 +194,7 @@ def materialize(graph: Graph, g: _Group) -> bool:
     root_out = g.root.outputs[0]
     ext = list(inputs)
     # Pow exponents of another float type are cast at build time
-    program = codegen.dumps(steps)
+    program = fused.dumps(steps)
     if g.anchor is None:
         node = graph.add_node("FusedElemwise", ext, {"program": program}, domain=DOMAIN, name=f"fused_{g.root.name}",
                               output_types=[root_out.type], before=g.root)

@@ -1,4 +1,7 @@
-"""Op definitions of the fused ops (domain ``ge.fused``) with their type and shape inference."""
+"""Op definitions of the fused ops (domain ``ge.fused``) with their type and shape inference.
+
+Their names, shared attributes and program format are :mod:`ge_sdk.fused`'s (the cpu backend's
+kernels read the same); the kernels live with the backend (``ge_cpu.fused``)."""
 
 from __future__ import annotations
 
@@ -9,9 +12,11 @@ import numpy as np
 from ge_core.errors import GraphError
 from ge_core.ir.types import TensorType
 from ge_core.ops import OpDef, OpKind
+from ge_sdk import fused
+from ge_sdk.fused import ATTENTION_PERMS, CONV_ATTRS, DOMAIN, attention_perm
 from ge_sdk.kit import broadcast_inputs, same_as_input
 
-DOMAIN = "ge.fused"
+__all__ = ["ATTENTION_PERMS", "CONV_ATTRS", "DOMAIN", "OPDEFS", "attention_perm", "check_node"]
 
 
 def _conv_infer(node, opset):
@@ -56,26 +61,6 @@ def _matmul_infer(node, opset):
     return [TensorType(a.dtype, tuple(batch) + (sa[-2], sb[-1]))]
 
 
-#: the Attention op's layout attributes: ``perm_q``, ``perm_kt``, ``perm_v`` say which
-#: transpose of input 0, 1, 2 is the operand Q, Kᵀ, V (the Transposes an exporter writes around
-#: the heads, folded: the kernel reads the strided views), ``perm_out`` which transpose of
-#: softmax(Q·Kᵀ)·V the output is; absent or empty: as given
-ATTENTION_PERMS = ("perm_q", "perm_kt", "perm_v")
-
-
-def attention_perm(node_or_attrs, name: str, rank: int | None) -> list[int] | None:
-    """The permutation ``name`` of an Attention node (its attrs), or None when absent, empty or
-    the identity; raises ValueError when it is not a permutation of ``range(rank)``."""
-    attrs = getattr(node_or_attrs, "attrs", node_or_attrs)
-    p = attrs.get(name)
-    if p is None or len(p) == 0:
-        return None
-    p = [int(x) for x in p]
-    if sorted(p) != list(range(len(p))) or (rank is not None and len(p) != rank):
-        raise ValueError(f"{name} {p} is not a permutation of the {rank if rank is not None else len(p)} axes")
-    return None if p == list(range(len(p))) else p
-
-
 def _permuted(shape, perm):
     return shape if shape is None or perm is None else tuple(shape[i] for i in perm)
 
@@ -88,10 +73,6 @@ def _attention_infer(node, opset):
     vs = _permuted(v.shape, attention_perm(node, "perm_v", len(v.shape)))
     out = tuple(qs[:-1]) + (vs[-1],)
     return [TensorType(q.dtype, _permuted(out, attention_perm(node, "perm_out", len(out))))]
-
-
-CONV_ATTRS = {"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None, "pads": None,
-              "strides": None}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -137,15 +118,13 @@ _TYPES = {
 
 
 def _check_program(node, attr: str, n_inputs: int, anchor: bool, required: bool) -> None:
-    from . import codegen
-
     text = _text(node.attrs.get(attr, ""))
     if text is None or text == "":
         if required:
             raise _bad(node, f"has no {attr} program")
         return
     try:
-        codegen.loads(text, n_inputs=n_inputs, anchor=anchor)
+        fused.loads(text, n_inputs=n_inputs, anchor=anchor)
     except ValueError as e:
         raise _bad(node, f"bad {attr}: {e}") from None
 
@@ -200,29 +179,29 @@ def _check_conv_weight(node) -> None:
 _FUSED: dict[str, Any] = {"internal": True, "check": check_node}
 
 OPDEFS = [
-    OpDef("FusedConv", DOMAIN, **_FUSED, min_inputs=2, kind=OpKind.OUT_ELEMWISE_FUSABLE, infer=_conv_infer,
+    OpDef(fused.FUSED_CONV, DOMAIN, **_FUSED, min_inputs=2, kind=OpKind.OUT_ELEMWISE_FUSABLE, infer=_conv_infer,
           attrs={**CONV_ATTRS, "epilogue": ""},
           doc="Conv(X, W, B) followed by an elementwise epilogue program over extra inputs (residual, ...)"),
-    OpDef("FusedMatMul", DOMAIN, **_FUSED, min_inputs=2, kind=OpKind.OUT_ELEMWISE_FUSABLE, infer=_matmul_infer,
+    OpDef(fused.FUSED_MATMUL, DOMAIN, **_FUSED, min_inputs=2, kind=OpKind.OUT_ELEMWISE_FUSABLE, infer=_matmul_infer,
           attrs={"transA": 0, "transB": 0, "alpha": 1.0, "beta": 1.0, "epilogue": ""},
           doc="alpha * op(A) @ op(B) + beta * C, then an elementwise epilogue program over extra inputs"),
-    OpDef("FusedElemwise", DOMAIN, **_FUSED, min_inputs=1, kind=OpKind.BROADCAST, infer=broadcast_inputs(),
+    OpDef(fused.FUSED_ELEMWISE, DOMAIN, **_FUSED, min_inputs=1, kind=OpKind.BROADCAST, infer=broadcast_inputs(),
           attrs={"program": ""}, doc="a generated kernel for a group of elementwise/broadcast ops"),
-    OpDef("Attention", DOMAIN, **_FUSED, min_inputs=3, max_inputs=4, kind=OpKind.OPAQUE, infer=_attention_infer,
+    OpDef(fused.ATTENTION, DOMAIN, **_FUSED, min_inputs=3, max_inputs=4, kind=OpKind.OPAQUE, infer=_attention_infer,
           attrs={"scale": 1.0, "perm_q": None, "perm_kt": None, "perm_v": None, "perm_out": None},
           doc="softmax(Q @ Kt * scale + mask) @ V; perm_q/perm_kt/perm_v: the transposes of inputs 0-2 that are "
               "Q, Kt, V, perm_out: the transpose of the result that is the output (absent: none)"),
-    OpDef("LayerNorm", DOMAIN, **_FUSED, min_inputs=1, max_inputs=3, kind=OpKind.OPAQUE, infer=same_as_input(),
+    OpDef(fused.LAYER_NORM, DOMAIN, **_FUSED, min_inputs=1, max_inputs=3, kind=OpKind.OPAQUE, infer=same_as_input(),
           attrs={"epsilon": 1e-5}, doc="layer normalisation over the last axis, then * gamma + beta"),
-    OpDef("RMSNorm", DOMAIN, **_FUSED, min_inputs=1, max_inputs=2, kind=OpKind.OPAQUE, infer=same_as_input(),
+    OpDef(fused.RMS_NORM, DOMAIN, **_FUSED, min_inputs=1, max_inputs=2, kind=OpKind.OPAQUE, infer=same_as_input(),
           attrs={"epsilon": 1e-6}, doc="x / sqrt(mean(x^2 over the last axis) + epsilon), then * gamma (T5, LLaMA)"),
-    OpDef("Softmax", DOMAIN, **_FUSED, min_inputs=1, max_inputs=1, kind=OpKind.OPAQUE, infer=same_as_input(),
+    OpDef(fused.SOFTMAX, DOMAIN, **_FUSED, min_inputs=1, max_inputs=1, kind=OpKind.OPAQUE, infer=same_as_input(),
           attrs={"axis": -1}, doc="softmax along one axis"),
-    OpDef("Gelu", DOMAIN, **_FUSED, min_inputs=1, max_inputs=1, kind=OpKind.ELEMWISE, infer=same_as_input(),
+    OpDef(fused.GELU, DOMAIN, **_FUSED, min_inputs=1, max_inputs=1, kind=OpKind.ELEMWISE, infer=same_as_input(),
           attrs={"approximate": "none"}, doc="x * Phi(x) (erf form, or the tanh approximation)"),
-    OpDef("Silu", DOMAIN, **_FUSED, min_inputs=1, max_inputs=1, kind=OpKind.ELEMWISE, infer=same_as_input(),
+    OpDef(fused.SILU, DOMAIN, **_FUSED, min_inputs=1, max_inputs=1, kind=OpKind.ELEMWISE, infer=same_as_input(),
           doc="x * sigmoid(x)"),
-    OpDef("Rotary", DOMAIN, **_FUSED, min_inputs=3, max_inputs=3, kind=OpKind.OPAQUE, infer=same_as_input(),
+    OpDef(fused.ROTARY, DOMAIN, **_FUSED, min_inputs=3, max_inputs=3, kind=OpKind.OPAQUE, infer=same_as_input(),
           doc="rotary position embedding, non-interleaved over the whole last axis (LLaMA's, GPT-NeoX's): "
               "X * Cos + rotate_half(X) * Sin, rotate_half(X) = concat(-X[..., d/2:], X[..., :d/2])"),
 ]

@@ -34,7 +34,7 @@ class PatternFusion(Pass):
         stats = ctx.stats.setdefault("rewrites", {})
         result = PassResult()
         for rules in sets:
-            res = rewrite(graph, rules, ctx=ctx, ops=ctx.ops, enabled=ctx.options.pass_enabled_by_switch, stats=stats)
+            res = rewrite(graph, rules, ctx=ctx, ops=ctx.ops, enabled=ctx.switch_enabled, stats=stats)
             result.changed |= res.changed
             for name, n in res.rewrites.items():
                 result.stats[name] = result.stats.get(name, 0) + n
@@ -53,7 +53,7 @@ class AutoFusion(Pass):
     description = "fuse elementwise/broadcast groups by op kind into generated kernels (numexpr / NumPy)"
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
-        if not ctx.options.pass_enabled_by_switch(AUTO_FUSION):
+        if not ctx.switch_enabled(AUTO_FUSION):
             return PassResult(False)
         size = int(ctx.params.get("max_group_size", self.params["max_group_size"]))
         made = auto_fuse(graph, ctx.ops, max(1, size))

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ge_core.hookspecs import hookimpl
+from ge_core.hookspecs import RegisterFusionPattern, RegisterOp, RegisterOption, RegisterPass, hookimpl
 
 
 @hookimpl
-def ge_register_passes(register):
+def ge_register_passes(register: RegisterPass) -> None:
     """Pattern fusion and automatic fusion, stage "fuse"."""
     from .passes import AutoFusion, PatternFusion
 
@@ -15,7 +15,7 @@ def ge_register_passes(register):
 
 
 @hookimpl
-def ge_register_fusion_patterns(register):
+def ge_register_fusion_patterns(register: RegisterFusionPattern) -> None:
     """Every built-in pattern by name (the fusion switch file turns each off)."""
     from .rules import RULES
 
@@ -24,7 +24,7 @@ def ge_register_fusion_patterns(register):
 
 
 @hookimpl
-def ge_register_ops(register):
+def ge_register_ops(register: RegisterOp) -> None:
     """The fused ops (domain ge.fused) with their inference."""
     from .ops import OPDEFS
 
@@ -33,18 +33,10 @@ def ge_register_ops(register):
 
 
 @hookimpl
-def ge_register_kernels(register):
-    """CPU kernels of every fused op."""
-    from .kernels import KERNELS
-    from .ops import DOMAIN
-
-    for op_type, factory in KERNELS.items():
-        register(op_type, factory, domain=DOMAIN, backend="cpu")
-
-
-@hookimpl
-def ge_register_options(register):
+def ge_register_options(register: RegisterOption) -> None:
     """The reader of ATC's ``fusion_switch_file`` option (GE's JSON switch format)."""
-    from .switches import read_switch_option
+    from .switches import SWITCHES, check_switches, read_switch_option
 
     register("fusion_switch_file", read=read_switch_option)
+    register(SWITCHES, {}, "fusion switches: pattern or pass name -> true/false, \"ALL\" the default (what "
+             "fusion_switch_file gives)", read=check_switches)

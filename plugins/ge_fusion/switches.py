@@ -1,9 +1,9 @@
 """GE's fusion switch file: which fusion patterns and passes run, by name.
 
 ATC users pass it as the ``fusion_switch_file`` compile option. This plugin registers the
-reader of that option (``ge_register_options``'s ``read=``), so the core only stores the path
-and the switches it gives: ``options.fusion_switches`` (name -> on/off, ``"ALL"`` the default),
-which ``options.pass_enabled_by_switch(name)`` consults.
+reader of that option (``ge_register_options``'s ``read=``), which sets this plugin's option
+``fusion_switches`` (name -> on/off, ``"ALL"`` the default); passes and rewrite rules read it
+through ``options.getoption`` (:func:`switch_enabled`, ``PassContext.switch_enabled``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from ge_core.registry import close_matches
 #: Largest fusion switch file read.
 MAX_SWITCH_BYTES = 1 << 20
 SECTIONS = ("GraphFusion", "UBFusion")
+#: The option holding the switches.
+SWITCHES = "fusion_switches"
 
 
 def parse_fusion_switch_file(path: str) -> dict[str, bool]:
@@ -51,4 +53,17 @@ def parse_fusion_switch_file(path: str) -> dict[str, bool]:
 
 def read_switch_option(path: Any) -> dict[str, Any]:
     """The reader of option ``fusion_switch_file``: the options its file sets."""
-    return {"fusion_switches": parse_fusion_switch_file(path)}
+    return {SWITCHES: parse_fusion_switch_file(path)}
+
+
+def check_switches(value: Any) -> dict[str, Any]:
+    """The reader of option ``fusion_switches``: OptionError unless it maps names to true/false."""
+    if not isinstance(value, dict) or not all(isinstance(a, str) and isinstance(b, bool) for a, b in value.items()):
+        raise OptionError(f"{SWITCHES} must map switch names to true/false, not {value!r:.60}")
+    return {}
+
+
+def switch_enabled(options: Any, name: str, default: bool = True) -> bool:
+    """Whether the switches of ``options`` leave the pattern or pass ``name`` on."""
+    switches = options.getoption(SWITCHES) or {}
+    return bool(switches.get(name, switches.get("ALL", default)))

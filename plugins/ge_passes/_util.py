@@ -12,6 +12,7 @@ from ge_core.ir.graph import Graph, Node, Value
 from ge_core.ir.types import TensorType
 from ge_sdk.rewrite import can_replace as can_replace  # the rewrite engine's, for the pass families
 from ge_sdk.rewrite import walk_graphs as walk_graphs
+from ge_sdk.rewrite.nodes import axes_of as axes_of  # the one meaning: [] absent, None unknown
 
 
 def default_domain(node: Node) -> bool:
@@ -138,18 +139,6 @@ def opset_of(node: Node) -> int:
     imports = g.opset_imports if g is not None else {}
     dom = "" if node.domain in ("", "ai.onnx") else node.domain
     return int(imports.get(dom, imports.get(node.domain, 0)) or 0)
-
-
-def axes_of(node: Node, input_index: int = 1) -> list[int] | None:
-    """Axes of Squeeze/Unsqueeze/Reduce*: the ``axes`` attribute (old opsets) or constant input.
-
-    Returns [] when neither is given and None when the input is not constant.
-    """
-    if "axes" in node.attrs:
-        return [int(x) for x in node.attrs["axes"]]
-    if len(node.inputs) > input_index and node.inputs[input_index] is not None:
-        return int_list(const(node.inputs[input_index]))
-    return []
 
 
 def shape_elements(v: Value | None, depth: int = 8) -> list[Any] | None:

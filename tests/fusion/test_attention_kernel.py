@@ -1,11 +1,11 @@
-"""The fused Attention kernel's per-head parallel form (ge_fusion.attention) against NumPy's
+"""The fused Attention kernel's per-head parallel form (ge_cpu.fused.attention) against NumPy's
 softmax(Q K^T * scale + mask) V, on strided views like the exporters' Transposes make."""
 
 import numpy as np
 import pytest
 import threadpoolctl
 
-from ge_fusion import attention
+from ge_cpu.fused import attention
 from ge_native import parallel
 from tests.fusion.common import attention_reference
 
@@ -99,7 +99,7 @@ def test_the_fused_kernel_uses_it_when_built_for_several_threads_and_the_work_pa
     batched products on the calling thread are faster (wav2vec2's 4 heads of 49 tokens)."""
     from ge_core.ir.types import TensorType
     from ge_core.kernel import KernelSpec
-    from ge_fusion.kernels import attention_factory
+    from ge_cpu.fused.kernels import attention_factory
 
     calls = []
     real = attention.run

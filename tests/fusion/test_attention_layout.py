@@ -17,8 +17,8 @@ import transformers as tf
 import ge_core as ge
 from ge_core.ir.types import TensorType
 from ge_core.kernel import KernelSpec
-from ge_fusion import attention
-from ge_fusion.kernels import attention_factory
+from ge_cpu.fused import attention
+from ge_cpu.fused.kernels import attention_factory
 from ge_fusion.rules import RULES
 from ge_native import parallel
 from ge_sdk.rewrite import explain

@@ -12,7 +12,7 @@ import transformers as tf
 
 import ge_core as ge
 from ge_core.ir.types import TensorType
-from ge_fusion import rmsnorm
+from ge_cpu.fused import rmsnorm
 from ge_fusion.rules import RULES
 from ge_sdk.rewrite import explain
 from ge_sdk.testing import GraphBuilder, run_onnxruntime
@@ -86,7 +86,7 @@ def test_switch_file_turns_rotary_off_and_explain_says_why_it_did_not_match(llam
 def test_rotary_kernel_matches_numpy_and_refuses_odd_or_mismatched_halves():
     from ge_core.errors import GEError
     from ge_core.kernel import KernelSpec
-    from ge_fusion.kernels import rotary_factory
+    from ge_cpu.fused.kernels import rotary_factory
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 3, 5, 8)).astype(np.float32)
@@ -110,7 +110,7 @@ def test_rotary_row_kernel_matches_numpy_at_every_width(x_shape, cache_shape):
     and NumPy's passes (a cache per batch entry) give the NumPy form's values, the same bits on
     one thread and two."""
     from ge_core.kernel import KernelSpec
-    from ge_fusion.kernels import rotary_factory
+    from ge_cpu.fused.kernels import rotary_factory
     from ge_native import parallel
 
     rng = np.random.default_rng(len(x_shape))

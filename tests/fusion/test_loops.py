@@ -1,4 +1,4 @@
-"""Compiled loop kernels (ge_fusion.loopgen): every op, every broadcast layout, threads, fallbacks,
+"""Compiled loop kernels (ge_cpu.fused.loopgen): every op, every broadcast layout, threads, fallbacks,
 and whole models against onnxruntime."""
 
 import math
@@ -11,7 +11,7 @@ import pytest
 
 import ge_core as ge
 from ge_core.kernel import caps
-from ge_fusion import codegen, loopgen
+from ge_cpu.fused import codegen, loopgen
 from ge_native import parallel
 from ge_sdk.testing import GraphBuilder, random_inputs, run_onnxruntime, run_reference
 
@@ -326,8 +326,8 @@ def test_softmax_row_kernel_in_place_and_not_on_edge_values(cols):
     place and into another buffer, large logits, a row of -inf but one, and NaN or +inf in a
     row making it all NaN, as NumPy does. (Without a C compiler the fused kernel's NumPy form
     runs, and is held to the same.)"""
-    from ge_fusion.kernels import _softmax_inplace
-    from ge_fusion.loopgen import row_kernel
+    from ge_cpu.fused.kernels import _softmax_inplace
+    from ge_cpu.fused.loopgen import row_kernel
 
     fn = row_kernel("softmax", "float32")
     if fn is None:
@@ -362,8 +362,8 @@ def test_scaled_softmax_row_kernel(cols, alpha, period, dtype):
     same bits on 1 and 2 threads; arguments that disagree are refused. (Without a C compiler the
     fused attention runs NumPy's passes, the scaling, the mask and the row softmax, held to the
     same.)"""
-    from ge_fusion.kernels import _softmax_inplace
-    from ge_fusion.loopgen import row_kernel
+    from ge_cpu.fused.kernels import _softmax_inplace
+    from ge_cpu.fused.loopgen import row_kernel
     from ge_native import parallel
 
     fn = row_kernel("softmax_scaled", dtype)

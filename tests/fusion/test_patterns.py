@@ -8,7 +8,7 @@ import pytest
 
 import ge_core as ge
 from ge_core.kernel import caps
-from ge_fusion import codegen
+from ge_cpu.fused import codegen
 from ge_fusion.rules import RULES
 from ge_sdk.patterns import explain
 from ge_sdk.testing import GraphBuilder, random_inputs, run_graph, run_onnxruntime

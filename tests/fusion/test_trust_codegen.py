@@ -23,7 +23,7 @@ from onnx import helper
 
 import ge_core as ge
 from ge_core.cli import main as ge_main
-from ge_fusion import codegen
+from ge_cpu.fused import codegen
 from ge_native import gensrc
 from ge_sdk.testing import GraphBuilder, run_onnxruntime
 

@@ -1,28 +1,23 @@
-"""Elementwise programs and the kernels generated from them.
-
-A *program* is the body of a fused elementwise group, stored on the fused node as a JSON string
-attribute (so a compiled ``.om`` carries it): a list of steps ``[op_type, [refs], {attrs}]``
-evaluated in order. A ref is ``"a<k>"`` (kernel input ``k`` of the group), ``"y"`` (the result of
-the anchor op, for an epilogue fused into a Conv or MatMul) or ``"t<j>"`` (the result of step
-``j``); the last step's result is the program's result.
+"""The kernels generated from elementwise programs (the program format is :mod:`ge_sdk.fused`'s).
 
 :func:`compile_program` turns a program plus input dtypes/shapes into a callable, cached by
 signature:
 
 - with static shapes, a program of several steps (or one step over :data:`LOOP_MIN_ELEMENTS`
-  elements or more): one compiled loop (:mod:`ge_fusion.loopgen`, native C), the whole program per
-  element, one pass over memory, vectorised;
+  elements or more): one compiled loop (:mod:`ge_cpu.fused.loopgen`, native C), the whole program
+  per element, one pass over memory, vectorised;
 - without native loops, a long chain on a small tensor: one numexpr expression (one call instead of
   one per op);
 - otherwise, and wherever neither applies, generated NumPy code that works in place (each step
   a ufunc call writing into a buffer whose value died at that step, the last one into ``out``),
   run in cache-sized blocks on large tensors.
+
+Each op's NumPy, numexpr and C spelling is one row of :data:`ge_cpu.fused.forms.FORMS`.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import math
 import re
 import threading
@@ -33,373 +28,26 @@ import numpy as np
 
 from ge_core.kernel import with_caps
 from ge_native import gensrc, parallel
+from ge_sdk.fused import LOOP_MIN_ELEMENTS as LOOP_MIN_ELEMENTS
+from ge_sdk.fused import MAX_PROGRAM_CHARS as MAX_PROGRAM_CHARS
+from ge_sdk.fused import MAX_REFS as MAX_REFS
+from ge_sdk.fused import MAX_STEPS as MAX_STEPS
+from ge_sdk.fused import Step as Step
+from ge_sdk.fused import dumps as dumps
+from ge_sdk.fused import loads as loads
+from ge_sdk.fused import supported as supported
 
-Step = tuple[str, list[str], dict[str, Any]]
+from .forms import FORMS
+
+#: Every op a program may contain, with its forms, arity and attribute schema.
+OPS = FORMS
 
 #: Below this many output elements one pass of whole-array ufuncs is as good as any.
 NUMEXPR_MIN_ELEMENTS = 32768
 #: Below NUMEXPR_MIN_ELEMENTS, a group of at least this many ops runs as one numexpr call.
 NUMEXPR_MIN_OPS_SMALL = 8
-#: With native loops, a program of two or more steps always runs as one compiled loop (well under
-#: 1 us a call against NumPy's 1-2 us per op); a single op from this many output elements.
-LOOP_MIN_ELEMENTS = 1024
 #: Elements per block of a blocked kernel (about 256 KB of float32: cache-resident).
 CHUNK_ELEMENTS = 65536
-
-#: Erf by Abramowitz & Stegun 7.1.26 (absolute error < 1.5e-7): NumPy and numexpr have none.
-_ERF_P = 0.3275911
-_ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
-
-
-def dumps(steps: Sequence[Step]) -> str:
-    """The attribute form of a program."""
-    return json.dumps([[op, list(refs), dict(attrs)] for op, refs, attrs in steps], separators=(",", ":"))
-
-
-#: Bounds of a program read back from a model: steps, refs per step, characters of text.
-MAX_STEPS = 4096
-MAX_REFS = 1024
-MAX_PROGRAM_CHARS = 1 << 20
-
-_REF = re.compile(r"([at])(0|[1-9][0-9]{0,8})\Z", re.ASCII)
-
-
-def loads(text: str, n_inputs: int | None = None, anchor: bool = False) -> list[Step]:
-    """Parse and validate a program attribute; raises ValueError on a malformed one.
-
-    Every step names an op of :data:`OPS` with its arity, refs ``a<k>`` (``k < n_inputs`` when
-    given), ``t<j>`` (``j`` < the step's own index) or ``y`` (only with ``anchor``), and attributes
-    from the op's own schema with values of the schema's types (returned normalised). Nothing
-    else reaches a generator."""
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ValueError("the program is not UTF-8 text") from None
-    if not isinstance(text, str):
-        raise ValueError(f"a fused program is a JSON string, not {type(text).__name__}")
-    if len(text) > MAX_PROGRAM_CHARS:
-        raise ValueError(f"the program is longer than {MAX_PROGRAM_CHARS} characters")
-    try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise ValueError(f"the program is not valid JSON ({type(e).__name__})") from None
-    if not isinstance(raw, list):
-        raise ValueError("a fused program is a list of steps")
-    if not raw:
-        raise ValueError("a fused program needs at least one step")
-    if len(raw) > MAX_STEPS:
-        raise ValueError(f"the program has {len(raw)} steps; at most {MAX_STEPS} are allowed")
-    out: list[Step] = []
-    for i, st in enumerate(raw):
-        if not (isinstance(st, list) and len(st) == 3 and isinstance(st[0], str) and isinstance(st[1], list)
-                and isinstance(st[2], dict)):
-            raise ValueError(f"step {i} is not [op, [refs], {{attrs}}]")
-        op, refs, attrs = st
-        form = OPS.get(op)
-        if form is None:
-            raise ValueError(f"step {i}: op {op[:40]!r} has no generated form")
-        if len(refs) > MAX_REFS:
-            raise ValueError(f"step {i} ({op}) has {len(refs)} operands; at most {MAX_REFS} are allowed")
-        if form.arity is not None and len(refs) != form.arity:
-            raise ValueError(f"step {i} ({op}) has {len(refs)} operands; it takes {form.arity}")
-        if not refs:
-            raise ValueError(f"step {i} ({op}) has no operands")
-        for r in refs:
-            _check_ref(r, i, n_inputs, anchor)
-        out.append((op, list(refs), form.check_attrs(attrs, f"step {i} ({op})")))
-    return out
-
-
-def _check_ref(r: Any, i: int, n_inputs: int | None, anchor: bool) -> None:
-    if r == "y":
-        if not anchor:
-            raise ValueError(f"step {i} reads y, but this program has no anchor op")
-        return
-    m = _REF.match(r) if isinstance(r, str) else None
-    if m is None:
-        shown = r[:40] if isinstance(r, str) else r
-        raise ValueError(f"step {i} has a bad ref {shown!r} (refs are a<k>, t<j> or y)")
-    k = int(m.group(2))
-    if m.group(1) == "t" and k >= i:
-        raise ValueError(f"step {i} reads {r}, which is not computed yet")
-    if m.group(1) == "a" and n_inputs is not None and k >= n_inputs:
-        raise ValueError(f"step {i} reads {r}, but the kernel has {n_inputs} input(s)")
-
-
-# attribute types of the schema: each normalises a value or raises ValueError
-def _a_float(v: Any) -> float:
-    if type(v) not in (int, float):
-        raise ValueError(f"{type(v).__name__} {str(v)[:40]!r} is not a number")
-    try:
-        return float(v)
-    except OverflowError:
-        raise ValueError("the number is out of range") from None
-
-
-def _a_float_or_none(v: Any) -> float | None:
-    return None if v is None else _a_float(v)
-
-
-def _a_choice(*allowed: str) -> Callable[[Any], str]:
-    def check(v: Any) -> str:
-        if isinstance(v, bytes):
-            v = v.decode("utf-8", "replace")
-        if not isinstance(v, str) or v not in allowed:
-            raise ValueError(f"{str(v)[:40]!r} is not one of {', '.join(allowed)}")
-        return v
-
-    return check
-
-
-# ------------------------------------------------------------------------------------------------
-# the op table: numexpr form (format string over operand expressions; None = none) and a NumPy
-# function ``fn(*operands, out=None, **attrs)``
-# ------------------------------------------------------------------------------------------------
-def _np_relu(x, out=None):
-    return np.maximum(x, x.dtype.type(0), out=out)
-
-
-def _np_leaky(x, out=None, alpha=0.01):
-    t = np.multiply(x, x.dtype.type(alpha))
-    if math.isnan(alpha):  # neither max nor min: x where x >= 0, NaN elsewhere
-        r = np.where(x >= 0, x, t)
-        return r if out is None else np.copyto(out, r) or out
-    return np.maximum(x, t, out=out) if alpha <= 1 else np.minimum(x, t, out=out)
-
-
-def _np_sigmoid(x, out=None):
-    t = np.negative(x, out=out)
-    np.exp(t, out=t)
-    t += 1
-    return np.reciprocal(t, out=t)
-
-
-def _np_silu(x, out=None):
-    t = _np_sigmoid(x)
-    return np.multiply(x, t, out=out)
-
-
-def _np_hardsigmoid(x, out=None, alpha=0.2, beta=0.5):
-    t = np.multiply(x, x.dtype.type(alpha))
-    t += x.dtype.type(beta)
-    return np.clip(t, 0, 1, out=out)
-
-
-def _np_hardswish(x, out=None):
-    t = _np_hardsigmoid(x, alpha=1 / 6, beta=0.5)
-    return np.multiply(x, t, out=out)
-
-
-def _np_clip(x, out=None, min=None, max=None):  # noqa: A002 - ONNX's names
-    lo = -np.inf if min is None else min
-    hi = np.inf if max is None else max
-    return np.clip(x, x.dtype.type(lo), x.dtype.type(hi), out=out)
-
-
-def _np_erf(x, out=None):
-    dt = x.dtype.type
-    a = np.abs(x)
-    t = a * dt(_ERF_P)
-    t += 1
-    np.reciprocal(t, out=t)
-    a1, a2, a3, a4, a5 = (dt(c) for c in _ERF_A)
-    poly = ((((a5 * t + a4) * t + a3) * t + a2) * t + a1) * t
-    np.square(a, out=a)
-    np.negative(a, out=a)
-    np.exp(a, out=a)
-    poly *= a
-    np.subtract(dt(1), poly, out=poly)
-    return np.copysign(poly, x, out=out)
-
-
-def _np_gelu(x, out=None, approximate="none"):
-    dt = x.dtype.type
-    if approximate == "tanh":
-        t = x * x
-        t *= dt(0.044715)
-        t += 1
-        t *= x
-        t *= dt(math.sqrt(2 / math.pi))
-        np.tanh(t, out=t)
-    else:
-        t = _np_erf(x * dt(1 / math.sqrt(2)))
-    t += 1
-    t *= dt(0.5)
-    return np.multiply(x, t, out=out)
-
-
-def _np_elu(x, out=None, alpha=1.0):
-    t = np.expm1(np.minimum(x, 0))
-    t *= x.dtype.type(alpha)
-    r = np.where(x > 0, x, t)
-    if out is None:
-        return r
-    np.copyto(out, r)
-    return out
-
-
-def _np_softplus(x, out=None):
-    return np.logaddexp(x, x.dtype.type(0), out=out)
-
-
-def _np_identity(x, out=None):
-    if out is None:
-        return np.array(x, copy=True)
-    np.copyto(out, x)
-    return out
-
-
-def _np_pow(a, b, out=None):
-    if np.ndim(b) == 0 and float(b) == 2.0:
-        return np.multiply(a, a, out=out)
-    return np.power(a, b, out=out)
-
-
-def _np_sum(*xs, out=None):
-    if len(xs) == 1:
-        return _np_identity(xs[0], out=out)
-    r = np.add(xs[0], xs[1], out=out)
-    for x in xs[2:]:
-        np.add(r, x, out=r)
-    return r
-
-
-def _np_mean(*xs, out=None):
-    r = _np_sum(*xs, out=out) if len(xs) > 1 else _np_identity(xs[0], out=out)
-    return np.multiply(r, r.dtype.type(1.0 / len(xs)), out=r)
-
-
-def _np_max(*xs, out=None):
-    if len(xs) == 1:
-        return _np_identity(xs[0], out=out)
-    r = np.maximum(xs[0], xs[1], out=out)
-    for x in xs[2:]:
-        np.maximum(r, x, out=r)
-    return r
-
-
-def _np_min(*xs, out=None):
-    if len(xs) == 1:
-        return _np_identity(xs[0], out=out)
-    r = np.minimum(xs[0], xs[1], out=out)
-    for x in xs[2:]:
-        np.minimum(r, x, out=r)
-    return r
-
-
-# numexpr forms: operand expressions are generator-made; numbers enter only through _lit
-# (gensrc.literal: finite numbers; a NaN or infinite attribute makes the numexpr form refuse,
-# and the program runs as NumPy code)
-_lit = gensrc.literal
-
-
-def _ne_erf(a: str) -> str:
-    p, (a1, a2, a3, a4, a5) = _ERF_P, _ERF_A
-    t = f"(1/(1+{_lit(p)}*abs({a})))"
-    poly = f"({_lit(a5)})"
-    for c in (a4, a3, a2, a1):
-        poly = f"({poly}*{t}+({_lit(c)}))"
-    poly = f"({poly}*{t})"
-    return f"(where({a}<0,-1,1)*(1-{poly}*exp(-({a})*({a}))))"
-
-
-def _ne_gelu(a: str, approximate: str = "none") -> str:
-    if approximate == "tanh":
-        return f"(0.5*{a}*(1+tanh({_lit(math.sqrt(2 / math.pi))}*({a}+0.044715*{a}*{a}*{a}))))"
-    return f"(0.5*{a}*(1+{_ne_erf(f'({a}*{_lit(1 / math.sqrt(2))})')}))"
-
-
-def _ne_clip(a: str, min=None, max=None) -> str:  # noqa: A002
-    # no bound for None and for the infinity on its own side; NaN and the other infinity refuse
-    if min is not None and min != -math.inf:
-        a = f"where({a}<{_lit(float(min))},{_lit(float(min))},{a})"
-    if max is not None and max != math.inf:
-        a = f"where({a}>{_lit(float(max))},{_lit(float(max))},{a})"
-    return a
-
-
-def _ne_nary(op: str, *xs: str) -> str:
-    return "(" + op.join(xs) + ")"
-
-
-def _ne_chain(fn: Callable[[str, str], str], *xs: str) -> str:
-    r = xs[0]
-    for x in xs[1:]:
-        r = fn(r, x)
-    return r
-
-
-class OpForm:
-    """How one op type is generated: ``ne(*operand_exprs, **attrs)`` (or None), ``np``, the
-    number of operands (None: one or more) and the attribute schema: name -> a type check that
-    returns the normalised value or raises ValueError. A step's attributes are exactly those
-    the schema names (each optional: the forms have defaults)."""
-
-    def __init__(self, ne: Callable[..., str] | None, np_fn: Callable[..., np.ndarray], arity: int | None = 1,
-                 attrs: dict[str, Callable[[Any], Any]] | None = None) -> None:
-        self.ne, self.np, self.arity = ne, np_fn, arity
-        self.attrs: dict[str, Callable[[Any], Any]] = dict(attrs or {})
-
-    def check_attrs(self, attrs: dict[str, Any], where: str) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k, v in attrs.items():
-            check = self.attrs.get(k) if isinstance(k, str) else None
-            if check is None:
-                shown = k[:40] if isinstance(k, str) else k
-                raise ValueError(f"{where} has attribute {shown!r}; it takes "
-                                 f"{', '.join(sorted(self.attrs)) or 'none'}")
-            try:
-                out[k] = check(v)
-            except ValueError as e:
-                raise ValueError(f"{where}, attribute {k}: {e}") from None
-        return out
-
-
-def _u(name: str) -> Callable[..., str]:
-    return lambda a: f"{name}({a})"
-
-
-OPS: dict[str, OpForm] = {
-    "Add": OpForm(lambda a, b: f"({a}+{b})", np.add, 2),
-    "Sub": OpForm(lambda a, b: f"({a}-{b})", np.subtract, 2),
-    "Mul": OpForm(lambda a, b: f"({a}*{b})", np.multiply, 2),
-    "Div": OpForm(lambda a, b: f"({a}/{b})", np.true_divide, 2),
-    "Pow": OpForm(lambda a, b: f"({a}**{b})", _np_pow, 2),
-    "Sum": OpForm(lambda *xs: _ne_nary("+", *xs), _np_sum, None),
-    "Mean": OpForm(lambda *xs: f"({_ne_nary('+', *xs)}/{len(xs)}.0)", _np_mean, None),
-    "Max": OpForm(lambda *xs: _ne_chain(lambda a, b: f"maximum({a},{b})", *xs), _np_max, None),
-    "Min": OpForm(lambda *xs: _ne_chain(lambda a, b: f"minimum({a},{b})", *xs), _np_min, None),
-    "Neg": OpForm(lambda a: f"(-{a})", np.negative),
-    "Abs": OpForm(_u("abs"), np.abs),
-    "Exp": OpForm(_u("exp"), np.exp),
-    "Log": OpForm(_u("log"), np.log),
-    "Sqrt": OpForm(_u("sqrt"), np.sqrt),
-    "Tanh": OpForm(_u("tanh"), np.tanh),
-    "Sin": OpForm(_u("sin"), np.sin),
-    "Cos": OpForm(_u("cos"), np.cos),
-    "Reciprocal": OpForm(lambda a: f"(1/{a})", np.reciprocal),
-    "Identity": OpForm(lambda a: a, _np_identity),
-    "Relu": OpForm(lambda a: f"maximum({a},0)", _np_relu),
-    "LeakyRelu": OpForm(lambda a, alpha=0.01: f"where({a}>0,{a},{_lit(float(alpha))}*{a})", _np_leaky,
-                        attrs={"alpha": _a_float}),
-    "Sigmoid": OpForm(lambda a: f"(1/(1+exp(-{a})))", _np_sigmoid),
-    "Silu": OpForm(lambda a: f"({a}/(1+exp(-{a})))", _np_silu),
-    "HardSigmoid": OpForm(lambda a, alpha=0.2, beta=0.5:
-                          _ne_clip(f"({_lit(float(alpha))}*{a}+{_lit(float(beta))})", 0.0, 1.0), _np_hardsigmoid,
-                          attrs={"alpha": _a_float, "beta": _a_float}),
-    "HardSwish": OpForm(lambda a: f"({a}*{_ne_clip(f'({a}/6.0+0.5)', 0.0, 1.0)})", _np_hardswish),
-    "Clip": OpForm(_ne_clip, _np_clip, attrs={"min": _a_float_or_none, "max": _a_float_or_none}),
-    "Erf": OpForm(_ne_erf, _np_erf),
-    "Gelu": OpForm(_ne_gelu, _np_gelu, attrs={"approximate": _a_choice("none", "tanh")}),
-    "Elu": OpForm(lambda a, alpha=1.0: f"where({a}>0,{a},{_lit(float(alpha))}*(exp({a})-1))", _np_elu,
-                  attrs={"alpha": _a_float}),
-    "Softplus": OpForm(lambda a: f"log(1+exp({a}))", _np_softplus),
-}
-
-
-def supported(op_type: str) -> bool:
-    return op_type in OPS
 
 
 # ------------------------------------------------------------------------------------------------
@@ -428,10 +76,10 @@ def compile_program(program: str, in_dtypes: Sequence[Any], in_shapes: Sequence[
 
     ``operands`` are the values of ``y`` (first, when ``anchor``) and ``a0, a1, ...``; scalars
     among them may be passed as 0-d arrays. ``mode``: ``"loop"`` (a compiled loop, see
-    :mod:`ge_fusion.loopgen`; generated NumPy code where there is none), ``"numexpr"``,
+    :mod:`ge_cpu.fused.loopgen`; generated NumPy code where there is none), ``"numexpr"``,
     ``"numpy"`` or ``"auto"``. ``symbolic`` (input shapes, output shape) with symbolic dims, where
     the static shapes are unknown: the loop is built for their layout class
-    (:func:`ge_fusion.loopgen.loop_kernel_dynamic`), the NumPy code serves the other calls.
+    (:func:`ge_cpu.fused.loopgen.loop_kernel_dynamic`), the NumPy code serves the other calls.
     """
     key = (program, tuple(str(np.dtype(d)) for d in in_dtypes), tuple(in_shapes), str(np.dtype(out_dtype)), out_shape,
            anchor, mode, mode in ("auto", "loop") and _loops_on(),
@@ -666,7 +314,7 @@ def _numpy_kernel(steps: list[Step], names: list[str], out_dtype: np.dtype,
     lines.append("    return r if r.dtype == _dt else r.astype(_dt)")
     env["_dt"] = out_dtype
     src = "\n".join(lines)
-    code = gensrc.compile_checked(src, "<ge_fusion generated>", _NP_VOCAB)
+    code = gensrc.compile_checked(src, "<ge_cpu.fused generated>", _NP_VOCAB)
     exec(code, env)  # noqa: S102 - checked generated code (gensrc)
     kernel = env["kernel"]
     with_caps(kernel, mode="numpy")

@@ -1,9 +1,9 @@
-"""CPU kernels of the fused ops (backend ``cpu``).
+"""CPU kernels of the fused ops (domain ``ge.fused``, declared by ge_fusion; backend ``cpu``).
 
-FusedConv runs the cpu backend's own Conv kernel (found through the kernel registry, never by
-importing ge_cpu) into the output buffer and applies its epilogue there, in place. FusedMatMul,
+FusedConv runs the cpu backend's own Conv kernel (found through the kernel registry) into the
+output buffer and applies its epilogue there, in place. FusedMatMul,
 Attention, LayerNorm and Softmax are NumPy/BLAS code writing into preallocated outputs; the
-elementwise ops run generated kernels (:mod:`ge_fusion.codegen`).
+elementwise ops run generated kernels (:mod:`ge_cpu.fused.codegen`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import numpy as np
 
 from ge_core.errors import ExecutionError, UnsupportedOpError
 from ge_core.kernel import KernelSpec, caps, with_caps
-from ge_native import parallel, sgemm
+from ge_native import isa, parallel, sgemm
+from ge_sdk import fused
+from ge_sdk.fused import CONV_ATTRS, attention_perm
 
 from . import codegen, loopgen
-from .ops import CONV_ATTRS, attention_perm
 from .rmsnorm import rmsnorm_factory
 
 
@@ -96,7 +97,7 @@ def elemwise_factory(spec: KernelSpec):
         def kernel(*args, out=None):
             return (fn(*args, out=None if out is None else out[0]),)
 
-    with_caps(kernel, mode=caps(fn).mode)
+    with_caps(kernel, mode=caps(fn).mode, variant=caps(fn).mode)  # loop, numexpr, numpy, numpy-blocked
     return _mark_out(kernel, inplace=True)
 
 
@@ -113,6 +114,7 @@ def _single(op: str, **attrs: Any):
         def kernel(x, out=None):
             return (fn(x, out=None if out is None else out[0]),)
 
+        with_caps(kernel, variant=caps(fn).mode)
         return _mark_out(kernel, inplace=True)
 
     return factory
@@ -199,7 +201,8 @@ def conv_factory(spec: KernelSpec):
             return (target,)
         return (y,)
 
-    with_caps(kernel, mode=caps(conv).mode)
+    inner = caps(conv)  # the cpu backend's Conv: its algorithm and instruction-set variant
+    with_caps(kernel, mode=inner.mode, algorithm=inner.algorithm, variant=inner.variant)
     return _mark_out(kernel)
 
 
@@ -300,11 +303,22 @@ def matmul_factory(spec: KernelSpec):
             epi(y, *extra, out=y)
         return (y if y.dtype == dt else y.astype(dt),)
 
+    if panels is not None:  # GE's own GEMM on the packed panels
+        with_caps(kernel, algorithm="sgemm_panels", variant=isa.variant_of("sgemm"))
+    elif packed is not None:  # BLAS on column blocks over the pool
+        with_caps(kernel, algorithm="packed_blocks", variant=isa.variant_of("gemm"))
+    else:
+        with_caps(kernel, algorithm="matmul", variant="numpy")
     return _mark_out(kernel)
 
 
 def _rows(kind: str, dtype: Any):
     return loopgen.row_kernel(kind, dtype)
+
+
+def _rows_variant(rows: Any) -> str:
+    """The form a kernel with row kernel ``rows`` runs: ``"loop"`` (compiled, loopgen) or ``"numpy"``."""
+    return "loop" if rows is not None else "numpy"
 
 
 def _softmax_inplace(s: np.ndarray, axis: int, rows=None) -> np.ndarray:
@@ -313,7 +327,7 @@ def _softmax_inplace(s: np.ndarray, axis: int, rows=None) -> np.ndarray:
     if rows is not None and s.dtype == rows.ge_dtype and s.flags.c_contiguous and s.ndim and s.size \
             and axis in (-1, s.ndim - 1):
         v = s.reshape(-1, s.shape[-1])
-        rows(v, v)  # one pass per row: max, exp, sum, scale (ge_fusion.loopgen)
+        rows(v, v)  # one pass per row: max, exp, sum, scale (ge_cpu.fused.loopgen)
         return s
     s -= s.max(axis=axis, keepdims=True)
     np.exp(s, out=s)
@@ -398,7 +412,7 @@ def attention_factory(spec: KernelSpec):
         work = q.size // max(1, q.shape[-1]) * kt.shape[-1] * (q.shape[-1] + v.shape[-1])  # multiply-adds
         r = None
         if width > 1 and work >= serial_work:
-            # one task per (batch, head) on native threads (ge_fusion.attention)
+            # one task per (batch, head) on native threads (ge_cpu.fused.attention)
             from . import attention
 
             r = attention.run(q, kt, v, mask, scale, o, parallel.threads())
@@ -415,6 +429,7 @@ def attention_factory(spec: KernelSpec):
             return (dest,)
         return (r if po is None else r.transpose(po),)
 
+    with_caps(kernel, algorithm="heads" if width > 1 else "batched", variant=_rows_variant(scaled))
     return _mark_out(kernel)
 
 
@@ -463,6 +478,7 @@ def layernorm_factory(spec: KernelSpec):
             y += beta
         return (y,)
 
+    with_caps(kernel, variant=_rows_variant(rows))
     return _mark_out(kernel)
 
 
@@ -488,6 +504,7 @@ def softmax_factory(spec: KernelSpec):
             np.copyto(y, x)
         return (_softmax_inplace(y, axis),)
 
+    with_caps(kernel, variant=_rows_variant(rows))
     return _mark_out(kernel, inplace=True)
 
 
@@ -530,18 +547,20 @@ def rotary_factory(spec: KernelSpec):
             return out
         return (o,)
 
+    with_caps(kernel, variant=_rows_variant(rows))
     return _mark_out(kernel)
 
 
+#: The cpu kernel factory of every fused op (ge_cpu's ge_register_kernels registers them for domain ge.fused).
 KERNELS = {
-    "Rotary": rotary_factory,
-    "FusedConv": conv_factory,
-    "FusedMatMul": matmul_factory,
-    "FusedElemwise": elemwise_factory,
-    "Attention": attention_factory,
-    "LayerNorm": layernorm_factory,
-    "RMSNorm": rmsnorm_factory,
-    "Softmax": softmax_factory,
-    "Gelu": gelu_factory,
-    "Silu": silu_factory,
+    fused.ROTARY: rotary_factory,
+    fused.FUSED_CONV: conv_factory,
+    fused.FUSED_MATMUL: matmul_factory,
+    fused.FUSED_ELEMWISE: elemwise_factory,
+    fused.ATTENTION: attention_factory,
+    fused.LAYER_NORM: layernorm_factory,
+    fused.RMS_NORM: rmsnorm_factory,
+    fused.SOFTMAX: softmax_factory,
+    fused.GELU: gelu_factory,
+    fused.SILU: silu_factory,
 }

@@ -4,7 +4,7 @@ One compiled pass per row (native C): the sum of squares is reassociated so it v
 then the row is scaled by its reciprocal root and by ``gamma`` while it is in cache. The same
 order of operations as the exported graph (``x * (1 / sqrt(ms + eps))``, then ``* gamma``).
 
-The row loop is one of :mod:`ge_fusion.loopgen`'s row kernels (with its in-place form, which an
+The row loop is one of :mod:`ge_cpu.fused.loopgen`'s row kernels (with its in-place form, which an
 output that is the input runs). Without a C compiler (or with ``GE_FUSION_JIT=0``) the kernel is
 NumPy code.
 """
@@ -22,7 +22,7 @@ from . import loopgen
 
 def row_kernel(dtype: Any) -> Any:
     """The compiled ``fn(x2d, gamma1d, eps, out2d)`` (``out`` may be ``x``) for ``dtype``
-    (float32/float64), or None without native kernels: :func:`ge_fusion.loopgen.row_kernel`'s rmsnorm."""
+    (float32/float64), or None without native kernels: :func:`ge_cpu.fused.loopgen.row_kernel`'s rmsnorm."""
     return loopgen.row_kernel("rmsnorm", dtype)
 
 
@@ -76,5 +76,5 @@ def rmsnorm_factory(spec):
             y = out[0]
         return (y if y.dtype == dt else y.astype(dt),)
 
-    with_caps(kernel, accepts_out=True, inplace_ok=True)
+    with_caps(kernel, accepts_out=True, inplace_ok=True, variant="loop" if rows is not None else "numpy")
     return kernel

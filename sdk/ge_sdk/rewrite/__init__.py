@@ -25,11 +25,13 @@ or imperative — an op type and a function that rewrites through the :class:`Re
 
 Modules: :mod:`.pattern` (Op, Var, Const, Alt, Optional, Repeat), :mod:`.match` (Match,
 match, match_all, explain), :mod:`.rule` (Rule, AnyOf, OpRule, RuleSet), :mod:`.driver`
-(Rewriter, rewrite, RewritePass, RulePass).
+(Rewriter, rewrite, RewritePass, RulePass), :mod:`.nodes` (axes_of, attr_of, const_of, ints_of: the
+node readers rule families share).
 """
 
 from .driver import RewritePass, Rewriter, RewriteResult, RulePass, apply_rules, can_replace, rewrite, walk_graphs
 from .match import Explanation, Match, Matcher, explain, match, match_all
+from .nodes import attr_of, axes_of, const_of, ints_of
 from .pattern import Absent, Alt, Const, MatchState, Op, Optional, Pattern, Repeat, Var, as_pattern, show
 from .rule import ORDERS, AnyOf, OpRule, Replacement, Rule, RuleLike, RuleSet
 
@@ -38,4 +40,5 @@ __all__ = [
     "Match", "Matcher", "Explanation", "explain", "match", "match_all",
     "Rule", "AnyOf", "OpRule", "RuleSet", "RuleLike", "Replacement", "ORDERS",
     "Rewriter", "RewriteResult", "rewrite", "apply_rules", "RewritePass", "RulePass", "can_replace", "walk_graphs",
+    "axes_of", "attr_of", "const_of", "ints_of",
 ]

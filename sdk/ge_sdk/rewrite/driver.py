@@ -492,7 +492,7 @@ class RewritePass(Pass):
             setattr(self, k, v)
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
-        res = rewrite(graph, self.rule_set, ctx=ctx, enabled=ctx.options.pass_enabled_by_switch,
+        res = rewrite(graph, self.rule_set, ctx=ctx, enabled=ctx.switch_enabled,
                       stats=ctx.stats.setdefault("rewrites", {}))
         return PassResult(res.changed, dict(res.rewrites))
 
