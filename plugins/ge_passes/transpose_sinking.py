@@ -1,35 +1,25 @@
 """Transpose sinking: flip regions of layout-agnostic ops to the layout of the Transposes around
-them, so that inverse Transpose pairs cancel (in the spirit of onnxruntime's transpose optimizer).
+them, so that inverse Transpose pairs cancel (like onnxruntime's transpose optimizer).
 
-Frontends of channels-last frameworks (TensorFlow) wrap every NCHW op (Conv, pooling) in a pair
-of Transposes: ``T(NCHW->NHWC)`` after it, ``T(NHWC->NCHW)`` before the next one. Between the two
-sit ops that do not care about the layout: elementwise ops with per-channel constants (folded
-batch norms), activations, residual Adds, Concats, Pads, reductions. ``merge_transposes`` never
-sees two adjacent Transposes there.
+Channels-last frontends (TensorFlow) wrap every NCHW op (Conv, pooling) in Transposes:
+``T(NCHW->NHWC)`` after it, ``T(NHWC->NCHW)`` before the next one. Between them sit ops that do
+not care about the layout: elementwise ops with per-channel constants (folded batch norms),
+activations, residual Adds, Concats, Pads, reductions; ``merge_transposes`` never sees two
+adjacent Transposes there.
 
 A *region* is a connected set of such ops (joined by the values one computes and the next reads,
-all of one rank ``r``). Flipping a region with a permutation ``P`` (``len(P) == r``) computes every
-value ``v`` of the region in the permuted layout ``v'``, where ``v = Transpose(v', perm=P)``:
+all of rank ``r``). Flipping it with a permutation ``P`` (``len(P) == r``) computes each of its
+values ``v`` in the permuted layout ``v'``, ``v = Transpose(v', perm=P)``; its axes, constants and
+the Transposes at its inputs and readers change with it (:meth:`_Region.apply`).
+``keepdims=0`` reductions keeping their axes in order end a region: their output does not depend
+on the layout (a global average pool before the classifier).
 
-* axes, pads and per-axis attributes move with the permutation (Concat/Split/Softmax axis,
-  reduction axes, Pad pads, Slice axes);
-* constant operands are permuted (a ``[C]`` constant against NHWC becomes ``[C, 1, 1]`` against
-  NCHW; broadcasting stays exact: lower-rank constants are first aligned to the right);
-* an input ``Transpose(y, perm=P)`` becomes ``y`` (the Transpose dies when only the region read
-  it); any other input gets a new ``Transpose(x, perm=inverse(P))``, or a Reshape where that only
-  moves dims of size 1;
-* a reader ``Transpose(v, perm=inverse(P))`` outside the region becomes ``v'`` (the Transpose
-  dies), another Transpose reader gets the composed permutation, and any other reader (or a graph
-  output) reads a new ``Transpose(v', perm=P)``, shared by all of them;
-* ``keepdims=0`` reductions whose kept axes stay in order end the region: their output does not
-  depend on the layout (a global average pool before the classifier).
+A region is flipped only when that lowers the graph's Transpose count (each Transpose added or
+removed at its boundary counted once; one feeding several readers is never duplicated) and no
+path through it gains Transposes (an added input Transpose never reaches an added output one).
+Permuting values and constants is exact: results are bit-identical.
 
-A region is flipped only when that lowers the number of Transposes of the graph, counting every
-Transpose added and removed at its boundary once (a Transpose feeding several readers is never
-duplicated), and when no path through it gains Transposes (an added input Transpose never reaches
-an added output Transpose). Permuting values and constants is exact: results are bit-identical.
-
-Last, a Transpose that only moves dims of size 1 (``[1, 1, 1, C] -> [1, C, 1, 1]``, squeeze-excite
+Last, a Transpose that only moves size-1 dims (``[1, 1, 1, C] -> [1, C, 1, 1]``, squeeze-excite
 blocks) becomes a Reshape, which ``merge_reshapes`` folds into its neighbours.
 """
 
@@ -548,6 +538,19 @@ class _Region:
 
     # -- rewrite ---------------------------------------------------------------------------------
     def apply(self, plan: _Plan, rw: Rewriter, consts: _Constants) -> None:
+        """Flip the region with ``plan.perm`` (``P``): each value ``v`` is computed as ``v'``,
+        ``v = Transpose(v', perm=P)``.
+
+        * axes, pads and per-axis attributes move with ``P`` (Concat/Split/Softmax axis, reduction
+          axes, Pad pads, Slice axes);
+        * constants are permuted (``[C]`` against NHWC becomes ``[C, 1, 1]`` against NCHW; lower-rank
+          constants are first aligned to the right, so broadcasting stays exact);
+        * an input ``Transpose(y, perm=P)`` becomes ``y`` (dead when only the region read it); another
+          input gets ``Transpose(x, perm=inverse(P))``, or a Reshape where that only moves size-1 dims;
+        * an outside reader ``Transpose(v, perm=inverse(P))`` becomes ``v'`` (it dies), another
+          Transpose reader gets the composed permutation, any other reader (or graph output) reads one
+          new shared ``Transpose(v', perm=P)``.
+        """
         g = self.graph
         p = plan.perm
         q = _inverse(p)

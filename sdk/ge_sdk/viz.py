@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from importlib import resources
+from string import Template
 from typing import Any
 
 from ge_core.ir.graph import Graph, Node, Value
@@ -339,45 +341,6 @@ def _short(a: Any) -> str:
     return s if len(s) < 80 else s[:77] + "..."
 
 
-_SCRIPT = """
-(function () {
-  var box = document.getElementById('canvas'), svg = box.querySelector('svg');
-  var W = +svg.getAttribute('width'), H = +svg.getAttribute('height');
-  svg.removeAttribute('width'); svg.removeAttribute('height');
-  svg.style.width = '100%'; svg.style.height = '100%';
-  var vb = {x: 0, y: 0, w: W, h: H};
-  function fit() { var r = box.clientWidth / box.clientHeight;
-    vb.w = Math.max(W, H * r); vb.h = vb.w / r; vb.x = (W - vb.w) / 2; vb.y = 0;
-    if (H > 4 * W) { vb.w = Math.max(W * 1.2, 800); vb.h = vb.w / r; vb.x = (W - vb.w) / 2; } apply(); }
-  function apply() { svg.setAttribute('viewBox', vb.x + ' ' + vb.y + ' ' + vb.w + ' ' + vb.h); }
-  box.addEventListener('wheel', function (e) { e.preventDefault();
-    var r = svg.getBoundingClientRect(), k = e.deltaY > 0 ? 1.15 : 1 / 1.15;
-    var px = vb.x + (e.clientX - r.left) / r.width * vb.w, py = vb.y + (e.clientY - r.top) / r.height * vb.h;
-    vb.w *= k; vb.h *= k; vb.x = px - (px - vb.x) * k; vb.y = py - (py - vb.y) * k; apply(); }, {passive: false});
-  var drag = null;
-  box.addEventListener('mousedown', function (e) { drag = {x: e.clientX, y: e.clientY}; box.style.cursor = 'grabbing'; });
-  window.addEventListener('mouseup', function () { drag = null; box.style.cursor = 'grab'; });
-  window.addEventListener('mousemove', function (e) { if (!drag) return; var r = svg.getBoundingClientRect();
-    vb.x -= (e.clientX - drag.x) / r.width * vb.w; vb.y -= (e.clientY - drag.y) / r.height * vb.h;
-    drag = {x: e.clientX, y: e.clientY}; apply(); });
-  var q = document.getElementById('q'), hits = document.getElementById('hits'), found = [], at = 0;
-  function show(i) { if (!found.length) return; at = (i + found.length) % found.length;
-    var b = found[at].getBBox(); vb.x = b.x + b.width / 2 - vb.w / 2; vb.y = b.y + b.height / 2 - vb.h / 2; apply();
-    hits.textContent = (at + 1) + ' of ' + found.length; }
-  q.addEventListener('input', function () { var t = q.value.toLowerCase();
-    svg.querySelectorAll('.hit').forEach(function (g) { g.classList.remove('hit'); });
-    found = !t ? [] : Array.prototype.filter.call(svg.querySelectorAll('g.node, g.io'), function (g) {
-      return (g.getAttribute('data-name') || '').toLowerCase().indexOf(t) >= 0 ||
-             (g.getAttribute('data-op') || '').toLowerCase().indexOf(t) >= 0; });
-    found.forEach(function (g) { g.classList.add('hit'); });
-    hits.textContent = t ? (found.length ? '' : 'no match') : ''; show(0); });
-  q.addEventListener('keydown', function (e) { if (e.key === 'Enter') show(at + (e.shiftKey ? -1 : 1)); });
-  document.getElementById('fit').addEventListener('click', fit);
-  fit();
-})();
-"""
-
-
 def render_html(graph: Graph, *, streams: Sequence[int] | None = None, title: str | None = None,
                 report: dict[str, Any] | None = None) -> str:
     """An HTML page with the SVG (zoom with the wheel, pan by dragging, search by name or op), a
@@ -402,16 +365,14 @@ def render_html(graph: Graph, *, streams: Sequence[int] | None = None, title: st
     if report:
         summary += f"; kernels {report.get('kernels')}, streams {report.get('streams', {}).get('count')}"
     name = html.escape(title or graph.name)
-    return f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>{name}</title>
-<style>body{{font-family:Helvetica,Arial,sans-serif;margin:16px}} .chip{{display:inline-block;padding:2px 8px;
-margin:2px;border-radius:10px;font-size:12px}} #canvas{{overflow:hidden;border:1px solid #ddd;height:80vh;cursor:grab}}
-.node:hover rect{{stroke-width:3}} .hit rect{{stroke:#e4007c !important;stroke-width:4 !important}}</style></head>
-<body><h2>{name}</h2><p>{html.escape(summary)}</p><p>{''.join(legend) or 'no fused groups or streams'}</p>
-<p><input id="q" placeholder="search node name or op" size="30"> <span id="hits"></span>
-<button id="fit">fit</button> <small>wheel: zoom, drag: pan, Enter: next match</small></p>
-<div id="canvas">{svg}</div><script>{_SCRIPT}</script></body></html>
-"""
+    page = Template(_template("viz.html"))
+    return page.substitute(name=name, summary=html.escape(summary), legend="".join(legend) or "no fused groups or streams",
+                           svg=svg, script=_template("viz.js"))
+
+
+def _template(name: str) -> str:
+    """The text of ``ge_sdk/templates/<name>`` (package data: the page and its script)."""
+    return (resources.files("ge_sdk") / "templates" / name).read_text(encoding="utf-8")
 
 
 def render(graph: Graph, path: str, *, streams: Sequence[int] | None = None, title: str | None = None,

@@ -196,7 +196,7 @@ def check_loaded(model: Any, ctx: dict[str, Any]) -> None:
     feeds = random_inputs(model.graph, 0)
     opts = ge.CompileOptions.from_any({"soc_version": model.options.soc_version, "executor": "sequential"})
     ref = CompiledModel(model.graph, opts, streams=StreamAssignment.single(len(model.graph)), memory_plan=None,
-                        report={})
+                        report={}, host=model.host)
     try:
         want = ref.run(feeds)
     except GEError:
