@@ -8,8 +8,6 @@ are plugins found through the ``ge.plugins`` entry-point group.
 >>> outputs = model.run({"x": x})                                         # doctest: +SKIP
 """
 
-__version__ = "0.1.0"
-
 from .api import compile, load, load_om  # noqa: E402
 from .errors import (  # noqa: E402
     DuplicateRegistrationError,
@@ -35,6 +33,7 @@ from .ops import OpDef, OpKind  # noqa: E402
 from .options import CompileOptions  # noqa: E402
 from .passes import Pass, PassContext, graph_pass  # noqa: E402
 from .plugins import get_host  # noqa: E402
+from .version import __version__  # noqa: E402
 
 __all__ = [
     "__version__", "load", "compile", "load_om", "CompiledModel", "AsyncRunner", "NodeArg", "CompileOptions",

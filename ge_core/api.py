@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
+from .compiler import compile_graph
 from .errors import GEError, ModelFileError, OptionError, reraise_interrupt
 from .ir.graph import Graph
 from .model import CompiledModel
+from .om import load_om as load_om_file
+from .om import save_om
 from .options import CompileOptions
 from .plugins import get_host
 from .registry import close_matches
+
+CompiledModel.compile_graph = staticmethod(compile_graph)
+CompiledModel.save_om = staticmethod(save_om)
 
 _HEAD = 64
 
@@ -145,14 +152,15 @@ def compile(model: Graph | Any, options: CompileOptions | dict | str | os.PathLi
     """Compile a Graph (or anything :func:`load` reads) into a :class:`CompiledModel`.
 
     ``options``: a dict, :class:`CompileOptions` or a TOML config path; ``overrides`` win.
-    ``progress(message)`` hears each stage and pass as it starts.
+    ``progress(message)`` hears each stage and pass as it starts. The plugins' option readers
+    (``ge_register_options``'s ``read=``) apply here, with the host's registries.
     """
-    from .compiler import compile_graph
-
+    host = get_host()
     opts = CompileOptions.from_any(options, **overrides)
+    opts.read_by_plugins(host.registries.option_readers)
     if not isinstance(model, Graph):
         model = load(model, opts.framework, **{k: v for k, v in (("input_shape", opts.input_shape), ("out_nodes", opts.out_nodes)) if v})
-    return compile_graph(model, opts, get_host(), progress)
+    return compile_graph(model, opts, host, progress)
 
 
 def load_om(path: str | os.PathLike, *, verify_checksums: bool = True, threads: int | None = None,
@@ -167,15 +175,11 @@ def load_om(path: str | os.PathLike, *, verify_checksums: bool = True, threads: 
     cpu backend's ``parallel``) replace the ones stored in the file; options that change what was
     compiled raise :class:`OptionError`. See :meth:`CompiledModel.set_run_options`.
     """
-    import time
-
-    from .om import load_om as _load
-
     t0 = time.perf_counter()
     if threads is not None:
         run_options["threads"] = threads
     if executor is not None:
         run_options["executor"] = executor
-    model = _load(path, verify_checksums=verify_checksums, run_options=run_options)
+    model = load_om_file(path, host=get_host(), verify_checksums=verify_checksums, run_options=run_options)
     model.timings["load_seconds"] = round(time.perf_counter() - t0, 6)
     return model

@@ -3,9 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+
+from .options import CompileOptions
+
+if TYPE_CHECKING:
+    from .plugins import Registries
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What :meth:`Backend.build` is given beside the model and its kernels: the model's compile
+    (or run) options and the registries of the host that compiled or loaded it."""
+
+    options: CompileOptions
+    registries: Registries
 
 
 class Executable:
@@ -34,10 +49,11 @@ class Backend:
     name: ClassVar[str] = ""
     aliases: ClassVar[tuple[str, ...]] = ()
 
-    def build(self, model: Any, kernels: Mapping[tuple[str, str], Any], options) -> Executable:
+    def build(self, model: Any, kernels: Mapping[tuple[str, str], Any], context: BuildContext) -> Executable:
         """Build an :class:`Executable` for a :class:`ge_core.model.CompiledModel`.
 
-        ``kernels`` maps ``(domain, op_type)`` to kernel factories registered for this backend.
+        ``kernels`` maps ``(domain, op_type)`` to kernel factories registered for this backend;
+        ``context`` holds the options (``context.options.getoption(name)``) and the registries.
         Raise :class:`ge_core.errors.UnsupportedOpError` naming every node without a kernel.
         """
         raise NotImplementedError  # pragma: no cover

@@ -1,25 +1,11 @@
 """The user's cache folder: the one place outside the installed code that ge trusts.
 
-Compiled native kernels (:mod:`ge_native.native`), derived tables (ONNX's schemas), generated
-code and the verdicts of earlier .om verifications are kept here so a new process does not
-redo that work. A model file never reaches this folder as code: every entry is written by ge
-itself from what it computed.
-
-The folder is ``$GE_CACHE_DIR``, else ``$XDG_CACHE_HOME/ge-python``, else
-``~/.cache/ge-python``, with a ``v<FORMAT>`` folder inside (mode 0700). An entry is a file with a
-``.sum`` beside it holding its SHA-256. Every time the folder is used (every build, read and
-write, not once per process) it must be this user's, writable by nobody else, and no folder
-above it may let another user rename or replace it: each ancestor belongs to root or to this
-user and is writable by its group or others only with the sticky bit (``/tmp``). A folder that
-fails is not used at all (a warning says why): the process keeps its entries in a private
-temporary folder, removed at exit. An entry is read through one descriptor (opened without
-following links; a regular file of this user's, writable by nobody else) and the bytes read are
-the bytes hashed and compared with its sum and the bytes used (:func:`read_entry`); an entry
-that fails a check is treated as absent (and so rebuilt by its writer).
-
-The folder is kept under ``GE_CACHE_MAX_BYTES`` (default 1 GiB; ``0``/``off`` for no cap): a
-read marks an entry used (its mtime), and after writes the least recently used entries are
-removed with their ``.sum``/``.c`` siblings (:func:`evict`).
+Compiled native kernels (:mod:`ge_native.native`), derived tables, generated code and the
+verdicts of earlier .om verifications are kept here, each entry with a ``.sum`` (its SHA-256)
+beside it; a model file never reaches it as code. The folder (``$GE_CACHE_DIR``, else
+``$XDG_CACHE_HOME/ge-python``, else ``~/.cache/ge-python``), the checks made every time it is
+used, the private fallback folder and the ``GE_CACHE_MAX_BYTES`` cap (least recently used entries
+evicted, :func:`evict`) are described in ``docs/security.md`` ("The user's cache folder").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The core of the command line: the ``ge`` parser, the error guard and the ``plugins`` and ``passes``
-diagnostics (which work however the other plugins fare). Every other command is a plugin's,
-added through ``ge_register_cli_commands``: ``compile``, ``run``, ``inspect``, ``bench``, ...
-come from ``ge_tools``, ``atc`` from ``ge_atc``; what such commands share is :mod:`ge_sdk.cli`.
+"""The core of the command line: the ``ge`` parser, the error guard and the ``plugins`` diagnostic
+(which works however the other plugins fare). Every other command is a plugin's, added through
+``ge_register_cli_commands``: ``compile``, ``run``, ``inspect``, ``passes``, ``bench``, ... come
+from ``ge_tools``, ``atc`` from ``ge_atc``; what such commands share is :mod:`ge_sdk.cli`.
 
 Errors a user can cause print ``error: <message>`` on stderr and exit with status 2, with no
 traceback (``GE_DEBUG=1`` shows it).
@@ -129,59 +129,6 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_passes(args: argparse.Namespace) -> int:
-    from .options import CompileOptions
-    from .passes import resolve_pipeline
-    from .plugins import get_host
-
-    regs = get_host().registries
-    opts = CompileOptions.from_any(args.config) if args.config else CompileOptions()
-    if args.opt_level is not None:
-        opts.update({"opt_level": args.opt_level})
-    plans = resolve_pipeline(regs.passes, opts)
-    active = {p.name for s in plans for p in s.passes}
-    data: dict[str, Any] = {
-        "opt_level": opts.opt_level,
-        "stages": [
-            {
-                "stage": s.name,
-                "fixed_point": s.fixed_point,
-                "passes": [
-                    {"name": p.name, "plugin": regs.passes.origin(p.name), "opt_level": p.opt_level,
-                     "params": {**dict(getattr(p, "params", {}) or {}), **opts.pass_params.get(p.name, {})},
-                     "description": getattr(p, "description", "") or (type(p).__doc__ or "").strip().split("\n")[0]}
-                    for p in s.passes
-                ],
-            }
-            for s in plans
-        ],
-        "inactive": [
-            {"name": n, "plugin": regs.passes.origin(n), "stage": p.stage, "opt_level": p.opt_level,
-             "default_enabled": p.default_enabled}
-            for n, p in regs.passes.items() if n not in active
-        ],
-        "stream_allocators": sorted(regs.stream_allocators.keys()),
-        "memory_planners": sorted(regs.memory_planners.keys()),
-        "options": {k: {"default": v[0], "help": v[1], "plugin": regs.options.origin(k)} for k, v in regs.options.items()},
-    }
-    if args.json:
-        print(json.dumps(data, indent=2, default=str))
-        return 0
-    t = table(f"pipeline (O{opts.opt_level})", ("stage", "pass", "plugin", "params"))
-    for s in data["stages"]:
-        if not s["passes"]:
-            t.add_row(plain(s["stage"]), "-", "", "")
-        for p in s["passes"]:
-            t.add_row(plain(s["stage"] + (" (fixed point)" if s["fixed_point"] else "")), plain(p["name"]), plain(p["plugin"]),
-                      plain(", ".join(f"{k}={v}" for k, v in p["params"].items())))
-    con = console()
-    con.print(t)
-    if data["inactive"]:
-        con.print(plain("not in this pipeline: " + ", ".join(f"{p['name']} (O{p['opt_level']})" for p in data["inactive"])))
-    con.print(plain(f"stream allocators: {', '.join(data['stream_allocators'])}; memory planners: {', '.join(data['memory_planners'])}"))
-    return 0
-
-
 class Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors are :class:`OptionError` (``error: ...``, exit 2)
     with ``did you mean`` for a mistyped sub-command or flag. It remembers the flags added to it
@@ -233,12 +180,6 @@ def build_parser(with_plugins: bool = True) -> argparse.ArgumentParser:
     p = sub.add_parser("plugins", help="list plugins, what they provide and their load errors")
     p.add_argument("--json", action="store_true", help="print the list as JSON")
     p.set_defaults(func=cmd_plugins)
-
-    p = sub.add_parser("passes", help="print the resolved pass pipeline")
-    p.add_argument("--config", help="pipeline config (TOML) to resolve")
-    p.add_argument("-O", "--opt-level", dest="opt_level", help="optimisation level 0..3 (default 2)")
-    p.add_argument("--json", action="store_true", help="print the pipeline, passes and options as JSON")
-    p.set_defaults(func=cmd_passes)
 
     if with_plugins:
         try:

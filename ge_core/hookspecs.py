@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .kernel import KernelSpec
     from .memory import MemoryPlan, MemoryProblem
     from .model import CompiledModel
-    from .om import OmKind
+    from .om_container import OmKind
     from .ops import OpDef
     from .options import CompileOptions
     from .passes import Pass, PassInstrument
@@ -199,7 +199,9 @@ def ge_register_backends(register: RegisterBackend) -> None:
     """Register execution backends.
 
     Call ``register(backend)`` with a :class:`ge_core.backend.Backend`; ``soc_version`` chooses
-    one by name or alias. Returns nothing.
+    one by name or alias. Returns nothing. The contract: ``backend.build(model, kernels, context)``
+    gets a :class:`ge_core.backend.BuildContext` (``context.options``, ``context.registries``), not
+    the options themselves as before, and returns an :class:`~ge_core.backend.Executable`.
     """
 
 
@@ -210,7 +212,7 @@ def ge_register_options(register: RegisterOption) -> None:
     Call ``register(name, default, help)``; such an option may then appear in option dicts,
     config files and ``--option name=value`` on the command line. ``read=fn`` (also for a
     built-in option a plugin reads, such as ``fusion_switch_file``): ``fn(value)`` validates
-    the value when it is set and returns the options it derives (``{option: value}``), raising
+    the value when a compile starts (``ge_core.compile``, with its host's readers) and returns the options it derives (``{option: value}``), raising
     OptionError for a bad value. Returns nothing.
     """
 
@@ -221,7 +223,7 @@ def ge_register_om_kinds(register: RegisterOmKind) -> None:
 
     Call ``register(partition, kind)``: an .om whose container holds the partition
     ``partition`` (a kind name other than ``model`` and ``weights``) is read by ``kind``, a
-    :class:`ge_core.om.OmKind` (``load``, ``inspect``, ``definition``), after the core checked
+    :class:`ge_core.om_container.OmKind` (``load``, ``inspect``, ``definition``), after the core checked
     the container. ``ge_atc`` registers its gear models (partition ``gears``) this way. Returns
     nothing.
     """

@@ -133,7 +133,7 @@ class KernelSpec:
         while root is not None and root.parent is not None:
             root = root.parent
         imports = root.opset_imports if root is not None else {}
-        opts: dict[str, Any] = {"threads": getattr(options, "threads", None)}
+        opts: dict[str, Any] = {"threads": None if options is None else options.getoption("threads")}
         opts.update(backend_options)
         return cls(
             name=node.name,

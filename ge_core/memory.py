@@ -1,26 +1,9 @@
 """Memory planning data: tensor lifetimes over a schedule, plans, bounds and the plan verifier.
 
 The core computes the problem (which intermediate tensors exist, their sizes and lifetimes,
-which of them share bytes) and checks plans; planner plugins (``ge_register_memory_planners``)
-choose the offsets.
-
-Sharing (``build_problem(..., share=True)``) groups values that occupy the same bytes:
-
-* *views*: the output of a view op (Reshape, Squeeze...) is the bytes of its input;
-* *in place*: an elementwise op writes its output over an input of the same type whose bytes
-  nobody reads afterwards;
-* *concat*: the inputs of a concat whose outer dimensions are all 1 lie back to back inside the
-  output, so producers write straight into the concat's output and the concat costs nothing.
-
-Which op is which is the op set's fact, ``OpDef.alias`` (see :data:`ge_core.ops.ALIAS_KINDS`).
-
-A group is planned as one :class:`Buffer` (named after its root value, alive from its first
-member's start to its last member's end); the other members are ``problem.aliases``: ``member ->
-(root, byte offset, size)``. :func:`expand_plan` gives every member its absolute offset.
-
-Streams: with several streams a buffer may be reused by a node of another stream only once an
-event orders that node after every read of the buffer. :func:`build_problem` makes this an
-interval problem by extending each buffer's end to the last position not so ordered.
+which of them share bytes: views, in-place outputs, concat inputs, as ``OpDef.alias`` says) and
+checks plans; planner plugins (``ge_register_memory_planners``) choose the offsets. How sharing
+and streams shape the problem is described in ``docs/memory.md``.
 """
 
 from __future__ import annotations
@@ -32,9 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import GEError, SecurityError
+from .errors import GEError, GraphError, OptionError, SecurityError
 from .ir import symbolic as sym
 from .ir.graph import Graph, Node, Value
+from .options import CompileOptions
 from .schedule import HappensBefore, StreamAssignment
 
 DEFAULT_ALIGNMENT = 64
@@ -200,7 +184,7 @@ def build_problem(
                 )
             e = i
             rs = []
-            for user, _ in v._uses:
+            for user, _ in v.uses():
                 p = pos.get(user)
                 if p is None:  # read inside a subgraph: alive until the node holding it runs
                     p = owner.get(user.graph) if user.graph is not None else None
@@ -235,6 +219,54 @@ def build_problem(
         by_name = {v.name: stream_of[pos[n]] for n in order for v in n.outputs}
         prob.streams = {b.name: by_name.get(b.name, 0) for b in buffers}
     return prob
+
+
+#: ``graph.metadata`` key of the input symbols' ranges (``{symbol: [lo, hi or None]}``).
+DIM_RANGES = "ge.dim_ranges"
+
+
+def dim_ranges(g: Graph) -> dict[str, tuple[int, int | None]]:
+    """The ranges of the input symbols (``ge_sdk.shapes.apply_input_shapes``), checked as data from outside:
+    GraphError for anything but ``{symbol: [lo >= 0, hi >= lo or None]}`` of the graph's symbols."""
+    raw = g.metadata.get(DIM_RANGES)
+    if raw is None:
+        return {}
+    ok = isinstance(raw, dict) and len(raw) <= 1024
+    out: dict[str, tuple[int, int | None]] = {}
+    for k, r in (raw.items() if ok else ()):
+        good = (isinstance(k, str) and isinstance(r, (list, tuple)) and len(r) == 2
+                and all(x is None or (isinstance(x, int) and not isinstance(x, bool)) for x in r)
+                and isinstance(r[0], int) and r[0] >= 0 and (r[1] is None or r[1] >= r[0]))
+        if not good:
+            ok = False
+            break
+        out[k] = (r[0], r[1])
+    if not ok:
+        raise GraphError(f"graph '{g.name}': metadata '{DIM_RANGES}' is not a table of dim ranges",
+                         hint="recompile the model; ranges come from --input_shape (x:1~8,...)")
+    return out
+
+
+def reuse_enabled(options: CompileOptions) -> bool:
+    return not (options.disable_reuse_memory or options.memory_optimize_level == "off")
+
+
+def memory_problem(g: Graph, order, streams: StreamAssignment, options: CompileOptions, regs) -> MemoryProblem:
+    """Lifetimes over the schedule; with reuse on, views, in-place outputs and concat inputs share bytes.
+
+    The one way the memory problem of a compiled graph is built: the compiler plans it, and
+    :func:`ge_core.om.load_om` rebuilds it from the loaded graph to verify the stored plan."""
+    raw = options.extra.get("memory_alignment", DEFAULT_ALIGNMENT)
+    try:
+        alignment = check_alignment(raw)
+    except GEError as e:
+        raise OptionError(f"option memory_alignment: {e}", hint="64 is the default; GE uses 512") from None
+
+    def alias(node):
+        d = regs.ops.lookup(node.domain, node.op_type)
+        return d.aliasing if d is not None else ""
+
+    return build_problem(g, order, alignment, streams=streams, alias=alias, share=reuse_enabled(options))
 
 
 class _Groups:
@@ -648,8 +680,9 @@ def verify_plan(problem: MemoryProblem, plan: MemoryPlan) -> None:
 # ------------------------------------------------------------------------------------------------
 #: At most this many placement orders in a symbolic plan (and reference bindings planned).
 MAX_ORDERS = 8
-#: The largest value a reference binding gives an unbounded symbol.
-UNBOUNDED_REFERENCE = 256
+#: The memory planner registry's name of the strategy that plans a symbolic problem (given the
+#: concrete planner the ``memory_planner`` option chose): ``ge_memory`` registers it.
+SYMBOLIC_PLANNER = "symbolic"
 
 
 @dataclass
@@ -772,34 +805,6 @@ def place_in_order(problem: MemoryProblem, order: Sequence[str], below: Sequence
         top[i] = off + size[n]
         arena = max(arena, align_up(top[i], a))
     return MemoryPlan(offsets, arena, name)
-
-
-def order_of(plan: MemoryPlan, problem: MemoryProblem) -> list[str]:
-    """The placement order a concrete plan implies: its buffers by offset (then by start)."""
-    return [b.name for b in sorted(problem.buffers, key=lambda b: (plan.offsets[b.name], b.start, b.name))]
-
-
-def reference_bindings(symbols: Sequence[str], ranges: dict[str, tuple[int, int | None]]) -> list[dict[str, int]]:
-    """Bindings a symbolic problem is planned at: every symbol at its least, largest and middle
-    value, and for several symbols each one large with the others small (at most
-    :data:`MAX_ORDERS`). An unbounded symbol's largest is :data:`UNBOUNDED_REFERENCE`."""
-    lo: dict[str, int] = {}
-    hi: dict[str, int] = {}
-    for s in symbols:
-        a, b = ranges.get(s, (1, None))
-        lo[s] = max(1, a)
-        hi[s] = max(lo[s], b if b is not None else max(UNBOUNDED_REFERENCE, lo[s]))
-    mid = {s: max(lo[s], round(math.sqrt(lo[s] * hi[s]))) for s in symbols}
-    out = [dict(hi), dict(mid), dict(lo)]
-    if len(symbols) > 1:
-        for s in symbols:
-            out.append({t: hi[t] if t == s else lo[t] for t in symbols})
-            out.append({t: lo[t] if t == s else hi[t] for t in symbols})
-    seen: list[dict[str, int]] = []
-    for ref in out:
-        if ref not in seen:
-            seen.append(ref)
-    return seen[:MAX_ORDERS]
 
 
 def verify_symbolic_plan(problem: MemoryProblem, plan: SymbolicPlan) -> None:

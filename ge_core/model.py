@@ -8,15 +8,20 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields, replace
+from typing import Any, ClassVar
 
 import numpy as np
 
+from .backend import BuildContext
 from .errors import InputError, OptionError
 from .ir.graph import Graph
-from .memory import MemoryPlan, SymbolicPlan
+from .kernel import run_deadline
+from .memory import MemoryPlan, SymbolicPlan, dim_ranges
 from .options import CompileOptions
+from .passes import STAGES
+from .plugins import PluginHost
+from .registry import close_matches
 from .schedule import StreamAssignment
 
 
@@ -59,6 +64,11 @@ class CompiledModel:
     may call :meth:`run` at once.
     """
 
+    #: How a model compiles a graph again (:meth:`with_outputs`) and saves itself (:meth:`save`):
+    #: ``ge_core.api``, the top of the core, gives ``compiler.compile_graph`` and ``om.save_om``.
+    compile_graph: ClassVar[Any] = None
+    save_om: ClassVar[Any] = None
+
     def __init__(
         self,
         graph: Graph,
@@ -67,7 +77,7 @@ class CompiledModel:
         streams: StreamAssignment,
         memory_plan: MemoryPlan | SymbolicPlan | None,
         report: dict[str, Any],
-        host=None,
+        host: PluginHost,
     ) -> None:
         self.graph = graph
         self.options = options
@@ -75,11 +85,13 @@ class CompiledModel:
         self.memory_plan = memory_plan
         self.report = report
         self.source: str | None = None
-        self._host = host
+        #: the plugin host whose backend, kernels and options this model uses
+        self.host = host
         self._executable = None
         self._dim_ranges: dict[str, tuple[int, int | None]] | None = None
         self._lock = threading.Lock()
-        self._keepalive: Any = None  # the .om's snapshot (private memory) whose weights the graph uses
+        #: the .om's snapshot (private memory) whose weights the graph uses, held as long as the model
+        self.keepalive: Any = None
         self._async_runner: AsyncRunner | None = None
         #: ``load_seconds`` (set by :func:`ge_core.load_om`: reading, verifying and building the
         #: .om) and ``first_run_seconds`` (the first :meth:`run`), the cold-start pair
@@ -118,22 +130,14 @@ class CompiledModel:
         return self._executable
 
     def _build(self):
-        from .plugins import get_host
-
-        host = self._host or get_host()
-        regs = host.registries
+        regs = self.host.registries
         backend = regs.backend(self.options.soc_version)
-        kernels = regs.kernels_for(backend.name)
-        return backend.build(self, kernels, self.options)
+        return backend.build(self, regs.kernels_for(backend.name), BuildContext(self.options, regs))
 
     # ------------------------------------------------------------------------------------------
     def merged_run_options(self, **options: Any) -> CompileOptions:
         """This model's options with the run options ``options`` applied (checked; nothing is
         built). OptionError for options that change what was compiled."""
-        from dataclasses import fields, replace
-
-        from .plugins import get_host
-
         core = {f.name for f in fields(CompileOptions)} - {"extra"}
         fixed = [k for k in options if k.replace("-", "_") in core and k.replace("-", "_") not in RUN_OPTIONS]
         if fixed:
@@ -141,7 +145,8 @@ class CompiledModel:
                               "compiled model", hint="compile the source model again with them")
         opts = replace(self.options, extra=dict(self.options.extra))
         opts.update(options)
-        opts.check_extra((self._host or get_host()).registries.options)
+        opts.read_by_plugins(self.host.registries.option_readers, options)
+        opts.check_extra(self.host.registries.options)
         return opts
 
     def set_run_options(self, **options: Any) -> None:
@@ -177,8 +182,6 @@ class CompiledModel:
         first = "first_run_seconds" not in self.timings
         t0 = time.perf_counter()
         executable = self.executable  # built (once) outside the deadline
-        from .kernel import run_deadline
-
         with run_deadline(seconds):
             outs = executable.run(checked)
         if first:
@@ -196,8 +199,6 @@ class CompiledModel:
         have = self.output_names
         bad = [n for n in names if not isinstance(n, str) or n not in have]
         if bad:
-            from .registry import close_matches
-
             raise InputError(f"unknown output(s) {_listed(bad)}{close_matches(str(bad[0]), have)}",
                              hint=f"the model's outputs are {_listed(have)}")
         return names
@@ -208,11 +209,6 @@ class CompiledModel:
         tensors). The copy is compiled again without passes, so it runs the same kernels on the
         same graph, and without memory reuse; ``options`` (e.g. ``executor="sequential"``) are
         added to this model's."""
-        from dataclasses import replace
-
-        from .api import compile as compile_model
-        from .passes import STAGES
-
         g = self.graph.copy()
         outs = list(g.outputs)
         shown = {v.name for v in outs}
@@ -223,8 +219,6 @@ class CompiledModel:
             by_name = {o.name: o for o in computed}
             bad = [n for n in names if n not in by_name]
             if bad:
-                from .registry import close_matches
-
                 raise InputError(f"no node of the compiled graph computes {_listed(bad)}"
                                  f"{close_matches(str(bad[0]), list(by_name))}",
                                  hint="the compiled graph's values are its nodes' outputs (see `ge export`)")
@@ -234,7 +228,8 @@ class CompiledModel:
                        opt_level=0, disable_reuse_memory=True, input_shape={}, out_nodes=[], dump_ir=None,
                        config=None, fusion_switch_file=None)
         opts.update(options)
-        return compile_model(g, opts)
+        opts.read_by_plugins(self.host.registries.option_readers, options)
+        return self.compile_graph(g, opts, self.host)
 
     def run_async(self, feeds: Mapping[str, Any] | np.ndarray | None = None, *,
                   output_names: Sequence[str] | None = None, **kw: Any) -> Future:
@@ -327,16 +322,12 @@ class CompiledModel:
         """The ranges of the input symbols (``--input_shape x:1~8,...``): symbol -> (lo, hi or None)."""
         r = self._dim_ranges
         if r is None:
-            from .compiler import dim_ranges
-
             r = self._dim_ranges = dim_ranges(self.graph)
         return r
 
     def arena_bytes_at(self, dims: Mapping[str, int]) -> int:
         """The arena a run whose input symbols take the values ``dims`` uses (a symbolic plan,
         evaluated there); the planned arena of a model with static shapes."""
-        from .memory import SymbolicPlan
-
         if not isinstance(dims, Mapping):
             raise InputError(f"arena_bytes_at takes a dict of symbol name -> int, not {_what(dims)}",
                              hint="e.g. model.arena_bytes_at({'batch': 4})")
@@ -378,17 +369,13 @@ class CompiledModel:
     @property
     def registries(self):
         """The plugin registries this model's kernels and backend come from."""
-        from .plugins import get_host
-
-        return (self._host or get_host()).registries
+        return self.host.registries
 
     # ------------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> str:
         """Write the model as an .om file (atomically: a failure leaves what was at ``path``
         as it was; see :func:`ge_core.om.save_om`); returns the path."""
-        from .om import save_om
-
-        return save_om(self, os.fspath(path))
+        return self.save_om(self, os.fspath(path))
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -11,7 +11,7 @@ An .om holds two partitions (see :mod:`ge_core.om_container` for the container):
 
 A plugin may define another kind of .om, one whose container holds a partition of its own
 (``ge_register_om_kinds``: ge_atc's gear models, partition ``gears``); :func:`load_om`,
-:func:`inspect_om` and :func:`stored_definition` hand such a file to its :class:`OmKind`.
+:func:`ge_sdk.omdesc.inspect_om` and :func:`stored_definition` hand such a file to its :class:`OmKind`.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import os
 import re
 import secrets
 import zlib
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import __version__, cache
+from . import cache
 from .errors import (
     GEError,
     GraphError,
@@ -38,10 +38,12 @@ from .errors import (
 )
 from .ir.graph import Graph
 from .ir.verify import verify_graph
-from .memory import MAX_ORDERS, MemoryPlan, SymbolicPlan, verify_plan, verify_symbolic_plan
+from .memory import MAX_ORDERS, MemoryPlan, SymbolicPlan, dim_ranges, memory_problem, verify_plan, verify_symbolic_plan
 from .model import CompiledModel
 from .om_container import (
+    CORE_PARTITIONS,
     Container,
+    OmKind,
     anonymous_buffer,
     read_container,
     read_file_into,
@@ -52,7 +54,8 @@ from .om_container import (
 from .options import CompileOptions
 from .schedule import StreamAssignment, verify_streams
 from .serialize import FORMAT_VERSION, LIMITS, WeightWriter, dump_definition, graph_to_dict, load_definition, read_graph
-from .writes import fsync_directory
+from .version import __version__
+from .writes import OM_COMPANIONS, fsync_directory
 
 if TYPE_CHECKING:
     from .plugins import PluginHost
@@ -86,6 +89,27 @@ def model_definition(model: CompiledModel, weights: WeightWriter | None = None) 
         "report": model.report,
     }
     return d, weights
+
+
+def external_weight_files(path: str) -> list[str]:
+    """The external weight files an .om at ``path`` names (best effort: [] when unreadable).
+    Reads only the header, the partition table and the model partition."""
+    folder = os.path.dirname(os.path.abspath(path))
+    out: list[str] = []
+    try:
+        raw = read_partition(path, "model", max_size=MAX_MODEL_JSON)
+        d = load_definition(raw, path) if raw is not None else None
+        files = (d.get("external_weights") or {}).get("files") if isinstance(d, dict) else None
+        for f in files if isinstance(files, list) else []:
+            rel = f.get("path") if isinstance(f, dict) else None
+            if isinstance(rel, str) and rel and "\0" not in rel:
+                out.append(os.path.join(folder, *rel.split("/")))
+    except Exception:  # a damaged .om: its loader says what is wrong
+        pass
+    return out
+
+
+OM_COMPANIONS.append(external_weight_files)  # what a command reads with an .om (ge_core.writes)
 
 
 def type_conflict(graph: Graph, ops) -> str | None:
@@ -158,8 +182,6 @@ def save_om(model: CompiledModel, path: str, *, external_weight: int = 0) -> str
         raise OptionError(f"external_weight must be 0, 1 or 2, not {external_weight!r:.20}")
     if not path:
         raise OptionError("no output path given for the .om file", hint="pass a file name (--output / save(path))")
-    from .plugins import get_host
-
     d, weights = checked_definition(model, path)
     data: Any = weights.chunks()
     with ModelFileSave(path) as save:  # the old model, or the new one, is complete at every point
@@ -172,7 +194,7 @@ def save_om(model: CompiledModel, path: str, *, external_weight: int = 0) -> str
             [("model", blob, 8), ("weights", data, 4096)],
             producer=f"ge-python {__version__}",
         )
-    remember_types_checked(blob, model.graph, get_host())
+    remember_types_checked(blob, model.graph, model.host)
     return path
 
 
@@ -180,9 +202,7 @@ def checked_definition(model: CompiledModel, path: str,
                        weights: WeightWriter | None = None) -> tuple[dict[str, Any], WeightWriter]:
     """:func:`model_definition` of a model about to be saved at ``path``, its stored types first
     checked against inference (the loader would refuse a conflict: say so now, naming the node)."""
-    from .plugins import get_host
-
-    conflict = type_conflict(model.graph, get_host().registries.ops)
+    conflict = type_conflict(model.graph, model.registries.ops)
     if conflict:
         raise GraphError(f"cannot save '{path}': {conflict}",
                          hint="a pass or plugin set a wrong output type; run with verify_each_pass to find which")
@@ -553,44 +573,18 @@ def _stored(what: str, path: str, e: GEError) -> OmFormatError:
     return OmFormatError(f"'{path}': the stored {what} is invalid: {e.detail}", hint=_RECREATE)
 
 
-#: The partitions the core reads; an .om holding another one that a plugin registered
-#: (``ge_register_om_kinds``) is that plugin's kind of .om.
-CORE_PARTITIONS = ("model", "weights")
 #: Partitions a built-in plugin reads, named when that plugin is missing (or disabled).
 PLUGIN_PARTITIONS = {"gears": "ge_atc (gear models: atc --dynamic_batch_size, --dynamic_image_size, --dynamic_dims)"}
 
 
-@runtime_checkable
-class OmKind(Protocol):
-    """A kind of .om a plugin defines (``ge_register_om_kinds``): it reads the files whose
-    container holds its partition. Each method gets the path and the open container, whose
-    header, partition table and checksums the core has checked; everything else in it is data
-    from a stranger, checked by the kind as :func:`load_om` checks a model (the public functions
-    here do the core's part: :func:`read_model_definition`, :func:`weight_buffers`,
-    :func:`model_from_definition`, :func:`definition_summary`)."""
-
-    def load(self, path: str, container: Container, host: PluginHost, verify_checksums: bool,
-             run_options: dict[str, Any] | None) -> Any:
-        """The loaded model: an object with :class:`CompiledModel`'s interface (``run``,
-        ``input_names``/``output_names``, ``inputs``/``outputs``, ``report``, ``timings``, ``save``)."""
-
-    def inspect(self, path: str, container: Container) -> dict[str, Any]:
-        """:func:`inspect_om`'s ``model``, ``report`` and ``streams`` (and the kind's own keys)."""
-
-    def definition(self, path: str, container: Container) -> dict[str, Any]:
-        """The checked model definition that stands for the file (:func:`stored_definition`)."""
-
-
-def om_kind(path: str, container: Container, host: PluginHost | None = None) -> tuple[str, OmKind, str] | None:
+def om_kind(path: str, container: Container, host: PluginHost) -> tuple[str, OmKind, str] | None:
     """The (partition, kind, its plugin) that reads the open ``container``, or None for a model
     the core reads. A partition a built-in plugin reads (:data:`PLUGIN_PARTITIONS`) with that plugin
     missing is a ModelFileError naming the plugin; any other partition is ignored."""
     extra = [k for k in container.kinds() if k not in CORE_PARTITIONS]
     if not extra:
         return None
-    from .plugins import get_host
-
-    kinds = (host or get_host()).registries.om_kinds
+    kinds = host.registries.om_kinds
     for part in extra:
         kind = kinds.get(part)
         if kind is not None:
@@ -617,7 +611,7 @@ def call_kind(found: tuple[str, OmKind, str], path: str, method: str, *args: Any
                           f"{type(e).__name__}: {e}", hint="this is a bug in the plugin; please report it with the file") from e
 
 
-def load_om(path: str | os.PathLike, *, host=None, verify_checksums: bool = True,
+def load_om(path: str | os.PathLike, *, host: PluginHost, verify_checksums: bool = True,
             run_options: dict[str, Any] | None = None) -> CompiledModel:
     """Load an .om file; everything is validated before use. The file (and its external weight
     files) is read once into private memory: the model is a snapshot that later changes to the
@@ -630,12 +624,9 @@ def load_om(path: str | os.PathLike, *, host=None, verify_checksums: bool = True
     assignment (:func:`verify_streams`) and the memory plan (:func:`verify_plan` against the
     memory problem rebuilt from the loaded graph, as the compiler builds it).
     """
-    from .plugins import get_host
-
     path = os.fspath(path)
     container = read_container(path, verify_checksums=verify_checksums)
     try:
-        host = host or get_host()
         found = om_kind(path, container, host)
         if found:
             return call_kind(found, path, "load", container, host, verify_checksums, run_options)
@@ -653,8 +644,6 @@ def model_from_definition(path: str, d: dict[str, Any], raw: Any, blob: Any, con
                           run_options: dict[str, Any] | None = None) -> CompiledModel:
     """The model of the definition ``d`` (read from the bytes ``raw``, its constants in ``blob``
     of the open ``container``), verified as :func:`load_om` says, its executable built."""
-    from .compiler import dim_ranges, memory_problem
-
     graph = read_graph(d.get("graph"), d.get("weights", []), blob, f"'{path}'")
     regs = host.registries
     try:  # every node names a registered op with a valid arity, before a backend sees it
@@ -694,7 +683,7 @@ def model_from_definition(path: str, d: dict[str, Any], raw: Any, blob: Any, con
             raise _stored("memory plan", path, e) from None
     model = CompiledModel(graph, options, streams=streams, memory_plan=plan, report=d.get("report", {}), host=host)
     model.source = path
-    model._keepalive = container
+    model.keepalive = container
     if run_options:  # applied before the one build (threads, executor, ...): checked like set_run_options
         try:
             model.options = model.merged_run_options(**run_options)
@@ -770,62 +759,10 @@ def read_plan(d: Any, path: str) -> MemoryPlan | SymbolicPlan | None:
     return MemoryPlan(dict(offsets), arena, planner[:200])
 
 
-def inspect_om(path: str) -> dict[str, Any]:
-    """A JSON-able description: container header and partitions, model summary and report.
-
-    The model definition is validated as :func:`load_om` validates it (no plugin needed): the
-    graph is rebuilt, the stream assignment and memory plan are read, the options are checked.
-    A plugin's kind of .om is described by its :meth:`OmKind.inspect`."""
-    from .om_container import describe
-
-    info: dict[str, Any] = {"file": describe(path)}
-    with read_container(path) as c:
-        found = om_kind(path, c)
-        if found:
-            info.update(call_kind(found, path, "inspect", c))
-            return info
-        d = read_model_definition(path, c)
-        if "weights" not in c:
-            raise OmFormatError(f"'{path}' has no weights partition", hint=_RECREATE)
-        info.update(definition_summary(path, d, weight_buffers(path, d, c)))
-    return info
-
-
-def stored_definition(path: str, container) -> dict[str, Any]:
+def stored_definition(path: str, container, host: PluginHost) -> dict[str, Any]:
     """The model definition an .om stores (checked as :func:`read_model_definition` checks it);
     of a plugin's kind of .om, the one its :meth:`OmKind.definition` gives."""
-    found = om_kind(path, container)
+    found = om_kind(path, container, host)
     if found:
         return call_kind(found, path, "definition", container)
     return read_model_definition(path, container)
-
-
-def definition_summary(path: str, d: dict[str, Any], blob: Any) -> dict[str, Any]:
-    """``{"model", "report", "streams"}`` of :func:`inspect_om` for the definition ``d`` (its
-    constants in ``blob``), validated as :func:`load_om` validates it without plugins: the graph
-    is rebuilt, the stream assignment and memory plan are read, the options are checked."""
-    info: dict[str, Any] = {}
-    g: Graph = read_graph(d.get("graph"), d.get("weights", []), blob, f"'{path}'")
-    n = len(g.node_list())
-    g = None  # type: ignore[assignment]  # its weights are views of a mapping about to close
-    read_streams(d.get("streams"), n, path)
-    read_plan(d.get("memory_plan"), path)
-    try:
-        options = CompileOptions.from_dict(d.get("options") or {})
-    except OptionError as e:
-        raise OmFormatError(f"'{path}': the stored compile options are invalid: {e.detail}", hint=_RECREATE) from None
-    gd: dict[str, Any] = d["graph"]
-    info["model"] = {
-        "producer": d.get("producer"),
-        "inputs": gd.get("inputs", []),
-        "outputs": gd.get("outputs", []),
-        "nodes": len(gd.get("nodes", [])),
-        "constants": len(gd.get("constants", [])),
-        "opset_imports": gd.get("opset_imports"),
-        "soc_version": options.soc_version,
-    }
-    if d.get("external_weights"):
-        info["model"]["external_weights"] = d["external_weights"]
-    info["report"] = d.get("report")
-    info["streams"] = d.get("streams") or {}
-    return info

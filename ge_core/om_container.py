@@ -1,73 +1,15 @@
 """The binary container of an offline model (``.om``) file: header, partition table, partitions.
 
 This module knows nothing about graphs or weights; it stores named byte *partitions* (``"model"``,
-``"weights"``, ...) in one file that can be memory-mapped and validated before any use.
+``"weights"``, ...) in one file that can be validated before any use. The layout (a 96-byte
+header, a table of 48-byte entries, aligned partitions, every byte covered by a CRC or required
+to be zero) is described in ``docs/om-format.md``.
 
-File layout (all integers little-endian, offsets are from the start of the file)::
-
-    +-------------------+  0
-    | header (96 bytes) |
-    +-------------------+  table_offset (the writer puts it right after the header)
-    | partition table   |  partition_count entries of table_entry_size (48) bytes
-    +-------------------+
-    | zero padding      |  up to the first partition's alignment
-    | partition 0       |  offset % alignment == 0
-    | zero padding      |
-    | partition 1       |
-    | ...               |
-    +-------------------+  file_size
-
-Header (:data:`HEADER_SIZE` = 96 bytes, struct ``<4s4sHHI32sIIQIIQ12sI``)::
-
-    off size field
-      0   4  magic             b"GEOM"
-      4   4  signature         b"\\r\\n\\x1a\\n"  (catches line-ending conversion by text-mode copies)
-      8   2  version_major     readers reject a major they do not know
-     10   2  version_minor     readers accept any minor of a known major (additions only)
-     12   4  header_size       >= 96; a later minor may grow the header, a reader skips the rest
-     16  32  producer          utf-8, NUL padded (e.g. "ge 0.1.0"); informational
-     48   4  flags             reserved, 0; readers ignore bits they do not know
-     52   4  partition_count   <= MAX_PARTITIONS (64)
-     56   8  table_offset      multiple of 8, >= header_size
-     64   4  table_entry_size  >= 48, multiple of 8; a later minor may grow entries
-     68   4  table_crc32       zlib.crc32 of the partition_count * table_entry_size table bytes
-     72   8  file_size         total size of the file in bytes (detects truncation and appending)
-     80  12  reserved          0
-     92   4  header_crc32      zlib.crc32 of the first header_size bytes with this field zeroed
-
-Partition table entry (:data:`ENTRY_SIZE` = 48 bytes, struct ``<16sQQIIII``)::
-
-    off size field
-      0  16  kind              ascii, 1..16 printable non-space characters, NUL padded, unique
-     16   8  offset            multiple of alignment, after the table
-     24   8  size              bytes
-     32   4  alignment         power of two, 1 .. MAX_ALIGNMENT (2 MiB)
-     36   4  crc32             zlib.crc32 of the partition's bytes
-     40   4  flags             reserved, 0
-     44   4  reserved          0
-
-Every byte of a valid file is covered by a check: the header and the table by their CRCs, each
-partition by its CRC (when ``verify_checksums``), and every byte between or after them must be
-zero. Partitions may not overlap each other, the header or the table, and must lie inside the
-file. The weights partition is written with alignment 4096, so it can be memory-mapped and any
-tensor stored in it at a 64-byte-aligned offset is aligned for NumPy.
-
-Writing is atomic: the file is written to a temporary file in the target directory, fsynced and
-renamed over the target with :func:`os.replace`; on any failure the temporary file is removed and
-whatever was at the target path before is left untouched. Partition data may be a single buffer or
-an iterable of buffers (written one after another, never concatenated in memory); sizes and CRCs
-are computed while streaming and the header and table are written last.
-
-Reading takes a *snapshot*: the file's bytes are read once (``read``, no file mapping) into
-process-private anonymous memory (:func:`anonymous_buffer`: page aligned, so the weights partition
-is 4096-aligned in memory too), and everything is validated against the bytes actually read;
-:meth:`Container.partition` returns zero-copy read-only memoryviews of that snapshot. Nothing that
-later happens to the file (rewritten in place, truncated, replaced, deleted) can reach an open
-container or a model loaded from it: no mapping of the file exists, so a truncation cannot end the
-process with SIGBUS. A file that changes *while* it is read gives a clear error (its size no longer
-matches, or its checksums fail). Any byte content, however hostile, gives an
-:class:`OmFormatError` (a :class:`~ge_core.errors.GEError`); a missing, unreadable or non-regular
-file gives a :class:`ModelFileError`.
+Writing is atomic (a temporary file in the target directory, fsynced, renamed over the target).
+Reading takes a *snapshot*: the file is read once into private anonymous memory and validated
+on the bytes read; :meth:`Container.partition` gives zero-copy read-only views of it, so nothing
+later done to the file reaches an open container. Any byte content gives an
+:class:`OmFormatError`; a missing, unreadable or non-regular file a :class:`ModelFileError`.
 """
 
 from __future__ import annotations
@@ -80,18 +22,20 @@ import struct
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Protocol, Union, runtime_checkable
 
 import numpy as np
 
 from .errors import ModelFileError, OmFormatError
 from .writes import discard, fsync_directory
 
+if TYPE_CHECKING:
+    from .plugins import PluginHost
+
 __all__ = [
     "FORMAT_VERSION",
     "Container",
     "PartitionInfo",
-    "describe",
     "anonymous_buffer",
     "read_container",
     "read_file_into",
@@ -679,6 +623,11 @@ class Container:
         self._mmap: mmap.mmap | None = mapping  # the snapshot: anonymous memory, not the file
         self._view: memoryview | None = memoryview(mapping).toreadonly()
 
+    @property
+    def header(self) -> dict[str, Any]:
+        """The checked header: format_version, producer, flags, sizes, table offset, CRCs."""
+        return dict(self._header)
+
     def kinds(self) -> list[str]:
         """The partition kinds, in table order."""
         return list(self._entries)
@@ -768,27 +717,6 @@ def read_container(path: str | os.PathLike[str], *, verify_checksums: bool = Tru
     return Container(*_load(path, verify_checksums))
 
 
-def describe(path: str | os.PathLike[str], *, verify_checksums: bool = False) -> dict[str, Any]:
-    """The header and partition table of the .om file at ``path`` as a JSON-able dict."""
-    path, mapping, header, entries = _load(path, verify_checksums)
-    mapping.close()
-    major, minor = header["format_version"]
-    return {
-        "path": path,
-        "format_version": f"{major}.{minor}",
-        "producer": header["producer"],
-        "flags": header["flags"],
-        "header_size": header["header_size"],
-        "file_size": header["file_size"],
-        "table_offset": header["table_offset"],
-        "table_entry_size": header["table_entry_size"],
-        "header_crc32": f"{header['header_crc32']:08x}",
-        "table_crc32": f"{header['table_crc32']:08x}",
-        "checksums_verified": verify_checksums,
-        "partitions": [e.as_dict() for e in entries],
-    }
-
-
 def read_partition(path: str | os.PathLike[str], kind: str, *, max_size: int) -> bytes | None:
     """The bytes of partition ``kind`` of the .om at ``path``, reading only the header, the
     partition table and that partition (header, table and partition CRCs checked); None when the
@@ -860,3 +788,29 @@ def write_file_atomic(path: str, chunks: Iterable[Buffer]) -> tuple[int, int]:
     finally:
         discard(tmp)
     return size, crc
+
+
+#: The partitions the core reads; an .om holding another one that a plugin registered
+#: (``ge_register_om_kinds``) is that plugin's kind of .om.
+CORE_PARTITIONS = ("model", "weights")
+
+
+@runtime_checkable
+class OmKind(Protocol):
+    """A kind of .om a plugin defines (``ge_register_om_kinds``): it reads the files whose
+    container holds its partition. Each method gets the path and the open container, whose
+    header, partition table and checksums the core has checked; everything else in it is data
+    from a stranger, checked by the kind as ``ge_core.om.load_om`` checks a model (the public functions
+    of :mod:`ge_core.om` do the core's part: ``read_model_definition``, ``weight_buffers``,
+    ``model_from_definition``; ``ge_sdk.omdesc.definition_summary``)."""
+
+    def load(self, path: str, container: Container, host: PluginHost, verify_checksums: bool,
+             run_options: dict[str, Any] | None) -> Any:
+        """The loaded model: an object with :class:`CompiledModel`'s interface (``run``,
+        ``input_names``/``output_names``, ``inputs``/``outputs``, ``report``, ``timings``, ``save``)."""
+
+    def inspect(self, path: str, container: Container) -> dict[str, Any]:
+        """``ge_sdk.omdesc.inspect_om``'s ``model``, ``report`` and ``streams`` (and the kind's own keys)."""
+
+    def definition(self, path: str, container: Container) -> dict[str, Any]:
+        """The checked model definition that stands for the file (``ge_core.om.stored_definition``)."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import GEError, GraphError, PluginError, ShapeInferenceError, UnsupportedOpError, reraise_interrupt
-from .ir.graph import Graph, Node
+from .ir.graph import Graph, Node, declare_copy_op
 from .ir.types import TensorType
 from .registry import Registry, close_matches
 
@@ -72,6 +72,9 @@ class OpDef:
     #: Aliasing fact (one of :data:`ALIAS_KINDS`); ``None``: "inplace" for the ELEMWISE and
     #: BROADCAST kinds, else none; ``""``: the output never shares an input's bytes.
     alias: str | None = None
+    #: The op set's structural copy (output 0 is input 0): the op :class:`ge_core.ir.Graph`
+    #: routes a repeated or outer graph output through (:func:`ge_core.ir.graph.declare_copy_op`).
+    copy: bool = False
 
     def __post_init__(self) -> None:
         if self.alias not in (None, "", *ALIAS_KINDS):
@@ -94,6 +97,11 @@ class OpRegistry(Registry[OpDef]):
 
     def __init__(self) -> None:
         super().__init__("op")
+
+    def add(self, key: Any, obj: OpDef, plugin: str) -> None:
+        super().add(key, obj, plugin)
+        if obj.copy:
+            declare_copy_op(obj.op_type, obj.domain)
 
     @staticmethod
     def norm_domain(domain: str) -> str:

@@ -43,9 +43,6 @@ class CompileOptions:
     out_nodes: list[str] = field(default_factory=list)
     soc_version: str = "cpu"
     fusion_switch_file: str | None = None
-    #: Fusion switches: name -> bool, as the plugin reading ``fusion_switch_file`` (ge_fusion)
-    #: gives them; "ALL" is the default.
-    fusion_switches: dict[str, bool] = field(default_factory=dict)
     memory_optimize_level: str = "normal"
     constant_folding: bool = True
     enable_single_stream: bool = False
@@ -194,7 +191,6 @@ class CompileOptions:
     def update(self, values: Mapping[str, Any]) -> None:
         """Set options from a mapping, accepting ATC spellings; unknown names raise OptionError."""
         names = {f.name for f in dataclasses.fields(self)}
-        given = []
         for key, value in values.items():
             k = _ALIASES.get(key, key).replace("-", "_")
             if k == "config" and value:
@@ -207,18 +203,19 @@ class CompileOptions:
                 continue
             if k in _STRUCTURED and k in names:
                 value = _check_structured(k, value)
-            given.append(k)
             if k not in names:
                 self.extra[k] = value  # checked against plugin-registered options at compile
                 continue
             setattr(self, k, _coerce(k, value))
-        for k in given:  # options a plugin reads (fusion_switch_file: ge_fusion's switches)
-            if k in names and k not in READ_BY_PLUGIN:
-                continue
-            v = getattr(self, k) if k in names else self.extra.get(k)
-            if v is not None and v != "":
-                self.update(read_option(k, v))
 
+    def read_by_plugins(self, readers: Any, names: Any = None) -> None:
+        """Apply the plugins' option readers (``ge_register_options``'s ``read=``; ``ge.compile``
+        passes its host's ``registries.option_readers``) to every option set (or to ``names``)."""
+        todo = [*READ_BY_PLUGIN, *readers] if names is None else [_ALIASES.get(k, k).replace("-", "_") for k in names]
+        for k in dict.fromkeys(todo):
+            v = self.getoption(k)
+            if v is not None and v != "":
+                self.update(read_option(k, v, readers))
 
     def check_extra(self, registered: Any) -> None:
         """Raise OptionError for an option neither built in nor registered by a plugin, or one
@@ -248,6 +245,10 @@ class CompileOptions:
         names = [f.name for f in dataclasses.fields(cls)]
         opts = cls()
         for k, v in d.items():
+            if k == LEGACY_SWITCHES:  # a core field up to ge 0.1.0: now the option of the plugin that reads them
+                if v:
+                    opts.extra[k] = v
+                continue
             if k not in names:
                 raise OptionError(f"unknown compile option '{k}'{close_matches(str(k), names)}")
             if k == "extra":
@@ -277,17 +278,14 @@ class CompileOptions:
             v = self.extra.get(name)
         return default if v is None else v
 
-    def pass_enabled_by_switch(self, name: str, default: bool = True) -> bool:
-        if name in self.fusion_switches:
-            return self.fusion_switches[name]
-        return self.fusion_switches.get("ALL", default)
-
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["input_shape"] = {k: [str(x) if isinstance(x, DimRange) else x for x in v] for k, v in self.input_shape.items()}
         return d
 
 
+#: A core option in the .om files of ge 0.1.0 (ge_fusion's plugin option since).
+LEGACY_SWITCHES = "fusion_switches"
 #: the core fields :meth:`CompileOptions.getoption` reads directly
 _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(CompileOptions))
 
@@ -403,22 +401,6 @@ class DimRange(tuple):
         return f"{self[0]}~{-1 if self[1] is None else self[1]}"
 
 
-def frontend_dims(old: tuple | None, new: tuple, name: str = "") -> tuple:
-    """The dims a frontend gives input ``name`` from ``--input_shape`` ``new``: static sizes and
-    names as given; an unknown dim or a range keeps the model's dim (the compiler makes it a symbol
-    with its range, :func:`ge_core.compiler.apply_input_shapes`). OptionError for a rank or a static
-    size that conflicts with the model's (the compiler checks the rest)."""
-    if old is not None and len(old) != len(new):
-        raise OptionError(f"input_shape gives '{name}' rank {len(new)}, the model's input has rank {len(old)}",
-                          hint=f"give {len(old)} dims for '{name}'")
-    keep = old if old is not None else (None,) * len(new)
-    for i, (d, k) in enumerate(zip(new, keep)):
-        if isinstance(k, int) and d is not None and (isinstance(d, DimRange) or (isinstance(d, int) and d != k)):
-            raise OptionError(f"input_shape gives '{name}' dim {i} = {d}, the model fixes it to {k}",
-                              hint=f"give {k} (a static dim of the model cannot change)")
-    return tuple(k if d is None or isinstance(d, DimRange) else d for d, k in zip(new, keep))
-
-
 def _parse_range(name: str, d: str) -> DimRange:
     lo_s, _, hi_s = d.partition("~")
     lo_s, hi_s = lo_s.strip(), hi_s.strip()
@@ -489,15 +471,12 @@ def _raise(e: Exception):
 READ_BY_PLUGIN = ("fusion_switch_file",)
 
 
-def read_option(name: str, value: Any) -> dict[str, Any]:
+def read_option(name: str, value: Any, readers: Any) -> dict[str, Any]:
     """The options that the plugin reading option ``name`` derives from ``value`` (a plugin
     registers ``register(name, read=fn)``, ``fn(value) -> {option: value}``); {} when no plugin
     reads it. A built-in option only a plugin reads (``READ_BY_PLUGIN``) with no reader, or a
     reader that fails, is an OptionError naming the option and the plugin."""
-    from .plugins import get_host
-
-    regs = get_host().registries
-    read = regs.option_readers.get(name)
+    read = readers.get(name)
     if read is None:
         if name in READ_BY_PLUGIN:
             raise OptionError(f"option {name}: no plugin reads it",
@@ -509,10 +488,10 @@ def read_option(name: str, value: Any) -> dict[str, Any]:
         raise
     except BaseException as e:  # noqa: BLE001 - plugin code: name the plugin
         reraise_interrupt(e)
-        raise OptionError(f"option {name}: plugin '{regs.option_readers.origin(name)}' failed to read "
+        raise OptionError(f"option {name}: plugin '{readers.origin(name)}' failed to read "
                           f"{value!r:.80}: {type(e).__name__}: {e}") from None
     if not isinstance(derived, dict) or name in derived or not all(isinstance(k, str) for k in derived):
-        raise OptionError(f"option {name}: plugin '{regs.option_readers.origin(name)}' read it as "
+        raise OptionError(f"option {name}: plugin '{readers.origin(name)}' read it as "
                           f"{derived!r:.60}, not a dict of other options")
     return derived
 
@@ -634,14 +613,10 @@ def read_regular_file(path: str, what: str, limit: int) -> bytes:
 
 
 #: Options that hold structures: set from a config's [options] or a dict, they are checked here.
-_STRUCTURED = ("pipeline", "pass_params", "fusion_switches")
+_STRUCTURED = ("pipeline", "pass_params")
 
 
 def _check_structured(k: str, v: Any) -> Any:
-    if k == "fusion_switches":
-        if not isinstance(v, Mapping) or not all(isinstance(a, str) and isinstance(b, bool) for a, b in v.items()):
-            raise OptionError(f"fusion_switches must map switch names to true/false, not {v!r:.60}")
-        return dict(v)
     if not isinstance(v, Mapping) or not all(isinstance(a, str) and isinstance(b, Mapping) for a, b in v.items()):
         what = "stage names to tables" if k == "pipeline" else "pass names to tables of parameters"
         raise OptionError(f"{k} must map {what}, not {v!r:.60}", hint="use [pipeline.STAGE] / [passes.NAME] tables")

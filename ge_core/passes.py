@@ -30,8 +30,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from .errors import GEError, OptionError, PassError, PluginError, ShapeInferenceError, reraise_interrupt
 from .ir.graph import Graph
+from .ir.verify import verify_graph
 from .options import CompileOptions
 from .registry import Registry, close_matches
+from .writes import InputFiles, make_folder, write_bytes_atomic
 
 if TYPE_CHECKING:
     from .ops import OpRegistry
@@ -168,8 +170,10 @@ class PassContext:
         return self.registries.ops if self.registries is not None else None
 
     def switch_enabled(self, name: str) -> bool:
-        """Whether the fusion switch file leaves the pattern or pass ``name`` on."""
-        return self.options.pass_enabled_by_switch(name)
+        """Whether the switches of option ``fusion_switches`` (name -> on/off, ``"ALL"`` the
+        default; ge_fusion fills them from ``fusion_switch_file``) leave pattern or pass ``name`` on."""
+        switches = self.options.getoption("fusion_switches") or {}
+        return bool(switches.get(name, switches.get("ALL", True)))
 
     @property
     def who(self) -> str:
@@ -450,8 +454,6 @@ class DumpIR(PassInstrument):
         self.inputs: Any = None
 
     def before_pipeline(self, graph: Graph, ctx: PassContext) -> None:
-        from .writes import InputFiles, make_folder
-
         self.inputs = InputFiles(graph.metadata.get("source"))  # never written over (by inode)
         make_folder(self.dump_dir, "the IR dump folder (dump_ir)", inputs=self.inputs, flag="dump_ir")
         self.dump(graph, "input")
@@ -464,8 +466,6 @@ class DumpIR(PassInstrument):
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", label)
         path = os.path.join(self.dump_dir, f"{self.index:03d}_{safe}.txt")
         self.index += 1
-        from .writes import write_bytes_atomic
-
         write_bytes_atomic(path, str(graph) + "\n", "the IR dump", inputs=self.inputs, flag="dump_ir")
 
 
@@ -483,8 +483,6 @@ class Verify(PassInstrument):
         if result.error is None and self.when(pass_):
             graph.verify()
             if ctx.registries is not None:
-                from .ir.verify import verify_graph
-
                 verify_graph(graph, op_registry=ctx.registries.ops)
 
 
@@ -644,6 +642,8 @@ class PassManager:
                 hint="fix the model at that node (or the input_shape / out_nodes options, if they changed "
                      "its inputs)",
             ) from e
+        except OptionError:  # the user's option (input_shape, out_nodes...): reported as it is
+            raise
         except GEError as e:
             raise PassError(f"{who} (stage {stage}) failed: {e}{self._history()}") from e
         except BaseException as e:  # noqa: BLE001 - SystemExit in a pass must not end the host

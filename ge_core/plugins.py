@@ -24,8 +24,10 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
-from .errors import DuplicateRegistrationError, GEError, PluginError, reraise_interrupt
+from .errors import DuplicateRegistrationError, GEError, OptionError, PluginError, reraise_interrupt
+from .om_container import CORE_PARTITIONS, OmKind
 from .ops import OpDef, OpRegistry
+from .options import CompileOptions
 from .registry import Registry
 
 log = logging.getLogger("ge.plugins")
@@ -99,7 +101,7 @@ class Registries:
         #: Option name -> ``read(value) -> {option: value}`` (``register(name, read=...)``).
         self.option_readers: Registry = Registry("option reader")
         self.cli_commands: Registry = Registry("command")
-        #: Partition name -> the :class:`ge_core.om.OmKind` that reads an .om holding it.
+        #: Partition name -> the :class:`ge_core.om_container.OmKind` that reads an .om holding it.
         self.om_kinds: Registry = Registry("om kind")
 
     def kernels_for(self, backend: str) -> Registry:
@@ -107,8 +109,6 @@ class Registries:
 
     def backend(self, name: str):
         """The backend registered as ``name`` or under an alias (case-insensitive)."""
-        from .errors import OptionError
-
         b = self.backends.get(name)
         if b is not None:
             return b
@@ -290,8 +290,6 @@ class PluginHost:
 
         def option_adder(plugin):
             def add(name: str, default=None, help: str = "", read: Callable | None = None):
-                from .options import CompileOptions
-
                 if read is not None and not callable(read):
                     raise PluginError(f"reader of option '{name}' is not callable")
                 reader = [("option_readers", name, read)] if read is not None else []
@@ -303,8 +301,6 @@ class PluginHost:
 
         def om_kind_adder(plugin):
             def add(partition: str, kind):
-                from .om import CORE_PARTITIONS, OmKind
-
                 if not isinstance(partition, str) or not partition or partition in CORE_PARTITIONS:
                     raise PluginError(f"om kind partition {partition!r:.40} is not a partition name of its own",
                                       hint=f"name a partition other than {' and '.join(CORE_PARTITIONS)}")

@@ -644,8 +644,7 @@ class GraphReader:
                 if not isinstance(x, str) or x not in scope:
                     self.fail(f"graph output {str(x)[:80]!r} is not defined")
                 graph_outs.append(scope[x])
-            g.outputs = graph_outs
-            g._output_set = dict.fromkeys(graph_outs)
+            g.restore_outputs(graph_outs)
         except OmFormatError:
             raise
         except GEError as e:  # e.g. duplicate names from the IR

@@ -30,6 +30,9 @@ MAX_FOLDER_FILES = 10_000
 MAX_SCAN_BYTES = 1 << 31
 
 _LOCATION = b"\x0a\x08location\x12"  # an ONNX StringStringEntryProto whose key is "location"
+#: ``companions(path) -> [paths]`` of an .om (its external weight files): given by ``ge_core.om``,
+#: which knows the format (this module is below it)
+OM_COMPANIONS: list[Callable[[str], list[str]]] = []
 
 
 def file_id(path: Any) -> tuple[int, int] | None:
@@ -39,28 +42,6 @@ def file_id(path: Any) -> tuple[int, int] | None:
     except (OSError, ValueError, TypeError):
         return None
     return st.st_dev, st.st_ino
-
-
-def _om_companions(path: str) -> list[str]:
-    """The external weight files an .om at ``path`` names (best effort: [] when unreadable).
-    Reads only the header, the partition table and the model partition."""
-    from .om import MAX_MODEL_JSON
-    from .om_container import read_partition
-    from .serialize import load_definition
-
-    folder = os.path.dirname(os.path.abspath(path))
-    out: list[str] = []
-    try:
-        raw = read_partition(path, "model", max_size=MAX_MODEL_JSON)
-        d = load_definition(raw, path) if raw is not None else None
-        files = (d.get("external_weights") or {}).get("files") if isinstance(d, dict) else None
-        for f in files if isinstance(files, list) else []:
-            rel = f.get("path") if isinstance(f, dict) else None
-            if isinstance(rel, str) and rel and "\0" not in rel:
-                out.append(os.path.join(folder, *rel.split("/")))
-    except Exception:  # a damaged .om: its loader says what is wrong
-        pass
-    return out
 
 
 def _onnx_companions(path: str) -> list[str]:
@@ -140,7 +121,7 @@ class InputFiles:
         self.files.setdefault((st.st_dev, st.st_ino), path)
         if companions:
             low = path.lower()
-            more = _om_companions(path) if low.endswith(".om") or _head(path) == b"GEOM" else (
+            more = [p for f in OM_COMPANIONS for p in f(path)] if low.endswith(".om") or _head(path) == b"GEOM" else (
                 _onnx_companions(path) if low.endswith(".onnx") else [])
             for p in more:
                 self.add(p, companions=False)

@@ -69,7 +69,7 @@ def _private(name):
 def _underscore_uses(module, path, modules):
     """``(line, text)`` for each underscore name of another project module this file uses:
     ``from m import _x``, ``import m._x``, or ``m._x`` on a name bound to a project module. A
-    private module (``pkg._util``) may be imported inside its own package."""
+    private module (``pkg._util``) may be imported inside its own package and its subpackages."""
     import ast
 
     tree = ast.parse(open(path, encoding="utf-8").read(), path)
@@ -85,7 +85,9 @@ def _underscore_uses(module, path, modules):
     def check_module(target, line, out):
         parts = target.split(".")
         for i, part in enumerate(parts):
-            if _private(part) and ".".join(parts[:i]) != package and not module.startswith(".".join(parts[: i + 1])):
+            parent = ".".join(parts[:i])
+            inside = package == parent or package.startswith(parent + ".")  # the package or a subpackage of it
+            if _private(part) and not inside and not module.startswith(".".join(parts[: i + 1])):
                 out.append((line, f"imports private module {target}"))
                 return
 
@@ -142,3 +144,105 @@ def test_the_underscore_rule_catches_each_form(tmp_path):
                    "ge_core.a._priv"], got
     # a private module is its package's own: ge_x.m may import ge_x._util
     assert "imports private module ge_x._util" not in [w for _, w in _underscore_uses("ge_x.m", str(src), modules)]
+
+
+# -- no module reaches into another module's objects' private attributes --------------------------
+#: Private attributes of third-party objects that have no public form, with why they are read
+#: (file relative to the repository, attribute). Anything else is the project's own.
+THIRD_PARTY_PRIVATE = {
+    ("plugins/ge_atc/cli.py", "_option_string_actions"): "argparse lists a parser's flags nowhere else",
+    ("plugins/ge_opset/infer.py", "_infer_node_outputs"): "onnx's per-node inference on serialized protos",
+    ("plugins/ge_torch/dynamo.py", "_version"): "torch's in-place version counter of a baked tensor",
+    ("plugins/ge_torch/dynamo.py", "_ge_label"): "an optional label a caller sets on a torch GraphModule",
+    ("plugins/ge_torch/pt2.py", "_ops"): "torch._ops.OpOverload / HigherOrderOperator, the op classes",
+    ("plugins/ge_torch/convert.py", "_name"): "a torch higher-order operator's name",
+    ("plugins/ge_torch/convert.py", "_schema"): "a torch OpOverload's schema",
+}
+_ATTR_FUNCTIONS = ("getattr", "hasattr", "setattr", "delattr")
+
+
+def _own_private_attributes(tree):
+    """The private attribute names this module's classes define: methods and class attributes,
+    ``__slots__`` entries, and attributes assigned through ``self``/``cls``."""
+    import ast
+
+    own = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    own.add(item.name)
+                targets = item.targets if isinstance(item, ast.Assign) else [item.target] if isinstance(item, ast.AnnAssign) else []
+                for t in targets:
+                    if isinstance(t, ast.Name):
+                        own.add(t.id)
+                        if t.id == "__slots__" and item.value is not None:
+                            own.update(c.value for c in ast.walk(item.value)
+                                       if isinstance(c, ast.Constant) and isinstance(c.value, str))
+        elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+              and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            own.add(node.attr)
+    return {n for n in own if _private(n)}
+
+
+def _private_attribute_uses(path):
+    """``(line, text)`` for each ``x._name`` (read, write or call; also ``getattr(x, "_name")``)
+    where ``x`` is not ``self``/``cls`` and no class of this module defines ``_name``: the
+    attribute belongs to another module's object, which must offer a public name instead."""
+    import ast
+
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    own = _own_private_attributes(tree)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            base, attr = node.value, node.attr
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _ATTR_FUNCTIONS
+              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+            base, attr = node.args[0], node.args[1].value
+        else:
+            continue
+        if not _private(attr) or attr in own or (isinstance(base, ast.Name) and base.id in ("self", "cls")):
+            continue
+        out.append((node.lineno, f"{ast.unparse(base)}.{attr}"))
+    return out
+
+
+def test_no_module_reaches_into_another_modules_private_attributes():
+    bad = []
+    used_exceptions = set()
+    for _module, path in sorted(_project_modules().items()):
+        rel = os.path.relpath(path, ROOT).replace(os.sep, "/")
+        for line, what in _private_attribute_uses(path):
+            key = (rel, what.rpartition(".")[2])
+            if key in THIRD_PARTY_PRIVATE:
+                used_exceptions.add(key)
+                continue
+            bad.append(f"{rel}:{line}: {what}")
+    assert not bad, ("private attributes of another module's objects (add a public method or property to "
+                     "the owning class):\n" + "\n".join(bad))
+    assert used_exceptions == set(THIRD_PARTY_PRIVATE), f"stale exceptions: {set(THIRD_PARTY_PRIVATE) - used_exceptions}"
+
+
+def test_the_private_attribute_rule_catches_each_form(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text(
+        "class Mine:\n"
+        "    __slots__ = ('_slot',)\n"
+        "    _flag = 1\n"
+        "    def __init__(self, other):\n"
+        "        self._state = other._host\n"                     # another object's _host
+        "    def _helper(self):\n"
+        "        return cls._flag, self.__class__\n"
+        "def f(model, v, converter, g, o):\n"
+        "    model._check_feeds({})\n"                            # another class's private method
+        "    for n, i in v._uses:\n"                              # another class's private slot
+        "        pass\n"
+        "    converter._map_nodes(1, 2, 3)\n"                     # another module's private method
+        "    g._output_set = {}\n"                                # writing another object's state
+        "    getattr(o, '_secret', None)\n"                       # the same through getattr
+        "    return o._state, o._slot, o._helper(), Mine._flag\n"  # this module's own: allowed
+    )
+    got = [w for _, w in _private_attribute_uses(str(src))]
+    assert sorted(got) == sorted(["other._host", "model._check_feeds", "v._uses", "converter._map_nodes",
+                                  "g._output_set", "o._secret"]), got

@@ -63,6 +63,10 @@ class Value:
     def has_uses(self) -> bool:
         return bool(self._uses)
 
+    def is_used_by(self, node: Node, index: int) -> bool:
+        """Whether input ``index`` of ``node`` is a recorded use of this value (O(1))."""
+        return (node, index) in self._uses
+
     @property
     def is_constant(self) -> bool:
         return self.const_value is not None
@@ -141,6 +145,11 @@ class Node:
             v.producer, v.index = self, i
         for inp in inputs:
             self._append_input(inp)
+
+    @property
+    def erased(self) -> bool:
+        """Whether the node was removed from its graph."""
+        return self._erased
 
     # -- inputs --------------------------------------------------------------------------
     @property
@@ -265,6 +274,17 @@ class NameScope:
         self._used.discard(name)
 
 
+#: ``(op_type, domain)`` of the op set's structural copy (output 0 is input 0), through which a
+#: graph routes a repeated or outer output: declared by the op registry when an op set registers
+#: an ``OpDef(copy=True)`` (ge_opset: ``Identity``); the IR names no op type of its own.
+COPY: list[str] = []
+
+
+def declare_copy_op(op_type: str, domain: str = "") -> None:
+    """Make ``op_type`` (of ``domain``) the structural copy graphs route outputs through."""
+    COPY[:] = [op_type, domain]
+
+
 class Graph:
     """An ordered, verified-on-demand dataflow graph.
 
@@ -330,13 +350,30 @@ class Graph:
     def add_output(self, v: Value) -> None:
         if v in self._output_set:
             # The same value twice as output: route the second through an Identity.
-            v = self.add_node("Identity", [v], name="output_copy").output
+            v = self.copy_node(v, "output_copy").output
         elif v.graph is not self:
             # A body returning an outer value directly: an Identity in the body reads it as a
             # capture, so liveness, dead-code removal and memory plans see the read.
-            v = self.add_node("Identity", [v], name="output_capture").output
+            v = self.copy_node(v, "output_capture").output
         self.outputs.append(v)
         self._output_set[v] = None
+
+    def copy_node(self, v: Value, name: str, after: Node | None = None) -> Node:
+        """A node of the op set's structural copy op (:data:`COPY`) reading ``v``."""
+        if not COPY:
+            raise GraphError(f"graph '{self.name}' needs a copy of '{v.name}', and no op set declares its copy op",
+                             hint="load the plugins (ge_core.get_host()); the op set (ge_opset) declares it")
+        return self.add_node(COPY[0], [v], domain=COPY[1], name=name, after=after)
+
+    def has_input(self, v: Value) -> bool:
+        """Whether ``v`` is one of this graph's inputs."""
+        return v in self._input_set
+
+    def restore_outputs(self, values: Iterable[Value]) -> None:
+        """Make ``values`` the outputs exactly as given (a stored graph's): unlike
+        :meth:`set_outputs`, a repeated or outer value is not routed through an Identity."""
+        self.outputs = list(values)
+        self._output_set = dict.fromkeys(self.outputs)
 
     def set_outputs(self, values: Iterable[Value]) -> None:
         self.outputs = []
@@ -346,7 +383,7 @@ class Graph:
 
     def _replace_output(self, old: Value, new: Value) -> None:
         if new.is_graph_input or new.is_constant or new in self._output_set or new.graph is not self:
-            ident = self.add_node("Identity", [new], name="output_keep", after=new.producer)
+            ident = self.copy_node(new, "output_keep", after=new.producer)
             new = ident.output
         old_name = old.name
         self.rename_value(old, self.names.fresh(old_name + "_replaced"))

@@ -30,7 +30,7 @@ def _verify(graph: Graph, outer: set[Value], ops) -> None:
             raise GraphError(f"{where}: input '{v.name}' belongs to another graph")
         define(v, "input")
     for v, d in graph.input_defaults.items():
-        if v not in graph._input_set:
+        if not graph.has_input(v):
             raise GraphError(f"{where}: a default is recorded for '{v.name}', which is not an input of the graph")
         t = v.type
         fits = (t.dtype is None or d.dtype == t.dtype) and (t.shape is None or (
@@ -74,7 +74,7 @@ def _verify(graph: Graph, outer: set[Value], ops) -> None:
                         hint="call graph.topological_sort()",
                     )
                 raise GraphError(f"{where}: {node.describe()} reads '{v.name}', which is not defined in scope")
-            if (node, i) not in v._uses:
+            if not v.is_used_by(node, i):
                 raise GraphError(f"{where}: use list of '{v.name}' misses {node.describe()} input {i}")
         for i, v in enumerate(node.outputs):
             if v.producer is not node or v.index != i:
@@ -95,8 +95,8 @@ def _verify(graph: Graph, outer: set[Value], ops) -> None:
             raise GraphError(f"{where}: output '{v.name}' is not defined in the graph")
     # Every recorded use must be a live node input in this graph or a subgraph.
     for v in list(defined - outer):
-        for n, i in v._uses:
-            if n._erased or n.graph is None:
+        for n, i in v.uses():
+            if n.erased or n.graph is None:
                 raise GraphError(f"{where}: '{v.name}' records a use by removed {n.describe()}")
             if i >= len(n.inputs) or n.inputs[i] is not v:
                 raise GraphError(f"{where}: '{v.name}' records a stale use by {n.describe()} input {i}")

@@ -194,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     if args.mode in (1, 6):
         if not args.om:
             raise OptionError(f"atc --mode={args.mode} needs --om=MODEL.om")
-        from ge_core.om import inspect_om
+        from ge_sdk.omdesc import inspect_om
 
         info = inspect_om(args.om)
         if args.mode == 6:
@@ -269,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
         _write_json(args.report, report, "the compile report", args, "--report")
     print(f"ATC run success: wrote {out}")
     if args.display_model_info == "1":
-        from ge_core.om import inspect_om
+        from ge_sdk.omdesc import inspect_om
 
         from .display import model_info_text
 

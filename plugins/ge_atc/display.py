@@ -22,7 +22,7 @@ _FRAMEWORK_IDS = {name: num for num, name in FRAMEWORKS.items()}
 
 
 def model_info_text(info: dict[str, Any]) -> str:
-    """The model info block of :func:`ge_core.om.inspect_om`'s description of an .om."""
+    """The model info block of :func:`ge_sdk.omdesc.inspect_om`'s description of an .om."""
     report = _table(info, "report")
     model = _table(info, "model")
     atc, memory, streams = _table(report, "atc"), _table(report, "memory"), _table(report, "streams")

@@ -3,7 +3,7 @@
 
 The core reads the .om container and its single models; a gear .om is a kind of .om this plugin
 defines (``ge_register_om_kinds``: :class:`GearOmKind` for the ``gears`` partition), so
-``ge_core.load_om`` and ``ge_core.om.inspect_om`` come here for it. The compile side (the flags'
+``ge_core.load_om`` and ``ge_sdk.omdesc.inspect_om`` come here for it. The compile side (the flags'
 parsing and checks) is :mod:`ge_atc.gears`.
 
 A gear gives each dynamic (``-1``) dim of ``--input_shape`` a value. Every gear is compiled as an
@@ -43,7 +43,6 @@ from ge_core.model import CompiledModel, NodeArg
 from ge_core.om import (
     ModelFileSave,
     checked_definition,
-    definition_summary,
     model_from_definition,
     read_model_definition,
     remember_types_checked,
@@ -53,6 +52,7 @@ from ge_core.om import (
 from ge_core.om_container import write_container
 from ge_core.plugins import get_host
 from ge_core.serialize import LIMITS, WeightWriter, dump_definition, load_definition
+from ge_sdk.omdesc import definition_summary
 
 GEAR_FORMAT = "ge-gears"
 GEAR_VERSION = 1
@@ -236,7 +236,8 @@ class GearModel:
             for i, (g, m) in enumerate(zip(table.shapes, self.models))]}
         self.source: str | None = None
         self.timings: dict[str, float] = {}
-        self._keepalive: Any = None
+        #: the .om's snapshot whose weights the gears use (as CompiledModel.keepalive)
+        self.keepalive: Any = None
 
     # -- the first gear stands for the model where one graph is asked for ------------------------
     graph = property(lambda self: self.models[0].graph)
@@ -441,12 +442,12 @@ def load_gears(path: str, container, host, verify_checksums: bool = True,
         raise OmFormatError(f"'{path}': the gear models disagree with the gear table: {problem}", hint=_RECREATE)
     model = GearModel(models, table, head.get("report"))
     model.source = path
-    model._keepalive = container
+    model.keepalive = container
     return model
 
 
 def inspect_gears(path: str, container) -> dict[str, Any]:
-    """:func:`ge_core.om.inspect_om`'s ``model``, ``report`` and ``streams`` (of the first gear)
+    """:func:`ge_sdk.omdesc.inspect_om`'s ``model``, ``report`` and ``streams`` (of the first gear)
     and ``gears`` of an open gear .om, validated as :func:`load_gears` validates it without plugins."""
     head, table, defs = read_gear_definitions(path, container)
     if "weights" not in container:
@@ -476,7 +477,7 @@ def inspect_gears(path: str, container) -> dict[str, Any]:
 
 class GearOmKind:
     """The gear .om kind (``ge_register_om_kinds``, partition ``gears``): what
-    :func:`ge_core.om.load_om`, :func:`ge_core.om.inspect_om` and
+    :func:`ge_core.om.load_om`, :func:`ge_sdk.omdesc.inspect_om` and
     :func:`ge_core.om.stored_definition` do with a container that holds a ``gears`` partition."""
 
     def load(self, path: str, container, host, verify_checksums: bool = True,

@@ -8,7 +8,7 @@ plain ``ge compile --option precision_mode=force_fp16`` reaches the same passes.
 
 import argparse
 
-from ge_core.hookspecs import hookimpl
+from ge_core.hookspecs import RegisterCliCommand, RegisterOmKind, RegisterOption, RegisterPass, hookimpl
 
 
 def _configure(p: argparse.ArgumentParser) -> None:
@@ -24,12 +24,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 @hookimpl
-def ge_register_cli_commands(register):
+def ge_register_cli_commands(register: RegisterCliCommand) -> None:
     register("atc", "compile or inspect a model with ATC's flags (the same as the `atc` command)", _configure, _run)
 
 
 @hookimpl
-def ge_register_options(register):
+def ge_register_options(register: RegisterOption) -> None:
     from . import aipp, graph_flags, precision
 
     register("precision_mode", "must_keep_origin_dtype",
@@ -73,7 +73,7 @@ PASSES = (
 
 
 @hookimpl
-def ge_register_passes(register):
+def ge_register_passes(register: RegisterPass) -> None:
     import importlib
 
     from ge_core.passes import FunctionPass
@@ -92,7 +92,7 @@ def ge_model_built(model):
 
 
 @hookimpl
-def ge_register_om_kinds(register):
+def ge_register_om_kinds(register: RegisterOmKind) -> None:
     """Gear models (atc --dynamic_batch_size, --dynamic_image_size, --dynamic_dims): the .om kind
     of partition ``gears``."""
     from .gear_model import GEARS_PARTITION, GearOmKind

@@ -34,7 +34,6 @@ _REFERENCE_KIND = "onnx.reference"
 def precheck(source: str, opts: dict[str, Any]) -> dict[str, Any]:
     """The pre-check report of the model at ``source`` compiled with ``opts`` (GE's layout)."""
     import ge_core as ge
-    from ge_core.compiler import apply_input_shapes, apply_out_nodes
     from ge_core.passes import PassContext, PassManager, resolve_pipeline
     from ge_core.plugins import get_host
 
@@ -64,9 +63,7 @@ def precheck(source: str, opts: dict[str, Any]) -> dict[str, Any]:
     if not unknown:
         g: Graph | None = None
         try:
-            copy = graph.copy()
-            apply_input_shapes(copy, options.input_shape)
-            apply_out_nodes(copy, options.out_nodes)
+            copy = graph.copy()  # the prepare stage applies input_shape and out_nodes (ge_opset's input_shapes)
             plans = [s for s in resolve_pipeline(regs.passes, options) if s.name == "prepare"]
             g = PassManager(plans, host=None, strict=True).run(copy, PassContext(options, regs))
         except GEError as e:

@@ -71,7 +71,7 @@ class CpuExecutable(Executable):
         self.steps = program.steps
         self.strategy = strategy
         #: threads of every run (None: the process's baseline); see :func:`run_threads`
-        self.threads = getattr(options, "threads", None) or None
+        self.threads = options.getoption("threads") or None
         self.parallel = parallel_mode(options)
         #: GE's pool width of every run, fixed when the kernels were built (they cut their work for it)
         self.width = engine_width(options)

@@ -13,7 +13,7 @@ are checked against the node's declared types on every executor (:mod:`ge_cpu.ch
 
 from __future__ import annotations
 
-from ge_core.backend import Backend, Executable
+from ge_core.backend import Backend, BuildContext, Executable
 from ge_core.errors import OptionError
 from ge_core.ir.graph import Graph
 from ge_core.memory import MemoryPlan, SymbolicPlan
@@ -47,14 +47,15 @@ class CpuBackend(Backend):
     name = "cpu"
     aliases = ("numpy", "host", "x86", "aarch64", "Ascend310", "Ascend910", "Ascend310P3")
 
-    def build(self, model, kernels, options) -> Executable:
+    def build(self, model, kernels, context: BuildContext) -> Executable:
         """Choose the executor (option ``executor``): ``auto``/``sink`` generate the schedule's code
         (one function per stream, each stream on its own thread when there are several);
         ``streams`` interprets a multi-stream schedule, ``arena`` interprets inside the memory
         plan, ``sequential`` interprets without it. With the option ``native_kernels=probe`` no
         native kernel is compiled: the executable's ``native_kernels`` says how many modules the
         model needs and how many of them the kernel cache holds (``ge inspect``)."""
-        mode = str((getattr(options, "extra", {}) or {}).get("native_kernels", "build") or "build").lower()
+        options = context.options
+        mode = str(options.getoption("native_kernels", "build") or "build").lower()
         if mode not in ("build", "probe"):
             raise OptionError(f"native_kernels '{mode}' is not one of build, probe")
         if mode == "build":
@@ -67,7 +68,7 @@ class CpuBackend(Backend):
         return exe
 
     def _build(self, model, kernels, options) -> Executable:
-        choice = str((getattr(options, "extra", {}) or {}).get("executor", "auto") or "auto").lower()
+        choice = str(options.getoption("executor", "auto") or "auto").lower()
         if choice not in EXECUTORS:
             raise OptionError(f"executor '{choice}' is not one of {', '.join(EXECUTORS)}")
         plan = getattr(model, "memory_plan", None)

@@ -297,7 +297,7 @@ def _candidates(problem: MemoryProblem, level: str) -> list[tuple[str, Callable[
 
 def plan_auto(problem: MemoryProblem, options: Any = None) -> MemoryPlan:
     """Run the reusing planners and keep the smallest arena (the first on ties)."""
-    level = getattr(options, "memory_optimize_level", "normal") or "normal"
+    level = "normal" if options is None else options.getoption("memory_optimize_level", "normal") or "normal"
     best: MemoryPlan | None = None
     tried: dict[str, int] = {}
     for name, run in _candidates(problem, level):

@@ -97,7 +97,7 @@ def image_format(path: str | os.PathLike) -> str:
 
 def plot_om(om_path: str | os.PathLike, out: str | os.PathLike, *, flag: str = "the memory plot") -> str:
     """Draw the memory plan stored in an .om file (never over the .om or its weight files)."""
-    from ge_core.om import load_om
+    from ge_core import load_om
     from ge_core.writes import InputFiles, check_target
 
     inputs = InputFiles(om_path)

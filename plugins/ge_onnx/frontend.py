@@ -33,9 +33,9 @@ from ge_core.errors import GEError, GraphError, ModelFileError, OptionError, Uns
 from ge_core.frontend import Frontend
 from ge_core.ir.graph import Graph, Node, Value
 from ge_core.ir.types import TensorType
-from ge_core.options import frontend_dims
 from ge_core.registry import close_matches
 from ge_sdk.onnx_types import type_from_proto as _type_from_proto
+from ge_sdk.shapes import frontend_dims
 
 from .external import SparseBudget, sparse_to_array, tensor_to_array
 
@@ -790,8 +790,8 @@ class OnnxFrontend(Frontend):
 
     def load(self, source: Any, options=None) -> Graph:
         model, name, base_dir = read_model(source)
-        input_shape = dict(getattr(options, "input_shape", None) or {})
-        out_nodes = list(getattr(options, "out_nodes", None) or [])
+        input_shape = dict(options.getoption("input_shape", {}) if options is not None else {})
+        out_nodes = list(options.getoption("out_nodes", []) if options is not None else [])
         try:
             graph = self._build(model, name, base_dir, input_shape, out_nodes)
         except GraphError as e:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ge_core.hookspecs import hookimpl
+from ge_core.hookspecs import RegisterFrontend, hookimpl
 
 
 @hookimpl
-def ge_register_frontends(register):
+def ge_register_frontends(register: RegisterFrontend) -> None:
     from .frontend import OnnxFrontend
 
     register(OnnxFrontend())

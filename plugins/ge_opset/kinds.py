@@ -59,6 +59,8 @@ RANDOM_OPS = frozenset(
 
 #: Output 0 is the bytes of input 0 (C order): the memory problem plans it as a view.
 VIEW_OPS = frozenset("Reshape Flatten Squeeze Unsqueeze Identity".split())
+#: The structural copy (``OpDef.copy``): the graph routes a repeated or outer output through it.
+COPY_OP = "Identity"
 #: Inputs may lie back to back in the output (zero-copy concat).
 CONCAT_OPS = frozenset({"Concat"})
 

@@ -5,12 +5,18 @@ from __future__ import annotations
 from ge_core.errors import GEError
 from ge_core.hookspecs import RegisterOp, RegisterPass, hookimpl
 from ge_core.ir.graph import Graph
+from ge_core.memory import DIM_RANGES
 from ge_core.ops import infer_graph
+from ge_core.options import CompileOptions
 from ge_core.passes import Pass, PassContext
+from ge_sdk.shapes import apply_input_shapes, apply_out_nodes
 
 
 class InferShapes(Pass):
-    """Infer the type and shape of every node output (subgraphs too), in one linear walk."""
+    """Apply the ``input_shape`` and ``out_nodes`` options (ATC's ``--input_shape``/``--out_nodes``,
+    :mod:`ge_sdk.shapes`: inputs overridden, conflicts with the model's rank or static dims
+    refused, every unknown input dim named, outputs cut; in the stage's first round), then infer
+    the type and shape of every node output (subgraphs too), in one linear walk."""
 
     name = "infer_shapes"
     stage = "prepare"
@@ -21,7 +27,16 @@ class InferShapes(Pass):
     def run(self, graph: Graph, ctx: PassContext) -> bool:
         if ctx.ops is None:
             raise GEError("infer_shapes needs the op registry: give the PassContext the registries")
-        return infer_graph(graph, ctx.ops) > 0
+        applied = ctx.iteration == 0 and apply_options(graph, ctx.options)
+        return infer_graph(graph, ctx.ops) > 0 or applied
+
+
+def apply_options(graph: Graph, options: CompileOptions) -> bool:
+    """Apply ``input_shape`` and ``out_nodes`` to ``graph``; True when it changed."""
+    before = ([v.type for v in graph.inputs], [v.name for v in graph.outputs], graph.metadata.get(DIM_RANGES))
+    apply_input_shapes(graph, options.getoption("input_shape"))
+    apply_out_nodes(graph, options.getoption("out_nodes"))
+    return before != ([v.type for v in graph.inputs], [v.name for v in graph.outputs], graph.metadata.get(DIM_RANGES))
 
 
 @hookimpl

@@ -11,7 +11,7 @@ import numpy as np
 from ge_core.ops import OpDef
 from ge_native import native
 
-from .kinds import RANDOM_OPS, op_alias, op_kind
+from .kinds import COPY_OP, RANDOM_OPS, op_alias, op_kind
 from .symbolic import infer as symbolic_infer
 
 #: The ONNX domains whose ops this op set defines ("" is the default domain).
@@ -144,7 +144,8 @@ def _opdef(r: dict) -> OpDef:
                  min_outputs=r["min_outputs"], max_outputs=r["max_outputs"], kind=op_kind(name),
                  alias=op_alias(name) if dom == "" else None, infer=symbolic_infer, since_version=r["since_version"],
                  deprecated_after=r["deprecated_after"], deterministic=name not in RANDOM_OPS,
-                 attrs={k: _decode_default(v) for k, v in r["attrs"].items()}, doc=r["doc"])
+                 attrs={k: _decode_default(v) for k, v in r["attrs"].items()}, doc=r["doc"],
+                 copy=name == COPY_OP and dom == "")
 
 
 def _schema_rows(domains: tuple[str, ...]) -> list[dict]:

@@ -17,16 +17,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ge_core.ir.graph import Graph, Node
+from ge_core.options import CompileOptions
 from ge_core.schedule import HappensBefore, StreamAssignment, data_edges
 
 DEFAULT_MAX_STREAMS = 8
 EVENT_COST = 2_000.0  # in the same unit as node costs (roughly multiply-adds)
 
 
-def _option(options, name: str, default):
-    extra = getattr(options, "extra", {}) or {}
-    v = extra.get(name, default)
-    return default if v is None else v
+def _option(options: CompileOptions | None, name: str, default):
+    """Plugin option ``name`` (``default`` when unset, or when called without options)."""
+    return default if options is None else options.getoption(name, default)
 
 
 def _preds(order: Sequence[Node]) -> list[list[int]]:

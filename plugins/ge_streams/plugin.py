@@ -1,14 +1,14 @@
 """Hook implementations of the ``ge_streams`` plugin."""
 
 from ge_core.errors import OptionError
-from ge_core.hookspecs import hookimpl
+from ge_core.hookspecs import RegisterOption, RegisterStreamAllocator, hookimpl
 from ge_core.serialize import LIMITS
 
 from .allocators import DEFAULT_MAX_STREAMS, allocate_critical_path, allocate_dependency, allocate_single
 
 
 @hookimpl
-def ge_register_stream_allocators(register):
+def ge_register_stream_allocators(register: RegisterStreamAllocator) -> None:
     register("single", allocate_single)
     register("dependency", allocate_dependency)
     register("critical_path", allocate_critical_path)
@@ -32,7 +32,7 @@ _DEFAULTS = {"max_streams": DEFAULT_MAX_STREAMS, "max_stream_nodes": 0}
 
 
 @hookimpl
-def ge_register_options(register):
+def ge_register_options(register: RegisterOption) -> None:
     register("max_streams", DEFAULT_MAX_STREAMS, "most streams a multi-stream allocator opens",
              read=_int_reader("max_streams", 1, LIMITS.streams))
     register("max_stream_nodes", 0, "split a stream longer than this many nodes (0: no limit)",

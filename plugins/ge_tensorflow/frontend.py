@@ -27,6 +27,7 @@ from ge_core.frontend import Frontend
 from ge_core.ir.graph import Graph
 from ge_core.ir.types import TensorType
 from ge_core.registry import close_matches
+from ge_sdk.shapes import check_dims
 
 #: The ONNX opset the emitted IR follows.
 OPSET = 18
@@ -60,6 +61,8 @@ class _Source:
         self.outputs = outputs  # tensor names
         self.output_names = output_names
         self.name = name
+        #: what must outlive the frozen graph (the loaded SavedModel)
+        self.keep: Any = None
 
 
 # ------------------------------------------------------------------------------------------
@@ -110,13 +113,12 @@ def _load_saved_model(path: str, options) -> _Source:
     if isinstance(so, dict):
         keys = sorted(so)
     src = _freeze(func, path, keys)
-    src._keep = loaded  # type: ignore[attr-defined]
+    src.keep = loaded
     return src
 
 
 def options_extra(options, key: str) -> Any:
-    extra = getattr(options, "extra", None) or {}
-    return extra.get(key)
+    return options.getoption(key)
 
 
 def _load_graph_def_file(path: str) -> _Source:
@@ -171,7 +173,7 @@ def _graph_def_source(gd, name: str) -> _Source:
 
 def _keras_function(model, options, name: str) -> _Source:
     tf = _import_tf()
-    shapes = dict(getattr(options, "input_shape", None) or {})
+    shapes = dict(options.getoption("input_shape", {}) if options is not None else {})
     specs = []
     try:
         model_inputs = list(model.inputs)
@@ -268,11 +270,8 @@ def _apply_input_shapes(gd, src: _Source, shapes: dict[str, tuple]) -> None:
                 hint=f"the model's inputs: {', '.join(src.inputs) or 'none'}",
             )
         sp = n.attr["shape"].shape
-        if not sp.unknown_rank and len(sp.dim) and len(sp.dim) != len(dims):
-            raise OptionError(f"input_shape gives '{name}' rank {len(dims)}, the model says rank {len(sp.dim)}")
-        for i, d in enumerate(dims):
-            if not sp.unknown_rank and i < len(sp.dim) and sp.dim[i].size >= 0 and isinstance(d, int) and d != sp.dim[i].size:
-                raise OptionError(f"input_shape gives '{name}' dim {i} = {d}, the model fixes it to {sp.dim[i].size}")
+        known = not sp.unknown_rank and len(sp.dim)
+        check_dims(tuple(d.size if d.size >= 0 else None for d in sp.dim) if known else None, tuple(dims), name)
         sp.unknown_rank = False
         del sp.dim[:]
         for d in dims:
@@ -359,13 +358,13 @@ def convert_source(src: _Source, options) -> Graph:
     tf = _import_tf()
     gd = src.graph_def.__class__()
     gd.CopyFrom(src.graph_def)  # never modify the caller's GraphDef
-    shapes = dict(getattr(options, "input_shape", None) or {})
+    shapes = dict(options.getoption("input_shape", {}) if options is not None else {})
     if shapes:
         _apply_input_shapes(gd, src, shapes)
     check_graph_ops(gd, src.name)  # nothing that touches files or runs Python reaches grappler
     check_graph_def(gd, src.name)  # what would crash TensorFlow's importer or grappler
     check_unsupported_attrs(gd, src.name)
-    out_nodes = [s.strip() for s in (getattr(options, "out_nodes", None) or []) if s.strip()]
+    out_nodes = [s.strip() for s in (options.getoption("out_nodes", []) if options is not None else []) if s.strip()]
 
     # resolve output specs against the unoptimized graph, then keep them through grappler
     with tf.Graph().as_default() as g0:

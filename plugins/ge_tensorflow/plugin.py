@@ -6,18 +6,18 @@ modules' heavy dependencies: TensorFlow is imported when a TensorFlow model is l
 
 from __future__ import annotations
 
-from ge_core.hookspecs import hookimpl
+from ge_core.hookspecs import RegisterFrontend, RegisterOpMapper, hookimpl
 
 
 @hookimpl
-def ge_register_frontends(register):
+def ge_register_frontends(register: RegisterFrontend) -> None:
     from .frontend import TensorFlowFrontend
 
     register(TensorFlowFrontend())
 
 
 @hookimpl
-def ge_register_op_mappers(register):
+def ge_register_op_mappers(register: RegisterOpMapper) -> None:
     from . import control_flow  # noqa: F401  (registers its mappers into MAPPERS)
     from .convert import FRAMEWORK
     from .mappers import MAPPERS

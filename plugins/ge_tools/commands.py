@@ -276,7 +276,7 @@ def _save_outputs(outs: dict[str, np.ndarray], folder: str, *, inputs: Any = Non
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from ge_core.om import inspect_om
+    from ge_sdk.omdesc import inspect_om
 
     if getattr(args, "source", False):
         import ge_core as ge
@@ -394,10 +394,11 @@ def output_types(path: str, names: Sequence[Any]) -> list[dict[str, Any]]:
     from the stored graph's node outputs (dtype and shape None where the file does not say)."""
     from ge_core.om import stored_definition
     from ge_core.om_container import read_container
+    from ge_core.plugins import get_host
 
     types: dict[str, dict[str, Any]] = {}
     with read_container(path) as c:
-        d = stored_definition(path, c)
+        d = stored_definition(path, c, get_host())
     stored = d.get("graph")
     graph: dict[str, Any] = stored if isinstance(stored, dict) else {}
     for v in list(graph.get("inputs") or []) + [o for n in graph.get("nodes") or [] if isinstance(n, dict)

@@ -1,18 +1,19 @@
-"""Hook implementations of the ``ge_tools`` plugin: the ``compile``, ``run``, ``inspect``, ``bench``,
-``compare`` and ``export`` commands."""
+"""Hook implementations of the ``ge_tools`` plugin: the ``compile``, ``run``, ``inspect``, ``passes``,
+``bench``, ``compare`` and ``export`` commands."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 
-from ge_core.hookspecs import hookimpl
+from ge_core.hookspecs import RegisterCliCommand, hookimpl
 
 #: (command, module of ge_tools, the suffix of its configure/run functions, help)
 _COMMANDS = (
     ("compile", "commands", "_compile", "compile a model file to an .om"),
     ("run", "commands", "_run", "run an .om on inputs (random ones if none are given)"),
     ("inspect", "commands", "_inspect", "describe an .om file"),
+    ("passes", "passes", "", "print the resolved pass pipeline"),
     ("bench", "bench", "", "time a model (.om, or a source model compiled first): warm-up, latency percentiles, "
                            "throughput, the cold first run apart; optionally beside onnxruntime"),
     ("compare", "compare", "", "check a model's outputs against a reference (onnxruntime, onnx.reference, or the "
@@ -35,6 +36,6 @@ def _command(module: str, suffix: str):
 
 
 @hookimpl
-def ge_register_cli_commands(register):
+def ge_register_cli_commands(register: RegisterCliCommand) -> None:
     for name, module, suffix, help_text in _COMMANDS:
         register(name, help_text, *_command(module, suffix))

@@ -446,7 +446,7 @@ class Converter:
             else:
                 raise UnsupportedOpError(f"{self.source}: exported input '{node.name}' of kind {kind.name} is not supported")
         out_node = next(n for n in gm.graph.nodes if n.op == "output")
-        self._map_nodes(gm, g, env)
+        self.map_nodes(gm, g, env)
         flat = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
         plan: list[Any] = []
         outs: list[Value] = []
@@ -484,7 +484,7 @@ class Converter:
             raise UnsupportedOpError(f"{self.source}: branch '{label}' takes {len(phs)} inputs, got {len(inputs)}")
         for ph, v in zip(phs, inputs):
             env[ph] = v
-        self._map_nodes(gm, body, env)
+        self.map_nodes(gm, body, env)
         out_node = next(n for n in gm.graph.nodes if n.op == "output")
         flat = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
         outs = []
@@ -498,7 +498,9 @@ class Converter:
         body.set_outputs(outs)
         return body
 
-    def _map_nodes(self, gm: Any, g: Graph, env: dict[Any, Any]) -> None:
+    def map_nodes(self, gm: Any, g: Graph, env: dict[Any, Any]) -> None:
+        """Map the call nodes of FX graph ``gm`` into ``g``, reading and extending ``env``
+        (FX node -> Value); mappers inlining a submodule call it too."""
         ctx = MapContext(self, g, env)
         for node in gm.graph.nodes:
             if node.op in ("placeholder", "output"):

@@ -73,11 +73,11 @@ class TorchFrontend(Frontend):
         return os.path.splitext(path)[1].lower() in self.suffixes
 
     def load(self, source: Any, options) -> Graph:
-        extra = dict(getattr(options, "extra", {}) or {})
         ep, label, dim_names = export_program(
-            source, extra.get("example_inputs"), extra.get("example_kwargs"), extra.get("dynamic_shapes"),
+            source, options.getoption("example_inputs"), options.getoption("example_kwargs"),
+            options.getoption("dynamic_shapes"),
         )
-        ep = lower(ep, torch_mappers(), decompose=extra.get("torch_decompose", True))
+        ep = lower(ep, torch_mappers(), decompose=options.getoption("torch_decompose", True))
         conv = Converter(torch_mappers(), source=label, dim_names=dim_names)
         graph, plan = conv.convert_program(ep, name=_graph_name(source))
         if any(not hasattr(p, "type") for p in plan):
@@ -85,11 +85,11 @@ class TorchFrontend(Frontend):
                 f"{label}: some outputs are Python constants, not tensors",
                 hint="return only tensors from forward()",
             )
-        if getattr(options, "input_shape", None):
-            _apply_input_shape(graph, options.input_shape, label)
+        if options is not None and options.getoption("input_shape"):
+            _apply_input_shape(graph, options.getoption("input_shape"), label)
         ranges = _dim_ranges(ep, dim_names, graph)
         if ranges:
-            graph.metadata["ge.dim_ranges"] = ranges  # the compiler checks and keeps them (compiler.dim_ranges)
+            graph.metadata["ge.dim_ranges"] = ranges  # the compiler checks and keeps them (ge_core.memory.dim_ranges)
         graph.metadata["producer"] = f"torch {_torch().__version__}"
         return graph
 
@@ -134,7 +134,7 @@ def _graph_name(source: Any) -> str:
 
 def _apply_input_shape(graph: Graph, shapes: Mapping[str, tuple], label: str) -> None:
     from ge_core.ir.types import TensorType
-    from ge_core.options import frontend_dims
+    from ge_sdk.shapes import frontend_dims
 
     names = {v.name: v for v in graph.inputs}
     for k, dims in shapes.items():

@@ -1210,7 +1210,7 @@ def _inline(ctx, gm, inputs):
     saved = ctx.env
     ctx.env = {**env, **sub_env}
     try:
-        ctx.converter._map_nodes(gm, ctx.graph, ctx.env)
+        ctx.converter.map_nodes(gm, ctx.graph, ctx.env)
         out = next(n for n in gm.graph.nodes if n.op == "output")
         flat = out.args[0] if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
         return [ctx.env.get(a, a) if _is_node(a) else a for a in flat]

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from ge_core.hookspecs import hookimpl
+from ge_core.hookspecs import RegisterFrontend, RegisterOpMapper, RegisterOption, hookimpl
 
 
 @hookimpl
-def ge_register_frontends(register):
+def ge_register_frontends(register: RegisterFrontend) -> None:
     from .frontend import TorchFrontend
 
     register(TorchFrontend())
 
 
 @hookimpl
-def ge_register_op_mappers(register):
+def ge_register_op_mappers(register: RegisterOpMapper) -> None:
     from .mappers import MAPPERS
 
     for key, mapper in MAPPERS.items():
@@ -21,7 +21,7 @@ def ge_register_op_mappers(register):
 
 
 @hookimpl
-def ge_register_options(register):
+def ge_register_options(register: RegisterOption) -> None:
     register("example_inputs", None, "torch: positional example inputs of an nn.Module to export")
     register("example_kwargs", None, "torch: keyword example inputs of an nn.Module to export")
     register("dynamic_shapes", None, "torch: dynamic_shapes for torch.export.export (torch.export.Dim)")

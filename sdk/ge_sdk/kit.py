@@ -128,7 +128,7 @@ class Plugin:
         if first:
             items = self._items[hook]
 
-            def impl(register):
+            def impl(register: Callable[..., object]) -> None:
                 for a in items:
                     register(*a)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ge_core.hookspecs import hookimpl
+from ge_core.hookspecs import RegisterCliCommand, hookimpl
 
 
 def _configure_new_plugin(p: argparse.ArgumentParser) -> None:
@@ -65,7 +65,7 @@ def _run_viz(args: argparse.Namespace) -> int:
 
 
 @hookimpl
-def ge_register_cli_commands(register):
+def ge_register_cli_commands(register: RegisterCliCommand) -> None:
     register("new-plugin", "create a ready plugin distribution from the template", _configure_new_plugin,
              _run_new_plugin)
     register("viz", "draw a model or .om as SVG/HTML (fused groups and streams marked)", _configure_viz, _run_viz)

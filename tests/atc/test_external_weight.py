@@ -17,8 +17,9 @@ import pytest
 
 import ge_core as ge
 from ge_core.errors import ModelFileError, OmFormatError
-from ge_core.om import inspect_om, read_model_definition, weight_buffers
+from ge_core.om import read_model_definition, weight_buffers
 from ge_core.om_container import read_container
+from ge_sdk.omdesc import inspect_om
 
 from .conftest import conv_net, ort_run
 

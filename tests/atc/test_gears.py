@@ -30,8 +30,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import ge_core as ge
 from ge_core.errors import InputError, ModelFileError, OmFormatError, OptionError
-from ge_core.om import inspect_om
 from ge_core.om_container import read_container, write_container
+from ge_sdk.omdesc import inspect_om
 
 from .conftest import ort_run, save_model
 
@@ -266,7 +266,7 @@ def test_a_gear_om_without_ge_atc_names_the_plugin_it_needs(tmp_path, atc, monke
 
     def definition(path):
         with read_container(path) as c:
-            return stored_definition(path, c)
+            return stored_definition(path, c, plugins.get_host())
 
     src = cnn(tmp_path / "cnn.onnx")
     om = _compile(atc, tmp_path, src, "--input_shape=x:-1,3,16,16", "--dynamic_batch_size=1,2")

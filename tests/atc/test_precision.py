@@ -20,7 +20,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ge_core as ge
-from ge_core.om import inspect_om
+from ge_sdk.omdesc import inspect_om
 
 from .conftest import conv_net, ort_run, save_model
 

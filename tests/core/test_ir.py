@@ -5,6 +5,13 @@ import pytest
 
 from ge_core import GraphError, TensorType
 from ge_core.ir import Graph
+from ge_core.plugins import get_host
+
+
+@pytest.fixture(autouse=True)
+def _op_set():
+    """The op set declares the structural copy op a graph routes outputs through (OpDef.copy)."""
+    assert get_host().registries.ops.lookup("", "Identity").copy
 
 
 def small_graph():

@@ -70,16 +70,23 @@ def test_unknown_option_close_match():
 
 
 def test_fusion_switch_file(tmp_path):
+    from ge_fusion.switches import switch_enabled
+
+    def read(values):  # the plugins' option readers apply with a host's registries, as ge.compile applies them
+        opts = CompileOptions.from_any(values)
+        opts.read_by_plugins(get_host().registries.option_readers)
+        return opts
+
     p = tmp_path / "switch.json"
     p.write_text(json.dumps({"Switch": {"GraphFusion": {"ConvBatchnormFusionPass": "off", "ALL": "on"}, "UBFusion": {"TbeEltwiseFusion": "off"}}}))
-    o = CompileOptions.from_any({"fusion_switch_file": str(p)})
-    assert o.fusion_switches == {"ConvBatchnormFusionPass": False, "ALL": True, "TbeEltwiseFusion": False}
-    assert not o.pass_enabled_by_switch("ConvBatchnormFusionPass") and o.pass_enabled_by_switch("Other")
+    o = read({"fusion_switch_file": str(p)})
+    assert o.getoption("fusion_switches") == {"ConvBatchnormFusionPass": False, "ALL": True, "TbeEltwiseFusion": False}
+    assert not switch_enabled(o, "ConvBatchnormFusionPass") and switch_enabled(o, "Other")
     p.write_text('{"Switch": {"GraphFusoin": {}}}')
     with pytest.raises(OptionError, match="did you mean: GraphFusion"):
-        CompileOptions.from_any({"fusion_switch_file": str(p)})
+        read({"fusion_switch_file": str(p)})
     p.write_text('{"Switch": {"GraphFusion": {"X": "maybe"}}}')
     with pytest.raises(OptionError, match="on.*off"):
-        CompileOptions.from_any({"fusion_switch_file": str(p)})
+        read({"fusion_switch_file": str(p)})
     with pytest.raises(OptionError, match="does not exist"):
-        CompileOptions.from_any({"fusion_switch_file": str(tmp_path / "none.json")})
+        read({"fusion_switch_file": str(tmp_path / "none.json")})

@@ -14,7 +14,8 @@ import pytest
 
 from ge_core import om_container as om
 from ge_core.errors import GEError, ModelFileError, OmFormatError
-from ge_core.om_container import Container, describe, read_container, write_container
+from ge_core.om_container import Container, read_container, write_container
+from ge_sdk.omdesc import describe
 
 
 def small_partitions():

@@ -14,11 +14,12 @@ import pytest
 
 import ge_core as ge
 from ge_core import GEError, GraphError, OmFormatError, OptionError, TensorType
-from ge_core.om import inspect_om, model_definition
+from ge_core.om import model_definition
 from ge_core.om_container import write_container
 from ge_core.plugins import get_host
 from ge_core.schedule import StreamAssignment
 from ge_core.serialize import LIMITS, json_problem
+from ge_sdk.omdesc import inspect_om
 
 
 # ------------------------------------------------------------------------------------------------
@@ -281,7 +282,8 @@ def test_limits_are_one_table():
 #: A valid non-default value for each plugin option of this repository.
 PLUGIN_VALUES = {"executor": "arena", "memory_alignment": 128, "max_streams": 3, "max_stream_nodes": 7,
                  "example_inputs": [[1, 2]], "example_kwargs": {"k": 1}, "dynamic_shapes": {"x": {"0": "N"}},
-                 "torch_decompose": False}
+                 "torch_decompose": False,
+                 "fusion_switches": {"ALL": False}}  # what fusion_switch_file (below) gives
 
 
 def non_default(default):
@@ -316,6 +318,7 @@ def test_every_option_roundtrips(tmp_path):
     plugin = {k: PLUGIN_VALUES.get(k, non_default(v[0])) for k, v in regs.options.items()}
     assert set(PLUGIN_VALUES) <= set(plugin)
     opts = ge.CompileOptions.from_any({**core, **plugin})
+    opts.read_by_plugins(regs.option_readers)  # as ge.compile does
     d = opts.as_dict()
     for k, v in d.items():
         assert v != defaults[k], f"option {k} is not set to a non-default value"

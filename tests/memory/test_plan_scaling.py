@@ -31,11 +31,11 @@ from ge_core.memory import (
     SymbolicPlan,
     _below_lists,
     align_up,
-    order_of,
     place_in_order,
     verify_plan,
     verify_symbolic_plan,
 )
+from ge_memory.symbolic import order_of
 
 
 # ------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import pytest
 
 from ge_core import GEError
 from ge_core.memory import Buffer, MemoryPlan, MemoryProblem, expand_plan, lower_bound, no_reuse_bytes, verify_plan
+from ge_core.options import CompileOptions
 from ge_core.plugins import get_host
 
 PLANNERS = ["none", "greedy_by_size", "greedy_by_lifetime", "ge_block_reuse", "auto"]
@@ -50,10 +51,7 @@ def test_auto_keeps_the_smallest_candidate_and_high_tries_more():
     assert normal.arena_bytes == min(cands.values()) and set(cands) >= {"greedy_by_size", "greedy_by_lifetime", "ge_block_reuse"}
     assert normal.planner == f"auto:{normal.stats['chosen']}"
 
-    class High:
-        memory_optimize_level = "high"
-
-    high = planner("auto")(prob, High())
+    high = planner("auto")(prob, CompileOptions(memory_optimize_level="high"))
     assert len(high.stats["candidates"]) > len(cands) and high.arena_bytes <= normal.arena_bytes
 
 

@@ -15,13 +15,12 @@ from ge_core.memory import (
     MemoryProblem,
     SymbolicPlan,
     lower_bound,
-    order_of,
     place_in_order,
-    reference_bindings,
     verify_plan,
     verify_symbolic_plan,
 )
 from ge_memory.planners import plan_auto
+from ge_memory.symbolic import order_of, reference_bindings
 
 
 def _problem(seed: int, n: int = 60) -> MemoryProblem:

@@ -220,7 +220,7 @@ def _direct(name: str) -> str:
         y = wino.run(np.zeros((0, 3, 9, 9), np.float32), (1, 1, 1, 1))
         return _want(y, np.zeros((0, 4, 9, 9)), "N=0")
     if name == "native_loop_rows0":  # the fused loop's entry refused an extent of 0
-        from ge_fusion import codegen, loopgen
+        from ge_cpu.fused import codegen, loopgen
 
         steps = codegen.loads(codegen.dumps([("Mul", ["a0", "a1"], {}), ("Relu", ["t0"], {})]))
         fn = loopgen.loop_kernel(steps, ["a0", "a1"], ["float32"] * 2, [(0, 7), (0, 7)], "float32", (0, 7))
@@ -229,7 +229,7 @@ def _direct(name: str) -> str:
         y = fn(np.zeros((0, 7), np.float32), np.zeros((0, 7), np.float32))
         return _want(y, np.zeros((0, 7)), "loop")
     if name == "native_softmax_rows_len0":
-        from ge_fusion import loopgen
+        from ge_cpu.fused import loopgen
 
         fn = loopgen.row_kernel("softmax", np.float32)
         if fn is not None:

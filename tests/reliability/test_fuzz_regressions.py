@@ -48,6 +48,7 @@ def test_config_crashes_are_option_errors(tmp_path, monkeypatch, text):
         from ge_core.passes import resolve_pipeline
         from ge_core.plugins import registries
 
+        opts.read_by_plugins(registries().option_readers)
         resolve_pipeline(registries().passes, opts)
 
 
@@ -111,7 +112,7 @@ def test_om_weight_with_a_zero_dim_and_absurd_others_is_refused(tmp_path):
 
 def test_inspect_of_a_hostile_om_is_clean(tmp_path):
     from ge_core.errors import OmFormatError
-    from ge_core.om import inspect_om
+    from ge_sdk.omdesc import inspect_om
 
     def edit(d):
         d["graph"]["constants"] = 7

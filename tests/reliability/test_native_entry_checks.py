@@ -62,9 +62,9 @@ CASES = {
     """,
     # a row kernel's rows * cols wrapped to 0: 2^40 rows written into a 1-element array
     "row_kernel_size_overflow": """
-        from ge_fusion import loopgen
-        from ge_native import native, sgemm
-        mod = native.build(loopgen._ROW_TYPES["float32"] + sgemm.ACTIVATION_C16 + loopgen._ROW_SRC,
+        from ge_cpu.fused import loopgen
+        from ge_native import native
+        mod = native.build(loopgen.row_source("float32"),
                            list(loopgen.ROW_KINDS)) if loopgen.available() else None
         if mod is not None:
             x = np.zeros(1, np.float32)
@@ -72,7 +72,7 @@ CASES = {
     """,
     # a fused loop and the row kernels with an extent of 0: the empty result, not a refusal
     "loops_empty": """
-        from ge_fusion import codegen, loopgen
+        from ge_cpu.fused import codegen, loopgen
         steps = codegen.loads(codegen.dumps([("Mul", ["a0", "a1"], {}), ("Relu", ["t0"], {})]))
         fn = loopgen.loop_kernel(steps, ["a0", "a1"], ["float32"] * 2, [(3, 0), (3, 0)], "float32", (3, 0))
         if fn is not None:

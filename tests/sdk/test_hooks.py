@@ -233,7 +233,7 @@ def test_backend_and_options(fresh_host):
         name = "toy_be"
         aliases = ("ToyChip",)
 
-        def build(self, model, kernels, options):
+        def build(self, model, kernels, context):
             return ConstExe(model)
 
     fresh_host.register_plugin(plugin, "be_test")
@@ -290,8 +290,9 @@ class ScaledKind:
 
 @covers("ge_register_om_kinds")
 def test_om_kind_reads_an_om_holding_its_partition(fresh_host, tmp_path):
-    from ge_core.om import inspect_om, stored_definition
+    from ge_core.om import stored_definition
     from ge_core.om_container import read_container, write_container
+    from ge_sdk.omdesc import inspect_om
 
     plain, scaled = str(tmp_path / "m.om"), str(tmp_path / "scaled.om")
     ge.compile(relu_graph()).save(plain)
@@ -315,7 +316,7 @@ def test_om_kind_reads_an_om_holding_its_partition(fresh_host, tmp_path):
     info = inspect_om(scaled)
     assert info["model"] == {"scale": 3} and [p["kind"] for p in info["file"]["partitions"]] == ["model", "weights", "scale"]
     with read_container(scaled) as c:
-        assert stored_definition(scaled, c)["format"] == "ge-model"
+        assert stored_definition(scaled, c, fresh_host)["format"] == "ge-model"
     assert ge.load_om(plain).run({"x": x})  # a plain .om still loads as the core's model
 
 
