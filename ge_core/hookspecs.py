@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .backend import Backend
     from .frontend import Frontend
     from .kernel import KernelSpec
-    from .memory import MemoryPlan, MemoryProblem
+    from .memory import MemoryPlan, MemoryProblem, SymbolicPlan
     from .model import CompiledModel
     from .om_container import OmKind
     from .ops import OpDef
@@ -77,7 +77,9 @@ class RegisterStreamAllocator(Protocol):
 
 
 class RegisterMemoryPlanner(Protocol):
-    def __call__(self, name: str, planner: Callable[[MemoryProblem, CompileOptions], MemoryPlan], /) -> None: ...
+    # a planner returns a concrete plan, or a symbolic one (ge_memory's plan_symbolic)
+    def __call__(self, name: str, planner: Callable[[MemoryProblem, CompileOptions], MemoryPlan | SymbolicPlan],
+                 /) -> None: ...
 
 
 class RegisterBackend(Protocol):

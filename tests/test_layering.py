@@ -153,7 +153,6 @@ THIRD_PARTY_PRIVATE = {
     ("plugins/ge_atc/cli.py", "_option_string_actions"): "argparse lists a parser's flags nowhere else",
     ("plugins/ge_opset/infer.py", "_infer_node_outputs"): "onnx's per-node inference on serialized protos",
     ("plugins/ge_torch/dynamo.py", "_version"): "torch's in-place version counter of a baked tensor",
-    ("plugins/ge_torch/dynamo.py", "_ge_label"): "an optional label a caller sets on a torch GraphModule",
     ("plugins/ge_torch/pt2.py", "_ops"): "torch._ops.OpOverload / HigherOrderOperator, the op classes",
     ("plugins/ge_torch/convert.py", "_name"): "a torch higher-order operator's name",
     ("plugins/ge_torch/convert.py", "_schema"): "a torch OpOverload's schema",

@@ -165,10 +165,10 @@ def read_input_format_option(value: Any) -> dict[str, Any]:
 
 def aipp_pass(graph: Graph, ctx: PassContext) -> bool:
     """Put the static AIPP of ``insert_op_conf`` in front of the model's inputs."""
-    conf = ctx.options.extra.get("aipp_config", "")
+    conf = ctx.options.getoption("aipp_config", "")
     if not conf:
         return False
-    layout = str(ctx.options.extra.get("input_format", "") or "NCHW").upper()
+    layout = str(ctx.options.getoption("input_format", "") or "NCHW").upper()
     opset = graph.opset_imports.get("", 0) or graph.opset_imports.get("ai.onnx", 0)
     if opset and opset < 13:
         raise OptionError(f"insert_op_conf: the model imports ONNX opset {opset}; AIPP ops need 13 or later")

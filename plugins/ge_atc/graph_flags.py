@@ -58,7 +58,7 @@ def read_output_type_option(value: Any) -> dict[str, Any]:
 
 def output_type_pass(graph: Graph, ctx: PassContext) -> bool:
     """Cast the outputs ``output_type`` names to the dtype it gives them."""
-    raw = ctx.options.extra.get("output_type", "")
+    raw = ctx.options.getoption("output_type", "")
     if not raw:
         return False
     spec = parse_output_type(raw)
@@ -94,7 +94,7 @@ def output_type_pass(graph: Graph, ctx: PassContext) -> bool:
 
 def dead_branch_pass(graph: Graph, ctx: PassContext) -> bool:
     """Inline the branch an If with a constant condition takes (GE's dead-edge elimination)."""
-    if not ctx.options.extra.get("dead_branch_elimination", True):
+    if not ctx.options.getoption("dead_branch_elimination", True):
         return False
     return _eliminate(graph)
 

@@ -162,9 +162,9 @@ def mix_lists(edits_json: str) -> tuple[set[str], set[str], set[str]]:
 def precision_pass(graph: Graph, ctx: PassContext) -> bool:
     """Store weights at the precision ``precision_mode`` chooses (Casts back to float32 in front
     of their ops), or compute float16 ops in float32 (force_fp32)."""
-    extra = ctx.options.extra
-    mode = check_mode(extra.get("precision_mode", "must_keep_origin_dtype"))
-    keep = [s for s in str(extra.get("keep_dtype_entries", "") or "").split("\n") if s]
+    opts = ctx.options
+    mode = check_mode(opts.getoption("precision_mode", "must_keep_origin_dtype"))
+    keep = [s for s in str(opts.getoption("keep_dtype_entries", "") or "").split("\n") if s]
     table: dict[str, Any] = {"mode": mode, "compute_float16_ops": sorted(COMPUTE_FLOAT16),
                              "compute": "float32", "nodes": {}}
     graph.metadata["atc_precision"] = table
@@ -181,7 +181,7 @@ def precision_pass(graph: Graph, ctx: PassContext) -> bool:
     elif mode.startswith("allow_fp32_to"):
         chosen = {n for n in order if n.op_type in MATRIX_OPS and n not in kept}
     else:
-        white, black, gray = mix_lists(str(extra.get("mixlist_edits", "") or ""))
+        white, black, gray = mix_lists(str(opts.getoption("mixlist_edits", "") or ""))
         chosen = set()
         for n in order:
             if n in kept or n.op_type in black:

@@ -40,9 +40,10 @@ from ge_core.errors import ExecutionError
 from ge_core.ir.graph import Graph, Node
 from ge_core.kernel import accepts_out, caps
 from ge_core.memory import MemoryPlan
+from ge_core.ops import OpRegistry
 
 from .executable import CpuExecutable
-from .program import Program, Step, call_step
+from .program import Program, Step, call_step, op_registry
 from .values import as_output
 
 #: Arena base alignment (covers every buffer alignment a plan may use up to a page).
@@ -107,12 +108,13 @@ class Layout:
         self.modes: list[int] = []
         #: per step, the slots whose planned views must hold the inputs for a no-op to be valid
         self.noop_reads: list[tuple[int, ...]] = []
+        ops = op_registry(program)
         for st in program.steps:
             if fixed and st.outs and all(o in fixed for o in st.outs):
                 self.modes.append(NOOP)  # its results are the layout's constants
                 self.noop_reads.append(())
                 continue
-            kind = op_alias(st.node)
+            kind = op_alias(st.node, ops)
             self.modes.append(step_mode(st, where, kind))
             reads = st.ins[:1] if kind == "view" else st.ins
             self.noop_reads.append(tuple(i for i in reads if i >= 0))
@@ -124,12 +126,10 @@ class Layout:
                            for v in st.node.outputs] for st in program.steps]
 
 
-def op_alias(node: Node) -> str:
+def op_alias(node: Node, ops: OpRegistry) -> str:
     """The op set's aliasing fact of ``node`` (``OpDef.aliasing``: "view", "inplace", "concat" or
-    ""), the same fact the memory problem shared the node's bytes by."""
-    from ge_core.plugins import get_host
-
-    d = get_host().registries.ops.lookup(node.domain, node.op_type)
+    ""), the same fact the memory problem shared the node's bytes by; ``ops``: the op registry."""
+    d = ops.lookup(node.domain, node.op_type)
     return d.aliasing if d is not None else ""
 
 
@@ -307,8 +307,8 @@ class ArenaExecutable(CpuExecutable):
     """The schedule interpreted on the calling thread, every planned value in its place in a
     per-context arena (option ``executor=arena``)."""
 
-    def __init__(self, graph: Graph, kernels, options, plan: MemoryPlan) -> None:
-        program = Program(graph, kernels, options)
+    def __init__(self, graph: Graph, kernels, options, plan: MemoryPlan, ops: OpRegistry | None = None) -> None:
+        program = Program(graph, kernels, options, ops=ops)
         layout = Layout(program, plan)
         super().__init__(program, ArenaInterpreter(program, layout), options, layout=layout,
                          contexts=ContextPool(program, layout), plan=plan)

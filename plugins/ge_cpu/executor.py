@@ -17,6 +17,7 @@ from ge_core.backend import Backend, BuildContext, Executable
 from ge_core.errors import OptionError
 from ge_core.ir.graph import Graph
 from ge_core.memory import MemoryPlan, SymbolicPlan
+from ge_core.ops import OpRegistry
 from ge_native import native
 
 from .arena import ArenaExecutable
@@ -36,8 +37,8 @@ __all__ = ["BLAS", "EXECUTORS", "WAIT_SLICE_S", "ArenaExecutable", "BlasThreads"
 class SequentialExecutable(CpuExecutable):
     """Runs a graph's nodes in order on the calling thread, without an arena (``executor=sequential``)."""
 
-    def __init__(self, graph: Graph, kernels, options) -> None:
-        program = Program(graph, kernels, options)
+    def __init__(self, graph: Graph, kernels, options, ops: OpRegistry | None = None) -> None:
+        program = Program(graph, kernels, options, ops=ops)
         super().__init__(program, PlainInterpreter(program), options)
 
 
@@ -59,36 +60,38 @@ class CpuBackend(Backend):
         if mode not in ("build", "probe"):
             raise OptionError(f"native_kernels '{mode}' is not one of build, probe")
         if mode == "build":
-            return self._build(model, kernels, options)
+            return self._build(model, kernels, context)
         with native.probe() as found:
-            exe = self._build(model, kernels, options)
+            exe = self._build(model, kernels, context)
         keys = dict(found)
         exe.native_kernels = {"modules": len(keys), "in_cache": sum(keys.values()),  # type: ignore[attr-defined]
                               "missing": len(keys) - sum(keys.values())}
         return exe
 
-    def _build(self, model, kernels, options) -> Executable:
+    def _build(self, model, kernels, context: BuildContext) -> Executable:
+        # the op registry of the compiling (or loading) host goes down to the programs' layouts
+        options, ops = context.options, context.registries.ops
         choice = str(options.getoption("executor", "auto") or "auto").lower()
         if choice not in EXECUTORS:
             raise OptionError(f"executor '{choice}' is not one of {', '.join(EXECUTORS)}")
         plan = getattr(model, "memory_plan", None)
         streams = getattr(model, "streams", None)
         if choice == "sequential":
-            return SequentialExecutable(model.graph, kernels, options)
+            return SequentialExecutable(model.graph, kernels, options, ops)
         if plan is None:
             plan = MemoryPlan({}, 0, "none")  # nothing planned: every value keeps its own array
         multi = streams is not None and streams.count > 1
         if isinstance(plan, SymbolicPlan):  # interpreted in the arena each run's shapes give
             return SymbolicArenaExecutable(model.graph, kernels, options, plan,
-                                           streams if multi and choice != "arena" else None)
+                                           streams if multi and choice != "arena" else None, ops)
         if multi and streams is not None:
             if choice == "streams":  # interpreted, one thread per stream
-                return MultiStreamExecutable(model.graph, kernels, options, plan, streams)
+                return MultiStreamExecutable(model.graph, kernels, options, plan, streams, ops)
             if choice in ("auto", "sink"):  # one generated function per stream
-                return StreamSinkExecutable(model.graph, kernels, options, plan, streams)
+                return StreamSinkExecutable(model.graph, kernels, options, plan, streams, ops)
         if choice == "arena":
-            return ArenaExecutable(model.graph, kernels, options, plan)
-        return SinkExecutable(model.graph, kernels, options, plan)
+            return ArenaExecutable(model.graph, kernels, options, plan, ops)
+        return SinkExecutable(model.graph, kernels, options, plan, ops)
 
 
 #: Values of the ``executor`` option of the cpu backend.

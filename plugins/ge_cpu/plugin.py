@@ -162,12 +162,17 @@ def ge_register_cli_commands(register: RegisterCliCommand) -> None:
 def ge_register_options(register: RegisterOption) -> None:
     register("executor", "auto", "cpu executor: auto (streams when the schedule has several, else sink), "
                                  "sink (one generated function), arena, streams or sequential")
+    from .kernels import conv
+
+    # the conv table's algorithms (ge_cpu.kernels.conv.ALGORITHMS), as program.CONV_ALGORITHMS accepts them
+    table = ", ".join(n for n in conv.names() if n not in conv.PREFERENCES)
     register("conv_algorithm", "auto", "cpu Conv of a 3x3, stride-1, ungrouped layer with constant weights: "
                                        "auto (Winograd F(2x2,3x3) where the channels and tiles make it pay, "
                                        "else the direct blocked kernel or im2col + GEMM), winograd (F(2x2,3x3) "
                                        "wherever it applies), winograd4 (blocked layers: F(4x4,3x3) on planes "
                                        "of 20x20 and more, 4x fewer multiplies at 2-3x the rounding error) "
-                                       "or im2col (no Winograd)")
+                                       "or im2col (no Winograd); or one algorithm of the conv table, forced "
+                                       f"on every Conv (an error names a layer it does not apply to): {table}")
     register("native_kernels", "build", "build: compile the native kernels a model needs (kept in the user's "
                                         "kernel cache); probe: compile nothing, report which are cached")
     from .blas import DEFAULT_PARALLEL

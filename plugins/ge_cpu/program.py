@@ -72,8 +72,11 @@ class Step:
 class Program:
     """The prepared steps of one graph (the main graph or a subgraph body)."""
 
-    def __init__(self, graph: Graph, kernels, options, extern: Sequence[Value] = ()) -> None:
+    def __init__(self, graph: Graph, kernels, options, extern: Sequence[Value] = (),
+                 ops: OpRegistry | None = None) -> None:
         self.graph = graph
+        #: the op registry of the host the backend builds for (its BuildContext's); None: see op_registry
+        self.ops = ops
         slot: dict[Any, int] = {}
 
         def slot_of(v) -> int:
@@ -212,6 +215,16 @@ def call_step(st: Step, args: list[Any], out: tuple | None = None) -> Sequence[A
             f"{st.who()} failed on inputs ({shapes}): {type(e).__name__}: {e}",
             hint="check the input shapes against the model, or report the kernel bug",
         ) from e
+
+
+def op_registry(program: Program) -> OpRegistry:
+    """The op registry ``program`` was built with (the cpu backend passes its BuildContext's down);
+    an executable constructed directly, without one, reads the process's host's."""
+    if program.ops is not None:
+        return program.ops
+    from ge_core.plugins import get_host
+
+    return get_host().registries.ops
 
 
 class SubProgram:

@@ -12,10 +12,11 @@ import numpy as np
 from ge_core.errors import GEError
 from ge_core.ir.graph import Graph
 from ge_core.memory import MemoryPlan, SymbolicPlan
+from ge_core.ops import OpRegistry
 
 from .arena import ArenaInterpreter, ContextPool, Layout
 from .executable import CpuExecutable, run_threads
-from .program import Program
+from .program import Program, op_registry
 from .streams import StreamLayout, StreamRunner
 
 
@@ -107,9 +108,7 @@ def shape_steps(program: Program) -> list[int]:
     """Steps whose results follow from the input shapes alone: ``Shape``/``Size`` of a value whose
     type is known in the input symbols, and deterministic ops without subgraphs whose inputs are
     constants or such results (shape vectors, position ids, causal masks), no graph output."""
-    from ge_core.plugins import get_host
-
-    ops = get_host().registries.ops
+    ops = op_registry(program)
     bound = {d for _, i, d in _symbolic_dims(program)}
     known = {s for s, _ in program.const_slots}
     outputs = set(program.output_slots)
@@ -143,8 +142,9 @@ class SymbolicArenaExecutable(CpuExecutable):
     """A model with symbolic dims interpreted inside the arena its symbolic plan gives each run's
     shapes (:class:`ShapedLayouts`): planned once at compile time, evaluated per distinct shape."""
 
-    def __init__(self, graph: Graph, kernels, options, plan: SymbolicPlan, assignment: Any = None) -> None:
-        program = Program(graph, kernels, options)
+    def __init__(self, graph: Graph, kernels, options, plan: SymbolicPlan, assignment: Any = None,
+                 ops: OpRegistry | None = None) -> None:
+        program = Program(graph, kernels, options, ops=ops)
         runner = sl = None
         if assignment is not None:  # several streams: each on its thread, as MultiStreamExecutable
             sl = StreamLayout(program, assignment)

@@ -28,6 +28,7 @@ import numpy as np
 from ge_core.errors import ExecutionError, GEError
 from ge_core.ir.graph import Graph
 from ge_core.memory import MemoryPlan
+from ge_core.ops import OpRegistry
 from ge_native import gensrc
 
 from .arena import CALL, NOOP, OUT, Context, ContextPool, Layout
@@ -311,8 +312,8 @@ def _relu(x, out=None):
 class SinkExecutable(CpuExecutable):
     """One generated function per model (option ``executor=sink``, and ``auto`` on one stream)."""
 
-    def __init__(self, graph: Graph, kernels, options, plan: MemoryPlan) -> None:
-        program = Program(graph, kernels, options)
+    def __init__(self, graph: Graph, kernels, options, plan: MemoryPlan, ops: OpRegistry | None = None) -> None:
+        program = Program(graph, kernels, options, ops=ops)
         layout = Layout(program, plan)
         code = SinkCode(program, layout)
         super().__init__(program, code, options, layout=layout, contexts=ContextPool(program, layout), plan=plan)
@@ -323,8 +324,9 @@ class StreamSinkExecutable(CpuExecutable):
     """Model sinking for a multi-stream schedule: one generated function per stream, each run on
     its own thread (option ``executor=sink`` or ``auto`` with several streams)."""
 
-    def __init__(self, graph: Graph, kernels, options, plan: MemoryPlan, streams) -> None:
-        program = Program(graph, kernels, options)
+    def __init__(self, graph: Graph, kernels, options, plan: MemoryPlan, streams,
+                 ops: OpRegistry | None = None) -> None:
+        program = Program(graph, kernels, options, ops=ops)
         layout = Layout(program, plan)
         sl = StreamLayout(program, streams)
         code = SinkCode(program, layout, StreamRunner(sl, "ge-sink-stream"))

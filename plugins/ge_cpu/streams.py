@@ -24,6 +24,7 @@ from typing import Any
 from ge_core.errors import ExecutionError, GEError
 from ge_core.ir.graph import Graph
 from ge_core.memory import MemoryPlan
+from ge_core.ops import OpRegistry
 from ge_core.schedule import StreamAssignment
 
 from .arena import ArenaInterpreter, ContextPool, Layout
@@ -129,8 +130,9 @@ class MultiStreamExecutable(CpuExecutable):
     process's baseline), so a schedule's streams never change a result's bits; the worker
     threads run in the caller's context and never set the count themselves (BlasThreads)."""
 
-    def __init__(self, graph: Graph, kernels, options, plan: MemoryPlan, streams: StreamAssignment) -> None:
-        program = Program(graph, kernels, options)
+    def __init__(self, graph: Graph, kernels, options, plan: MemoryPlan, streams: StreamAssignment,
+                 ops: OpRegistry | None = None) -> None:
+        program = Program(graph, kernels, options, ops=ops)
         layout = Layout(program, plan)
         sl = StreamLayout(program, streams)
         super().__init__(program, ArenaInterpreter(program, layout, StreamRunner(sl, "ge-stream")), options,

@@ -16,7 +16,7 @@ def ge_register_memory_planners(register: RegisterMemoryPlanner) -> None:
     register("ge_block_reuse", plan_ge_block_reuse)
     register("auto", plan_auto)
     # the strategy for symbolic problems: the compiler calls it with the planner the options chose
-    register(SYMBOLIC_PLANNER, plan_symbolic)  # type: ignore[arg-type]
+    register(SYMBOLIC_PLANNER, plan_symbolic)
 
 
 @hookimpl

@@ -141,7 +141,7 @@ def compile_graph(gm: Any, args: Sequence[Any], const_positions: set[int], optio
     ep = lower(ep, mappers)
     baked = {i: args[i] for i in const_positions if i < len(args) and isinstance(args[i], torch.Tensor)}
     names = [f"arg{i}" for i in range(len(args))]
-    conv = Converter(mappers, source=f"<torch.compile graph {getattr(gm, '_ge_label', type(gm).__name__)}>")
+    conv = Converter(mappers, source=f"<torch.compile graph {type(gm).__name__}>")
     graph, plan = conv.convert_program(ep, name="dynamo_graph", const_user_inputs=baked, input_names=names)
     model = ge.compile(graph, options)
     by_name = {v.name: v for v in graph.inputs}

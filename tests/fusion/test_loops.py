@@ -326,14 +326,14 @@ def test_softmax_row_kernel_in_place_and_not_on_edge_values(cols):
     place and into another buffer, large logits, a row of -inf but one, and NaN or +inf in a
     row making it all NaN, as NumPy does. (Without a C compiler the fused kernel's NumPy form
     runs, and is held to the same.)"""
-    from ge_cpu.fused.kernels import _softmax_inplace
     from ge_cpu.fused.loopgen import row_kernel
+    from ge_cpu.fused.norms import softmax_inplace
 
     fn = row_kernel("softmax", "float32")
     if fn is None:
         def fn(x, out):
             np.copyto(out, x)
-            _softmax_inplace(out, -1)
+            softmax_inplace(out, -1)
     rng = np.random.default_rng(cols)
     x = (rng.standard_normal((6, cols)) * 10).astype(np.float32)
     x[1, 0] = 88.0
@@ -362,8 +362,8 @@ def test_scaled_softmax_row_kernel(cols, alpha, period, dtype):
     same bits on 1 and 2 threads; arguments that disagree are refused. (Without a C compiler the
     fused attention runs NumPy's passes, the scaling, the mask and the row softmax, held to the
     same.)"""
-    from ge_cpu.fused.kernels import _softmax_inplace
     from ge_cpu.fused.loopgen import row_kernel
+    from ge_cpu.fused.norms import softmax_inplace
     from ge_native import parallel
 
     fn = row_kernel("softmax_scaled", dtype)
@@ -373,7 +373,7 @@ def test_scaled_softmax_row_kernel(cols, alpha, period, dtype):
             np.multiply(x, x.dtype.type(alpha), out=out)
             if period:
                 out += np.tile(mask, (x.shape[0] // period, 1))
-            _softmax_inplace(out, -1)
+            softmax_inplace(out, -1)
     rng = np.random.default_rng(cols + period)
     x = (rng.standard_normal((240, cols)) * 8).astype(dtype)
     mask = (rng.standard_normal((max(period, 1), cols)) * 3).astype(dtype)

@@ -33,6 +33,7 @@ class SwitchTarget(Target):
 
     def case(self, rng: random.Random, index: int, ctx: dict[str, Any]) -> str:
         from ge_core.options import CompileOptions
+        from ge_core.plugins import get_host
         from ge_fusion.switches import parse_fusion_switch_file
 
         si = rng.randrange(len(SWITCH_SEEDS))
@@ -63,5 +64,8 @@ class SwitchTarget(Target):
         with open(self.path, "wb") as f:
             f.write(data)
         parse_fusion_switch_file(self.path)
-        CompileOptions.from_any({"fusion_switch_file": self.path})
+        # as ge.compile does: the plugins' option readers (ge_fusion's reads the switch file) run
+        # through read_by_plugins with the host's registries, not inside from_any
+        opts = CompileOptions.from_any({"fusion_switch_file": self.path})
+        opts.read_by_plugins(get_host().registries.option_readers)
         return "ok"
