@@ -191,8 +191,9 @@ def ge_register_memory_planners(register: RegisterMemoryPlanner) -> None:
     """Register memory planners.
 
     Call ``register(name, planner)`` where ``planner(problem, options)`` returns a
-    :class:`ge_core.memory.MemoryPlan`. Chosen with the ``memory_planner`` option. Returns
-    nothing.
+    :class:`ge_core.memory.MemoryPlan`. Chosen with the ``memory_planner`` option. The planner
+    named :data:`ge_core.memory.SYMBOLIC_PLANNER` plans a problem with symbolic sizes and returns
+    a :class:`ge_core.memory.SymbolicPlan`. Returns nothing.
     """
 
 

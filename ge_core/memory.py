@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import sortedcontainers
+
 from .errors import GEError, GraphError, OptionError, SecurityError
 from .ir import symbolic as sym
 from .ir.graph import Graph, Node, Value
@@ -445,134 +447,39 @@ def no_reuse_bytes(problem: MemoryProblem) -> int:
     return sum(align_up(b.size, a) for b in problem.buffers) + sum(align_up(n, a) for _, _, n in problem.aliases.values())
 
 
-class SortedList:
-    """Sorted keys (duplicates allowed) in buckets of at most ``2 * LOAD`` (the layout of the
-    ``sortedcontainers`` package, reduced to what the planners and :func:`verify_plan` need): add,
-    remove and neighbour queries take O(log n) comparisons and move at most a bucket in memory, so
-    100k keys cost what 100k inserts into short lists cost (a flat list moves half of itself)."""
-
-    LOAD = 512
-    __slots__ = ("_lists", "_maxes", "_len")
-
-    def __init__(self, keys: Any = ()) -> None:
-        keys = sorted(keys)
-        n = self.LOAD
-        self._lists: list[list[Any]] = [keys[i:i + n] for i in range(0, len(keys), n)]
-        self._maxes: list[Any] = [b[-1] for b in self._lists]
-        self._len = len(keys)
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __iter__(self):
-        for b in self._lists:
-            yield from b
+class SortedList(sortedcontainers.SortedList):
+    """Sorted keys, duplicates allowed (the ``sortedcontainers`` package: add and remove in
+    O(log n)), with the neighbour queries the planners and :func:`verify_plan` ask."""
 
     def last(self) -> Any:
         """The largest key, or None."""
-        return self._maxes[-1] if self._maxes else None
-
-    def add(self, x: Any) -> None:
-        maxes, lists = self._maxes, self._lists
-        self._len += 1
-        if not maxes:
-            lists.append([x])
-            maxes.append(x)
-            return
-        k = bisect.bisect_right(maxes, x)
-        if k == len(maxes):
-            k -= 1
-            b = lists[k]
-            b.append(x)
-            maxes[k] = x
-        else:
-            b = lists[k]
-            bisect.insort_right(b, x)
-        if len(b) > 2 * self.LOAD:
-            half = self.LOAD
-            lists[k:k + 1] = [b[:half], b[half:]]
-            maxes[k:k + 1] = [b[half - 1], b[-1]]
-
-    def remove(self, x: Any) -> None:
-        """Remove one key equal to ``x`` (ValueError if there is none)."""
-        maxes, lists = self._maxes, self._lists
-        k = bisect.bisect_left(maxes, x)
-        if k < len(maxes):
-            b = lists[k]
-            i = bisect.bisect_left(b, x)
-            if i < len(b) and b[i] == x:
-                del b[i]
-                self._len -= 1
-                if not b:
-                    del lists[k]
-                    del maxes[k]
-                elif i == len(b):
-                    maxes[k] = b[-1]
-                return
-        raise ValueError(f"{x!r} is not in the list")
+        return self[-1] if self else None
 
     def floor(self, x: Any) -> Any:
         """The largest key <= x, or None."""
-        maxes = self._maxes
-        k = bisect.bisect_right(maxes, x)
-        if k < len(maxes):
-            b = self._lists[k]
-            i = bisect.bisect_right(b, x)
-            if i:
-                return b[i - 1]
-        return self._lists[k - 1][-1] if k else None
+        i = self.bisect_right(x)
+        return self[i - 1] if i else None
 
     def lower(self, x: Any) -> Any:
         """The largest key < x, or None."""
-        maxes = self._maxes
-        k = bisect.bisect_left(maxes, x)
-        if k < len(maxes):
-            b = self._lists[k]
-            i = bisect.bisect_left(b, x)
-            if i:
-                return b[i - 1]
-        return self._lists[k - 1][-1] if k else None
+        i = self.bisect_left(x)
+        return self[i - 1] if i else None
 
     def ceiling(self, x: Any) -> Any:
         """The smallest key >= x, or None."""
-        maxes = self._maxes
-        k = bisect.bisect_left(maxes, x)
-        if k == len(maxes):
-            return None
-        b = self._lists[k]
-        return b[bisect.bisect_left(b, x)]
+        i = self.bisect_left(x)
+        return self[i] if i < len(self) else None
 
     def higher(self, x: Any) -> Any:
         """The smallest key > x, or None."""
-        maxes = self._maxes
-        k = bisect.bisect_right(maxes, x)
-        if k == len(maxes):
-            return None
-        b = self._lists[k]
-        return b[bisect.bisect_right(b, x)]
+        i = self.bisect_right(x)
+        return self[i] if i < len(self) else None
 
     def pop_range(self, lo: Any, hi: Any) -> list[Any]:
-        """Remove and return (in order) the keys in [lo, hi]."""
-        maxes, lists = self._maxes, self._lists
-        out: list[Any] = []
-        k = bisect.bisect_left(maxes, lo)
-        while k < len(maxes):
-            b = lists[k]
-            i = bisect.bisect_left(b, lo)
-            j = bisect.bisect_right(b, hi)
-            if i >= j:
-                break
-            out.extend(b[i:j])
-            del b[i:j]
-            if not b:
-                del lists[k]
-                del maxes[k]
-                continue
-            maxes[k] = b[-1]
-            if i < len(b):  # the bucket keeps keys above hi: nothing further
-                break
-            k += 1
-        self._len -= len(out)
+        """Remove and return the keys in [lo, hi], in order."""
+        i, j = self.bisect_left(lo), self.bisect_right(hi)
+        out = list(self.islice(i, j))
+        del self[i:j]
         return out
 
 

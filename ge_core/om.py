@@ -55,7 +55,7 @@ from .options import CompileOptions
 from .schedule import StreamAssignment, verify_streams
 from .serialize import FORMAT_VERSION, LIMITS, WeightWriter, dump_definition, graph_to_dict, load_definition, read_graph
 from .version import __version__
-from .writes import OM_COMPANIONS, fsync_directory
+from .writes import COMPANIONS, fsync_directory
 
 if TYPE_CHECKING:
     from .plugins import PluginHost
@@ -109,7 +109,7 @@ def external_weight_files(path: str) -> list[str]:
     return out
 
 
-OM_COMPANIONS.append(external_weight_files)  # what a command reads with an .om (ge_core.writes)
+COMPANIONS[".om"] = external_weight_files  # what a command reads with an .om (ge_core.writes)
 
 
 def type_conflict(graph: Graph, ops) -> str | None:
@@ -307,14 +307,14 @@ class ModelFileSave:
             write_container(path, ...)
     """
 
-    def __init__(self, path: str, *, replacing: bool = True) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
         self.folder = os.path.dirname(os.path.abspath(path))
         self.written: list[str] = []
         self.old: list[str] = []
         raw = None
         try:
-            if replacing and os.path.lexists(path):
+            if os.path.lexists(path):
                 raw = read_partition(path, "model", max_size=MAX_MODEL_JSON)
         except GEError:  # not a file we can read: nothing of ours to clean up
             raw = None
@@ -400,15 +400,6 @@ class ModelFileSave:
                 os.unlink(os.path.join(self.folder, *rel.split("/")))
             except OSError:
                 pass  # an orphan left behind is harmless
-
-
-def write_external_weights(path: str, weights: WeightWriter, mode: int) -> dict[str, Any]:
-    """Write the weights of an .om at ``path`` beside it (``weight/``, see
-    :meth:`ModelFileSave.external_weights`: names unique to this .om and this version) and return
-    the definition's ``external_weights`` section. A writer that replaces a file uses
-    :class:`ModelFileSave` instead, which also removes what a failed save wrote and the previous
-    version's files after the switch."""
-    return ModelFileSave(path, replacing=False).external_weights(weights, mode)
 
 
 def _external_path(om_path: str, rel: Any, i: int) -> str:

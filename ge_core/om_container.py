@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import mmap
 import os
-import secrets
 import stat
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, Union, runtime_checkable
+from typing import IO, TYPE_CHECKING, Any, Protocol, Union, runtime_checkable
 
 import numpy as np
 
 from .errors import ModelFileError, OmFormatError
-from .writes import discard, fsync_directory
+from .writes import discard, fsync_directory, temp_beside
 
 if TYPE_CHECKING:
     from .plugins import PluginHost
@@ -231,16 +230,24 @@ def _check_partitions(partitions: Any) -> list[tuple[str, Any, int]]:
     return checked
 
 
-def _create_temp(path: str) -> tuple[int, str]:
-    directory, base = os.path.split(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-    for _ in range(100):
-        tmp = os.path.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
-        try:
-            return os.open(tmp, flags, 0o666), tmp  # 0o666 & ~umask, like a plain open()
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"could not create a temporary file next to {path}")
+def _replace_atomically(path: str, write: Callable[[IO[bytes]], Any], hint: str) -> Any:
+    """Run ``write(f)`` on a temporary file beside ``path``, flush and fsync it and rename it over
+    ``path``; returns what ``write`` returned. Failing to write is a :class:`ModelFileError`
+    (with ``hint``); no temporary file remains after any failure."""
+    tmp = None
+    try:
+        f, tmp = temp_beside(path)
+        with f:
+            out = write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+        return out
+    except OSError as e:
+        raise ModelFileError(f"cannot write {path}: {e.strerror or e}", hint=hint) from e
+    finally:
+        discard(tmp)
 
 
 def write_container(
@@ -264,47 +271,35 @@ def write_container(
     table_offset = HEADER_SIZE
     table_end = table_offset + ENTRY_SIZE * len(checked)
 
-    tmp = None
-    try:
-        fd, tmp = _create_temp(path)
-        with os.fdopen(fd, "wb") as f:
-            f.write(b"\0" * table_end)  # header and table are written last
-            pos = table_end
-            infos = []
-            for kind, data, alignment in checked:
-                start = _align(pos, alignment)
-                if start > pos:
-                    f.write(b"\0" * (start - pos))
-                size = 0
-                crc = 0
-                for chunk in _chunks(data, kind):
-                    f.write(chunk)
-                    crc = zlib.crc32(chunk, crc)
-                    size += chunk.nbytes
-                pos = start + size
-                infos.append(PartitionInfo(kind, start, size, alignment, crc))
-            table = b"".join(_pack_entry(info) for info in infos)
-            header = _pack_header(
-                producer=producer_raw,
-                partition_count=len(infos),
-                table_offset=table_offset,
-                table_crc32=zlib.crc32(table),
-                file_size=pos,
-            )
-            f.seek(0)
-            f.write(header + table)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
-        fsync_directory(os.path.dirname(path))
-    except OSError as e:
-        raise ModelFileError(
-            f"cannot write {path}: {e.strerror or e}",
-            hint="check that the directory exists and is writable and that the path is not a directory",
-        ) from e
-    finally:
-        discard(tmp)
+    def write(f: IO[bytes]) -> None:
+        f.write(b"\0" * table_end)  # header and table are written last
+        pos = table_end
+        infos = []
+        for kind, data, alignment in checked:
+            start = _align(pos, alignment)
+            if start > pos:
+                f.write(b"\0" * (start - pos))
+            size = 0
+            crc = 0
+            for chunk in _chunks(data, kind):
+                f.write(chunk)
+                crc = zlib.crc32(chunk, crc)
+                size += chunk.nbytes
+            pos = start + size
+            infos.append(PartitionInfo(kind, start, size, alignment, crc))
+        table = b"".join(_pack_entry(info) for info in infos)
+        header = _pack_header(
+            producer=producer_raw,
+            partition_count=len(infos),
+            table_offset=table_offset,
+            table_crc32=zlib.crc32(table),
+            file_size=pos,
+        )
+        f.seek(0)
+        f.write(header + table)
+
+    _replace_atomically(path, write, "check that the directory exists and is writable and that the path is not a directory")
+    fsync_directory(os.path.dirname(path))
 
 
 # --------------------------------------------------------------------------- reading
@@ -768,26 +763,16 @@ def write_file_atomic(path: str, chunks: Iterable[Buffer]) -> tuple[int, int]:
     """Write ``chunks`` to ``path`` as :func:`write_container` writes (temporary file beside it,
     fsync, rename); returns (size, crc32). A failure is a :class:`ModelFileError` and leaves no
     temporary file."""
-    tmp = None
-    size = crc = 0
-    try:
-        fd, tmp = _create_temp(path)
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                view = _as_bytes_view(chunk, "file")
-                f.write(view)
-                crc = zlib.crc32(view, crc)
-                size += view.nbytes
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as e:
-        raise ModelFileError(f"cannot write {path}: {e.strerror or e}",
-                             hint="check that the folder exists and is writable") from e
-    finally:
-        discard(tmp)
-    return size, crc
+    def write(f: IO[bytes]) -> tuple[int, int]:
+        size = crc = 0
+        for chunk in chunks:
+            view = _as_bytes_view(chunk, "file")
+            f.write(view)
+            crc = zlib.crc32(view, crc)
+            size += view.nbytes
+        return size, crc
+
+    return _replace_atomically(path, write, "check that the folder exists and is writable")
 
 
 #: The partitions the core reads; an .om holding another one that a plugin registered

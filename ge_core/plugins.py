@@ -233,106 +233,82 @@ class PluginHost:
     def _build_registries(self) -> Registries:
         r = Registries()
 
-        def op_adder(plugin):
-            def add(opdef: OpDef, *more):
-                if not isinstance(opdef, OpDef):
-                    raise PluginError(f"register() of ge_register_ops takes an OpDef, not {type(opdef).__name__}")
-                return ("ops", opdef.key, opdef)
+        def add_op(opdef: OpDef, *more):
+            if not isinstance(opdef, OpDef):
+                raise PluginError(f"register() of ge_register_ops takes an OpDef, not {type(opdef).__name__}")
+            return ("ops", opdef.key, opdef)
 
-            return add
-
-        def kernel_adder(plugin):
-            def add(op_type: str, factory, domain: str = "", backend: str = "cpu"):
-                if not callable(factory):
-                    raise PluginError(f"kernel for '{op_type}' is not callable")
-                return (("kernels", backend), (OpRegistry.norm_domain(domain), op_type), factory)
-
-            return add
+        def add_kernel(op_type: str, factory, domain: str = "", backend: str = "cpu"):
+            if not callable(factory):
+                raise PluginError(f"kernel for '{op_type}' is not callable")
+            return (("kernels", backend), (OpRegistry.norm_domain(domain), op_type), factory)
 
         def named(kind: str, attr_name: str | None = None, check: Callable | None = None):
-            def factory(plugin):
-                def add(*args):
-                    if attr_name is not None:
-                        (obj,) = args
-                        if inspect.isclass(obj):
-                            obj = obj()
-                        key = getattr(obj, attr_name, None)
-                        if not key:
-                            raise PluginError(f"{kind} object {obj!r} has no {attr_name}")
-                        return (kind, key, obj)
-                    key, obj = args[0], args[1] if len(args) == 2 else args[1:]
-                    if check:
-                        check(key, obj)
+            def add(*args):
+                if attr_name is not None:
+                    (obj,) = args
+                    if inspect.isclass(obj):
+                        obj = obj()
+                    key = getattr(obj, attr_name, None)
+                    if not key:
+                        raise PluginError(f"{kind} object {obj!r} has no {attr_name}")
                     return (kind, key, obj)
-
-                return add
-
-            return factory
-
-        def instrument_adder(plugin):
-            def add(instrument):
-                name = getattr(instrument, "name", "")
-                if not name or not isinstance(name, str):
-                    raise PluginError(f"pass instrument {instrument!r} has no name")
-                missing = [m for m in ("before_pass", "after_pass") if not callable(getattr(instrument, m, None))]
-                if missing:
-                    raise PluginError(f"pass instrument '{name}' has no {' or '.join(missing)}",
-                                      hint="subclass ge_core.passes.PassInstrument")
-                return ("pass_instruments", name, instrument)
+                key, obj = args[0], args[1] if len(args) == 2 else args[1:]
+                if check:
+                    check(key, obj)
+                return (kind, key, obj)
 
             return add
 
-        def mapper_adder(plugin):
-            def add(framework: str, op_type: str, mapper):
-                return ("op_mappers", (framework, op_type), mapper)
+        def add_instrument(instrument):
+            name = getattr(instrument, "name", "")
+            if not name or not isinstance(name, str):
+                raise PluginError(f"pass instrument {instrument!r} has no name")
+            missing = [m for m in ("before_pass", "after_pass") if not callable(getattr(instrument, m, None))]
+            if missing:
+                raise PluginError(f"pass instrument '{name}' has no {' or '.join(missing)}",
+                                  hint="subclass ge_core.passes.PassInstrument")
+            return ("pass_instruments", name, instrument)
 
-            return add
+        def add_mapper(framework: str, op_type: str, mapper):
+            return ("op_mappers", (framework, op_type), mapper)
 
-        def option_adder(plugin):
-            def add(name: str, default=None, help: str = "", read: Callable | None = None):
-                if read is not None and not callable(read):
-                    raise PluginError(f"reader of option '{name}' is not callable")
-                reader = [("option_readers", name, read)] if read is not None else []
-                if read is not None and name in {f.name for f in dataclasses.fields(CompileOptions)}:
-                    return reader  # a built-in option this plugin reads
-                return [("options", name, (default, help)), *reader]
+        def add_option(name: str, default=None, help: str = "", read: Callable | None = None):
+            if read is not None and not callable(read):
+                raise PluginError(f"reader of option '{name}' is not callable")
+            reader = [("option_readers", name, read)] if read is not None else []
+            if read is not None and name in {f.name for f in dataclasses.fields(CompileOptions)}:
+                return reader  # a built-in option this plugin reads
+            return [("options", name, (default, help)), *reader]
 
-            return add
+        def add_om_kind(partition: str, kind):
+            if not isinstance(partition, str) or not partition or partition in CORE_PARTITIONS:
+                raise PluginError(f"om kind partition {partition!r:.40} is not a partition name of its own",
+                                  hint=f"name a partition other than {' and '.join(CORE_PARTITIONS)}")
+            if not isinstance(kind, OmKind):
+                raise PluginError(f"om kind '{partition}' ({type(kind).__name__}) has no load, inspect and "
+                                  "definition methods", hint="see ge_core.om.OmKind")
+            return ("om_kinds", partition, kind)
 
-        def om_kind_adder(plugin):
-            def add(partition: str, kind):
-                if not isinstance(partition, str) or not partition or partition in CORE_PARTITIONS:
-                    raise PluginError(f"om kind partition {partition!r:.40} is not a partition name of its own",
-                                      hint=f"name a partition other than {' and '.join(CORE_PARTITIONS)}")
-                if not isinstance(kind, OmKind):
-                    raise PluginError(f"om kind '{partition}' ({type(kind).__name__}) has no load, inspect and "
-                                      "definition methods", hint="see ge_core.om.OmKind")
-                return ("om_kinds", partition, kind)
-
-            return add
-
-        def cli_adder(plugin):
-            def add(name: str, help: str, configure, run):
-                return ("cli_commands", name, CliCommand(name, help, configure, run))
-
-            return add
+        def add_cli_command(name: str, help: str, configure, run):
+            return ("cli_commands", name, CliCommand(name, help, configure, run))
 
         hooks: list[tuple[str, Callable]] = [
-            ("ge_register_ops", op_adder),
-            ("ge_register_kernels", kernel_adder),
+            ("ge_register_ops", add_op),
+            ("ge_register_kernels", add_kernel),
             ("ge_register_frontends", named("frontends", "name")),
-            ("ge_register_op_mappers", mapper_adder),
+            ("ge_register_op_mappers", add_mapper),
             ("ge_register_passes", named("passes", "name")),
-            ("ge_register_pass_instruments", instrument_adder),
+            ("ge_register_pass_instruments", add_instrument),
             ("ge_register_fusion_patterns", named("fusion_patterns")),
             ("ge_register_stream_allocators", named("stream_allocators")),
             ("ge_register_memory_planners", named("memory_planners")),
             ("ge_register_backends", named("backends", "name")),
-            ("ge_register_options", option_adder),
-            ("ge_register_om_kinds", om_kind_adder),
-            ("ge_register_cli_commands", cli_adder),
+            ("ge_register_options", add_option),
+            ("ge_register_om_kinds", add_om_kind),
+            ("ge_register_cli_commands", add_cli_command),
         ]
-        for hook_name, make_adder in hooks:
+        for hook_name, adder in hooks:
             caller = getattr(self.pm.hook, hook_name)
             # pluggy returns impls last-registered first; keep a stable, name-sorted order.
             impls = sorted(caller.get_hookimpls(), key=lambda i: i.plugin_name)
@@ -340,7 +316,6 @@ class PluginHost:
                 plugin = impl.plugin_name
                 info = self.info.setdefault(plugin, PluginInfo(name=plugin, source="in-process"))
                 pending: list[tuple] = []
-                adder = make_adder(plugin)
 
                 def register(*args, _adder=adder, _pending=pending, **kw):
                     entry = _adder(*args, **kw)

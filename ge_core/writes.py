@@ -27,12 +27,10 @@ from .errors import ModelFileError
 #: Entries of a model folder (a SavedModel) recorded as inputs, at most.
 MAX_FOLDER_FILES = 10_000
 #: Bytes of a source model scanned for external data locations, at most.
-MAX_SCAN_BYTES = 1 << 31
-
-_LOCATION = b"\x0a\x08location\x12"  # an ONNX StringStringEntryProto whose key is "location"
-#: ``companions(path) -> [paths]`` of an .om (its external weight files): given by ``ge_core.om``,
-#: which knows the format (this module is below it)
-OM_COMPANIONS: list[Callable[[str], list[str]]] = []
+#: file suffix -> ``companions(path) -> [paths]``: the files a model file of that kind names (an
+#: .om's external weights, an ONNX model's external data), given by what knows the format (ge_core.om,
+#: the ONNX plugin); this module is below them
+COMPANIONS: dict[str, Callable[[str], list[str]]] = {}
 
 
 def file_id(path: Any) -> tuple[int, int] | None:
@@ -42,49 +40,6 @@ def file_id(path: Any) -> tuple[int, int] | None:
     except (OSError, ValueError, TypeError):
         return None
     return st.st_dev, st.st_ino
-
-
-def _onnx_companions(path: str) -> list[str]:
-    """The external data files an ONNX model at ``path`` names (found in its bytes without
-    parsing them; a false match only protects one more file). The file is read in chunks, never
-    mapped: a file truncated meanwhile cannot end the process."""
-    folder = os.path.dirname(os.path.abspath(path))
-    out: list[str] = []
-    chunk, keep = 1 << 22, len(_LOCATION) + 5 + 4096  # a match and its value never fall between chunks
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if not size or size > MAX_SCAN_BYTES:
-                return out
-            base, buf = 0, b""
-            while len(out) < 100_000:
-                more = f.read(chunk)
-                buf += more
-                at, limit = buf.find(_LOCATION), (len(buf) if not more else len(buf) - keep)
-                last = 0
-                while 0 <= at < limit and len(out) < 100_000:
-                    i, n, shift = at + len(_LOCATION), 0, 0
-                    while i < len(buf) and shift < 35:  # the varint length of the value
-                        b = buf[i]
-                        n |= (b & 0x7F) << shift
-                        i, shift = i + 1, shift + 7
-                        if not b & 0x80:
-                            break
-                    try:
-                        rel = buf[i:i + min(n, 4096)].decode("utf-8")
-                    except UnicodeDecodeError:
-                        rel = ""
-                    if rel and "\0" not in rel:
-                        out.append(os.path.join(folder, rel.replace("\\", "/")))
-                    last = i
-                    at = buf.find(_LOCATION, i)
-                if not more:
-                    break
-                cut = max(last, len(buf) - keep)
-                base, buf = base + cut, buf[cut:]
-    except (OSError, ValueError):
-        pass
-    return out
 
 
 class InputFiles:
@@ -121,9 +76,8 @@ class InputFiles:
         self.files.setdefault((st.st_dev, st.st_ino), path)
         if companions:
             low = path.lower()
-            more = [p for f in OM_COMPANIONS for p in f(path)] if low.endswith(".om") or _head(path) == b"GEOM" else (
-                _onnx_companions(path) if low.endswith(".onnx") else [])
-            for p in more:
+            find = COMPANIONS.get(".om" if low.endswith(".om") or _head(path) == b"GEOM" else os.path.splitext(low)[1])
+            for p in find(path) if find else ():
                 self.add(p, companions=False)
         return self
 
@@ -180,7 +134,8 @@ def _reason(e: OSError) -> str:
     return why
 
 
-def _temp_beside(path: str) -> tuple[IO[bytes], str]:
+def temp_beside(path: str) -> tuple[IO[bytes], str]:
+    """A new temporary file (open for writing) in the folder of ``path``, and its name."""
     directory, base = os.path.split(os.path.abspath(path))
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     for _ in range(100):
@@ -259,7 +214,7 @@ def _where_fails(path: Any, what: str) -> None:
 def _write_temp(path: str, write: Callable[[IO[bytes]], Any], what: str) -> str:
     tmp = None
     try:
-        f, tmp = _temp_beside(path)
+        f, tmp = temp_beside(path)
         with f:
             write(f)
             f.flush()

@@ -172,8 +172,10 @@ def input_shape_from_range(text: str, input_shape: str | None) -> str:
 def command_inputs(args: argparse.Namespace):
     """The files ATC's flags in ``args`` name to read (:class:`ge_core.writes.InputFiles`): no
     output flag may write over one of them (the same name, a link, a hard link)."""
+    from ge_core import get_host
     from ge_core.writes import InputFiles
 
+    get_host()  # the plugins say which files a model names (an ONNX model's external data)
     return InputFiles(*(getattr(args, k, None) for k in (
         "model", "om", "config", "fusion_switch_file", "keep_dtype", "modify_mixlist", "insert_op_conf")))
 

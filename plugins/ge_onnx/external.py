@@ -215,3 +215,51 @@ def sparse_to_array(sp, base_dir: str | None, model_path: str, budget: SparseBud
         raise ModelFileError(f"sparse tensor '{sp.values.name}' of {model_path} has bad indices")
     dense[lin] = flat_vals
     return dense.reshape(dims)
+
+
+#: files larger than this are not scanned for external data names
+MAX_SCAN_BYTES = 1 << 31
+_LOCATION = b"\x0a\x08location\x12"  # an ONNX StringStringEntryProto whose key is "location"
+
+
+def external_data_files(path: str) -> list[str]:
+    """The external data files an ONNX model at ``path`` names (found in its bytes without
+    parsing them; a false match only protects one more file), for :class:`ge_core.writes.InputFiles`:
+    no output of a command may write over them. The file is read in chunks, never mapped: a file
+    truncated meanwhile cannot end the process."""
+    folder = os.path.dirname(os.path.abspath(path))
+    out: list[str] = []
+    chunk, keep = 1 << 22, len(_LOCATION) + 5 + 4096  # a match and its value never fall between chunks
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if not size or size > MAX_SCAN_BYTES:
+                return out
+            buf = b""
+            while len(out) < 100_000:
+                more = f.read(chunk)
+                buf += more
+                at, limit = buf.find(_LOCATION), (len(buf) if not more else len(buf) - keep)
+                last = 0
+                while 0 <= at < limit and len(out) < 100_000:
+                    i, n, shift = at + len(_LOCATION), 0, 0
+                    while i < len(buf) and shift < 35:  # the varint length of the value
+                        b = buf[i]
+                        n |= (b & 0x7F) << shift
+                        i, shift = i + 1, shift + 7
+                        if not b & 0x80:
+                            break
+                    try:
+                        rel = buf[i:i + min(n, 4096)].decode("utf-8")
+                    except UnicodeDecodeError:
+                        rel = ""
+                    if rel and "\0" not in rel:
+                        out.append(os.path.join(folder, rel.replace("\\", "/")))
+                    last = i
+                    at = buf.find(_LOCATION, i)
+                if not more:
+                    break
+                buf = buf[max(last, len(buf) - keep):]
+    except (OSError, ValueError):
+        pass
+    return out

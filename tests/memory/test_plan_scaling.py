@@ -132,7 +132,7 @@ def growth(fn, n: int, repeat: int = 3) -> float:
 # the sweep finds every fault the pairwise check finds, with the same message
 # ------------------------------------------------------------------------------------------------
 def test_sorted_list_against_a_plain_sorted_list(monkeypatch):
-    monkeypatch.setattr(SortedList, "LOAD", 4)  # many buckets: splits and emptied buckets
+    monkeypatch.setattr(SortedList, "DEFAULT_LOAD_FACTOR", 4)  # many sublists: splits and emptied ones
     rng = random.Random(0)
     for _ in range(60):
         sl, ref = SortedList(rng.sample(range(100), rng.randrange(20))), []
