@@ -10,7 +10,7 @@ from ge_native import isa, parallel
 
 from .. import _window as window
 from . import depthwise_window
-from .geometry import delivered, out_target
+from .geometry import delivered, mark_applied, out_target, store_steps
 from .plan import ConvPlan
 
 NAME = "depthwise_direct"
@@ -48,13 +48,10 @@ def run(plan: ConvPlan, dw_fast, x, w, out, epi):
         return None
     shape, call = dw_fast[1], dw_fast[2]
     target = out_target(out, shape, np.float32)
-    clip = act = None
-    if epi is not None and epi["addend"] is None:
-        clip, act = epi["clip"], epi["act"]
+    clip, act = store_steps(epi, epi is not None and epi["addend"] is None)
     if not call.run(x, target, parallel.native_width(), clip, act):
         return None
-    if epi is not None and (clip is not None or act is not None):
-        epi["applied"] = True
+    mark_applied(epi, clip, act)
     return delivered(target, out)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from ge_native import isa, nchwc, parallel
 
-from .geometry import delivered, out_target
+from .geometry import delivered, mark_applied, out_target, store_steps
 from .plan import ConvPlan
 
 NAME = "depthwise_nchwc"
@@ -58,17 +58,14 @@ def run(plan: ConvPlan, dw, x, b, out, key, epi=None):
         bufs = local.bufs = (np.empty(xs5, np.float32), np.empty(ys5, np.float32))
     x5, y5 = bufs
     width = parallel.native_width()
-    clip = act = None
-    if epi is not None:
-        clip, act = epi["clip"], epi["act"]
+    clip, act = store_steps(epi)
     target = out_target(out, shape, np.float32)
     if not (nchwc.to_blocked(np.ascontiguousarray(x), x5, width)
             and nchwc.depthwise(x5, dw["w"], y5, tuple(key[1]), tuple(plan.strides), tuple(plan.dilations),
                                 (pb[0], pb[1]), dw["b"], clip, width, None, act)
             and nchwc.from_blocked(y5, target, width)):
         return None
-    if epi is not None and (clip is not None or act is not None):
-        epi["applied"] = True
+    mark_applied(epi, clip, act)
     return delivered(target, out)
 
 

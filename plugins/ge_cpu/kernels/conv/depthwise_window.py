@@ -11,7 +11,7 @@ import numpy as np
 from ge_native import isa, parallel
 
 from .. import _window as window
-from .geometry import as4d, delivered, out_target
+from .geometry import as4d, delivered, mark_applied, out_target, store_steps
 from .plan import ConvPlan
 
 NAME = "depthwise_window"
@@ -60,14 +60,11 @@ def run(plan: ConvPlan, loop_w, x, w, b, out, key, epi=None):
     if bias.shape != (m,):
         return None
     target = out_target(out, shape, dt)
-    clip = act = None
-    if epi is not None and epi["addend"] is None and (epi["act"] is None or dt == np.float32):
-        clip, act = epi["clip"], epi["act"]
+    clip, act = store_steps(epi, epi is not None and epi["addend"] is None and (epi["act"] is None or dt == np.float32))
     if not window.run("conv", plan.window_plans(key), as4d(x), as4d(target), wt, bias,
                        threads=parallel.native_width(), clip=clip, act=act):
         return None
-    if epi is not None and (clip is not None or act is not None):
-        epi["applied"] = True
+    mark_applied(epi, clip, act)
     return delivered(target, out)
 
 

@@ -137,6 +137,18 @@ class PlanCache:
         return p
 
 
+def store_steps(epi, ok: bool = True):
+    """``(clip, act)``: the epilogue steps a kernel applies at its store (None, None without an
+    epilogue or when ``ok`` is False)."""
+    return (epi["clip"], epi["act"]) if epi is not None and ok else (None, None)
+
+
+def mark_applied(epi, clip, act) -> None:
+    """Tell the caller the kernel applied the epilogue's clip or activation."""
+    if epi is not None and (clip is not None or act is not None):
+        epi["applied"] = True
+
+
 def delivered(target, out):
     """The kernel's outputs for a result in ``target``: ``out`` (the planned output, ``target``
     copied into it when it is another array) when the caller gave one, else ``(target,)``."""
