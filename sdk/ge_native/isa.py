@@ -169,5 +169,9 @@ register(Family("sgemm", [_AVX512, _AVX2, Variant("numpy")], switch="GE_NATIVE_S
 register(Family("nchwc", [_AVX512, _AVX2, Variant("scalar")], switch="GE_NATIVE_NCHWC", probe=_isa_probe("nchwc")))
 #: split GEMMs on native threads calling single-threaded BLAS (ge_native.gemm), else NumPy's matmul
 register(Family("gemm", [Variant("blas"), Variant("numpy")], switch="GE_NATIVE_GEMM", probe=_gemm_probe))
+#: bf16 GEMM with float32 sums (ge_native.bf16): AMX tiles, VDPBF16PS, or the scalar form anywhere it builds
+register(Family("bf16gemm", [Variant("amx_bf16", frozenset({"amx_bf16", "amx_tile"})),
+                             Variant("avx512_bf16", frozenset({"avx512_bf16", "avx512f"})), Variant("scalar")],
+                switch="GE_NATIVE_BF16", probe=_isa_probe("bf16")))
 #: the native thread pool (pthreads workers), else every parallel loop runs inline on the caller
 register(Family("pool", [Variant("pthreads"), Variant("inline")], switch="GE_NATIVE", probe=_pool_probe))

@@ -1,0 +1,386 @@
+#include "prelude.h"
+#include <immintrin.h>
+#include "activations.h"
+#include "activations16.h"
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+/* GE's bf16 GEMM: C (m, n) = A (m, k, float32, rounded to bf16 as it is packed) @ B (k, n, bf16,
+   packed once) with float32 sums, the epilogue (bias per column, clip, activation) in float32 at
+   the store. B's one layout, read by every variant: ceil(n / 32) panels of (kp / 2, 32, 2) bf16,
+   kp = k rounded up to 32, zero-padded: row kk / 2 of a panel holds the pairs (B[kk][j], B[kk+1][j])
+   of its 32 columns (the VNNI pairs VDPBF16PS and TDPBF16PS read; 16 pair-rows of a panel's half
+   are one AMX tile, 128 bytes apart). Variants (chosen by the caller, checked against the CPU):
+   0 scalar (plain C), 1 avx512_bf16 (VDPBF16PS, 12 x 32 register tiles), 2 amx_bf16 (TDPBF16PS,
+   32 x 32 tiles). Each element of C is one task's sum over k in a fixed order, so a product has
+   the same bits at every thread count. */
+#define BF_NR 32
+#define BF_KB 32
+#define BF_MR 12
+#define BF_MB_AVX 48   /* rows of a task: avx512_bf16 (4 register tiles) */
+#define BF_MB_AMX 64   /* rows of a task: amx_bf16 (2 tiles of 32) */
+#define BF_MB_SCALAR 16
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define BF_X86 1
+#define BF_T512 __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl")))
+#define BF_TAMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16,avx512bw,avx512vl")))
+#endif
+
+typedef struct {
+    const float *a; int64_t m, k, kp;     /* A (m, k) row-major; kp: k rounded up to 32 */
+    const uint16_t *b;                    /* packed B: panel p at b + p * kp * 32 */
+    float *c; int64_t n;                  /* C (m, n) */
+    const float *bias; int64_t has_bias;  /* n values, or none */
+    int64_t clip; float lo, hi;
+    int64_t act;                          /* act32's codes: 0 none .. 5 hardswish */
+    int64_t variant;                      /* 0 scalar, 1 avx512_bf16, 2 amx_bf16 */
+    int64_t mb, row_blocks, panels, per_group, groups;
+    atomic_int failed;                    /* a task's scratch could not be allocated */
+} bf_ctx;
+
+/* float32 -> bf16, round to nearest even (a NaN stays a quiet NaN) */
+static inline uint16_t bf_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline float bf_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* the calling thread's scratch of at least `bytes` bytes, 64-byte aligned (kept for its next task) */
+static __thread void *bf_buf = NULL;
+static __thread size_t bf_cap = 0;
+static void *bf_scratch(size_t bytes) {
+    if (bytes == 0) bytes = 64;  /* k of 0: a buffer all the same, not NULL */
+    if (bytes > bf_cap) {
+        free(bf_buf);
+        bf_buf = aligned_alloc(64, ((bytes + 63) / 64) * 64);
+        bf_cap = bf_buf ? bytes : 0;
+    }
+    return bf_buf;
+}
+
+/* the epilogue of one value (the scalar variant's, and the vector ones' activation where the
+   module was not compiled for AVX-512F) */
+static inline float bf_epi1(const bf_ctx *q, float v, int64_t j) {
+    if (q->has_bias) v += q->bias[j];
+    if (q->clip) v = ge_min32(ge_max32(v, q->lo), q->hi);
+    return act32(v, q->act);
+}
+
+/* ---- scalar: A's row rounded to bf16, each column one chain over the pairs (odd then even,
+   VDPBF16PS's order; a product of two bf16 is exact in float32) ---- */
+static void bf_scalar_rows(bf_ctx *q, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+    uint16_t *ar = (uint16_t *)bf_scratch((size_t)q->kp * 2);
+    if (!ar) { atomic_store(&q->failed, 1); return; }
+    int64_t half = q->kp / 2;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *a = q->a + r * q->k;
+        for (int64_t kk = 0; kk < q->kp; kk++) ar[kk] = kk < q->k ? bf_round(a[kk]) : 0;
+        for (int64_t p = p0; p < p1; p++) {
+            const uint16_t *bp = q->b + p * q->kp * BF_NR;
+            float acc[BF_NR];
+            for (int j = 0; j < BF_NR; j++) acc[j] = 0.0f;
+            for (int64_t t = 0; t < half; t++) {
+                float a0 = bf_f32(ar[2 * t]), a1 = bf_f32(ar[2 * t + 1]);
+                const uint16_t *br = bp + t * 2 * BF_NR;
+                for (int j = 0; j < BF_NR; j++) {
+                    acc[j] += a1 * bf_f32(br[2 * j + 1]);
+                    acc[j] += a0 * bf_f32(br[2 * j]);
+                }
+            }
+            int64_t j0 = p * BF_NR, w = q->n - j0 < BF_NR ? q->n - j0 : BF_NR;
+            float *cr = q->c + r * q->n + j0;
+            for (int64_t j = 0; j < w; j++) cr[j] = bf_epi1(q, acc[j], j0 + j);
+        }
+    }
+}
+
+#if defined(BF_X86)
+/* ---- the vector variants' shared pieces ---- */
+
+/* 32 values of A's row (masked past k) rounded to bf16, as 16 pairs */
+static inline __attribute__((always_inline)) BF_T512 __m512i bf_cvt32(const float *a, int64_t kk, int64_t k) {
+    int64_t left = k - kk;
+    __mmask16 m0 = left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1u);
+    __mmask16 m1 = left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1u);
+    __m512 lo = _mm512_maskz_loadu_ps(m0, a + kk), hi = _mm512_maskz_loadu_ps(m1, a + kk + 16);
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+/* the epilogue of 16 columns of a row and their store (mask: the columns below n) */
+static inline __attribute__((always_inline)) BF_T512 void bf_store16(const bf_ctx *q, float *cr, int64_t j0,
+                                                                      __m512 y, __mmask16 m) {
+    if (q->has_bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(m, q->bias + j0));
+    if (q->clip) y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(q->lo)), _mm512_set1_ps(q->hi));
+#if defined(__AVX512F__)
+    if (q->act) y = sg_act16(y, q->act);
+    _mm512_mask_storeu_ps(cr, m, y);
+#else
+    _mm512_mask_storeu_ps(cr, m, y);
+    if (q->act)
+        for (int i = 0; i < 16; i++)
+            if (m >> i & 1) cr[i] = act32(cr[i], q->act);
+#endif
+}
+
+static inline BF_T512 __mmask16 bf_cols(int64_t left) {
+    return left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1u);
+}
+
+/* ---- avx512_bf16: a 12 x 32 tile of C in 24 registers over all of k ---- */
+static inline __attribute__((always_inline)) BF_T512 void bf_tile512(const bf_ctx *q, const uint32_t *ap, int64_t r0,
+                                                                      int64_t p, const int mr) {
+    __m512 c0[BF_MR], c1[BF_MR];
+#pragma GCC unroll 12
+    for (int i = 0; i < BF_MR; i++) { c0[i] = _mm512_setzero_ps(); c1[i] = _mm512_setzero_ps(); }
+    int64_t half = q->kp / 2;
+    const uint16_t *bp = q->b + p * q->kp * BF_NR;
+    for (int64_t t = 0; t < half; t++) {
+        __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + t * 64), b1 = (__m512bh)_mm512_loadu_si512(bp + t * 64 + 32);
+#pragma GCC unroll 12
+        for (int i = 0; i < BF_MR; i++) {
+            if (i >= mr) break;
+            __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[i * half + t]);
+            c0[i] = _mm512_dpbf16_ps(c0[i], av, b0);
+            c1[i] = _mm512_dpbf16_ps(c1[i], av, b1);
+        }
+    }
+    int64_t j0 = p * BF_NR;
+    __mmask16 m0 = bf_cols(q->n - j0), m1 = bf_cols(q->n - j0 - 16);
+    for (int i = 0; i < mr; i++) {
+        float *cr = q->c + (r0 + i) * q->n + j0;
+        bf_store16(q, cr, j0, c0[i], m0);
+        if (m1) bf_store16(q, cr + 16, j0 + 16, c1[i], m1);
+    }
+}
+
+static __attribute__((noinline)) BF_T512 void bf_tile512_full(const bf_ctx *q, const uint32_t *ap, int64_t r0, int64_t p) {
+    bf_tile512(q, ap, r0, p, BF_MR);
+}
+
+static __attribute__((noinline)) BF_T512 void bf_tile512_tail(const bf_ctx *q, const uint32_t *ap, int64_t r0, int64_t p,
+                                                              int mr) {
+    switch (mr) {
+    case 1: bf_tile512(q, ap, r0, p, 1); break;
+    case 2: bf_tile512(q, ap, r0, p, 2); break;
+    case 3: bf_tile512(q, ap, r0, p, 3); break;
+    case 4: bf_tile512(q, ap, r0, p, 4); break;
+    case 5: bf_tile512(q, ap, r0, p, 5); break;
+    case 6: bf_tile512(q, ap, r0, p, 6); break;
+    case 7: bf_tile512(q, ap, r0, p, 7); break;
+    case 8: bf_tile512(q, ap, r0, p, 8); break;
+    case 9: bf_tile512(q, ap, r0, p, 9); break;
+    case 10: bf_tile512(q, ap, r0, p, 10); break;
+    default: bf_tile512(q, ap, r0, p, 11); break;
+    }
+}
+
+/* rows [r0, r1) times panels [p0, p1): A's rows rounded into (rows, kp) bf16, then the tiles */
+static BF_T512 void bf_avx_rows(bf_ctx *q, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+    int64_t rows = r1 - r0;
+    uint16_t *ab = (uint16_t *)bf_scratch((size_t)rows * (size_t)q->kp * 2);
+    if (!ab) { atomic_store(&q->failed, 1); return; }
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t kk = 0; kk < q->kp; kk += BF_KB)
+            _mm512_storeu_si512(ab + r * q->kp + kk, bf_cvt32(q->a + (r0 + r) * q->k, kk, q->k));
+    for (int64_t p = p0; p < p1; p++)
+        for (int64_t r = 0; r < rows; r += BF_MR) {
+            const uint32_t *ap = (const uint32_t *)(ab + r * q->kp);
+            if (rows - r >= BF_MR) bf_tile512_full(q, ap, r0 + r, p);
+            else bf_tile512_tail(q, ap, r0 + r, p, (int)(rows - r));
+        }
+}
+
+/* ---- amx_bf16: 32 x 32 of C in four tiles; A's rows rounded into blocks (kp / 32, 32 rows, 32)
+   (one A tile: 16 rows of 64 bytes, contiguous); B's halves are tiles of 16 pair-rows, 128 bytes
+   apart; C's tiles stored to a 32 x 32 scratch, the epilogue from there ---- */
+typedef struct {
+    uint8_t palette, start;
+    uint8_t zero[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} bf_tilecfg;
+
+static BF_TAMX void bf_amx_rows(bf_ctx *q, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+    int64_t rows = r1 - r0, rblocks = (rows + 31) / 32, kb = q->kp / BF_KB;
+    size_t abytes = (size_t)rblocks * 32 * (size_t)q->kp * 2;
+    uint8_t *buf = (uint8_t *)bf_scratch(abytes + 32 * 32 * 4);
+    if (!buf) { atomic_store(&q->failed, 1); return; }
+    uint16_t *ab = (uint16_t *)buf;
+    float *cs = (float *)(buf + abytes);
+    for (int64_t rb = 0; rb < rblocks; rb++)
+        for (int64_t b = 0; b < kb; b++)
+            for (int64_t i = 0; i < 32; i++) {
+                int64_t r = rb * 32 + i;
+                __m512i v = r < rows ? bf_cvt32(q->a + (r0 + r) * q->k, b * BF_KB, q->k) : _mm512_setzero_si512();
+                _mm512_store_si512(ab + ((rb * kb + b) * 32 + i) * BF_KB, v);
+            }
+    bf_tilecfg cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
+    _tile_loadconfig(&cfg);
+    for (int64_t p = p0; p < p1; p++) {
+        const uint16_t *bp = q->b + p * q->kp * BF_NR;
+        int64_t j0 = p * BF_NR;
+        __mmask16 m0 = bf_cols(q->n - j0), m1 = bf_cols(q->n - j0 - 16);
+        for (int64_t rb = 0; rb < rblocks; rb++) {
+            const uint16_t *ar = ab + rb * kb * 32 * BF_KB;
+            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+            for (int64_t b = 0; b < kb; b++) {
+                const uint16_t *a0 = ar + b * 32 * BF_KB, *bb = bp + b * 16 * 2 * BF_NR;
+                _tile_loadd(4, a0, 64);
+                _tile_loadd(5, a0 + 16 * BF_KB, 64);
+                _tile_loadd(6, bb, 128);
+                _tile_loadd(7, bb + 32, 128);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            _tile_stored(0, cs, 128);
+            _tile_stored(1, cs + 16, 128);
+            _tile_stored(2, cs + 16 * 32, 128);
+            _tile_stored(3, cs + 16 * 32 + 16, 128);
+            int64_t live = rows - rb * 32 < 32 ? rows - rb * 32 : 32;
+            for (int64_t i = 0; i < live; i++) {
+                float *cr = q->c + (r0 + rb * 32 + i) * q->n + j0;
+                bf_store16(q, cr, j0, _mm512_load_ps(cs + i * 32), m0);
+                if (m1) bf_store16(q, cr + 16, j0 + 16, _mm512_load_ps(cs + i * 32 + 16), m1);
+            }
+        }
+    }
+    _tile_release();
+}
+#endif
+
+/* ---- what this CPU runs: bit v set when variant v runs (bit 0 always); AMX after Linux grants
+   the process the tile state (asked once) ---- */
+static pthread_once_t bf_once = PTHREAD_ONCE_INIT;
+static int bf_mask = 1;
+
+#if defined(BF_X86)
+static uint64_t bf_xcr0(void) {
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+#endif
+
+static void bf_detect(void) {
+    int mask = 1;
+#if defined(BF_X86)
+    unsigned a, b, c, d, a1 = 0, b1, c1, d1;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) { bf_mask = mask; return; }  /* no OSXSAVE */
+    uint64_t xcr0 = bf_xcr0();
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) { bf_mask = mask; return; }
+    if (a >= 1) __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
+    int avx512 = (b >> 16 & 1) && (b >> 30 & 1) && (b >> 31 & 1) && (a1 >> 5 & 1) && (xcr0 & 0xe6) == 0xe6;
+    if (avx512) mask |= 2;
+    if (avx512 && (d >> 22 & 1) && (d >> 24 & 1) && (xcr0 & 0x60000) == 0x60000) {
+        /* ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18): the process may use the tiles */
+        if (syscall(SYS_arch_prctl, 0x1023, 18) == 0) mask |= 4;
+    }
+#endif
+    bf_mask = mask;
+}
+
+static int bf_caps_mask(void) {
+    pthread_once(&bf_once, bf_detect);
+    return bf_mask;
+}
+
+static void bf_task(void *vc, int64_t t, int slot) {
+    (void)slot;
+    bf_ctx *q = (bf_ctx *)vc;
+    int64_t rb = t / q->groups, g = t % q->groups;
+    int64_t r0 = rb * q->mb, r1 = r0 + q->mb < q->m ? r0 + q->mb : q->m;
+    int64_t p0 = g * q->per_group, p1 = p0 + q->per_group < q->panels ? p0 + q->per_group : q->panels;
+    if (r0 >= r1 || p0 >= p1) return;
+#if defined(BF_X86)
+    if (q->variant == 2) { bf_amx_rows(q, r0, r1, p0, p1); return; }
+    if (q->variant == 1) { bf_avx_rows(q, r0, r1, p0, p1); return; }
+#endif
+    bf_scalar_rows(q, r0, r1, p0, p1);
+}
+
+static PyObject *bf_ok(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (ge_nargs(n, 0)) return NULL;
+    return PyLong_FromLongLong(1);
+}
+
+/* the variants this CPU runs, a mask: 1 scalar, 2 avx512_bf16, 4 amx_bf16 */
+static PyObject *bf_caps(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (ge_nargs(n, 0)) return NULL;
+    return PyLong_FromLongLong(bf_caps_mask());
+}
+
+/* the variant a call runs unless told otherwise: the one GE_NATIVE_BF16 names where this CPU runs
+   it, else the best this CPU runs */
+static PyObject *bf_isa(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    static const char *names[3] = {"scalar", "avx512_bf16", "amx_bf16"};
+    if (ge_nargs(n, 0)) return NULL;
+    int mask = bf_caps_mask();
+    const char *forced = getenv("GE_NATIVE_BF16");
+    for (int v = 0; forced && v < 3; v++)
+        if (mask >> v & 1 && strcmp(forced, names[v]) == 0) return PyUnicode_FromString(names[v]);
+    return PyUnicode_FromString(names[mask & 4 ? 2 : mask & 2 ? 1 : 0]);
+}
+
+/* C (m, n) = A (m, k) @ packed B: (A, B (P, kp / 2, 64) uint16, C, bias, has_bias 0|1, clip 0|1,
+   lo, hi, threads, act 0..5, variant 0..2, the k B was packed for) */
+static PyObject *bf_matmul(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    int64_t m, k, mc, nc, has_bias, clip, width, act, variant, kb, dims[3], nb = 0;
+    if (ge_nargs(n, 12)) return NULL;
+    if (ge_int(args, 4, 0, 1, &has_bias) || ge_int(args, 5, 0, 1, &clip) || ge_int(args, 8, 1, 4096, &width)
+        || ge_int(args, 9, 0, 5, &act) || ge_int(args, 10, 0, 2, &variant)
+        || ge_int(args, 11, 0, INT64_MAX, &kb)) return NULL;
+    if (!(bf_caps_mask() >> variant & 1)) {
+        PyErr_SetString(PyExc_ValueError, "bf16gemm: this CPU does not run the variant asked for");
+        return NULL;
+    }
+    const float *a = (const float *)ge_mat(args, 0, NPY_FLOAT, 0, &m, &k);
+    const uint16_t *b = a ? (const uint16_t *)ge_nd(args, 1, NPY_UINT16, 0, 3, dims) : NULL;
+    float *c = b ? (float *)ge_mat(args, 2, NPY_FLOAT, 1, &mc, &nc) : NULL;
+    const float *bias = c ? (const float *)ge_vec(args, 3, NPY_FLOAT, 0, &nb) : NULL;
+    if (!bias) return NULL;
+    int64_t kp = (k + BF_KB - 1) / BF_KB * BF_KB;
+    if (mc != m || kb != k || dims[2] != 2 * BF_NR || dims[1] * 2 != kp || dims[0] != (nc + BF_NR - 1) / BF_NR
+        || (has_bias && nb != nc) || ge_prod(dims[0], dims[1], dims[2], 1) < 0 || ge_prod(m, kp, 4, 64) < 0)
+        return ge_fail();
+    double lo = PyFloat_AsDouble(args[6]), hi = PyFloat_AsDouble(args[7]);
+    if (PyErr_Occurred()) return NULL;
+    if (m == 0 || nc == 0) Py_RETURN_NONE;
+    bf_ctx q;
+    memset(&q, 0, sizeof(q));
+    q.a = a; q.m = m; q.k = k; q.kp = kp; q.b = b; q.c = c; q.n = nc; q.bias = bias; q.has_bias = has_bias;
+    q.clip = clip; q.lo = (float)lo; q.hi = (float)hi; q.act = act; q.variant = variant;
+    atomic_init(&q.failed, 0);
+    q.mb = variant == 2 ? BF_MB_AMX : variant == 1 ? BF_MB_AVX : BF_MB_SCALAR;
+    q.row_blocks = (m + q.mb - 1) / q.mb;
+    q.panels = (nc + BF_NR - 1) / BF_NR;
+    int64_t want = width > 1 ? 4 * width : 1, groups = want / q.row_blocks;
+    if (groups < 1) groups = 1;
+    if (groups > q.panels) groups = q.panels;
+    q.per_group = (q.panels + groups - 1) / groups;
+    q.groups = (q.panels + q.per_group - 1) / q.per_group;
+    Py_BEGIN_ALLOW_THREADS
+    ge_parallel(bf_task, &q, q.row_blocks * q.groups, width);
+    Py_END_ALLOW_THREADS
+    if (atomic_load(&q.failed)) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
