@@ -99,13 +99,14 @@ def ort_run(model, feeds):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_each_convolution_names_the_algorithm_it_always_ran(case):
     xs, ws, attrs, opts, option, want, needs = CASES[case]
-    if not NEEDS[needs]():
-        pytest.skip(f"needs the {needs} kernels on this machine")
     model, feeds = conv_model(xs, ws, attrs, **opts)
     compiled = ge.compile(ge.load(model), {"conv_algorithm": option, "threads": 2})
     got = compiled.report["node_kernels"]["conv0"]
-    assert got["op"] == "Conv" and got["algorithm"] == want
-    assert ("winograd" in compiled.report.get("kernel_modes", {})) == (option == "winograd" or want == "winograd")
+    if NEEDS[needs]():
+        assert got["op"] == "Conv" and got["algorithm"] == want
+        assert ("winograd" in compiled.report.get("kernel_modes", {})) == (option == "winograd" or want == "winograd")
+    else:  # without those kernels on this machine the table's next algorithm runs, and says so
+        assert got["op"] == "Conv" and got["algorithm"] != want and got["algorithm"] in conv.names()
     # (onnxruntime has no float64 Conv: a float64 one against its float32 twin, the same values)
     ref = ort_run(*conv_model(xs, ws, attrs, **{**opts, "dtype": np.float32}))
     for _ in range(2):  # (a second run reuses the prepared call's buffers)
@@ -182,7 +183,6 @@ def test_the_layout_pass_asks_the_same_table():
     assert not conv.applies("nchwc", forced)
 
 
-@pytest.mark.skipif(not nchwc.available(), reason="needs the blocked kernels")
 def test_blocked_convolutions_name_their_algorithm():
     """A chain of four convolutions the layout pass takes: each NchwcConv names its algorithm
     (the stem reads NCHW, the 3x3 stride-1 one on a 12x12 plane is Winograd F(2x2))."""
@@ -201,9 +201,12 @@ def test_blocked_convolutions_name_their_algorithm():
     model.ir_version = 8
     compiled = ge.compile(ge.load(model), {"threads": 2})
     nk = compiled.report["node_kernels"]
-    assert {n: (v["op"], v["algorithm"]) for n, v in nk.items()} == {
-        "c0": ("NchwcConv", "nchwc"), "c1": ("NchwcConv", "nchwc"), "c2": ("NchwcConv", "nchwc_winograd2"),
-        "c3": ("NchwcConv", "nchwc")}
+    if nchwc.available():
+        assert {n: (v["op"], v["algorithm"]) for n, v in nk.items()} == {
+            "c0": ("NchwcConv", "nchwc"), "c1": ("NchwcConv", "nchwc"), "c2": ("NchwcConv", "nchwc_winograd2"),
+            "c3": ("NchwcConv", "nchwc")}
+    else:  # no blocked kernels on this machine: the layout pass leaves the plain convolutions
+        assert {v["op"] for v in nk.values()} <= {"Conv", "FusedConv"} and len(nk) == 4
     x = rng.standard_normal((1, 3, 24, 24)).astype(np.float32)
     np.testing.assert_allclose(compiled.run({"x": x})[cur], ort_run(model, {"x": x}), rtol=1e-3, atol=1e-4)
 

@@ -4,6 +4,7 @@ one-value functions and the GEMM epilogue's vector forms) and its numba forms ag
 from __future__ import annotations
 
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -59,34 +60,16 @@ def test_numpy_forms_match_float64(name):
     np.testing.assert_array_equal(out, got)
 
 
-_ENTRY = r"""
-static PyObject *act_apply(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    int64_t len, len2, code;
-    if (ge_nargs(n, 3)) return NULL;
-    const float *x = ge_vec(args, 0, NPY_FLOAT, 0, &len);
-    if (!x) return NULL;
-    float *y = ge_vec(args, 1, NPY_FLOAT, 1, &len2);
-    if (!y) return NULL;
-    if (len2 != len) {
-        PyErr_SetString(PyExc_ValueError, "act_apply: sizes differ");
-        return NULL;
-    }
-    if (ge_int(args, 2, 0, 1000, &code)) return NULL;
-    for (int64_t i = 0; i < len; i++) {
-        float v = x[i];
-%s
-        y[i] = v;
-    }
-    Py_RETURN_NONE;
-}
-"""
+#: the test's entry: each activation applied to a vector, by code (``/* CASES */`` is replaced
+#: by one line per function of the table)
+_ENTRY = (pathlib.Path(__file__).with_name("act_apply.c")).read_text(encoding="ascii")
 
 
 def _c_module():
     rows = [a for a in activations.TABLE.values() if a.c_fn is not None]
     cases = "\n".join(f"        if (code == {100 + i}) v = {a.c_fn}(v);" for i, a in enumerate(rows))
     cases += "\n        if (code < 100) v = act32(v, code);"
-    mod = native.build(native.c_source("activations.h") + _ENTRY % cases, ["act_apply"])
+    mod = native.build(native.c_source("activations.h") + _ENTRY.replace("/* CASES */", cases), ["act_apply"])
     return mod, {a.name: 100 + i for i, a in enumerate(rows)}
 
 
