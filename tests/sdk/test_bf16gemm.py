@@ -3,15 +3,12 @@ the bf16-rounded inputs, against each other, across thread counts, its epilogue,
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 from ge_native import activations, bf16, isa
+
+from .switch import probe
 
 RUNS = bf16.runnable()
 SIZES = (1, 3, 15, 16, 17, 31, 32, 33, 64, 100, 257)
@@ -73,13 +70,7 @@ print(json.dumps({"isa": bf16.isa(), "family": isa.variant_of("bf16gemm"), "ran"
 
 
 def _probe(value: str | None) -> dict:
-    env = dict(os.environ)
-    env.pop("GE_NATIVE_BF16", None)
-    if value is not None:
-        env["GE_NATIVE_BF16"] = value
-    done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=300,
-                          check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return probe(_PROBE, value)
 
 
 def test_the_switch_forces_each_variant_and_turns_the_path_off():
@@ -189,7 +180,7 @@ def test_bad_arrays_are_refused_with_an_exception():
     p = bf16.PackedB(w)
     out = np.zeros((20, 50), np.float32)
     bias = np.zeros(50, np.float32)
-    good = [a, p.data, out, bias, 1, 0, 0.0, 0.0, 1, 0, 0, 40]
+    good = [a, p.data, out, bias, 1, 0, 0.0, 0.0, 1, 0, 0, 40, None]
     mod.bf_matmul(*good)
     bad = {
         0: [a.astype(np.float64), a[:, ::2], a[:, :39].copy(), a.T.copy(), a[0], "a"],
@@ -201,6 +192,7 @@ def test_bad_arrays_are_refused_with_an_exception():
         9: [6, -1],
         10: [3, -1],
         11: [39, 41, -1],
+        12: [out[:19].copy(), out.astype(np.float64), out.reshape(-1), "a"],
     }
     for i, values in bad.items():
         for v in values:
@@ -213,7 +205,7 @@ def test_bad_arrays_are_refused_with_an_exception():
     with pytest.raises(TypeError):
         mod.bf_matmul(a, p.data, ro, *good[3:])
     with pytest.raises(TypeError):
-        mod.bf_matmul(*good[:11])
+        mod.bf_matmul(*good[:12])
     # the Python entry says False and writes nothing
     sentinel = np.full((20, 50), 7.0, np.float32)
     for call in (lambda: bf16.matmul(a.astype(np.float64), p, sentinel),
@@ -222,7 +214,12 @@ def test_bad_arrays_are_refused_with_an_exception():
                  lambda: bf16.matmul(a, p, sentinel, bias=bias[:3]),
                  lambda: bf16.matmul(a, p, sentinel, act="tanh"),
                  lambda: bf16.matmul(a[:, ::1].T.copy().T, p, sentinel),
-                 lambda: bf16.matmul(a, p, sentinel, variant="sse9")):
+                 lambda: bf16.matmul(a, p, sentinel, variant="sse9"),
+                 lambda: bf16.matmul(a, p, sentinel, addend=np.zeros((20, 50))),
+                 lambda: bf16.matmul(a, p, sentinel, addend=np.zeros((20, 49), np.float32)),
+                 lambda: bf16.matmul(a, p, sentinel, addend=np.zeros((50, 40), np.float32)[:, ::2].T),
+                 lambda: bf16.matmul(a, p, sentinel, addend=np.zeros((40, 20), np.float32).T),
+                 lambda: bf16.matmul(a, p, sentinel[:, :49], addend=sentinel[:, 1:])):
         assert call() is False
     assert np.all(sentinel == 7.0)
     with pytest.raises(ValueError):
@@ -230,7 +227,7 @@ def test_bad_arrays_are_refused_with_an_exception():
     for v in bf16.VARIANTS:
         if v not in RUNS:  # a variant this CPU lacks is refused, not run
             with pytest.raises(ValueError):
-                mod.bf_matmul(*good[:10], bf16._CODES[v], 40)
+                mod.bf_matmul(*good[:10], bf16._CODES[v], 40, None)
 
 
 def test_what_bf16_costs_against_float32():
@@ -259,3 +256,54 @@ def test_the_switch_is_read_at_each_call(monkeypatch, variant):
     out = np.zeros((19, 40), np.float32)
     assert bf16.matmul(a, p, out)
     assert np.array_equal(out.view(np.uint32), _run(a, p, variant).view(np.uint32))
+
+
+@pytest.mark.parametrize("variant", RUNS)
+def test_the_addend_is_added_after_the_bias_before_clip_and_activation(variant):
+    m, k, n = 45, 70, 77
+    a, w = _data(m, k, n, seed=21)
+    p = bf16.PackedB(w)
+    rng = np.random.default_rng(4)
+    add = rng.standard_normal((m, n)).astype(np.float32)
+    bias = np.linspace(-1.0, 1.0, n, dtype=np.float32)
+    tol = 2.0 * _bound(a, w)
+    for use_bias, clip, act in ((False, None, None), (True, None, None), (True, (-1.0, 2.0), None),
+                                (False, None, "hardswish"), (True, (-3.0, 3.0), "silu"), (True, None, "gelu")):
+        y = bf16.reference(a, w) + add + (bias.astype(np.float64) if use_bias else 0.0)
+        if clip is not None:
+            y = np.clip(y, *clip)
+        if act is not None:
+            y = activations.TABLE[act].np(y)
+        out = _run(a, p, variant, bias=bias if use_bias else None, clip=clip, act=act, addend=add)
+        err = np.abs(out - y)
+        assert np.all(err <= tol + 2e-6 * np.maximum(1.0, np.abs(y))), (variant, use_bias, clip, act, float(err.max()))
+        for width in (2, 3):
+            again = _run(a, p, variant, width=width, bias=bias if use_bias else None, clip=clip, act=act, addend=add)
+            assert np.array_equal(again.view(np.uint32), out.view(np.uint32))
+    # out2 as its own addend: a residual added in place
+    inplace = add.copy()
+    assert bf16.matmul(a, p, inplace, addend=inplace, variant=variant)
+    assert np.array_equal(inplace.view(np.uint32), _run(a, p, variant, addend=add).view(np.uint32))
+
+
+def test_packed_bits_are_wrapped_again_without_a_copy():
+    _, w = _data(1, 70, 45)
+    p = bf16.PackedB(w)
+    stored = p.data.copy()
+    stored.setflags(write=False)  # as a read-only memory map gives it
+    q = bf16.PackedB.from_data(stored, 70, 45)
+    assert q.shape == (70, 45) and q.kp == p.kp and np.shares_memory(q.data, stored)
+    assert np.array_equal(q.data, p.data)
+    # bytes at an offset of a larger buffer (not 64-byte aligned)
+    raw = np.zeros(stored.size + 3, np.uint16)
+    raw[3:] = stored.reshape(-1)
+    moved = bf16.PackedB.from_data(raw[3:].reshape(stored.shape), 70, 45)
+    a = _data(33, 70, 45, seed=2)[0]
+    want = _run(a, p, RUNS[0])
+    for wrapped in (q, moved):
+        assert np.array_equal(_run(a, wrapped, RUNS[0]).view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(stored, p.data)  # never written
+    for data, k, n in ((stored, 64, 45), (stored, 70, 65), (stored, 97, 45), (stored.astype(np.int16), 70, 45),
+                       (stored[..., ::2], 70, 45), (stored.reshape(2, -1), 70, 45), (list(stored), 70, 45)):
+        with pytest.raises(ValueError):
+            bf16.PackedB.from_data(data, k, n)

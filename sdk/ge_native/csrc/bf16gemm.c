@@ -19,7 +19,10 @@
    are one AMX tile, 128 bytes apart). Variants (chosen by the caller, checked against the CPU):
    0 scalar (plain C), 1 avx512_bf16 (VDPBF16PS, 12 x 32 register tiles), 2 amx_bf16 (TDPBF16PS,
    32 x 32 tiles). Each element of C is one task's sum over k in a fixed order, so a product has
-   the same bits at every thread count. */
+   the same bits at every thread count. An addend laid out as C (a residual) is added after the
+   bias. The convolution (bf_conv) is the same GEMM on rows gathered from an NCHWc input: the
+   rows of A are an image's output pixels, k runs over (kh, kw, input block, 16 channels), the
+   columns are output channels, and C is stored straight into the blocked output. */
 #define BF_NR 32
 #define BF_KB 32
 #define BF_MR 12
@@ -34,16 +37,30 @@
 #endif
 
 typedef struct {
-    const float *a; int64_t m, k, kp;     /* A (m, k) row-major; kp: k rounded up to 32 */
+    const float *a; int64_t m, k, kp;     /* A (m, k) row-major; kp: k rounded up to 32 (a conv: m = OH * OW) */
     const uint16_t *b;                    /* packed B: panel p at b + p * kp * 32 */
-    float *c; int64_t n;                  /* C (m, n) */
+    float *c; int64_t n;                  /* C; columns past n are not stored */
+    int64_t rs, bs, is;                   /* C's strides: a row, 16 columns, an image (bf_crow) */
     const float *bias; int64_t has_bias;  /* n values, or none */
+    const float *add;                     /* the addend, laid out as C, or NULL */
     int64_t clip; float lo, hi;
     int64_t act;                          /* act32's codes: 0 none .. 5 hardswish */
     int64_t variant;                      /* 0 scalar, 1 avx512_bf16, 2 amx_bf16 */
-    int64_t mb, row_blocks, panels, per_group, groups;
+    int64_t images, mb, row_blocks, panels, per_group, groups;
+    const float *x;                       /* a conv's input (images, ib, h, w, 16), else NULL */
+    int64_t ib, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow;
     atomic_int failed;                    /* a task's scratch could not be allocated */
 } bf_ctx;
+
+/* where column j of row r of image img lies in C */
+static inline float *bf_crow(const bf_ctx *q, int64_t img, int64_t r, int64_t j) {
+    return q->c + img * q->is + r * q->rs + (j >> 4) * q->bs + (j & 15);
+}
+
+/* whether the store adds, clips or activates (else AMX tiles store straight into C) */
+static inline int bf_has_epi(const bf_ctx *q) {
+    return q->has_bias || q->add || q->clip || q->act;
+}
 
 /* float32 -> bf16, round to nearest even (a NaN stays a quiet NaN) */
 static inline uint16_t bf_round(float f) {
@@ -75,21 +92,53 @@ static void *bf_scratch(size_t bytes) {
 
 /* the epilogue of one value (the scalar variant's, and the vector ones' activation where the
    module was not compiled for AVX-512F) */
-static inline float bf_epi1(const bf_ctx *q, float v, int64_t j) {
+static inline float bf_epi1(const bf_ctx *q, float v, int64_t j, const float *cr) {
     if (q->has_bias) v += q->bias[j];
+    if (q->add) v += q->add[cr - q->c];
     if (q->clip) v = ge_min32(ge_max32(v, q->lo), q->hi);
     return act32(v, q->act);
 }
 
+/* a conv's A row (output pixel (oh, ow) of image img) rounded to bf16: 16-chunk j (tap j / ib,
+   input block j % ib) at dst + (j / 2) * cstride + (j % 2) * 16, zeros for taps outside the image
+   and for k's padding to an even count of chunks (the scalar form; bf_gather512 the vector one) */
+static void bf_gather1(const bf_ctx *q, int64_t img, int64_t oh, int64_t ow, uint16_t *dst, int64_t cstride) {
+    int64_t plane = q->h * q->w * 16, j = 0;
+    const float *xi = q->x + img * q->ib * plane;
+    for (int64_t ky = 0; ky < q->kh; ky++)
+        for (int64_t kx = 0; kx < q->kw; kx++) {
+            int64_t ih = oh * q->sh - q->pt + ky * q->dh, iw = ow * q->sw - q->pl + kx * q->dw;
+            int in = ih >= 0 && ih < q->h && iw >= 0 && iw < q->w;
+            for (int64_t cb = 0; cb < q->ib; cb++, j++) {
+                uint16_t *d = dst + (j >> 1) * cstride + (j & 1) * 16;
+                const float *s = in ? xi + cb * plane + (ih * q->w + iw) * 16 : NULL;
+                for (int l = 0; l < 16; l++) d[l] = s ? bf_round(s[l]) : 0;
+            }
+        }
+    if (j & 1) memset(dst + (j >> 1) * cstride + 16, 0, 32);
+}
+
+/* the output pixel (oh, ow) of a conv's row r, and the next row's (rows run along OW, then OH) */
+static inline void bf_pixel(const bf_ctx *q, int64_t r, int64_t *oh, int64_t *ow) {
+    *oh = q->x ? r / q->ow : 0;
+    *ow = q->x ? r % q->ow : 0;
+}
+
+static inline void bf_next(const bf_ctx *q, int64_t *oh, int64_t *ow) {
+    if (++*ow == q->ow) { *ow = 0; ++*oh; }
+}
+
 /* ---- scalar: A's row rounded to bf16, each column one chain over the pairs (odd then even,
    VDPBF16PS's order; a product of two bf16 is exact in float32) ---- */
-static void bf_scalar_rows(bf_ctx *q, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+static void bf_scalar_rows(bf_ctx *q, int64_t img, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
     uint16_t *ar = (uint16_t *)bf_scratch((size_t)q->kp * 2);
     if (!ar) { atomic_store(&q->failed, 1); return; }
-    int64_t half = q->kp / 2;
+    int64_t half = q->kp / 2, oh, ow;
+    bf_pixel(q, r0, &oh, &ow);
     for (int64_t r = r0; r < r1; r++) {
-        const float *a = q->a + r * q->k;
-        for (int64_t kk = 0; kk < q->kp; kk++) ar[kk] = kk < q->k ? bf_round(a[kk]) : 0;
+        if (q->x) { bf_gather1(q, img, oh, ow, ar, 32); bf_next(q, &oh, &ow); }
+        else
+            for (int64_t kk = 0; kk < q->kp; kk++) ar[kk] = kk < q->k ? bf_round(q->a[r * q->k + kk]) : 0;
         for (int64_t p = p0; p < p1; p++) {
             const uint16_t *bp = q->b + p * q->kp * BF_NR;
             float acc[BF_NR];
@@ -103,8 +152,10 @@ static void bf_scalar_rows(bf_ctx *q, int64_t r0, int64_t r1, int64_t p0, int64_
                 }
             }
             int64_t j0 = p * BF_NR, w = q->n - j0 < BF_NR ? q->n - j0 : BF_NR;
-            float *cr = q->c + r * q->n + j0;
-            for (int64_t j = 0; j < w; j++) cr[j] = bf_epi1(q, acc[j], j0 + j);
+            for (int64_t j = 0; j < w; j++) {
+                float *cr = bf_crow(q, img, r, j0 + j);
+                *cr = bf_epi1(q, acc[j], j0 + j, cr);
+            }
         }
     }
 }
@@ -125,6 +176,7 @@ static inline __attribute__((always_inline)) BF_T512 __m512i bf_cvt32(const floa
 static inline __attribute__((always_inline)) BF_T512 void bf_store16(const bf_ctx *q, float *cr, int64_t j0,
                                                                       __m512 y, __mmask16 m) {
     if (q->has_bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(m, q->bias + j0));
+    if (q->add) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(m, q->add + (cr - q->c)));
     if (q->clip) y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(q->lo)), _mm512_set1_ps(q->hi));
 #if defined(__AVX512F__)
     if (q->act) y = sg_act16(y, q->act);
@@ -141,9 +193,37 @@ static inline BF_T512 __mmask16 bf_cols(int64_t left) {
     return left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1u);
 }
 
+/* bf_gather1 with 16 channels a load: two blocks that share a 32 of k one conversion and one
+   64-byte store (every tap's blocks when ib is even: the conversion costs half) */
+static BF_T512 void bf_gather512(const bf_ctx *q, int64_t img, int64_t oh, int64_t ow, uint16_t *dst,
+                                  int64_t cstride) {
+    int64_t plane = q->h * q->w * 16, j = 0;
+    const float *xi = q->x + img * q->ib * plane;
+    for (int64_t ky = 0; ky < q->kh; ky++)
+        for (int64_t kx = 0; kx < q->kw; kx++) {
+            int64_t ih = oh * q->sh - q->pt + ky * q->dh, iw = ow * q->sw - q->pl + kx * q->dw;
+            if (ih >= 0 && ih < q->h && iw >= 0 && iw < q->w) {
+                const float *s = xi + (ih * q->w + iw) * 16;
+                int64_t cb = 0;
+                if (!(j & 1))
+                    for (; cb + 1 < q->ib; cb += 2, j += 2)
+                        _mm512_storeu_si512(dst + (j >> 1) * cstride,
+                                            (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + (cb + 1) * plane),
+                                                                         _mm512_loadu_ps(s + cb * plane)));
+                for (; cb < q->ib; cb++, j++)
+                    _mm256_storeu_si256((__m256i *)(dst + (j >> 1) * cstride + (j & 1) * 16),
+                                        (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + cb * plane)));
+            } else {
+                for (int64_t cb = 0; cb < q->ib; cb++, j++)
+                    _mm256_storeu_si256((__m256i *)(dst + (j >> 1) * cstride + (j & 1) * 16), _mm256_setzero_si256());
+            }
+        }
+    if (j & 1) _mm256_storeu_si256((__m256i *)(dst + (j >> 1) * cstride + 16), _mm256_setzero_si256());
+}
+
 /* ---- avx512_bf16: a 12 x 32 tile of C in 24 registers over all of k ---- */
-static inline __attribute__((always_inline)) BF_T512 void bf_tile512(const bf_ctx *q, const uint32_t *ap, int64_t r0,
-                                                                      int64_t p, const int mr) {
+static inline __attribute__((always_inline)) BF_T512 void bf_tile512(const bf_ctx *q, const uint32_t *ap, int64_t img,
+                                                                      int64_t r0, int64_t p, const int mr) {
     __m512 c0[BF_MR], c1[BF_MR];
 #pragma GCC unroll 12
     for (int i = 0; i < BF_MR; i++) { c0[i] = _mm512_setzero_ps(); c1[i] = _mm512_setzero_ps(); }
@@ -162,52 +242,56 @@ static inline __attribute__((always_inline)) BF_T512 void bf_tile512(const bf_ct
     int64_t j0 = p * BF_NR;
     __mmask16 m0 = bf_cols(q->n - j0), m1 = bf_cols(q->n - j0 - 16);
     for (int i = 0; i < mr; i++) {
-        float *cr = q->c + (r0 + i) * q->n + j0;
-        bf_store16(q, cr, j0, c0[i], m0);
-        if (m1) bf_store16(q, cr + 16, j0 + 16, c1[i], m1);
+        bf_store16(q, bf_crow(q, img, r0 + i, j0), j0, c0[i], m0);
+        if (m1) bf_store16(q, bf_crow(q, img, r0 + i, j0 + 16), j0 + 16, c1[i], m1);
     }
 }
 
-static __attribute__((noinline)) BF_T512 void bf_tile512_full(const bf_ctx *q, const uint32_t *ap, int64_t r0, int64_t p) {
-    bf_tile512(q, ap, r0, p, BF_MR);
+static __attribute__((noinline)) BF_T512 void bf_tile512_full(const bf_ctx *q, const uint32_t *ap, int64_t img,
+                                                              int64_t r0, int64_t p) {
+    bf_tile512(q, ap, img, r0, p, BF_MR);
 }
 
-static __attribute__((noinline)) BF_T512 void bf_tile512_tail(const bf_ctx *q, const uint32_t *ap, int64_t r0, int64_t p,
-                                                              int mr) {
+static __attribute__((noinline)) BF_T512 void bf_tile512_tail(const bf_ctx *q, const uint32_t *ap, int64_t img,
+                                                              int64_t r0, int64_t p, int mr) {
     switch (mr) {
-    case 1: bf_tile512(q, ap, r0, p, 1); break;
-    case 2: bf_tile512(q, ap, r0, p, 2); break;
-    case 3: bf_tile512(q, ap, r0, p, 3); break;
-    case 4: bf_tile512(q, ap, r0, p, 4); break;
-    case 5: bf_tile512(q, ap, r0, p, 5); break;
-    case 6: bf_tile512(q, ap, r0, p, 6); break;
-    case 7: bf_tile512(q, ap, r0, p, 7); break;
-    case 8: bf_tile512(q, ap, r0, p, 8); break;
-    case 9: bf_tile512(q, ap, r0, p, 9); break;
-    case 10: bf_tile512(q, ap, r0, p, 10); break;
-    default: bf_tile512(q, ap, r0, p, 11); break;
+    case 1: bf_tile512(q, ap, img, r0, p, 1); break;
+    case 2: bf_tile512(q, ap, img, r0, p, 2); break;
+    case 3: bf_tile512(q, ap, img, r0, p, 3); break;
+    case 4: bf_tile512(q, ap, img, r0, p, 4); break;
+    case 5: bf_tile512(q, ap, img, r0, p, 5); break;
+    case 6: bf_tile512(q, ap, img, r0, p, 6); break;
+    case 7: bf_tile512(q, ap, img, r0, p, 7); break;
+    case 8: bf_tile512(q, ap, img, r0, p, 8); break;
+    case 9: bf_tile512(q, ap, img, r0, p, 9); break;
+    case 10: bf_tile512(q, ap, img, r0, p, 10); break;
+    default: bf_tile512(q, ap, img, r0, p, 11); break;
     }
 }
 
 /* rows [r0, r1) times panels [p0, p1): A's rows rounded into (rows, kp) bf16, then the tiles */
-static BF_T512 void bf_avx_rows(bf_ctx *q, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
-    int64_t rows = r1 - r0;
+static BF_T512 void bf_avx_rows(bf_ctx *q, int64_t img, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+    int64_t rows = r1 - r0, oh, ow;
     uint16_t *ab = (uint16_t *)bf_scratch((size_t)rows * (size_t)q->kp * 2);
     if (!ab) { atomic_store(&q->failed, 1); return; }
-    for (int64_t r = 0; r < rows; r++)
+    bf_pixel(q, r0, &oh, &ow);
+    for (int64_t r = 0; r < rows; r++) {
+        if (q->x) { bf_gather512(q, img, oh, ow, ab + r * q->kp, BF_KB); bf_next(q, &oh, &ow); continue; }
         for (int64_t kk = 0; kk < q->kp; kk += BF_KB)
             _mm512_storeu_si512(ab + r * q->kp + kk, bf_cvt32(q->a + (r0 + r) * q->k, kk, q->k));
+    }
     for (int64_t p = p0; p < p1; p++)
         for (int64_t r = 0; r < rows; r += BF_MR) {
             const uint32_t *ap = (const uint32_t *)(ab + r * q->kp);
-            if (rows - r >= BF_MR) bf_tile512_full(q, ap, r0 + r, p);
-            else bf_tile512_tail(q, ap, r0 + r, p, (int)(rows - r));
+            if (rows - r >= BF_MR) bf_tile512_full(q, ap, img, r0 + r, p);
+            else bf_tile512_tail(q, ap, img, r0 + r, p, (int)(rows - r));
         }
 }
 
-/* ---- amx_bf16: 32 x 32 of C in four tiles; A's rows rounded into blocks (kp / 32, 32 rows, 32)
-   (one A tile: 16 rows of 64 bytes, contiguous); B's halves are tiles of 16 pair-rows, 128 bytes
-   apart; C's tiles stored to a 32 x 32 scratch, the epilogue from there ---- */
+/* ---- amx_bf16: 32 x 32 of C in four tiles; A's rows rounded into a row-major scratch (one A
+   tile: 16 rows of 64 bytes, lda apart); B's halves are tiles of 16 pair-rows, 128 bytes apart;
+   C's tiles stored straight into C without an epilogue, else to a 32 x 32 scratch and the
+   epilogue from there ---- */
 typedef struct {
     uint8_t palette, start;
     uint8_t zero[14];
@@ -215,36 +299,41 @@ typedef struct {
     uint8_t rows[16];
 } bf_tilecfg;
 
-static BF_TAMX void bf_amx_rows(bf_ctx *q, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
-    int64_t rows = r1 - r0, rblocks = (rows + 31) / 32, kb = q->kp / BF_KB;
-    size_t abytes = (size_t)rblocks * 32 * (size_t)q->kp * 2;
+static BF_TAMX void bf_amx_rows(bf_ctx *q, int64_t img, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+    /* A's rows rounded to bf16, row-major, lda apart (kp and a cache line: the 16 rows of a tile
+       never share a cache set when kp is a power of two), zeros past the last row */
+    int64_t rows = r1 - r0, rblocks = (rows + 31) / 32, kb = q->kp / BF_KB, lda = q->kp + BF_KB, oh, ow;
+    size_t abytes = (size_t)rblocks * 32 * (size_t)lda * 2;
     uint8_t *buf = (uint8_t *)bf_scratch(abytes + 32 * 32 * 4);
     if (!buf) { atomic_store(&q->failed, 1); return; }
     uint16_t *ab = (uint16_t *)buf;
     float *cs = (float *)(buf + abytes);
-    for (int64_t rb = 0; rb < rblocks; rb++)
-        for (int64_t b = 0; b < kb; b++)
-            for (int64_t i = 0; i < 32; i++) {
-                int64_t r = rb * 32 + i;
-                __m512i v = r < rows ? bf_cvt32(q->a + (r0 + r) * q->k, b * BF_KB, q->k) : _mm512_setzero_si512();
-                _mm512_store_si512(ab + ((rb * kb + b) * 32 + i) * BF_KB, v);
-            }
+    bf_pixel(q, r0, &oh, &ow);
+    for (int64_t r = 0; r < rblocks * 32; r++) {
+        uint16_t *row = ab + r * lda;
+        if (r >= rows) memset(row, 0, (size_t)q->kp * 2);
+        else if (q->x) { bf_gather512(q, img, oh, ow, row, BF_KB); bf_next(q, &oh, &ow); }
+        else
+            for (int64_t kk = 0; kk < q->kp; kk += BF_KB)
+                _mm512_store_si512(row + kk, bf_cvt32(q->a + (r0 + r) * q->k, kk, q->k));
+    }
     bf_tilecfg cfg;
     memset(&cfg, 0, sizeof(cfg));
     cfg.palette = 1;
     for (int t = 0; t < 8; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
     _tile_loadconfig(&cfg);
+    int direct = !bf_has_epi(q);
     for (int64_t p = p0; p < p1; p++) {
         const uint16_t *bp = q->b + p * q->kp * BF_NR;
         int64_t j0 = p * BF_NR;
         __mmask16 m0 = bf_cols(q->n - j0), m1 = bf_cols(q->n - j0 - 16);
         for (int64_t rb = 0; rb < rblocks; rb++) {
-            const uint16_t *ar = ab + rb * kb * 32 * BF_KB;
+            const uint16_t *ar = ab + rb * 32 * lda;
             _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
             for (int64_t b = 0; b < kb; b++) {
-                const uint16_t *a0 = ar + b * 32 * BF_KB, *bb = bp + b * 16 * 2 * BF_NR;
-                _tile_loadd(4, a0, 64);
-                _tile_loadd(5, a0 + 16 * BF_KB, 64);
+                const uint16_t *a0 = ar + b * BF_KB, *bb = bp + b * 16 * 2 * BF_NR;
+                _tile_loadd(4, a0, lda * 2);
+                _tile_loadd(5, a0 + 16 * lda, lda * 2);
                 _tile_loadd(6, bb, 128);
                 _tile_loadd(7, bb + 32, 128);
                 _tile_dpbf16ps(0, 4, 6);
@@ -252,15 +341,25 @@ static BF_TAMX void bf_amx_rows(bf_ctx *q, int64_t r0, int64_t r1, int64_t p0, i
                 _tile_dpbf16ps(2, 5, 6);
                 _tile_dpbf16ps(3, 5, 7);
             }
+            int64_t live = rows - rb * 32 < 32 ? rows - rb * 32 : 32, r = r0 + rb * 32;
+            if (direct && live == 32 && m0 == 0xffff && (m1 == 0xffff || m1 == 0)) {
+                /* no epilogue, whole tiles: straight into C (a conv's: 16 pixels' 64 bytes apart) */
+                long st = (long)q->rs * 4;
+                _tile_stored(0, bf_crow(q, img, r, j0), st);
+                _tile_stored(2, bf_crow(q, img, r + 16, j0), st);
+                if (m1) {
+                    _tile_stored(1, bf_crow(q, img, r, j0 + 16), st);
+                    _tile_stored(3, bf_crow(q, img, r + 16, j0 + 16), st);
+                }
+                continue;
+            }
             _tile_stored(0, cs, 128);
             _tile_stored(1, cs + 16, 128);
             _tile_stored(2, cs + 16 * 32, 128);
             _tile_stored(3, cs + 16 * 32 + 16, 128);
-            int64_t live = rows - rb * 32 < 32 ? rows - rb * 32 : 32;
             for (int64_t i = 0; i < live; i++) {
-                float *cr = q->c + (r0 + rb * 32 + i) * q->n + j0;
-                bf_store16(q, cr, j0, _mm512_load_ps(cs + i * 32), m0);
-                if (m1) bf_store16(q, cr + 16, j0 + 16, _mm512_load_ps(cs + i * 32 + 16), m1);
+                bf_store16(q, bf_crow(q, img, r + i, j0), j0, _mm512_load_ps(cs + i * 32), m0);
+                if (m1) bf_store16(q, bf_crow(q, img, r + i, j0 + 16), j0 + 16, _mm512_load_ps(cs + i * 32 + 16), m1);
             }
         }
     }
@@ -307,15 +406,36 @@ static int bf_caps_mask(void) {
 static void bf_task(void *vc, int64_t t, int slot) {
     (void)slot;
     bf_ctx *q = (bf_ctx *)vc;
-    int64_t rb = t / q->groups, g = t % q->groups;
+    int64_t per_img = q->row_blocks * q->groups, img = t / per_img;
+    int64_t rb = t % per_img / q->groups, g = t % q->groups;
     int64_t r0 = rb * q->mb, r1 = r0 + q->mb < q->m ? r0 + q->mb : q->m;
     int64_t p0 = g * q->per_group, p1 = p0 + q->per_group < q->panels ? p0 + q->per_group : q->panels;
     if (r0 >= r1 || p0 >= p1) return;
 #if defined(BF_X86)
-    if (q->variant == 2) { bf_amx_rows(q, r0, r1, p0, p1); return; }
-    if (q->variant == 1) { bf_avx_rows(q, r0, r1, p0, p1); return; }
+    if (q->variant == 2) { bf_amx_rows(q, img, r0, r1, p0, p1); return; }
+    if (q->variant == 1) { bf_avx_rows(q, img, r0, r1, p0, p1); return; }
 #endif
-    bf_scalar_rows(q, r0, r1, p0, p1);
+    bf_scalar_rows(q, img, r0, r1, p0, p1);
+}
+
+/* split q's rows (images x blocks of mb) and panels into tasks and run them on `width` threads:
+   the panels go to groups only when the row blocks are too few to keep the threads busy (each
+   group packs the rows again); which task computes an element never changes its sum */
+static PyObject *bf_run(bf_ctx *q, int64_t width) {
+    atomic_init(&q->failed, 0);
+    q->mb = q->variant == 2 ? BF_MB_AMX : q->variant == 1 ? BF_MB_AVX : BF_MB_SCALAR;
+    q->row_blocks = (q->m + q->mb - 1) / q->mb;
+    q->panels = (q->n + BF_NR - 1) / BF_NR;
+    int64_t want = width > 1 ? (q->x ? 1 : 4) * width : 1, groups = want / (q->row_blocks * q->images);
+    if (groups < 1) groups = 1;
+    if (groups > q->panels) groups = q->panels;
+    q->per_group = (q->panels + groups - 1) / groups;
+    q->groups = (q->panels + q->per_group - 1) / q->per_group;
+    Py_BEGIN_ALLOW_THREADS
+    ge_parallel(bf_task, q, q->images * q->row_blocks * q->groups, width);
+    Py_END_ALLOW_THREADS
+    if (atomic_load(&q->failed)) return PyErr_NoMemory();
+    Py_RETURN_NONE;
 }
 
 static PyObject *bf_ok(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -341,23 +461,45 @@ static PyObject *bf_isa(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     return PyUnicode_FromString(names[mask & 4 ? 2 : mask & 2 ? 1 : 0]);
 }
 
-/* C (m, n) = A (m, k) @ packed B: (A, B (P, kp / 2, 64) uint16, C, bias, has_bias 0|1, clip 0|1,
-   lo, hi, threads, act 0..5, variant 0..2, the k B was packed for) */
+/* the variant code in args[i] when this CPU runs it, else -1 and an exception */
+static int64_t bf_variant(PyObject *const *args, int i) {
+    int64_t v;
+    if (ge_int(args, i, 0, 2, &v)) return -1;
+    if (!(bf_caps_mask() >> v & 1)) {
+        PyErr_SetString(PyExc_ValueError, "bf16gemm: this CPU does not run the variant asked for");
+        return -1;
+    }
+    return v;
+}
+
+/* args[i]: None, or a float32 C-contiguous array of `nd` dims `dims` (an addend laid out as C) */
+static int bf_addend(PyObject *const *args, int i, int nd, const int64_t *dims, const float **add) {
+    int64_t got[5];
+    *add = NULL;
+    if (args[i] == Py_None) return 0;
+    *add = (const float *)ge_nd(args, i, NPY_FLOAT, 0, nd, got);
+    if (!*add) return -1;
+    for (int d = 0; d < nd; d++)
+        if (got[d] != dims[d]) { ge_fail(); return -1; }
+    return 0;
+}
+
+/* C (m, n) = A (m, k) @ packed B (+ addend): (A, B (P, kp / 2, 64) uint16, C, bias, has_bias 0|1,
+   clip 0|1, lo, hi, threads, act 0..5, variant 0..2, the k B was packed for, the addend (m, n)
+   or None) */
 static PyObject *bf_matmul(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     int64_t m, k, mc, nc, has_bias, clip, width, act, variant, kb, dims[3], nb = 0;
-    if (ge_nargs(n, 12)) return NULL;
+    if (ge_nargs(n, 13)) return NULL;
     if (ge_int(args, 4, 0, 1, &has_bias) || ge_int(args, 5, 0, 1, &clip) || ge_int(args, 8, 1, 4096, &width)
-        || ge_int(args, 9, 0, 5, &act) || ge_int(args, 10, 0, 2, &variant)
+        || ge_int(args, 9, 0, 5, &act) || (variant = bf_variant(args, 10)) < 0
         || ge_int(args, 11, 0, INT64_MAX, &kb)) return NULL;
-    if (!(bf_caps_mask() >> variant & 1)) {
-        PyErr_SetString(PyExc_ValueError, "bf16gemm: this CPU does not run the variant asked for");
-        return NULL;
-    }
     const float *a = (const float *)ge_mat(args, 0, NPY_FLOAT, 0, &m, &k);
     const uint16_t *b = a ? (const uint16_t *)ge_nd(args, 1, NPY_UINT16, 0, 3, dims) : NULL;
     float *c = b ? (float *)ge_mat(args, 2, NPY_FLOAT, 1, &mc, &nc) : NULL;
     const float *bias = c ? (const float *)ge_vec(args, 3, NPY_FLOAT, 0, &nb) : NULL;
-    if (!bias) return NULL;
+    const float *add = NULL;
+    int64_t cdims[2] = {mc, nc};
+    if (!bias || bf_addend(args, 12, 2, cdims, &add)) return NULL;
     int64_t kp = (k + BF_KB - 1) / BF_KB * BF_KB;
     if (mc != m || kb != k || dims[2] != 2 * BF_NR || dims[1] * 2 != kp || dims[0] != (nc + BF_NR - 1) / BF_NR
         || (has_bias && nb != nc) || ge_prod(dims[0], dims[1], dims[2], 1) < 0 || ge_prod(m, kp, 4, 64) < 0)
@@ -368,19 +510,47 @@ static PyObject *bf_matmul(PyObject *self, PyObject *const *args, Py_ssize_t n) 
     bf_ctx q;
     memset(&q, 0, sizeof(q));
     q.a = a; q.m = m; q.k = k; q.kp = kp; q.b = b; q.c = c; q.n = nc; q.bias = bias; q.has_bias = has_bias;
+    q.rs = nc; q.bs = 16; q.images = 1; q.add = add;
     q.clip = clip; q.lo = (float)lo; q.hi = (float)hi; q.act = act; q.variant = variant;
-    atomic_init(&q.failed, 0);
-    q.mb = variant == 2 ? BF_MB_AMX : variant == 1 ? BF_MB_AVX : BF_MB_SCALAR;
-    q.row_blocks = (m + q.mb - 1) / q.mb;
-    q.panels = (nc + BF_NR - 1) / BF_NR;
-    int64_t want = width > 1 ? 4 * width : 1, groups = want / q.row_blocks;
-    if (groups < 1) groups = 1;
-    if (groups > q.panels) groups = q.panels;
-    q.per_group = (q.panels + groups - 1) / groups;
-    q.groups = (q.panels + q.per_group - 1) / q.per_group;
-    Py_BEGIN_ALLOW_THREADS
-    ge_parallel(bf_task, &q, q.row_blocks * q.groups, width);
-    Py_END_ALLOW_THREADS
-    if (atomic_load(&q.failed)) return PyErr_NoMemory();
-    Py_RETURN_NONE;
+    return bf_run(&q, width);
+}
+
+/* the blocked convolution: (x (N, ib, H, W, 16), packed weight (P, kp / 2, 64) uint16 of k = kh *
+   kw * ib * 16 rows (kh, kw, input block, channel) and ceil(MB / 2) panels, out (N, MB, OH, OW,
+   16), bias (MB * 16), has_bias 0|1, clip 0|1, lo, hi, threads, act 0..5, variant 0..2, geometry
+   int64 (kh, kw, sh, sw, dh, dw, top, left, bottom, right), the addend (as out) or None) */
+static PyObject *bf_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    int64_t xd[5], wd[3], od[5], gn = 0, nb = 0, has_bias, clip, width, act, variant;
+    if (ge_nargs(n, 13)) return NULL;
+    if (ge_int(args, 4, 0, 1, &has_bias) || ge_int(args, 5, 0, 1, &clip) || ge_int(args, 8, 1, 4096, &width)
+        || ge_int(args, 9, 0, 5, &act) || (variant = bf_variant(args, 10)) < 0) return NULL;
+    const float *x = (const float *)ge_nd(args, 0, NPY_FLOAT, 0, 5, xd);
+    const uint16_t *b = x ? (const uint16_t *)ge_nd(args, 1, NPY_UINT16, 0, 3, wd) : NULL;
+    float *c = b ? (float *)ge_nd(args, 2, NPY_FLOAT, 1, 5, od) : NULL;
+    const float *bias = c ? (const float *)ge_vec(args, 3, NPY_FLOAT, 0, &nb) : NULL;
+    const int64_t *g = bias ? (const int64_t *)ge_vec(args, 11, NPY_INT64, 0, &gn) : NULL;
+    const float *add = NULL;
+    if (!g || bf_addend(args, 12, 5, od, &add)) return NULL;
+    if (gn != 10) return ge_fail();
+    for (int i = 0; i < 10; i++)
+        if (g[i] < (i < 6 ? 1 : 0) || g[i] > (1 << 20)) return ge_fail();
+    int64_t span_h = g[4] * (g[0] - 1) + 1, span_w = g[5] * (g[1] - 1) + 1;
+    int64_t eh = xd[2] + g[6] + g[8] - span_h, ew = xd[3] + g[7] + g[9] - span_w;
+    int64_t k = ge_prod(g[0], g[1], xd[1], 16), kp = (k + BF_KB - 1) / BF_KB * BF_KB;
+    if (xd[4] != 16 || od[4] != 16 || od[0] != xd[0] || eh < 0 || ew < 0 || od[2] != eh / g[2] + 1
+        || od[3] != ew / g[3] + 1 || k < 0 || wd[2] != 2 * BF_NR || wd[1] * 2 != kp || wd[0] != (od[1] + 1) / 2
+        || (has_bias && nb != od[1] * 16) || ge_prod(od[2], od[3], 1, 1) < 0 || ge_prod(BF_MB_AMX, kp, 4, 64) < 0)
+        return ge_fail();
+    double lo = PyFloat_AsDouble(args[6]), hi = PyFloat_AsDouble(args[7]);
+    if (PyErr_Occurred()) return NULL;
+    if (od[0] == 0 || od[1] == 0 || od[2] == 0 || od[3] == 0) Py_RETURN_NONE;
+    bf_ctx q;
+    memset(&q, 0, sizeof(q));
+    q.m = od[2] * od[3]; q.k = k; q.kp = kp; q.b = b; q.c = c; q.n = od[1] * 16;
+    q.rs = 16; q.bs = q.m * 16; q.is = od[1] * q.m * 16; q.images = od[0];
+    q.bias = bias; q.has_bias = has_bias; q.add = add;
+    q.clip = clip; q.lo = (float)lo; q.hi = (float)hi; q.act = act; q.variant = variant;
+    q.x = x; q.ib = xd[1]; q.h = xd[2]; q.w = xd[3]; q.kh = g[0]; q.kw = g[1]; q.sh = g[2]; q.sw = g[3];
+    q.dh = g[4]; q.dw = g[5]; q.pt = g[6]; q.pl = g[7]; q.ow = od[3];
+    return bf_run(&q, width);
 }
