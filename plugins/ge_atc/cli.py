@@ -247,11 +247,13 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     elif isinstance(precision, dict) and precision.get("nodes"):
         from .accuracy import measure, summary
+        from .precision import compute_summary
 
         precision["accuracy"] = measure(args.model, opts, model)
-        print(f"note: --precision_mode={precision['mode']}: {len(precision['nodes'])} node(s) read "
-              f"{precision.get('weights_dtype', 'float32')} weights and compute in float32; "
+        print(f"note: --precision_mode={precision['mode']}: {compute_summary(precision)}; "
               f"{summary(precision['accuracy'])}", file=sys.stderr)
+    if model.report.get("precision_hint"):
+        print(f"note: {model.report['precision_hint']}", file=sys.stderr)
     argv = getattr(args, "atc_argv", None)
     argv = argv if argv is not None else sys.argv[2:]  # `ge atc ...`: after the sub-command
     atc = {"command_line": " ".join(["atc", *map(str, argv)]), "framework": model.options.framework}

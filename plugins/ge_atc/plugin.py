@@ -33,7 +33,7 @@ def ge_register_options(register: RegisterOption) -> None:
     from . import aipp, graph_flags, precision
 
     register("precision_mode", "must_keep_origin_dtype",
-             "ATC precision mode: weights stored in float16/bfloat16 where the mode says, computed in float32",
+             "ATC precision mode: matrix ops compute in bfloat16/float16 (float32 sums) where the mode says",
              read=precision.read_mode_option)
     register("keep_dtype", "", "ATC --keep_dtype file: node names or OpType::TypeName kept at their precision",
              read=precision.read_keep_dtype_option)
@@ -67,8 +67,8 @@ PASSES = (
                                          "it takes (off: --oo_dead_code_elimination=false)"}),
     ("precision", "precision_pass", {"name": "atc_precision", "stage": "schedule", "required": True,
                                      "before": ("sink_constant_computations",),
-                                     "description": "ATC --precision_mode/--keep_dtype/--modify_mixlist: weights "
-                                     "stored in float16/bfloat16, computed in float32 (the cpu backend's fast kernels)"}),
+                                     "description": "ATC --precision_mode/--keep_dtype/--modify_mixlist: the precision "
+                                     "each matrix op computes in (the backend packs its weights in it)"}),
 )
 
 
@@ -88,7 +88,15 @@ def ge_model_built(model):
     """Put the precision pass's table in the compile report (``report["precision"]``)."""
     table = model.graph.metadata.get("atc_precision")
     if isinstance(table, dict) and table.get("mode") not in (None, "must_keep_origin_dtype"):
-        model.report["precision"] = table
+        from .precision import summarize
+
+        model.report["precision"] = summarize(table)
+    elif isinstance(table, dict) and model.options.soc_version == "cpu":
+        from .precision_hint import hint
+
+        line = hint(model)  # (float32 on a CPU with a bf16 unit: what the bf16 mode would buy)
+        if line:
+            model.report["precision_hint"] = line
 
 
 @hookimpl

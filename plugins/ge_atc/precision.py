@@ -38,6 +38,8 @@ from ge_core.errors import OptionError
 from ge_core.ir.graph import Graph, Node, Value
 from ge_core.ir.types import TensorType
 from ge_core.passes import PassContext
+from ge_sdk import precision
+from ge_sdk.rewrite.driver import FUSED_FROM_META
 
 from .files import read_text
 
@@ -160,36 +162,63 @@ def mix_lists(edits_json: str) -> tuple[set[str], set[str], set[str]]:
 
 # --------------------------------------------------------------------------------------------
 def precision_pass(graph: Graph, ctx: PassContext) -> bool:
-    """Store weights at the precision ``precision_mode`` chooses (Casts back to float32 in front
-    of their ops), or compute float16 ops in float32 (force_fp32)."""
+    """Choose per node the precision ``precision_mode`` asks for: a matrix op chosen gets a
+    :mod:`ge_sdk.precision` entry (``node.meta``) the backend's pass acts on, packing its weights
+    in that precision and computing in it where it has the kernel; or compute float16 ops in
+    float32 (force_fp32). Reaches the bodies of If/Loop/Scan."""
     opts = ctx.options
     mode = check_mode(opts.getoption("precision_mode", "must_keep_origin_dtype"))
     keep = [s for s in str(opts.getoption("keep_dtype_entries", "") or "").split("\n") if s]
-    table: dict[str, Any] = {"mode": mode, "compute_float16_ops": sorted(COMPUTE_FLOAT16),
-                             "compute": "float32", "nodes": {}}
+    table: dict[str, Any] = {"mode": mode, "compute_float16_ops": sorted(COMPUTE_FLOAT16), "nodes": {}}
     graph.metadata["atc_precision"] = table
     if mode == "must_keep_origin_dtype":
         return False
-    kept = _kept_nodes(graph, keep)
     if mode in ("force_fp32", "cube_fp16in_fp32out"):
-        return _force_fp32(graph, kept, table)
+        return any([_force_fp32(g, _kept_nodes(g, keep), table) for g in _graphs(graph)])
     reduced = _REDUCED["bfloat16" if mode.endswith("bf16") else "float16"]
     table["weights_dtype"] = reduced.name
-    order = graph.node_list()
+    lists = mix_lists(str(opts.getoption("mixlist_edits", "") or "")) if "mix" in mode else None
+    for g in _graphs(graph):
+        order = g.node_list()
+        for n in _chosen(order, mode, _kept_nodes(g, keep), lists):
+            if n.op_type not in MATRIX_OPS:
+                continue  # a vector op computes in float32 here, its weights stay float32 (no Cast a run)
+            _check_range(n, reduced, mode)
+            e = precision.entry(n.op_type, reduced.name)
+            n.meta[precision.META] = e
+            table["nodes"][n.name if g is graph else f"{g.name}/{n.name}"] = e
+    return False  # (annotations only: the backend's pass rewrites)
+
+
+def _graphs(graph: Graph) -> list[Graph]:
+    """``graph`` and every graph nested in it (If/Loop/Scan bodies), outer first."""
+    out, stack = [], [graph]
+    while stack:
+        g = stack.pop()
+        out.append(g)
+        for n in g.node_list():
+            stack.extend(reversed(n.subgraphs()))
+    return out
+
+
+def _chosen(order: list[Node], mode: str, kept: set[Node], lists) -> list[Node]:
+    """The nodes of ``order`` the mode reduces (GE: force_fp16 every op, allow_fp32_to_* the
+    matrix ops, allow_mix_precision* the white list and the gray ops after a reduced one)."""
     if mode == "force_fp16":
-        chosen = {n for n in order if n not in kept}
-    elif mode.startswith("allow_fp32_to"):
-        chosen = {n for n in order if n.op_type in MATRIX_OPS and n not in kept}
-    else:
-        white, black, gray = mix_lists(str(opts.getoption("mixlist_edits", "") or ""))
-        chosen = set()
-        for n in order:
-            if n in kept or n.op_type in black:
-                continue
-            if n.op_type in white or (n.op_type in gray and any(
-                    v is not None and v.producer in chosen for v in n.inputs)):
-                chosen.add(n)
-    return _store_reduced(graph, order, chosen, reduced, table)
+        return [n for n in order if n not in kept]
+    if lists is None:
+        return [n for n in order if n.op_type in MATRIX_OPS and n not in kept]
+    white, black, gray = lists
+    chosen: list[Node] = []
+    seen: set[Node] = set()
+    for n in order:
+        types = {n.op_type, *FUSED_FROM.get(n.op_type, ())}  # (a fused op is on its sources' lists)
+        if n in kept or types & black:
+            continue
+        if types & white or (types & gray and any(v is not None and v.producer in seen for v in n.inputs)):
+            chosen.append(n)
+            seen.add(n)
+    return chosen
 
 
 #: Fused ops and the op types they were made from (a kept OpType keeps its fused form too).
@@ -207,61 +236,22 @@ def _kept_nodes(graph: Graph, entries: list[str]) -> set[Node]:
     kept = set()
     for n in order:
         base = n.name if n.name in names else _SUFFIX.sub("", n.name)
-        if n.op_type in types or any(t in types for t in FUSED_FROM.get(n.op_type, ())) or (
+        if names.intersection(n.meta.get(FUSED_FROM_META) or ()) or n.op_type in types or any(t in types for t in FUSED_FROM.get(n.op_type, ())) or (
                 base in names and (n.name in names or base not in present)):
             kept.add(n)
     return kept
 
 
-def _float_weight(v: Value | None, dtype: np.dtype, min_elements: int) -> bool:
-    return (v is not None and v.const_value is not None and v.graph is not None
-            and v.const_value.dtype == dtype and v.const_value.size >= min_elements)
+def _check_range(n: Node, reduced: np.dtype, mode: str) -> None:
+    """OptionError naming a float32 weight of ``n``, its nodes, its largest magnitude and the
+    reduced type's range when a finite value does not fit ``reduced`` (it would become infinity)."""
+    for v in n.inputs:
+        if v is not None and v.const_value is not None and np.asarray(v.const_value).dtype == _FLOAT32 \
+                and v.const_value.size >= MIN_ELEMENTS:
+            _check_weight(v, np.asarray(v.const_value), [(u, i) for u, i in v.uses()], reduced, mode)
 
 
-def _cast_const(graph: Graph, v: Value, users: list[tuple[Node, int]], store: np.dtype,
-                index: dict[Node, int]) -> Value:
-    """Store constant ``v`` as ``store`` and give ``users`` a Cast back to ``v``'s dtype, placed
-    before the first of them (``index``: node -> position)."""
-    arr = np.ascontiguousarray(np.asarray(v.const_value).astype(store))
-    c = graph.add_constant(arr, graph.names.fresh(f"{v.name}_{store.name}"))
-    first = min((u for u, _ in users), key=lambda n: index.get(n, 0))
-    orig = np.asarray(v.const_value).dtype.name
-    cast = graph.add_node("Cast", [c], {"to": _ELEM[orig]}, name=f"{v.name}_to_{orig}",
-                          output_types=[v.type], before=first)
-    for u, i in users:
-        u.set_input(i, cast.output)
-    if not v.has_uses() and not v.is_graph_output:
-        graph.remove_constant(v)
-    return cast.output
-
-
-def _store_reduced(graph: Graph, order: list[Node], chosen: set[Node], reduced: np.dtype,
-                   table: dict[str, Any]) -> bool:
-    saved = 0
-    changed = False
-    consts: dict[Value, list[tuple[Node, int]]] = {}
-    index = {n: i for i, n in enumerate(order)}
-    for n in order:
-        for i, v in enumerate(n.inputs):
-            if _float_weight(v, _FLOAT32, MIN_ELEMENTS):
-                consts.setdefault(v, []).append((n, i))  # type: ignore[arg-type]
-    for v, uses in consts.items():
-        if not all(u in chosen for u, _ in uses) or len(uses) != len(v.uses()):
-            continue
-        arr = np.asarray(v.const_value)
-        _check_range(v, arr, uses, reduced, table.get("mode", ""))
-        saved += arr.nbytes - arr.astype(reduced).nbytes
-        for u, _ in uses:
-            table["nodes"].setdefault(u.name, {"op": u.op_type, "weights": reduced.name, "compute": "float32"})
-        _cast_const(graph, v, uses, reduced, index)
-        changed = True
-    table["weights_bytes_saved"] = int(saved)
-    return changed
-
-
-def _check_range(v: Value, arr: np.ndarray, uses: list[tuple[Node, int]], reduced: np.dtype, mode: str) -> None:
-    """OptionError naming the weight, its nodes, its largest magnitude and the reduced type's
-    range when a finite value of ``arr`` does not fit ``reduced`` (it would become infinity)."""
+def _check_weight(v: Value, arr: np.ndarray, uses: list[tuple[Node, int]], reduced: np.dtype, mode: str) -> None:
     with np.errstate(over="ignore", invalid="ignore"):
         finite = np.isfinite(arr)
         overflow = finite & ~np.isfinite(arr.astype(reduced))
@@ -319,3 +309,26 @@ def _force_fp32(graph: Graph, kept: set[Node], table: dict[str, Any]) -> bool:
         if v.graph is not None and not v.has_uses() and not v.is_graph_output:
             graph.remove_constant(v)
     return changed
+
+
+def summarize(table: dict[str, Any]) -> dict[str, Any]:
+    """The report's precision table: per node what was stored and computed (filled in by the
+    backend), and totals: nodes per compute precision, weight bytes saved."""
+    nodes = table.get("nodes", {})
+    counts: dict[str, int] = {}
+    for e in nodes.values():
+        counts[e.get("compute", "float32")] = counts.get(e.get("compute", "float32"), 0) + 1
+    out = dict(table)
+    out["compute"] = dict(sorted(counts.items()))
+    out["weights_bytes_saved"] = int(sum(int(e.get("bytes_saved", 0)) for e in nodes.values()))
+    return out
+
+
+def compute_summary(table: dict[str, Any]) -> str:
+    """One line of what the table's matrix nodes store and compute (atc's note)."""
+    nodes = table.get("nodes", {})
+    parts = [f"{c} compute in {p}" for p, c in table.get("compute", {}).items()]
+    saved = table.get("weights_bytes_saved", 0)
+    why = sorted({e["why"] for e in nodes.values() if e.get("why")})
+    return (f"{len(nodes)} matrix node(s): {', '.join(parts)}; weights {saved / 1e6:.2f} MB smaller"
+            + (f" (float32 where: {'; '.join(why[:3])})" if why else ""))

@@ -51,19 +51,24 @@ def ge_register_backends(register: RegisterBackend) -> None:
 
 @hookimpl
 def ge_register_ops(register: RegisterOp) -> None:
-    """The blocked-layout ops (domain ge.cpu) the nchwc_layout pass makes."""
+    """The blocked-layout ops (domain ge.cpu) the nchwc_layout pass makes, and PackedMatMul
+    (the reduced_precision pass's)."""
     from .blocked import OPDEFS
+    from .reduced import OPDEFS as REDUCED_OPS
 
-    for d in OPDEFS:
+    for d in (*OPDEFS, *REDUCED_OPS):
         register(d)
 
 
 @hookimpl
 def ge_register_passes(register: RegisterPass) -> None:
-    """nchwc_layout (stage "fuse"): runs of convolutions in the blocked layout."""
+    """nchwc_layout (stage "fuse"): runs of convolutions in the blocked layout; reduced_precision
+    (stage "schedule"): the matrix ops a precision mode reduces, packed in bf16/fp16."""
     from .blocked import NchwcLayout
+    from .reduced import ReducedPrecision
 
     register(NchwcLayout())
+    register(ReducedPrecision())
 
 
 @hookimpl
@@ -74,8 +79,9 @@ def ge_register_kernels(register: RegisterKernel) -> None:
     for (domain, op_type), factory in KERNELS.items():
         register(op_type, _native_first(factory, reference_factory), domain=domain, backend="cpu")
     from .kernels.nchwc import KERNELS as BLOCKED  # the blocked-layout ops of the nchwc_layout pass
+    from .reduced import KERNELS as REDUCED  # PackedMatMul
 
-    for (domain, op_type), factory in BLOCKED.items():
+    for (domain, op_type), factory in (*BLOCKED.items(), *REDUCED.items()):
         register(op_type, with_caps(factory, kind=NATIVE), domain=domain, backend="cpu")
     # The long tail of ONNX (default, ai.onnx.ml, training and preview domains) runs through
     # onnx.reference behind the same interface.

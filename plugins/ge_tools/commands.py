@@ -146,6 +146,8 @@ def run_compile(args: argparse.Namespace) -> int:
         con = console()
         _print_report(model.report, con)
         con.print(f"wrote [bold]{plain(out)}[/bold]")
+    if isinstance(model.report.get("precision_hint"), str):  # (a CPU with a bf16 unit: one line, on stderr)
+        print(f"note: {model.report['precision_hint']}", file=sys.stderr)
     return 0
 
 

@@ -18,7 +18,7 @@ from .elementwise import compiled_epilogue, mark_out, out_type, refuse
 _STORE_ACTS = {"Sigmoid": "sigmoid", "Silu": "silu", "HardSwish": "hardswish"}
 
 
-def _store_epilogue(spec: KernelSpec, can: tuple[str, ...]):
+def store_epilogue(spec: KernelSpec, can: tuple[str, ...]):
     """``(clip, uses_addend, act)`` when the epilogue program is one a GEMM kernel applies at its
     store (``can``: its KernelCaps.epilogue): an optional ``Add(y, a0)`` (a residual), then at
     most one of ``Relu``, ``Clip``, ``Sigmoid``, ``Silu``, ``HardSwish``, ``Gelu``; else None."""
@@ -67,7 +67,7 @@ def conv_factory(spec: KernelSpec):
     conv = inner_factory(inner_spec)
     conv_out = caps(conv).accepts_out
     epi = compiled_epilogue(spec, 3)
-    at_store = _store_epilogue(spec, caps(conv).epilogue)
+    at_store = store_epilogue(spec, caps(conv).epilogue)
 
     def kernel(x, w, b=None, *extra, out=None):
         # The convolution writes the planned output where it can (else its own contiguous
@@ -79,7 +79,7 @@ def conv_factory(spec: KernelSpec):
             res, applied = conv(x, w, b, out=o, clip=clip, addend=extra[0] if uses_addend else None, act=act)
             y = res[0]
             if applied:
-                return _placed(y, None if out is None else out[0])
+                return placed(y, None if out is None else out[0])
         else:
             y = conv(x, w, b, out=o)[0]
         target = out[0] if out is not None else (y if y.flags.writeable else None)
@@ -95,7 +95,7 @@ def conv_factory(spec: KernelSpec):
     return mark_out(kernel)
 
 
-def _placed(y: np.ndarray, o: np.ndarray | None) -> tuple[np.ndarray]:
+def placed(y: np.ndarray, o: np.ndarray | None) -> tuple[np.ndarray]:
     """``(o,)`` with ``y`` copied into it, when ``o`` is the planned output and ``y`` is not it."""
     if o is not None and y is not o:
         np.copyto(o, y)
@@ -132,7 +132,7 @@ def matmul_factory(spec: KernelSpec):
     if packed is not None:
         b_const = None  # the blocks replace it (a call that does not fit reads the input)
 
-    at_store = _store_epilogue(spec, ("clip", "addend", "act")) if panels is not None else None
+    at_store = store_epilogue(spec, ("clip", "addend", "act")) if panels is not None else None
 
     def panel_kernel(a, c, extra, out):
         shape = a.shape[:-1] + (panels.n,)
@@ -150,14 +150,14 @@ def matmul_factory(spec: KernelSpec):
             if z is None or (z.shape == shape and z.dtype == np.float32 and z.flags.c_contiguous):
                 if sgemm.matmul_packed(a2, panels, y2, panel_bias, clip, width,
                                        None if z is None else z.reshape(y2.shape), act):
-                    return _placed(y, o)
+                    return placed(y, o)
         if not sgemm.matmul_packed(a2, panels, y2, panel_bias, None, width):
             raise ValueError(f"MatMul: operand {a.shape} {a.dtype} does not fit the packed weight {panels.shape}")
         if c is not None and panel_bias is None:
             y += c_const if c_const is not None else (c * y.dtype.type(beta) if beta != 1.0 else c)
         if epi is not None:
             epi(y, *extra, out=y)
-        return _placed(y, o)
+        return placed(y, o)
 
     def kernel(a, b, c=None, *extra, out=None):
         if panels is not None:

@@ -106,12 +106,18 @@ def _weight_of(spec: KernelSpec):
     wpk_const = None
     if packing:  # the weight packed at compile time (the .om keeps that form): its shape an attribute
         w_shape = tuple(int(v) for v in (spec.attr("weight_shape") or ()))
-        if w is not None and (w.dtype != np.float32 or w.ndim != 1):
-            raise _refuse(spec, f"weight_packing {packing} needs a 1-D float32 weight")
+        # (stored float16 by a precision mode: widened once, here; bf16: its own kernel's bits)
+        wdt = np.uint16 if packing == "bf16" else np.float32
+        if w is not None and w.dtype == np.float16 and packing != "bf16":
+            w = w.astype(np.float32)
+        if w is not None and (w.dtype != wdt or w.ndim != 1):
+            raise _refuse(spec, f"weight_packing {packing} needs a 1-D {np.dtype(wdt).name} weight")
         if w is None and (w_t is None or w_t.shape is None or len(w_t.shape) != 1):
             raise _refuse(spec, f"weight_packing {packing} needs a 1-D weight")
         # (computed at run time: a Cast of the float16 form ATC's precision modes store)
         wpk_const, w = (np.ascontiguousarray(w) if w is not None else None), None
+        if packing == "bf16" and wpk_const is None:
+            raise _refuse(spec, "weight_packing bf16 needs its weight as a constant")
     else:
         w_shape = tuple(w.shape) if w is not None else (tuple(w_t.shape) if w_t is not None and w_t.shape else ())
     if len(w_shape) != 4 or not all(isinstance(d, int) and d > 0 for d in w_shape) or (w is not None and w.dtype != np.float32):
@@ -189,6 +195,16 @@ def conv_factory(spec: KernelSpec):
     lo, hi = spec.attr("clip_min"), spec.attr("clip_max")
     clip = None if lo is None and hi is None else (float(-np.inf if lo is None else lo), float(np.inf if hi is None else hi))
     y_t = spec.outputs[0] if spec.outputs else None
+    if packing == "bf16":
+        if plain or group != 1:
+            raise _refuse(spec, "weight_packing bf16 is for an ungrouped convolution on a blocked input")
+        from .nchwc_reduced import bf16_conv_kernel
+
+        def numpy_form(x5, w_, b_, z_, y_):
+            return _numpy_conv(x5, w_, b_, z_, y_, plain=False, cb=cb, depthwise=False, group=1,
+                               geometry=(k, s, d, pads), clip=clip, act=act)
+
+        return bf16_conv_kernel(spec, wpk_const, w_shape, cb, (k, s, d, pads), b, has_b, clip, act, numpy_form)
     if packing:
         wino = int(packing[-1]) if packing.startswith("winograd") else 0
         fits = {"plain": plain, "depthwise": depthwise and not plain, "blocked": not plain and not depthwise}.get(
@@ -339,7 +355,7 @@ def winograd_tile(algorithm: str, w_shape, group: int, k, s, d, plain: bool, y_s
 #: time and kept in the .om so a load does no weight work: "blocked" (:func:`ge_native.nchwc.
 #: pack_weights`, grouped or not), "plain" (a stem's, ``pack_plain``), "depthwise", "winograd2" and
 #: "winograd4" (``winograd_weights``: the algorithm chosen with the packing)
-PACKINGS = ("", "blocked", "plain", "depthwise", "winograd2", "winograd4")
+PACKINGS = ("", "blocked", "plain", "depthwise", "winograd2", "winograd4", "bf16")
 
 
 def packing_for(algorithm: str, w_shape, group: int, k, s, d, plain: bool, in_blocks: int, y_shape) -> str:
@@ -365,8 +381,12 @@ def pack_weight(packing: str, w: np.ndarray, in_blocks: int, group: int) -> np.n
 
 
 def packed_size(packing: str, w_shape, in_blocks: int, group: int) -> int:
-    """The floats of ``packing``'s form of a weight of ``w_shape``."""
+    """The floats of ``packing``'s form of a weight of ``w_shape`` (bf16: its uint16 values)."""
     m, cg, kh, kw = w_shape
+    if packing == "bf16":
+        from .nchwc_reduced import stored_size
+
+        return stored_size(w_shape, in_blocks)
     mb = nchwc.blocks(m)
     if packing == "plain":
         return mb * nchwc.BLOCK * cg * kh * kw

@@ -39,7 +39,7 @@ from .match import Match
 from .rule import Rule, RuleLike, RuleSet
 
 __all__ = ["Rewriter", "RewriteResult", "rewrite", "apply_rules", "RewritePass", "RulePass", "can_replace",
-           "walk_graphs", "REPLACES_META", "record_replaced"]
+           "walk_graphs", "REPLACES_META", "FUSED_FROM_META", "record_replaced"]
 
 log = logging.getLogger("ge.rewrite")
 
@@ -76,6 +76,10 @@ def _root(g: Graph) -> Graph:
 #: region's output, through every rewrite since), or None; ``ge compare --per-node`` matches a
 #: fused node's output to the source model's tensor through it.
 REPLACES_META = "ge.replaces"
+
+#: Node meta: the names of the source nodes a rule's replacement was made from (through every
+#: rewrite since), so a node-name option (``--keep_dtype``) still finds a fused node.
+FUSED_FROM_META = "ge.fused_from"
 
 
 def record_replaced(old: Value, new: Value) -> None:
@@ -334,7 +338,9 @@ class Rewriter:
             old.replace_all_uses_with(nv)
             for n in readers:  # the readers of the replaced value, not every reader of nv: linear
                 self.push(n)
+        made = sorted({x for mn in m.nodes for x in (mn.meta.get(FUSED_FROM_META) or [mn.name])})
         for n in self.created:
+            n.meta.setdefault(FUSED_FROM_META, made)
             self.push(n)
         self.created = []
         self._remove_dead(m)

@@ -1,0 +1,315 @@
+"""The cpu backend's reduced precision: the ``reduced_precision`` pass and the ``PackedMatMul`` op.
+
+ATC's precision pass (``ge_atc``) marks the matrix ops a ``--precision_mode`` reduces with a
+:mod:`ge_sdk.precision` entry. This pass, right after it, rewrites those it has kernels for, their
+weights packed at compile time in the precision asked for, into the layout the kernel reads (the
+.om keeps that form: a load does no weight work and a run no cast):
+
+- ``MatMul``, ``Gemm`` (``transA`` 0) and ``FusedMatMul`` with a constant 2-D float32 weight
+  become ``ge.cpu::PackedMatMul`` (its epilogue program and inputs kept): bfloat16 weights in
+  :class:`ge_native.bf16.PackedB`'s panels, computed in bf16 with float32 sums (AMX or
+  AVX512-BF16, the epilogue in float32 at the store); float16 weights stored ``(k, n)`` and
+  widened into float32 panels when the kernel is built (no CPU has a float16 matrix unit with
+  float32 sums yet, so float16 *stores* and computes in float32: never slower than float32);
+- ``NchwcConv`` (ungrouped, on a blocked input) gets its weight as ``weight_packing`` ``bf16``
+  (:class:`ge_native.bf16.PackedConv`, computed in bf16) or its float32 packing stored float16.
+
+A node it has no kernel for keeps float32 weights and compute, and its entry says why. Where
+this CPU has no bf16 unit faster than its float32 FMAs (:func:`bf16_unit`) a bfloat16 node is
+still stored packed (the .om runs in bf16 on a machine that has one) and computes in float32
+here, the weights widened when the kernel is built; the entry says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ge_core.errors import GraphError
+from ge_core.ir.graph import Graph, Node, Value
+from ge_core.ir.types import TensorType
+from ge_core.kernel import KernelSpec, with_caps
+from ge_core.ops import OpDef, OpKind
+from ge_core.passes import Pass, PassContext, PassResult
+from ge_native import bf16, parallel, sgemm
+from ge_sdk import fused, precision
+
+from .fused.elementwise import compiled_epilogue, mark_out, refuse
+from .fused.epilogues import placed, store_epilogue
+
+DOMAIN = "ge.cpu"
+#: the weight precisions a PackedMatMul stores
+WEIGHT_DTYPES = ("bfloat16", "float16")
+
+
+def bf16_unit() -> str | None:
+    """The bf16 variant this machine computes with: AMX; AVX512-BF16 where it measured faster
+    than this CPU's float32 GEMM (:func:`ge_native.bf16.measured_speedup`, once per machine);
+    a variant ``GE_NATIVE_BF16`` names (the tests' way to run each one, the scalar reference
+    too); else None (bf16 weights widened to float32)."""
+    v = bf16.isa()
+    if v is not None and os.environ.get("GE_NATIVE_BF16") == v:
+        return v
+    if v == "amx_bf16" or (v == "avx512_bf16" and (bf16.measured_speedup(v) or 0.0) > 1.0):
+        return v
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# the pass
+class ReducedPrecision(Pass):
+    """Pack the weights of the matrix ops the precision pass reduced, in that precision."""
+
+    name = "reduced_precision"
+    stage = "schedule"
+    opt_level = 0
+    required = True
+    after = ("atc_precision",)
+    before = ("sink_constant_computations",)
+    description = "matrix ops ATC's precision mode reduces: weights packed in bf16/fp16, computed in bf16 where " \
+                  "the CPU has the unit"
+
+    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
+        if ctx.options.soc_version != "cpu":
+            return PassResult(False)
+        stats = {"matmuls": 0, "convs": 0, "kept_float32": 0}
+        stack = [graph]
+        while stack:
+            g = stack.pop()
+            for n in g.node_list():
+                stack.extend(n.subgraphs())
+                want = precision.wanted(n)
+                if want is None:
+                    continue
+                if n.op_type in ("MatMul", "Gemm", "FusedMatMul"):
+                    why = _matmul(g, n, want)
+                    stats["matmuls" if not why else "kept_float32"] += 1
+                elif n.op_type == "NchwcConv" and n.domain == DOMAIN:
+                    why = _nchwc_conv(g, n, want)
+                    stats["convs" if not why else "kept_float32"] += 1
+                else:
+                    why = f"the cpu backend has no {want} kernel for {n.op_type}"
+                    stats["kept_float32"] += 1
+                if why:
+                    precision.done(n, "float32", "float32", "", why)
+        return PassResult(bool(stats["matmuls"] or stats["convs"]), {k: v for k, v in stats.items() if v})
+
+
+def _const(v: Value | None) -> np.ndarray | None:
+    return None if v is None or v.const_value is None else np.asarray(v.const_value)
+
+
+def _drop(g: Graph, v: Value | None) -> None:
+    if v is not None and v.const_value is not None and not v.has_uses() and not v.is_graph_output:
+        g.remove_constant(v)
+
+
+def _matmul(g: Graph, n: Node, want: str) -> str:
+    """Rewrite MatMul/Gemm/FusedMatMul ``n`` into a PackedMatMul; the reason it did not, or ''."""
+    a = n.attrs
+    gemm = n.op_type != "MatMul"
+    w = _const(n.inputs[1] if len(n.inputs) > 1 else None)
+    if w is None or w.dtype != np.float32 or w.ndim != 2:
+        return "its weight is not a constant 2-D float32 matrix"
+    if gemm and int(a.get("transA", 0) or 0):
+        return "transA=1"
+    x = n.inputs[0]
+    if x is None or x.type.dtype != np.float32 or x.type.rank is None or x.type.rank < 1 \
+            or (n.op_type == "Gemm" and x.type.rank != 2):
+        return "its input is not a float32 matrix"
+    w = w.T if gemm and int(a.get("transB", 0) or 0) else w
+    alpha, beta = (float(a.get("alpha", 1.0)), float(a.get("beta", 1.0))) if gemm else (1.0, 1.0)
+    w = np.ascontiguousarray(w * np.float32(alpha) if alpha != 1.0 else w, np.float32)
+    k, nn = (int(s) for s in w.shape)
+    if x.type.shape is not None and isinstance(x.type.shape[-1], int) and x.type.shape[-1] != k:
+        return "its input's last dimension is not the weight's rows"
+    c_in = n.inputs[2] if gemm and len(n.inputs) > 2 else None
+    bias = None
+    extra = list(n.inputs[3:]) if n.op_type == "FusedMatMul" else []
+    program = _text(a.get("epilogue", "")) if n.op_type == "FusedMatMul" else ""
+    if c_in is not None:
+        c = _const(c_in)
+        if c is not None and c.dtype == np.float32 and c.size == nn and c.shape[-1] == nn:
+            bias = np.ascontiguousarray(c.reshape(nn) * np.float32(beta) if beta != 1.0 else c.reshape(nn), np.float32)
+        elif c is None and beta == 1.0 and c_in.type.dtype == np.float32:
+            # a computed C (a residual the fusion took in): the epilogue's first step adds it
+            program = _add_first(program)
+            extra = [c_in, *extra]
+        else:
+            return "its C is neither a constant row of the output's columns nor a computed addend"
+    if want == "bfloat16":
+        stored = bf16.PackedB(w).data
+    else:
+        stored = np.ascontiguousarray(w.astype(np.float16))
+    old = [v for v in n.inputs[1:3]]
+    attrs: dict[str, Any] = {"k": k, "n": nn, "weight_dtype": want}
+    if program:
+        attrs["epilogue"] = program
+    n.op_type, n.domain, n.attrs = "PackedMatMul", DOMAIN, attrs
+    n.set_inputs([x, g.add_constant(stored, g.names.fresh(f"{n.name}_w_{want}")),
+                  g.add_constant(bias, g.names.fresh(f"{n.name}_bias")) if bias is not None else None, *extra])
+    for v in old:
+        _drop(g, v)
+    unit = bf16_unit() if want == "bfloat16" else None
+    precision.done(n, want, unit and "bfloat16" or "float32", f"packed_matmul_{unit or 'sgemm'}",
+                   "" if unit or want == "float16" else "this CPU has no bf16 unit faster than its float32 GEMM: the packed bf16 weight is "
+                   "widened to float32 when the model loads", w.nbytes - stored.nbytes)
+    return ""
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v or "")
+
+
+def _add_first(program: str) -> str:
+    """``program`` (an epilogue, :mod:`ge_sdk.fused`'s format) after a first step ``Add(y, a0)``:
+    its input refs move up by one, its ``y`` and step refs to the steps after the Add."""
+    steps = fused.loads(program, anchor=True) if program else []
+
+    def ref(r: str) -> str:
+        if r == "y":
+            return "t0"
+        return f"{r[0]}{int(r[1:]) + 1}"
+
+    out = [["Add", ["y", "a0"], {}]] + [[op, [ref(r) for r in refs], dict(attrs)] for op, refs, attrs in steps]
+    return json.dumps(out)
+
+
+def _nchwc_conv(g: Graph, n: Node, want: str) -> str:
+    """Store NchwcConv ``n``'s weight in ``want``; the reason it did not, or ''."""
+    from .kernels import nchwc_reduced
+
+    return nchwc_reduced.rewrite(g, n, want)
+
+
+# ---------------------------------------------------------------------------------------------
+# the op
+def _infer(node: Node, opset: int) -> list[TensorType]:
+    x = node.inputs[0]
+    n = node.attrs.get("n")
+    if x is None or x.type.shape is None or not isinstance(n, (int, np.integer)):
+        return [TensorType(np.dtype("float32"), None)]
+    return [TensorType(np.dtype("float32"), tuple(x.type.shape[:-1]) + (int(n),))]
+
+
+def _bad(node: Node, why: str) -> GraphError:
+    return GraphError(f"node '{node.name}' (ge.cpu::PackedMatMul): {why}",
+                      hint="the .om is damaged or was not written by this compiler: compile the model again")
+
+
+def check_node(node: Node) -> None:
+    """Validate a PackedMatMul's attributes and stored weight (raises GraphError naming it)."""
+    a = node.attrs
+    k, n = a.get("k"), a.get("n")
+    if not all(isinstance(v, (int, np.integer)) and 1 <= v <= 1 << 24 for v in (k, n)):
+        raise _bad(node, "attributes k and n must be ints in 1..2^24")
+    dt = a.get("weight_dtype")
+    dt = dt.decode() if isinstance(dt, bytes) else dt
+    if dt not in WEIGHT_DTYPES:
+        raise _bad(node, f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}")
+    w = node.inputs[1] if len(node.inputs) > 1 else None
+    if w is None:
+        raise _bad(node, "has no weight")
+    k, n = int(a["k"]), int(a["n"])
+    want = (math.ceil(n / bf16.NR), math.ceil(k / bf16.KB) * bf16.KB // 2, 2 * bf16.NR) if dt == "bfloat16" else (k, n)
+    wdt = np.dtype(np.uint16) if dt == "bfloat16" else np.dtype(np.float16)
+    if w.type.dtype != wdt or tuple(w.type.shape or ()) != want:
+        raise _bad(node, f"a {dt} weight must be {wdt.name} {want}, not {w.type.dtype} {w.type.shape}")
+    prog = a.get("epilogue", "")
+    if prog:
+        try:
+            fused.loads(prog, n_inputs=max(0, len(node.inputs) - 3), anchor=True)
+        except ValueError as e:
+            raise _bad(node, f"bad epilogue: {e}") from None
+
+
+OPDEFS = [
+    OpDef("PackedMatMul", DOMAIN, min_inputs=2, kind=OpKind.OPAQUE, infer=_infer, internal=True, check=check_node,
+          alias="", attrs={"k": None, "n": None, "weight_dtype": "bfloat16", "epilogue": ""},
+          doc="Y = epilogue(A @ W + B): W constant, packed at compile time in weight_dtype (bfloat16: "
+              "ge_native.bf16's panels, computed in bf16 with float32 sums; float16: (k, n), widened to float32 "
+              "when the kernel is built); B an optional row of n float32; the epilogue's inputs follow"),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# the kernel
+def unpack_bf16(data: np.ndarray, k: int, n: int) -> np.ndarray:
+    """The ``(k, n)`` float32 values of a :class:`ge_native.bf16.PackedB`'s bits (its inverse)."""
+    p, half, width = data.shape
+    full = np.asarray(data).reshape(p, half, bf16.NR, 2).transpose(1, 3, 0, 2).reshape(2 * half, p * bf16.NR)
+    return np.ascontiguousarray(full[:k, :n]).view(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def packed_matmul_factory(spec: KernelSpec):
+    k, n = int(spec.attr("k")), int(spec.attr("n"))
+    dt = spec.attr("weight_dtype", "bfloat16")
+    dt = dt.decode() if isinstance(dt, bytes) else str(dt)
+    w = spec.const_inputs[1] if len(spec.const_inputs) > 1 else None
+    if w is None or dt not in WEIGHT_DTYPES:
+        raise refuse(spec, "needs its packed weight as a constant")
+    bias = spec.const_inputs[2] if len(spec.const_inputs) > 2 else None
+    if bias is None and len(spec.inputs) > 2 and spec.inputs[2] is not None:
+        raise refuse(spec, "needs its bias as a constant")
+    if bias is not None:
+        bias = np.ascontiguousarray(bias, np.float32).reshape(-1)
+        if bias.shape != (n,):
+            raise refuse(spec, f"a bias of {bias.size} values for {n} columns")
+    unit = bf16_unit() if dt == "bfloat16" else None
+    packed = panels = dense = None
+    if unit is not None:
+        packed = bf16.PackedB.from_data(np.asarray(w), k, n)
+    else:  # float16 stored, or no bf16 unit here: float32 panels (sgemm), else NumPy
+        dense = unpack_bf16(np.asarray(w), k, n) if dt == "bfloat16" else np.asarray(w).astype(np.float32)
+        if dense.shape != (k, n):
+            raise refuse(spec, f"a weight of shape {dense.shape}, ({k}, {n}) expected")
+        if sgemm.available():
+            panels, dense = sgemm.Panels(dense), None
+    epi = compiled_epilogue(spec, 3)
+    at_store = store_epilogue(spec, ("clip", "addend", "act"))
+
+    def product(a2, y2, clip, z2, act) -> bool:
+        width = parallel.native_width()
+        if packed is not None:
+            return bf16.matmul(a2, packed, y2, bias, clip, act, width, addend=z2)
+        if panels is not None:
+            return sgemm.matmul_packed(a2, panels, y2, bias, clip, width, z2, act)
+        assert dense is not None
+        np.matmul(a2, dense, out=y2)
+        if bias is not None:
+            y2 += bias
+        return clip is None and z2 is None and act is None
+
+    def kernel(a, w_in=None, b_in=None, *extra, out=None):
+        if a.dtype != np.float32 or a.ndim < 1 or a.shape[-1] != k:
+            raise ValueError(f"{spec.describe()}: operand {a.shape} {a.dtype} does not fit the weight ({k}, {n})")
+        shape = a.shape[:-1] + (n,)
+        o = out[0] if out is not None else None
+        y = o if o is not None and o.shape == shape and o.dtype == np.float32 and o.flags.c_contiguous \
+            and o.flags.writeable and not np.may_share_memory(o, a) else np.empty(shape, np.float32)
+        rows = math.prod(a.shape[:-1])
+        a2 = np.ascontiguousarray(a.reshape(rows, k))
+        y2 = y.reshape(rows, n)
+        if at_store is not None:
+            clip, uses_addend, act = at_store
+            z = extra[0] if uses_addend else None
+            if z is None or (z.shape == shape and z.dtype == np.float32 and z.flags.c_contiguous):
+                if product(a2, y2, clip, None if z is None else z.reshape(rows, n), act):
+                    return placed(y, o)
+        if not product(a2, y2, None, None, None):
+            raise ValueError(f"{spec.describe()}: operand {a.shape} does not fit the packed weight ({k}, {n})")
+        if epi is not None:
+            epi(y, *extra, out=y)
+        return placed(y, o)
+
+    variant = unit or ("float32 " + ("sgemm" if panels is not None else "numpy"))
+    with_caps(kernel, algorithm=f"packed_matmul_{dt}", variant=variant)
+    return mark_out(kernel)
+
+
+KERNELS = {(DOMAIN, "PackedMatMul"): packed_matmul_factory}
