@@ -1,6 +1,7 @@
 """``ge bench MODEL``: latency percentiles and throughput of one model, the cold first run apart,
 optionally beside onnxruntime on the source ONNX (same threads, interleaved blocks, an idle gap
-before each timed block so neither engine runs in the other's wake)."""
+before each timed block so neither engine runs in the other's wake); with --precision, one build per
+precision mode side by side (:mod:`ge_tools.bench_precision`)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, default=1, metavar="C",
                    help="requests in flight at once, through an AsyncRunner with C workers (default 1)")
     p.add_argument("--against", choices=["onnxruntime"], help="time onnxruntime on the source ONNX too")
+    p.add_argument("--precision", metavar="MODES",
+                   help="compile a source model once per precision mode and compare them side by side: a comma "
+                        "list of fp32, bf16, fp16, all (= fp32,bf16,fp16) or ATC precision_mode names; the fp32 "
+                        "build is the baseline of speed-up and output error")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
@@ -108,25 +113,30 @@ def _positive(flag: str, v: int | float | None, low: float = 1) -> None:
         raise OptionError(f"{flag} {v}: give a number of at least {low:g}")
 
 
-def _batch_items(feeds: dict[str, np.ndarray], model) -> int:
+def batch_items(feeds: dict[str, np.ndarray], model) -> int:
     for a in model.inputs:
         if a.shape and isinstance(a.shape[0], str) and a.name in feeds and np.ndim(feeds[a.name]):
             return int(np.shape(feeds[a.name])[0])
     return 1
 
 
-def bench(args: argparse.Namespace) -> dict[str, Any]:
-    """Measure; returns what ``--json`` prints."""
+def check_flags(args: argparse.Namespace) -> float | None:
+    """OptionError for a bad count or duration; the timed seconds per engine (None: --runs counts)."""
     _positive("--warmup", args.warmup, 0)
     _positive("--runs", args.runs)
     _positive("--time", args.time, 0.001)
     _positive("--threads", args.threads)
     _positive("--concurrency", args.concurrency)
-    seconds = None if args.runs is not None else (args.time if args.time is not None else 3.0)
+    return None if args.runs is not None else (args.time if args.time is not None else 3.0)
+
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure; returns what ``--json`` prints."""
+    seconds = check_flags(args)
     opened = open_model(args, threads=args.threads)
     model = opened.model
     feeds = make_feeds(model, args)
-    items = _batch_items(feeds, model)
+    items = batch_items(feeds, model)
     t0 = time.perf_counter()
     model.run(feeds)
     cold = time.perf_counter() - t0
@@ -152,6 +162,20 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         result["onnxruntime_cold_first_run_ms"] = (time.perf_counter() - t0) * 1e3
         result["onnxruntime_threads"] = threads
         engines["onnxruntime"] = lambda: sess.run(None, ort_feeds)
+    for name, (lat, w) in time_interleaved(engines, args, seconds, {"ge": model}, feeds).items():
+        result["engines"][name] = stats(lat, w, items)
+    if "onnxruntime" in engines:
+        a, b2 = result["engines"]["ge"]["p50_ms"], result["engines"]["onnxruntime"]["p50_ms"]
+        result["p50_ratio_ge_over_onnxruntime"] = a / b2 if b2 else float("nan")
+    return result
+
+
+def time_interleaved(engines: dict[str, Callable[[], Any]], args: argparse.Namespace, seconds: float | None,
+                     models: dict[str, Any], feeds: dict[str, np.ndarray]) -> dict[str, tuple[list[float], float]]:
+    """Warm up, then time each engine: ``{name: (per-run seconds, wall seconds)}``. Several engines
+    run in BLOCKS interleaved blocks with IDLE_GAP_S idle before each (neither runs in the other's
+    wake); with --concurrency, an engine of ``models`` (name -> CompiledModel) through an
+    AsyncRunner, the others from threads."""
     for fn in engines.values():
         for _ in range(args.warmup):
             fn()
@@ -168,20 +192,15 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             s = None if seconds is None else seconds / blocks
             if len(engines) > 1:
                 time.sleep(IDLE_GAP_S)
-            if name == "ge" and args.concurrency > 1:
-                lat, w = _timed_concurrent(model, feeds, args.concurrency, n, s)
+            if name in models and args.concurrency > 1:
+                lat, w = _timed_concurrent(models[name], feeds, args.concurrency, n, s)
             elif args.concurrency > 1:
                 lat, w = _timed_threads(fn, args.concurrency, n, s)
             else:
                 lat, w = _timed(fn, n, s)
             per[name] += lat
             wall[name] += w
-    for name in engines:
-        result["engines"][name] = stats(per[name], wall[name], items)
-    if "onnxruntime" in engines:
-        a, b2 = result["engines"]["ge"]["p50_ms"], result["engines"]["onnxruntime"]["p50_ms"]
-        result["p50_ratio_ge_over_onnxruntime"] = a / b2 if b2 else float("nan")
-    return result
+    return {k: (per[k], wall[k]) for k in engines}
 
 
 def _timed_threads(fn: Callable[[], Any], concurrency: int, runs: int | None, seconds: float | None):
@@ -228,5 +247,10 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.precision is not None:
+        from .bench_precision import bench_precision, format_precision_table
+
+        emit(bench_precision(args), args, format_precision_table)
+        return 0
     emit(bench(args), args, format_table)
     return 0
