@@ -173,5 +173,9 @@ register(Family("gemm", [Variant("blas"), Variant("numpy")], switch="GE_NATIVE_G
 register(Family("bf16gemm", [Variant("amx_bf16", frozenset({"amx_bf16", "amx_tile"})),
                              Variant("avx512_bf16", frozenset({"avx512_bf16", "avx512f"})), Variant("scalar")],
                 switch="GE_NATIVE_BF16", probe=_isa_probe("bf16")))
+#: bf16 attention, both products in bf16 with float32 sums (ge_native.bf16attn): bf16gemm's variants and switch
+register(Family("bf16attn", [Variant("amx_bf16", frozenset({"amx_bf16", "amx_tile"})),
+                             Variant("avx512_bf16", frozenset({"avx512_bf16", "avx512f"})), Variant("scalar")],
+                switch="GE_NATIVE_BF16", probe=_isa_probe("bf16attn")))
 #: the native thread pool (pthreads workers), else every parallel loop runs inline on the caller
 register(Family("pool", [Variant("pthreads"), Variant("inline")], switch="GE_NATIVE", probe=_pool_probe))
