@@ -50,7 +50,7 @@ MODES = (
 
 #: Ops GE calls matrix ("cube") ops, by this engine's names (ONNX, the fused ones, the cpu
 #: backend's blocked convolution).
-MATRIX_OPS = frozenset("Conv ConvTranspose MatMul Gemm FusedConv FusedMatMul NchwcConv".split())
+MATRIX_OPS = frozenset("Conv ConvTranspose MatMul Gemm FusedConv FusedMatMul NchwcConv Attention".split())
 #: Vector ops whose float inputs force_fp32 computes in float32.
 VECTOR_OPS = frozenset("""Add Sub Mul Div BatchNormalization LayerNormalization InstanceNormalization PRelu
     Relu Sigmoid Tanh Softmax LogSoftmax Gelu Erf Exp Log Sqrt Pow ReduceMean ReduceSum MaxPool AveragePool

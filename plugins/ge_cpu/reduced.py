@@ -77,7 +77,7 @@ class ReducedPrecision(Pass):
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
         if ctx.options.soc_version != "cpu":
             return PassResult(False)
-        stats = {"matmuls": 0, "convs": 0, "kept_float32": 0}
+        stats = {"matmuls": 0, "convs": 0, "attention": 0, "kept_float32": 0}
         stack = [graph]
         while stack:
             g = stack.pop()
@@ -92,12 +92,16 @@ class ReducedPrecision(Pass):
                 elif n.op_type == "NchwcConv" and n.domain == DOMAIN:
                     why = _nchwc_conv(g, n, want)
                     stats["convs" if not why else "kept_float32"] += 1
+                elif n.op_type == fused.ATTENTION and n.domain == fused.DOMAIN:
+                    why = _attention(n, want)
+                    stats["attention" if not why else "kept_float32"] += 1
                 else:
                     why = f"the cpu backend has no {want} kernel for {n.op_type}"
                     stats["kept_float32"] += 1
                 if why:
                     precision.done(n, "float32", "float32", "", why)
-        return PassResult(bool(stats["matmuls"] or stats["convs"]), {k: v for k, v in stats.items() if v})
+        return PassResult(bool(stats["matmuls"] or stats["convs"] or stats["attention"]),
+                          {k: v for k, v in stats.items() if v})
 
 
 def _const(v: Value | None) -> np.ndarray | None:
@@ -178,6 +182,22 @@ def _add_first(program: str) -> str:
 
     out = [["Add", ["y", "a0"], {}]] + [[op, [ref(r) for r in refs], dict(attrs)] for op, refs, attrs in steps]
     return json.dumps(out)
+
+
+def _attention(n: Node, want: str) -> str:
+    """Mark fused Attention ``n`` to compute both products in bf16 (its kernel reads
+    ``compute_dtype``); the reason it did not, or ''."""
+    x = n.inputs[0]
+    if want != "bfloat16":
+        return "the cpu backend computes attention in float32 (no float16 unit)"
+    if x is None or x.type.dtype != np.float32:
+        return "its inputs are not float32"
+    unit = bf16_unit()
+    if unit is None:
+        return "this CPU has no bf16 unit faster than its float32 GEMM"
+    n.attrs["compute_dtype"] = "bfloat16"
+    precision.done(n, "none", "bfloat16", f"attention_bf16_{unit}")
+    return ""
 
 
 def _nchwc_conv(g: Graph, n: Node, want: str) -> str:

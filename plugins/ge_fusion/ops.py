@@ -109,7 +109,8 @@ _CONV_TYPES = {"auto_pad": _AUTO_PAD, "group": _INT, "dilations": _INTS, "kernel
 _TYPES = {
     "FusedConv": _CONV_TYPES,
     "FusedMatMul": {"transA": _FLAG, "transB": _FLAG, "alpha": _NUM, "beta": _NUM},
-    "Attention": {"scale": _NUM, "perm_q": _INTS, "perm_kt": _INTS, "perm_v": _INTS, "perm_out": _INTS},
+    "Attention": {"scale": _NUM, "perm_q": _INTS, "perm_kt": _INTS, "perm_v": _INTS, "perm_out": _INTS,
+                  "compute_dtype": (lambda v: _text(v) in fused.ATTENTION_COMPUTE, '"" or "bfloat16"')},
     "LayerNorm": {"epsilon": _NUM},
     "RMSNorm": {"epsilon": _NUM},
     "Softmax": {"axis": _INT},
@@ -188,9 +189,10 @@ OPDEFS = [
     OpDef(fused.FUSED_ELEMWISE, DOMAIN, **_FUSED, min_inputs=1, kind=OpKind.BROADCAST, infer=broadcast_inputs(),
           attrs={"program": ""}, doc="a generated kernel for a group of elementwise/broadcast ops"),
     OpDef(fused.ATTENTION, DOMAIN, **_FUSED, min_inputs=3, max_inputs=4, kind=OpKind.OPAQUE, infer=_attention_infer,
-          attrs={"scale": 1.0, "perm_q": None, "perm_kt": None, "perm_v": None, "perm_out": None},
+          attrs={"scale": 1.0, "perm_q": None, "perm_kt": None, "perm_v": None, "perm_out": None, "compute_dtype": ""},
           doc="softmax(Q @ Kt * scale + mask) @ V; perm_q/perm_kt/perm_v: the transposes of inputs 0-2 that are "
-              "Q, Kt, V, perm_out: the transpose of the result that is the output (absent: none)"),
+              "Q, Kt, V, perm_out: the transpose of the result that is the output (absent: none); compute_dtype "
+              "bfloat16: both products in bf16 with float32 sums (a precision mode's)"),
     OpDef(fused.LAYER_NORM, DOMAIN, **_FUSED, min_inputs=1, max_inputs=3, kind=OpKind.OPAQUE, infer=same_as_input(),
           attrs={"epsilon": 1e-5}, doc="layer normalisation over the last axis, then * gamma + beta"),
     OpDef(fused.RMS_NORM, DOMAIN, **_FUSED, min_inputs=1, max_inputs=2, kind=OpKind.OPAQUE, infer=same_as_input(),

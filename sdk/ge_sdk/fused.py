@@ -40,6 +40,10 @@ CONV_ATTRS = {"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape
 #: softmax(Q·Kᵀ)·V the output is; absent or empty: as given
 ATTENTION_PERMS = ("perm_q", "perm_kt", "perm_v")
 
+#: the Attention op's ``compute_dtype`` attribute: "" (the inputs' type) or "bfloat16" (both
+#: products in bf16 with float32 sums, the softmax in float32: a precision mode's choice)
+ATTENTION_COMPUTE = ("", "bfloat16")
+
 #: The environment switch that turns the compiled loops of fused programs off (``0``).
 LOOPS_SWITCH = "GE_FUSION_JIT"
 #: With compiled loops, a program of two or more steps always runs as one compiled loop (well

@@ -252,3 +252,36 @@ def test_a_float32_compile_says_what_the_bf16_mode_would_buy_where_the_cpu_has_t
     assert "209,408 multiply-adds" in line  # 2*8*64*96 + 2*8*96*64 + 5*64*40
     ratio = float(line.split("GEMM runs ")[1].split("x")[0])
     assert ratio >= MIN_RATIO and line in err
+
+
+def test_bf16_mode_computes_attention_products_in_bf16(tmp_path):
+    """A tiny BERT (transformers, random weights, a padding mask as input): its fused Attention
+    computes both products in bf16 where the CPU has the unit, the softmax in float32."""
+    import onnx
+    import torch
+    import transformers as tf
+
+    from tests.fusion.common import export_last_hidden
+
+    torch.manual_seed(0)
+    cfg = tf.BertConfig(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=128, max_position_embeddings=64, attn_implementation="eager")
+    blob = export_last_hidden(tf.BertModel(cfg).eval(), 24, mask="input")
+    (tmp_path / "bert.onnx").write_bytes(blob)
+    ids = np.random.default_rng(8).integers(0, 97, (1, 24)).astype(np.int64)
+    mask = np.ones((1, 24), np.int64)
+    mask[0, 19:] = 0
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    fp32 = ge.compile(ge.load(onnx.load_from_string(blob)))
+    m = ge.compile(ge.load(onnx.load_from_string(blob)), {"precision_mode": BF16})
+    att = {k: e for k, e in m.report["precision"]["nodes"].items() if e["op"] == "Attention"}
+    assert len(att) == 2
+    assert all(e["compute"] == ("bfloat16" if UNIT else "float32") for e in att.values())
+    kernels = [v for v in m.report["node_kernels"].values() if v["op"] == "Attention"]
+    assert all(v["algorithm"] == ("bf16_heads" if UNIT else v["algorithm"]) for v in kernels) and len(kernels) == 2
+    got, base = m.run(feeds)["last_hidden_state"], fp32.run(feeds)["last_hidden_state"]
+    ref = ort_run(str(tmp_path / "bert.onnx"), feeds)[0].astype(np.float64)
+    assert 0 < _range_err(got, ref) < 1e-2
+    assert _range_err(base, ref) < 1e-5
+    cos = float((got * ref).sum() / np.sqrt((got.astype(np.float64) ** 2).sum() * (ref ** 2).sum()))
+    assert cos > 0.9999

@@ -53,10 +53,53 @@ def _attention_perm(spec: KernelSpec, name: str, i: int) -> list[int] | None:
         raise refuse(spec, str(e)) from None
 
 
+def _bf16_attention(q, kt, v, mask, scale: float, o, unit: str | None) -> np.ndarray | None:
+    """``softmax(Q Kᵀ scale + mask) V`` with both products in bf16 (:mod:`ge_native.bf16attn`),
+    the heads of every leading index (broadcast, as the views give them); None (nothing written)
+    where the operands do not fit it (the float32 path runs then)."""
+    from ge_native import bf16attn
+
+    m, d = q.shape[-2:]
+    n, dv = kt.shape[-1], v.shape[-1]
+    if kt.shape[-2] != d or v.shape[-2] != n or (mask is not None and (mask.dtype != np.float32 or mask.ndim < 2)):
+        return None
+    try:
+        lead = np.broadcast_shapes(q.shape[:-2], kt.shape[:-2], v.shape[:-2],
+                                   () if mask is None else mask.shape[:-2])
+        mb = None if mask is None else np.broadcast_to(mask, lead + (m, n))
+    except ValueError:
+        return None
+    out = o if o is not None and o.shape == lead + (m, dv) and o.dtype == np.float32 else \
+        np.empty(lead + (m, dv), np.float32)
+    qb, kb, vb = (np.broadcast_to(a, lead + a.shape[-2:]) for a in (q, kt, v))
+    if not lead:  # one head
+        qb, kb, vb, out3 = qb[None], kb[None], vb[None], out[None]
+        mb = None if mb is None else mb[None]
+        heads = [()]
+    else:
+        out3 = out
+        heads = list(np.ndindex(*lead[:-1]))  # the last leading axis is the kernel's head axis
+    width = parallel.native_width()
+    for i in heads:
+        if not bf16attn.attention(qb[i], kb[i], vb[i], out3[i], scale, None if mb is None else mb[i], width, unit):
+            return None
+    return out
+
+
 def attention_factory(spec: KernelSpec):
     from .attention import SERIAL_WORK as serial_work
     scale = float(spec.attr("scale", 1.0))
     dt = out_type(spec)[0]
+    compute = spec.attr("compute_dtype", "") or ""
+    in_bf16 = (compute.decode() if isinstance(compute, bytes) else str(compute)) == "bfloat16" and dt == np.float32
+    unit = None
+    if in_bf16:  # (a model moved to a CPU with no bf16 unit faster than float32: the float32 path)
+        from ge_native import bf16attn
+
+        from ..reduced import bf16_unit
+
+        unit = bf16_unit() if bf16attn.isa() is not None else None
+        in_bf16 = unit is not None
     rows = row_softmax(dt)
     scaled = row_kernel_for("softmax_scaled", dt)
     if scaled is not None:
@@ -83,8 +126,8 @@ def attention_factory(spec: KernelSpec):
         dest = None if out is None else out[0]
         o = dest if dest is None or po_inv is None else dest.transpose(po_inv)
         work = q.size // max(1, q.shape[-1]) * kt.shape[-1] * (q.shape[-1] + v.shape[-1])  # multiply-adds
-        r = None
-        if width > 1 and work >= serial_work:
+        r = _bf16_attention(q, kt, v, mask, scale, o, unit) if in_bf16 else None
+        if r is None and width > 1 and work >= serial_work:
             # one task per (batch, head) on native threads (ge_cpu.fused.attention)
             from . import attention
 
@@ -102,6 +145,8 @@ def attention_factory(spec: KernelSpec):
             return (dest,)
         return (r if po is None else r.transpose(po),)
 
+    if in_bf16:
+        return mark_out(with_caps(kernel, algorithm="bf16_heads", variant=str(unit)))
     with_caps(kernel, algorithm="heads" if width > 1 else "batched", variant=rows_variant(scaled))
     return mark_out(kernel)
 
