@@ -183,7 +183,8 @@ def precision_pass(graph: Graph, ctx: PassContext) -> bool:
         for n in _chosen(order, mode, _kept_nodes(g, keep), lists):
             if n.op_type not in MATRIX_OPS:
                 continue  # a vector op computes in float32 here, its weights stay float32 (no Cast a run)
-            _check_range(n, reduced, mode)
+            if n.op_type != "Attention":  # (its inputs are activations and a mask: never stored reduced)
+                _check_range(n, reduced, mode)
             e = precision.entry(n.op_type, reduced.name)
             n.meta[precision.META] = e
             table["nodes"][n.name if g is graph else f"{g.name}/{n.name}"] = e

@@ -285,3 +285,25 @@ def test_bf16_mode_computes_attention_products_in_bf16(tmp_path):
     assert _range_err(base, ref) < 1e-5
     cos = float((got * ref).sum() / np.sqrt((got.astype(np.float64) ** 2).sum() * (ref ** 2).sum()))
     assert cos > 0.9999
+
+
+def test_fp16_mode_leaves_a_causal_masks_constant_alone(tmp_path):
+    """A decoder's causal mask constant (-3.4e38 below the diagonal) is an input of its
+    Attention, not a weight: force_fp16 compiles (nothing is stored in float16 that would
+    overflow), its matrix weights float16, within 2e-3 of float32."""
+    import onnx
+    import torch
+    import transformers as tf
+
+    from tests.fusion.common import export_last_hidden
+
+    torch.manual_seed(0)
+    cfg = tf.GPT2Config(vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=64, attn_implementation="eager")
+    blob = export_last_hidden(tf.GPT2Model(cfg).eval(), 16)
+    feeds = {"input_ids": np.random.default_rng(9).integers(0, 97, (1, 16)).astype(np.int64)}
+    base = ge.compile(ge.load(onnx.load_from_string(blob))).run(feeds)["last_hidden_state"]
+    m = ge.compile(ge.load(onnx.load_from_string(blob)), {"precision_mode": "force_fp16"})
+    weights = [n.inputs[1].const_value.dtype for n in m.graph.node_list() if n.op_type == "PackedMatMul"]
+    assert len(weights) == 8 and set(weights) == {np.dtype(np.float16)}
+    got = m.run(feeds)["last_hidden_state"]
+    assert 0 < _range_err(got, base.astype(np.float64)) < 2e-3
