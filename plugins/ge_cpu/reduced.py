@@ -161,9 +161,18 @@ def _matmul(g: Graph, n: Node, want: str) -> str:
         _drop(g, v)
     unit = bf16_unit() if want == "bfloat16" else None
     precision.done(n, want, unit and "bfloat16" or "float32", f"packed_matmul_{unit or 'sgemm'}",
-                   "" if unit or want == "float16" else "this CPU has no bf16 unit faster than its float32 GEMM: the packed bf16 weight is "
-                   "widened to float32 when the model loads", w.nbytes - stored.nbytes)
+                   "" if unit else widened_why(want), w.nbytes - stored.nbytes)
     return ""
+
+
+def widened_why(want: str) -> str:
+    """Why a node stored in ``want`` computes in float32 on this CPU (the report's entry)."""
+    if want == "float16":
+        return ("no CPU unit here computes float16 products with float32 sums (AVX512-FP16 sums in float16): "
+                "the float16 weight is widened to float32 when the model loads, the float32 kernel's speed at "
+                "half the weight bytes")
+    return "this CPU has no bf16 unit faster than its float32 GEMM: the packed bf16 weight is widened to float32 " \
+           "when the model loads"
 
 
 def _text(v: Any) -> str:

@@ -192,6 +192,7 @@ def test_fp16_modes_store_float16_and_compute_float32(tmp_path):
         packed = [n for n in m.graph.node_list() if n.op_type == "PackedMatMul"]
         assert len(packed) == 3 and all(n.inputs[1].const_value.dtype == np.float16 for n in packed), mode
         assert m.report["precision"]["compute"] == {"float32": 3}
+        assert all("float16 weight is widened" in e["why"] for e in m.report["precision"]["nodes"].values())
         got = m.run(f)
         h = np.maximum(f["x"].astype(np.float64) @ w["w1"].astype(np.float16) + w["b1"], 0)
         y = h @ w["w2"].astype(np.float16).astype(np.float64) + f["x"]

@@ -17,7 +17,7 @@ from ge_core.kernel import KernelSpec, with_caps
 from ge_native import bf16, nchwc, parallel
 from ge_sdk import precision
 
-from ..reduced import bf16_unit, unpack_bf16
+from ..reduced import bf16_unit, unpack_bf16, widened_why
 
 BLOCK = nchwc.BLOCK
 
@@ -59,9 +59,7 @@ def rewrite(g: Graph, n: Node, want: str) -> str:
     n.set_input(1, g.add_constant(stored, g.names.fresh(f"{n.name}_w_{want}")))
     if not w_in.has_uses() and not w_in.is_graph_output:
         g.remove_constant(w_in)
-    why = "" if compute == "bfloat16" or want == "float16" else (
-        "this CPU has no bf16 unit faster than its float32 GEMM: the packed bf16 weight is widened to "
-        "float32 when the model loads")
+    why = "" if compute == "bfloat16" else widened_why(want)
     precision.done(n, want, compute, kernel, why, wpk.nbytes - stored.nbytes)
     return ""
 
