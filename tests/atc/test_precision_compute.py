@@ -308,3 +308,14 @@ def test_fp16_mode_leaves_a_causal_masks_constant_alone(tmp_path):
     assert len(weights) == 8 and set(weights) == {np.dtype(np.float16)}
     got = m.run(feeds)["last_hidden_state"]
     assert 0 < _range_err(got, base.astype(np.float64)) < 2e-3
+
+
+@pytest.mark.parametrize("attr, value, says", [("k", 999, "weight must be uint16"), ("weight_dtype", "int4", "weight_dtype"),
+                                               ("n", 0, "infers float32"), ("epilogue", '[["Exec", ["y"], {}]]', "epilogue")])
+def test_a_tampered_packed_matmul_in_an_om_is_refused_at_load(tmp_path, attr, value, says):
+    src, _ = _mlp(tmp_path / "mlp.onnx")
+    m = ge.compile(src, {"precision_mode": BF16})
+    next(n for n in m.graph.node_list() if n.op_type == "PackedMatMul").attrs[attr] = value
+    with pytest.raises(ge.GEError, match=says):  # (refused when saved, or when loaded)
+        m.save(str(tmp_path / "bad.om"))
+        ge.load_om(str(tmp_path / "bad.om"))
