@@ -38,9 +38,11 @@ ACTIVATIONS = C_IDS
 
 _SRC = native.c_source("bf16gemm.c")
 _NO_BIAS = np.zeros(1, np.float32)
-_mod = native.lazy_module("GE_NATIVE_BF16", _SRC, ["bf_ok", "bf_caps", "bf_isa", "bf_matmul", "bf_conv"], "bf_ok")
+_mod = native.lazy_module("GE_NATIVE_BF16", _SRC, ["bf_ok", "bf_caps", "bf_isa", "bf_matmul", "bf_conv", "bf_conv_plain"], "bf_ok")
 #: channels per block of the NCHWc layout (:data:`ge_native.nchwc.BLOCK`)
 BLOCK = 16
+#: the most channels a plain NCHW input of :func:`conv_nchwc` has (a stem's RGB)
+PLAIN_MAX_CHANNELS = BLOCK
 
 
 def available() -> bool:
@@ -164,16 +166,18 @@ class PackedConv:
     as :func:`conv_nchwc` reads it: the :class:`PackedB` of the ``(k, M)`` matrix whose rows run
     over ``(kh, kw, input block, 16 channels)``, ``k = KH * KW * in_blocks * 16`` (the channels C
     .. ``in_blocks * 16``, zero lanes of the blocked input, have zero weights), so each 16 of a row
-    of ``A`` is one 64-byte load of the input at one tap and block. ``data`` is what a compiled
-    model stores; :meth:`from_data` wraps it again."""
+    of ``A`` is one 64-byte load of the input at one tap and block. ``in_blocks`` 0: the input is
+    plain NCHW of ``C <= 16`` channels (a stem), the rows run over ``(kh, kw, c)`` of the real
+    channels only, ``k = KH * KW * C``. ``data`` is what a compiled model stores; :meth:`from_data`
+    wraps it again."""
 
     def __init__(self, w: np.ndarray, in_blocks: int) -> None:
         if w.ndim != 4 or w.dtype != np.float32:
             raise ValueError(f"PackedConv takes a 4-D float32 weight, not {w.dtype} {w.shape}")
         m, c, kh, kw = (int(s) for s in w.shape)
-        if int(in_blocks) * BLOCK < c:
-            raise ValueError(f"{in_blocks} input blocks do not hold the weight's {c} channels")
-        full = np.zeros((kh, kw, int(in_blocks) * BLOCK, m), np.float32)
+        _check_blocks(int(in_blocks), (m, c, kh, kw))
+        lanes = int(in_blocks) * BLOCK or c
+        full = np.zeros((kh, kw, lanes, m), np.float32)
         full[:, :, :c, :] = w.transpose(2, 3, 1, 0)
         self._init(PackedB(full.reshape(-1, m)), (m, c, kh, kw), int(in_blocks))
 
@@ -186,11 +190,20 @@ class PackedConv:
         """The packed weight of ``shape`` whose bits are ``data`` (a stored :attr:`data`, perhaps
         read-only), wrapped without a copy; ValueError when they do not fit."""
         m, c, kh, kw = (int(s) for s in shape)
-        if int(in_blocks) * BLOCK < c or min(m, c, kh, kw) < 0:
-            raise ValueError(f"{in_blocks} input blocks do not hold a weight of {tuple(shape)}")
+        if min(m, c, kh, kw) < 0:
+            raise ValueError(f"no weight has the shape {tuple(shape)}")
+        _check_blocks(int(in_blocks), (m, c, kh, kw))
         self = cls.__new__(cls)
-        self._init(PackedB.from_data(data, kh * kw * int(in_blocks) * BLOCK, m), (m, c, kh, kw), int(in_blocks))
+        self._init(PackedB.from_data(data, kh * kw * (int(in_blocks) * BLOCK or c), m), (m, c, kh, kw), int(in_blocks))
         return self
+
+
+def _check_blocks(in_blocks: int, shape: tuple[int, int, int, int]) -> None:
+    """ValueError unless ``in_blocks`` blocks hold the weight's channels (0: a plain input of
+    up to 16 channels; of none, k is 0 either way)."""
+    c = shape[1]
+    if not (c <= BLOCK if in_blocks == 0 else 0 < in_blocks and c <= in_blocks * BLOCK):
+        raise ValueError(f"{in_blocks} input blocks do not hold a weight of {tuple(shape)}")
 
 
 def conv_out_size(size: int, k: int, stride: int, dilation: int, lo: int, hi: int) -> int:
@@ -211,7 +224,9 @@ def conv_nchwc(x5: np.ndarray, packed: PackedConv, out5: np.ndarray, strides: tu
                clip: tuple[float, float] | None = None, act: str | None = None, addend: np.ndarray | None = None,
                width: int = 1, variant: str | None = None) -> bool:
     """``out5 = act(clip(conv(bf16(x5), W) + bias + addend))`` on blocked arrays, float32 sums:
-    ``x5`` ``(N, in_blocks, H, W, 16)``, ``out5`` ``(N, ceil(M / 16), OH, OW, 16)``, ``pads``
+    ``x5`` ``(N, in_blocks, H, W, 16)`` (or plain NCHW ``(N, C, H, W)`` where ``packed.in_blocks``
+    is 0 and C > 0: a stem's input, its rows of ``A`` gathered from a padded NHWC bf16 copy),
+    ``out5`` ``(N, ceil(M / 16), OH, OW, 16)``, ``pads``
     ``(top, left, bottom, right)`` (the taps outside the input are zeros), ``bias`` M float32
     values or already padded to ``ceil(M / 16) * 16`` (:func:`ge_native.nchwc.pad_bias`),
     ``addend`` (a residual) shaped as ``out5``; the lanes past M get act(clip(0 + addend)).
@@ -223,10 +238,11 @@ def conv_nchwc(x5: np.ndarray, packed: PackedConv, out5: np.ndarray, strides: tu
         return False
     if act is not None and act not in ACTIVATIONS:
         return False
-    for a in (x5, out5):
-        if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.ndim != 5 or not a.flags.c_contiguous:
+    plain = packed.in_blocks == 0 and packed.shape[1] > 0  # of 0 channels: the blocked form of 0 blocks
+    for a, nd in ((x5, 4 if plain else 5), (out5, 5)):
+        if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.ndim != nd or not a.flags.c_contiguous:
             return False
-    m, _, kh, kw = packed.shape
+    m, c, kh, kw = packed.shape
     mb = -(-m // BLOCK)
     try:
         (sh, sw), (top, left, bottom, right), (dh, dw) = strides, pads, dilations
@@ -237,9 +253,9 @@ def conv_nchwc(x5: np.ndarray, packed: PackedConv, out5: np.ndarray, strides: tu
     sh, sw, dh, dw, top, left, bottom, right = (int(v) for v in geo[2:])
     if min(sh, sw, dh, dw) < 1 or min(top, left, bottom, right) < 0:
         return False
-    n, ib, h, w, lanes = x5.shape
+    n, ib, h, w, lanes = (*x5.shape, BLOCK) if plain else x5.shape
     oh, ow = conv_out_size(h, kh, sh, dh, top, bottom), conv_out_size(w, kw, sw, dw, left, right)
-    if ib != packed.in_blocks or lanes != BLOCK or out5.shape != (n, mb, oh, ow, BLOCK):
+    if ib != (c if plain else packed.in_blocks) or lanes != BLOCK or out5.shape != (n, mb, oh, ow, BLOCK):
         return False
     if np.may_share_memory(x5, out5):
         return False
@@ -252,7 +268,7 @@ def conv_nchwc(x5: np.ndarray, packed: PackedConv, out5: np.ndarray, strides: tu
             bias = np.concatenate([bias, np.zeros(mb * BLOCK - m, np.float32)])
     lo, hi = (0.0, 0.0) if clip is None else (float(clip[0]), float(clip[1]))
     try:
-        mod.bf_conv(x5, packed.data, out5, _NO_BIAS if bias is None else np.ascontiguousarray(bias),
+        (mod.bf_conv_plain if plain else mod.bf_conv)(x5, packed.data, out5, _NO_BIAS if bias is None else np.ascontiguousarray(bias),
                     int(bias is not None), int(clip is not None), lo, hi, max(1, int(width)),
                     ACTIVATIONS.get(act or "", 0), _CODES[name], geo, addend)
     except (TypeError, ValueError):

@@ -43,9 +43,10 @@ def _case(n, c, h, w, m, kh, kw, strides, dilations, pads, seed=0):
     return x5, wt, bf16.PackedConv(wt, x5.shape[1]), (n, -(-m // 16), oh, ow, 16)
 
 
-def _bound(x5, wt, strides, pads, dilations) -> np.ndarray:
-    """float32 summation's error bound over the k of the rounded inputs' products."""
-    k = wt.shape[2] * wt.shape[3] * x5.shape[1] * 16
+def _bound(x5, wt, strides, pads, dilations, plain=False) -> np.ndarray:
+    """float32 summation's error bound over the k of the rounded inputs' products (a plain
+    input's k: the real channels only)."""
+    k = wt.shape[2] * wt.shape[3] * (wt.shape[1] if plain else x5.shape[1] * 16)
     absdot = bf16.conv_reference(np.abs(x5), np.abs(wt), strides, pads, dilations)
     return 2.0 * (k + 2) * 2.0 ** -24 * absdot + 1e-30
 
@@ -257,3 +258,92 @@ def test_empty_extents(variant):
     want = np.zeros(32, np.float32)
     want[:20] = bias
     assert np.array_equal(out, np.broadcast_to(want.reshape(2, 1, 1, 16), shape))
+
+
+#: plain NCHW stems (PackedConv(w, 0)): C of 1 .. 16, 7x7/2 as ResNet's, dilation, asymmetric
+#: pads, a kw * C run past 32 values (16 channels x 3), OW and M off 16 and 32
+PLAIN = [
+    (1, 3, 23, 21, 20, 7, 7, (2, 2), (1, 1), (3, 3, 2, 3)),
+    (2, 1, 9, 11, 40, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)),
+    (1, 16, 10, 13, 33, 3, 3, (2, 2), (2, 2), (2, 1, 0, 2)),
+    (1, 5, 6, 37, 96, 3, 1, (1, 1), (2, 1), (2, 0, 2, 0)),
+    (1, 4, 9, 9, 17, 3, 3, (1, 2), (1, 2), (0, 2, 1, 0)),
+    (2, 3, 5, 70, 16, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0)),
+]
+
+
+def _plain(n, c, h, w, m, kh, kw, strides, dilations, pads, seed=0):
+    """A plain NCHW case: x4, its blocked copy (for the reference), the weight, its plain packing
+    and out's shape."""
+    rng = np.random.default_rng(seed + 131 * c + 7 * m + kh)
+    x4 = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((m, c, kh, kw)).astype(np.float32)
+    oh = bf16.conv_out_size(h, kh, strides[0], dilations[0], pads[0], pads[2])
+    ow = bf16.conv_out_size(w, kw, strides[1], dilations[1], pads[1], pads[3])
+    return x4, _blocked(x4), wt, bf16.PackedConv(wt, 0), (n, -(-m // 16), oh, ow, 16)
+
+
+@pytest.mark.parametrize("variant", RUNS)
+def test_a_plain_nchw_stem_matches_the_float64_reference(variant):
+    for n, c, h, w, m, kh, kw, s, d, p in PLAIN:
+        x4, x5, wt, pk, shape = _plain(n, c, h, w, m, kh, kw, s, d, p)
+        assert pk.in_blocks == 0 and pk.packed.k == kh * kw * c
+        out = _run(x4, pk, shape, variant, s, p, d)
+        err = np.abs(out - bf16.conv_reference(x5, wt, s, p, d))
+        assert np.all(err <= _bound(x5, wt, s, p, d, plain=True)), (variant, c, m, kh, float(err.max()))
+        # the same sums as the blocked input's where the variant sums k in the same pairs
+        blocked = _run(x5, bf16.PackedConv(wt, 1), shape, variant, s, p, d)
+        assert np.all(np.abs(out - blocked) <= 2.0 * _bound(x5, wt, s, p, d)), (variant, c)
+
+
+@pytest.mark.parametrize("variant", RUNS)
+@pytest.mark.parametrize("act", [None, "gelu", "silu", "hardswish"])
+def test_a_plain_stem_epilogue_and_widths(variant, act):
+    geo = PLAIN[0]
+    s, d, p = geo[7], geo[8], geo[9]
+    x4, x5, wt, pk, shape = _plain(*geo, seed=3)
+    bias = np.linspace(-1.5, 1.5, geo[4], dtype=np.float32)
+    add = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    y = bf16.conv_reference(x5, wt, s, p, d) + np.concatenate([bias, np.zeros(12, np.float32)]).reshape(2, 1, 1, 16)
+    y = np.clip(y + add, -1.0, 2.5)
+    if act is not None:
+        y = activations.TABLE[act].np(y)
+    kw = {"bias": bias, "clip": (-1.0, 2.5), "act": act, "addend": add}
+    one = _run(x4, pk, shape, variant, s, p, d, **kw)
+    tol = 2.0 * _bound(x5, wt, s, p, d, plain=True)
+    assert np.all(np.abs(one - y) <= tol + 2e-6 * np.maximum(1.0, np.abs(y))), (variant, act)
+    for width in (2, 3):
+        assert np.array_equal(_run(x4, pk, shape, variant, s, p, d, width=width, **kw).view(np.uint32),
+                              one.view(np.uint32)), (variant, width)
+
+
+def test_a_plain_stem_packing_and_its_refusals():
+    x4, x5, wt, pk, shape = _plain(*PLAIN[0])
+    s, d, p = PLAIN[0][7], PLAIN[0][8], PLAIN[0][9]
+    again = bf16.PackedConv.from_data(pk.data, wt.shape, 0)
+    assert again.data is pk.data and again.in_blocks == 0
+    assert np.array_equal(_run(x4, again, shape, RUNS[0], s, p, d), _run(x4, pk, shape, RUNS[0], s, p, d))
+    # k is (kh, kw, c) over the real channels: the packed rows are the transposed weight's
+    want = bf16.PackedB(np.ascontiguousarray(wt.transpose(2, 3, 1, 0).reshape(-1, wt.shape[0])))
+    assert np.array_equal(pk.data, want.data)
+    with pytest.raises(ValueError):
+        bf16.PackedConv(np.zeros((8, 17, 3, 3), np.float32), 0)  # a plain input holds at most 16 channels
+    with pytest.raises(ValueError):
+        bf16.PackedConv.from_data(pk.data, (20, 4, 7, 7), 0)
+    out = np.full(shape, 7.0, np.float32)
+    for bad in (x5,  # blocked input for a plain weight
+                x4[:, :2].copy(),  # fewer channels than the weight's
+                np.asfortranarray(x4), x4.astype(np.float64)):
+        assert bf16.conv_nchwc(bad, pk, out, s, p, d) is False
+    assert bf16.conv_nchwc(x4, pk, out[:, :, 1:].copy(), s, p, d) is False  # out of the wrong extent
+    assert bf16.conv_nchwc(x4, bf16.PackedConv(wt, 1), out, s, p, d) is False  # plain input, blocked weight
+    assert np.all(out == 7.0)
+    # the C entry checks again: a plain weight's bits for another channel count
+    mod = bf16._mod()
+    geo = bf16._geometry((7, 7), s, d, p)
+    with pytest.raises(ValueError):
+        mod.bf_conv_plain(x4[:, :2].copy(), pk.data, out, bf16._NO_BIAS, 0, 0, 0.0, 0.0, 1, 0, 0, geo, None)
+    with pytest.raises((ValueError, TypeError)):
+        mod.bf_conv_plain(np.zeros((1, 17, 23, 21), np.float32), pk.data, out, bf16._NO_BIAS, 0, 0, 0.0, 0.0, 1, 0,
+                          0, geo, None)
+    assert np.all(out == 7.0)

@@ -307,3 +307,31 @@ def test_packed_bits_are_wrapped_again_without_a_copy():
                        (stored[..., ::2], 70, 45), (stored.reshape(2, -1), 70, 45), (list(stored), 70, 45)):
         with pytest.raises(ValueError):
             bf16.PackedB.from_data(data, k, n)
+
+
+@pytest.mark.parametrize("variant", RUNS)
+def test_many_row_blocks_and_panel_groups_at_every_width(variant):
+    """AMX rounds A once for all tasks and splits rows by A's size (512 KiB a block: k = 1000
+    gives blocks of 256 rows, so M = 700 is 3 or 4 blocks, the last one partial) and panels by
+    the width; a GEMM under 2^22 multiply-adds runs on one thread: every split the same bits."""
+    for m, k, n, act in ((700, 1000, 70, "gelu"), (130, 300, 530, None), (40, 64, 96, "silu")):
+        a, w = _data(m, k, n, seed=11)
+        p = bf16.PackedB(w)
+        bias = np.linspace(-1.0, 1.0, n, dtype=np.float32)
+        one = _run(a, p, variant, bias=bias, act=act)
+        y = activations.TABLE[act].np(bf16.reference(a, w) + bias) if act else bf16.reference(a, w) + bias
+        err = np.abs(one - y)
+        assert np.all(err <= 2.0 * _bound(a, w) + 2e-6 * np.maximum(1.0, np.abs(y))), (variant, m, float(err.max()))
+        for width in (2, 3, 4):
+            assert np.array_equal(_run(a, p, variant, width=width, bias=bias, act=act).view(np.uint32),
+                                  one.view(np.uint32)), (variant, m, width)
+
+
+def test_gelu_at_the_store_keeps_nan_and_the_limits():
+    a = np.array([[np.nan], [1.0], [-30.0], [30.0], [0.0], [-1e-3]], np.float32)  # bf16-exact but -1e-3
+    p = bf16.PackedB(np.ones((1, 1), np.float32))
+    x = float(bf16.round_bf16(np.float32(-1e-3)))
+    for v in RUNS:
+        out = _run(a, p, v, act="gelu")[:, 0]
+        assert np.isnan(out[0]) and out[2] == 0.0 and out[3] == 30.0 and out[4] == 0.0, v
+        assert abs(out[1] - 0.8413447460685429) <= 1e-6 and abs(out[5] - activations.TABLE["gelu"].np(np.array([x]))[0]) <= 1e-9, v

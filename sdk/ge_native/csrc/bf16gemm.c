@@ -29,11 +29,15 @@
 #define BF_MB_AVX 48   /* rows of a task: avx512_bf16 (4 register tiles) */
 #define BF_MB_AMX 64   /* rows of a task: amx_bf16 (2 tiles of 32) */
 #define BF_MB_SCALAR 16
+#define BF_SLACK 64    /* bytes a row copy may write past a scratch's end (bf_gather_plain512) */
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define BF_X86 1
 #define BF_T512 __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl")))
 #define BF_TAMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16,avx512bw,avx512vl")))
+#define BF_TAMX_OR_PLAIN BF_T512
+#else
+#define BF_TAMX_OR_PLAIN
 #endif
 
 typedef struct {
@@ -49,6 +53,9 @@ typedef struct {
     int64_t images, mb, row_blocks, panels, per_group, groups;
     const float *x;                       /* a conv's input (images, ib, h, w, 16), else NULL */
     int64_t ib, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow;
+    const uint16_t *xp;                   /* a plain conv's input (ib 0): (images, hp, wp, cin) bf16 */
+    int64_t cin, hp, wp;
+    uint16_t *ab;                         /* A rounded once for every task, as AMX tiles (AMX GEMM), else NULL */
     atomic_int failed;                    /* a task's scratch could not be allocated */
 } bf_ctx;
 
@@ -118,6 +125,35 @@ static void bf_gather1(const bf_ctx *q, int64_t img, int64_t oh, int64_t ow, uin
     if (j & 1) memset(dst + (j >> 1) * cstride + 16, 0, 32);
 }
 
+/* a plain conv's A row (ib 0) from its padded NHWC bf16 input xp: per tap row ky the kw * cin
+   values (kx, c) (one run when dw is 1: (kx, c) are adjacent in NHWC), zeros from k to kp */
+static void bf_gather_plain1(const bf_ctx *q, int64_t img, int64_t oh, int64_t ow, uint16_t *dst) {
+    int64_t run = q->dw == 1 ? q->kw * q->cin : q->cin, step = run / q->cin, j = 0;
+    const uint16_t *xi = q->xp + img * q->hp * q->wp * q->cin;
+    for (int64_t ky = 0; ky < q->kh; ky++)
+        for (int64_t kx = 0; kx < q->kw; kx += step) {
+            const uint16_t *s = xi + ((oh * q->sh + ky * q->dh) * q->wp + ow * q->sw + kx * q->dw) * q->cin;
+            for (int64_t l = 0; l < run; l++) dst[j++] = s[l];
+        }
+    for (; j < q->kp; j++) dst[j] = 0;
+}
+
+/* padded row t (image t / hp) of a plain conv's input: zeros in the pads, else the row's pixels'
+   cin channels rounded to bf16, channel-minor (a task of the entry's pass before the GEMM) */
+static void bf_plain_task(void *vc, int64_t t, int slot) {
+    (void)slot;
+    const bf_ctx *q = (const bf_ctx *)vc;
+    int64_t img = t / q->hp, ih = t % q->hp - q->pt, c = q->cin;
+    uint16_t *row = (uint16_t *)q->xp + t * q->wp * c;
+    if (ih < 0 || ih >= q->h) { memset(row, 0, (size_t)(q->wp * c) * 2); return; }
+    memset(row, 0, (size_t)(q->pl * c) * 2);
+    memset(row + (q->pl + q->w) * c, 0, (size_t)((q->wp - q->pl - q->w) * c) * 2);
+    const float *src = q->x + (img * c * q->h + ih) * q->w;
+    uint16_t *d = row + q->pl * c;
+    for (int64_t ch = 0; ch < c; ch++)
+        for (int64_t iw = 0; iw < q->w; iw++) d[iw * c + ch] = bf_round(src[ch * q->h * q->w + iw]);
+}
+
 /* the output pixel (oh, ow) of a conv's row r, and the next row's (rows run along OW, then OH) */
 static inline void bf_pixel(const bf_ctx *q, int64_t r, int64_t *oh, int64_t *ow) {
     *oh = q->x ? r / q->ow : 0;
@@ -136,7 +172,8 @@ static void bf_scalar_rows(bf_ctx *q, int64_t img, int64_t r0, int64_t r1, int64
     int64_t half = q->kp / 2, oh, ow;
     bf_pixel(q, r0, &oh, &ow);
     for (int64_t r = r0; r < r1; r++) {
-        if (q->x) { bf_gather1(q, img, oh, ow, ar, 32); bf_next(q, &oh, &ow); }
+        if (q->xp) { bf_gather_plain1(q, img, oh, ow, ar); bf_next(q, &oh, &ow); }
+        else if (q->x) { bf_gather1(q, img, oh, ow, ar, 32); bf_next(q, &oh, &ow); }
         else
             for (int64_t kk = 0; kk < q->kp; kk++) ar[kk] = kk < q->k ? bf_round(q->a[r * q->k + kk]) : 0;
         for (int64_t p = p0; p < p1; p++) {
@@ -172,6 +209,29 @@ static inline __attribute__((always_inline)) BF_T512 __m512i bf_cvt32(const floa
     return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
 }
 
+#if defined(__AVX512F__)
+/* a / b for b >= 1: rcp14 and one Newton step (relative error ~1e-8 against VDIVPS's 16-cycle
+   throughput: GELU's erf ratio at the store cost as much as the AMX product of k = 256) */
+static inline __attribute__((always_inline)) __m512 bf_div16(__m512 a, __m512 b) {
+    __m512 r = _mm512_rcp14_ps(b);
+    r = _mm512_fmadd_ps(_mm512_fnmadd_ps(b, r, SG_C(1.0f)), r, r);
+    return _mm512_mul_ps(a, r);
+}
+
+/* act on 16 lanes at an AMX store: GELU's erf ratio with bf_div16 (its denominator is >= 1),
+   the others sg_act16's */
+static inline __attribute__((always_inline)) __m512 bf_act16(__m512 v, int64_t act) {
+    if (act != 3) return sg_act16(v, act);
+    /* min/max return their second operand for a NaN: with the constant first a NaN lane stays
+       NaN through the clamps (no compare and blend); 0.5 v (1 + e) as one multiply-add */
+    __m512 x = _mm512_mul_ps(v, SG_C(0.70710678118654752f)), hv = _mm512_mul_ps(v, SG_C(0.5f));
+    __m512 c = _mm512_max_ps(SG_C(-3.92f), _mm512_min_ps(SG_C(3.92f), x)), t = _mm512_mul_ps(c, c);
+    __m512 e = GE_ERF_RATIO(_mm512_fmadd_ps, _mm512_mul_ps, bf_div16, SG_C, c, t);
+    e = _mm512_max_ps(SG_C(-1.0f), _mm512_min_ps(SG_C(1.0f), e));
+    return _mm512_fmadd_ps(hv, e, hv);
+}
+#endif
+
 /* the epilogue of 16 columns of a row and their store (mask: the columns below n) */
 static inline __attribute__((always_inline)) BF_T512 void bf_store16(const bf_ctx *q, float *cr, int64_t j0,
                                                                       __m512 y, __mmask16 m) {
@@ -179,7 +239,7 @@ static inline __attribute__((always_inline)) BF_T512 void bf_store16(const bf_ct
     if (q->add) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(m, q->add + (cr - q->c)));
     if (q->clip) y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(q->lo)), _mm512_set1_ps(q->hi));
 #if defined(__AVX512F__)
-    if (q->act) y = sg_act16(y, q->act);
+    if (q->act) y = bf_act16(y, q->act);
     _mm512_mask_storeu_ps(cr, m, y);
 #else
     _mm512_mask_storeu_ps(cr, m, y);
@@ -219,6 +279,26 @@ static BF_T512 void bf_gather512(const bf_ctx *q, int64_t img, int64_t oh, int64
             }
         }
     if (j & 1) _mm256_storeu_si256((__m256i *)(dst + (j >> 1) * cstride + 16), _mm256_setzero_si256());
+}
+
+/* bf_gather_plain1 with whole 32-value copies in ascending order, each run's tail overwritten by
+   the next and the last by the zeros (masked copies of 21 values cost 3x): dst has room for 32
+   values past kp (BF_SLACK), xp for 32 past its end */
+static BF_T512 void bf_gather_plain512(const bf_ctx *q, int64_t img, int64_t oh, int64_t ow, uint16_t *dst) {
+    int64_t run = q->dw == 1 ? q->kw * q->cin : q->cin, step = run / q->cin, j = 0;
+    const uint16_t *xi = q->xp + img * q->hp * q->wp * q->cin;
+    for (int64_t ky = 0; ky < q->kh; ky++)
+        for (int64_t kx = 0; kx < q->kw; kx += step, j += run) {
+            const uint16_t *s = xi + ((oh * q->sh + ky * q->dh) * q->wp + ow * q->sw + kx * q->dw) * q->cin;
+            for (int64_t l = 0; l < run; l += 32) _mm512_storeu_si512(dst + j + l, _mm512_loadu_si512(s + l));
+        }
+    for (; j < q->kp; j += 32) _mm512_storeu_si512(dst + j, _mm512_setzero_si512());
+}
+
+/* a conv's A row, rounded, either layout (contiguous: kp values) */
+static inline BF_T512 void bf_gather_row(const bf_ctx *q, int64_t img, int64_t oh, int64_t ow, uint16_t *dst) {
+    if (q->xp) bf_gather_plain512(q, img, oh, ow, dst);
+    else bf_gather512(q, img, oh, ow, dst, BF_KB);
 }
 
 /* ---- avx512_bf16: a 12 x 32 tile of C in 24 registers over all of k ---- */
@@ -272,11 +352,11 @@ static __attribute__((noinline)) BF_T512 void bf_tile512_tail(const bf_ctx *q, c
 /* rows [r0, r1) times panels [p0, p1): A's rows rounded into (rows, kp) bf16, then the tiles */
 static BF_T512 void bf_avx_rows(bf_ctx *q, int64_t img, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
     int64_t rows = r1 - r0, oh, ow;
-    uint16_t *ab = (uint16_t *)bf_scratch((size_t)rows * (size_t)q->kp * 2);
+    uint16_t *ab = (uint16_t *)bf_scratch((size_t)rows * (size_t)q->kp * 2 + BF_SLACK);
     if (!ab) { atomic_store(&q->failed, 1); return; }
     bf_pixel(q, r0, &oh, &ow);
     for (int64_t r = 0; r < rows; r++) {
-        if (q->x) { bf_gather512(q, img, oh, ow, ab + r * q->kp, BF_KB); bf_next(q, &oh, &ow); continue; }
+        if (q->x) { bf_gather_row(q, img, oh, ow, ab + r * q->kp); bf_next(q, &oh, &ow); continue; }
         for (int64_t kk = 0; kk < q->kp; kk += BF_KB)
             _mm512_storeu_si512(ab + r * q->kp + kk, bf_cvt32(q->a + (r0 + r) * q->k, kk, q->k));
     }
@@ -288,10 +368,27 @@ static BF_T512 void bf_avx_rows(bf_ctx *q, int64_t img, int64_t r0, int64_t r1, 
         }
 }
 
-/* ---- amx_bf16: 32 x 32 of C in four tiles; A's rows rounded into a row-major scratch (one A
-   tile: 16 rows of 64 bytes, lda apart); B's halves are tiles of 16 pair-rows, 128 bytes apart;
-   C's tiles stored straight into C without an epilogue, else to a 32 x 32 scratch and the
-   epilogue from there ---- */
+/* ---- amx_bf16: 32 x 32 of C in four tiles; A rounded into tiles, each 16 rows x 32 of k one
+   contiguous 1 KiB (bf_atile: rows strided over pages made every tile load touch 16 pages, and
+   the L2 streamer followed none: (128, 4096, 128) ran at 0.55 TFLOP/s); B's halves are tiles of
+   16 pair-rows, 128 bytes apart; C's tiles stored straight into C without an epilogue, else to a
+   32 x 32 scratch and the epilogue from there ---- */
+
+/* where A's (r, kk) lies in tiled A of kb 32-chunks (kk a multiple of 32: 32 values from there) */
+static inline uint16_t *bf_atile(uint16_t *ab, int64_t kb, int64_t r, int64_t kk) {
+    return ab + ((r >> 4) * kb + (kk >> 5)) * 512 + (r & 15) * 32;
+}
+
+/* row r of tiled A: A's row r0 + r rounded (or zeros past m) */
+static inline BF_TAMX_OR_PLAIN void bf_atile_row(const bf_ctx *q, uint16_t *ab, int64_t r, int64_t ar) {
+#if defined(BF_X86)
+    for (int64_t kk = 0; kk < q->kp; kk += BF_KB)
+        _mm512_store_si512(bf_atile(ab, q->kp / BF_KB, r, kk),
+                           ar < q->m ? bf_cvt32(q->a + ar * q->k, kk, q->k) : _mm512_setzero_si512());
+#else
+    (void)q; (void)ab; (void)r; (void)ar;
+#endif
+}
 typedef struct {
     uint8_t palette, start;
     uint8_t zero[14];
@@ -299,23 +396,64 @@ typedef struct {
     uint8_t rows[16];
 } bf_tilecfg;
 
+/* the epilogue of a 32 x 32 block from its scratch cs (rows 128 bytes apart) into C: `live`
+   rows, columns masked by m0, m1; the flags read once, the activation inlined per code */
+static inline __attribute__((always_inline)) BF_TAMX void bf_amx_epi_act(const bf_ctx *q, const float *cs, int64_t img,
+                                                                          int64_t r, int64_t j0, int64_t live,
+                                                                          __mmask16 m0, __mmask16 m1, int64_t act) {
+    __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+    if (q->has_bias) { b0 = _mm512_maskz_loadu_ps(m0, q->bias + j0); b1 = _mm512_maskz_loadu_ps(m1, q->bias + j0 + 16); }
+    __m512 lo = _mm512_set1_ps(q->lo), hi = _mm512_set1_ps(q->hi);
+    for (int64_t i = 0; i < live; i++)
+        for (int h = 0; h < 2; h++) {
+            __mmask16 m = h ? m1 : m0;
+            if (!m) continue;
+            float *cr = bf_crow(q, img, r + i, j0 + 16 * h);
+            __m512 y = _mm512_add_ps(_mm512_load_ps(cs + i * 32 + 16 * h), h ? b1 : b0);
+            if (q->add) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(m, q->add + (cr - q->c)));
+            if (q->clip) y = _mm512_min_ps(_mm512_max_ps(y, lo), hi);
+#if defined(__AVX512F__)
+            y = bf_act16(y, act);
+            _mm512_mask_storeu_ps(cr, m, y);
+#else
+            _mm512_mask_storeu_ps(cr, m, y);
+            for (int l = 0; l < 16; l++)
+                if (m >> l & 1) cr[l] = act32(cr[l], act);
+#endif
+        }
+}
+
+static __attribute__((noinline)) BF_TAMX void bf_amx_epi(const bf_ctx *q, const float *cs, int64_t img, int64_t r,
+                                                         int64_t j0, int64_t live, __mmask16 m0, __mmask16 m1) {
+    switch (q->act) {
+    case 0: bf_amx_epi_act(q, cs, img, r, j0, live, m0, m1, 0); break;
+    case 3: bf_amx_epi_act(q, cs, img, r, j0, live, m0, m1, 3); break;
+    default: bf_amx_epi_act(q, cs, img, r, j0, live, m0, m1, q->act); break;
+    }
+}
+
+/* rows [r0, r1) times panels [p0, p1) on AMX: A's rows rounded into a row-major scratch (one
+   A tile: 16 rows of 64 bytes, lda apart), or read from q->ab where the entry rounded them for
+   every task; for each panel, its blocks of 32 rows (the panel stays in L2 while the rows pass) */
 static BF_TAMX void bf_amx_rows(bf_ctx *q, int64_t img, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
-    /* A's rows rounded to bf16, row-major, lda apart (kp and a cache line: the 16 rows of a tile
-       never share a cache set when kp is a power of two), zeros past the last row */
-    int64_t rows = r1 - r0, rblocks = (rows + 31) / 32, kb = q->kp / BF_KB, lda = q->kp + BF_KB, oh, ow;
-    size_t abytes = (size_t)rblocks * 32 * (size_t)lda * 2;
-    uint8_t *buf = (uint8_t *)bf_scratch(abytes + 32 * 32 * 4);
+    /* A: a GEMM's tiled (bf_atile); a conv's rows gathered row-major, lda apart (kp and a cache
+       line: the 16 rows of a tile never share a cache set when kp is a power of two; a copy into
+       tiles cost more than it saved), zeros past the last row */
+    int64_t rows = r1 - r0, rblocks = (rows + 31) / 32, kb = q->kp / BF_KB, oh, ow;
+    int64_t lda = q->x ? q->kp + BF_KB : BF_KB, astep = q->x ? BF_KB : 512, ahalf = q->x ? 16 * lda : kb * 512;
+    size_t abytes = q->ab ? 0 : (size_t)rblocks * 32 * (size_t)(q->x ? lda : q->kp) * 2;
+    uint8_t *buf = (uint8_t *)bf_scratch(abytes + 32 * 32 * 4 + BF_SLACK);
     if (!buf) { atomic_store(&q->failed, 1); return; }
-    uint16_t *ab = (uint16_t *)buf;
+    const uint16_t *ab = q->ab ? q->ab + r0 * q->kp : (const uint16_t *)buf;
     float *cs = (float *)(buf + abytes);
-    bf_pixel(q, r0, &oh, &ow);
-    for (int64_t r = 0; r < rblocks * 32; r++) {
-        uint16_t *row = ab + r * lda;
-        if (r >= rows) memset(row, 0, (size_t)q->kp * 2);
-        else if (q->x) { bf_gather512(q, img, oh, ow, row, BF_KB); bf_next(q, &oh, &ow); }
-        else
-            for (int64_t kk = 0; kk < q->kp; kk += BF_KB)
-                _mm512_store_si512(row + kk, bf_cvt32(q->a + (r0 + r) * q->k, kk, q->k));
+    if (!q->ab) {
+        uint16_t *tl = (uint16_t *)buf;
+        bf_pixel(q, r0, &oh, &ow);
+        for (int64_t r = 0; r < rblocks * 32; r++) {
+            if (!q->x) bf_atile_row(q, tl, r, r < rows ? r0 + r : q->m);
+            else if (r >= rows) memset(tl + r * lda, 0, (size_t)q->kp * 2);
+            else { bf_gather_row(q, img, oh, ow, tl + r * lda); bf_next(q, &oh, &ow); }
+        }
     }
     bf_tilecfg cfg;
     memset(&cfg, 0, sizeof(cfg));
@@ -328,16 +466,16 @@ static BF_TAMX void bf_amx_rows(bf_ctx *q, int64_t img, int64_t r0, int64_t r1, 
         int64_t j0 = p * BF_NR;
         __mmask16 m0 = bf_cols(q->n - j0), m1 = bf_cols(q->n - j0 - 16);
         for (int64_t rb = 0; rb < rblocks; rb++) {
-            const uint16_t *ar = ab + rb * 32 * lda;
+            const uint16_t *ar = ab + rb * 32 * (q->x ? lda : q->kp);
             _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
             for (int64_t b = 0; b < kb; b++) {
-                const uint16_t *a0 = ar + b * BF_KB, *bb = bp + b * 16 * 2 * BF_NR;
+                const uint16_t *a0 = ar + b * astep, *bb = bp + b * 16 * 2 * BF_NR;
                 _tile_loadd(4, a0, lda * 2);
-                _tile_loadd(5, a0 + 16 * lda, lda * 2);
                 _tile_loadd(6, bb, 128);
-                _tile_loadd(7, bb + 32, 128);
                 _tile_dpbf16ps(0, 4, 6);
+                _tile_loadd(7, bb + 32, 128);
                 _tile_dpbf16ps(1, 4, 7);
+                _tile_loadd(5, a0 + ahalf, lda * 2);
                 _tile_dpbf16ps(2, 5, 6);
                 _tile_dpbf16ps(3, 5, 7);
             }
@@ -357,10 +495,7 @@ static BF_TAMX void bf_amx_rows(bf_ctx *q, int64_t img, int64_t r0, int64_t r1, 
             _tile_stored(1, cs + 16, 128);
             _tile_stored(2, cs + 16 * 32, 128);
             _tile_stored(3, cs + 16 * 32 + 16, 128);
-            for (int64_t i = 0; i < live; i++) {
-                bf_store16(q, bf_crow(q, img, r + i, j0), j0, _mm512_load_ps(cs + i * 32), m0);
-                if (m1) bf_store16(q, bf_crow(q, img, r + i, j0 + 16), j0 + 16, _mm512_load_ps(cs + i * 32 + 16), m1);
-            }
+            bf_amx_epi(q, cs, img, r, j0, live, m0, m1);
         }
     }
     _tile_release();
@@ -403,6 +538,14 @@ static int bf_caps_mask(void) {
     return bf_mask;
 }
 
+/* 32 rows of an AMX GEMM's A (task t) rounded into the shared q->ab, zeros past m */
+static BF_TAMX_OR_PLAIN void bf_cvt_task(void *vc, int64_t t, int slot) {
+    (void)slot;
+    const bf_ctx *q = (const bf_ctx *)vc;
+    for (int64_t r = t * 32; r < t * 32 + 32; r++) bf_atile_row(q, q->ab, r, r);
+}
+
+/* task t: image, row block, panel group */
 static void bf_task(void *vc, int64_t t, int slot) {
     (void)slot;
     bf_ctx *q = (bf_ctx *)vc;
@@ -418,22 +561,39 @@ static void bf_task(void *vc, int64_t t, int slot) {
     bf_scalar_rows(q, img, r0, r1, p0, p1);
 }
 
-/* split q's rows (images x blocks of mb) and panels into tasks and run them on `width` threads:
-   the panels go to groups only when the row blocks are too few to keep the threads busy (each
-   group packs the rows again); which task computes an element never changes its sum */
+/* split q's rows (images x blocks of mb) and panels into tasks and run them on `width` threads;
+   which task computes an element never changes its sum. An AMX GEMM rounds A once into a shared
+   buffer (a pass of 32-row tasks), then its tasks are row blocks of up to 512 KiB of A (all of
+   M = 128 or 197 in one: B streams from memory once) times panel groups, about 4 tasks a thread;
+   elsewhere the panels go to groups only when the row blocks are too few (each group packs its
+   rows again) */
 static PyObject *bf_run(bf_ctx *q, int64_t width) {
     atomic_init(&q->failed, 0);
     q->mb = q->variant == 2 ? BF_MB_AMX : q->variant == 1 ? BF_MB_AVX : BF_MB_SCALAR;
-    q->row_blocks = (q->m + q->mb - 1) / q->mb;
     q->panels = (q->n + BF_NR - 1) / BF_NR;
-    int64_t want = width > 1 ? (q->x ? 1 : 4) * width : 1, groups = want / (q->row_blocks * q->images);
+    int shared = q->variant == 2 && !q->x;
+    if (shared && q->m * q->kp * q->n < (1 << 22)) width = 1;  /* under ~6 us: a second thread costs more than it wins */
+    if (shared) {
+        int64_t rows32 = (q->m + 31) / 32 * 32, cap = (512 * 1024) / (q->kp * 2 + 64) / 32 * 32;
+        cap = cap < 32 ? 32 : cap > 512 ? 512 : cap;
+        int64_t blocks = (rows32 + cap - 1) / cap;
+        if (width > 1 && blocks > 1) blocks = (blocks + width - 1) / width * width;
+        q->mb = ((q->m + blocks - 1) / blocks + 31) / 32 * 32;
+        q->ab = (uint16_t *)aligned_alloc(64, (size_t)rows32 * (size_t)q->kp * 2 + 64);
+        if (!q->ab) return PyErr_NoMemory();
+    }
+    q->row_blocks = (q->m + q->mb - 1) / q->mb;
+    int64_t want = width > 1 ? (shared ? 4 : q->x ? 1 : 4) * width : 1, groups = want / (q->row_blocks * q->images);
     if (groups < 1) groups = 1;
     if (groups > q->panels) groups = q->panels;
     q->per_group = (q->panels + groups - 1) / groups;
     q->groups = (q->panels + q->per_group - 1) / q->per_group;
     Py_BEGIN_ALLOW_THREADS
+    if (shared) ge_parallel(bf_cvt_task, q, (q->m + 31) / 32, width);
     ge_parallel(bf_task, q, q->images * q->row_blocks * q->groups, width);
     Py_END_ALLOW_THREADS
+    free(q->ab);
+    q->ab = NULL;
     if (atomic_load(&q->failed)) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
@@ -515,16 +675,37 @@ static PyObject *bf_matmul(PyObject *self, PyObject *const *args, Py_ssize_t n) 
     return bf_run(&q, width);
 }
 
-/* the blocked convolution: (x (N, ib, H, W, 16), packed weight (P, kp / 2, 64) uint16 of k = kh *
-   kw * ib * 16 rows (kh, kw, input block, channel) and ceil(MB / 2) panels, out (N, MB, OH, OW,
-   16), bias (MB * 16), has_bias 0|1, clip 0|1, lo, hi, threads, act 0..5, variant 0..2, geometry
-   int64 (kh, kw, sh, sw, dh, dw, top, left, bottom, right), the addend (as out) or None) */
-static PyObject *bf_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+/* the plain input's padded NHWC bf16 copy (N, hp, wp, cin) made by a pass of row tasks, the
+   GEMM, the copy freed */
+static PyObject *bf_run_plain(bf_ctx *q, int64_t width) {
+    size_t bytes = (size_t)ge_prod(q->images * q->hp, q->wp, q->cin, 2);
+    uint16_t *xp = (uint16_t *)aligned_alloc(64, (bytes + BF_SLACK + 63) / 64 * 64);
+    if (!xp) return PyErr_NoMemory();
+    q->xp = xp;
+    Py_BEGIN_ALLOW_THREADS
+    ge_parallel(bf_plain_task, q, q->images * q->hp, width);
+    Py_END_ALLOW_THREADS
+    PyObject *r = bf_run(q, width);
+    free(xp);
+    return r;
+}
+
+/* the convolution: (x, packed weight (P, kp / 2, 64) uint16 of k rows and ceil(MB / 2) panels,
+   out (N, MB, OH, OW, 16), bias (MB * 16), has_bias 0|1, clip 0|1, lo, hi, threads, act 0..5,
+   variant 0..2, geometry int64 (kh, kw, sh, sw, dh, dw, top, left, bottom, right), the addend
+   (as out) or None). bf_conv: x blocked (N, ib, H, W, 16), k = kh * kw * ib * 16 rows (kh, kw,
+   input block, channel); bf_conv_plain: x plain NCHW (N, C, H, W) of 1 <= C <= 16 channels,
+   k = kh * kw * C rows (kh, kw, channel) */
+static PyObject *bf_conv_any(PyObject *const *args, Py_ssize_t n, int plain) {
     int64_t xd[5], wd[3], od[5], gn = 0, nb = 0, has_bias, clip, width, act, variant;
     if (ge_nargs(n, 13)) return NULL;
     if (ge_int(args, 4, 0, 1, &has_bias) || ge_int(args, 5, 0, 1, &clip) || ge_int(args, 8, 1, 4096, &width)
         || ge_int(args, 9, 0, 5, &act) || (variant = bf_variant(args, 10)) < 0) return NULL;
-    const float *x = (const float *)ge_nd(args, 0, NPY_FLOAT, 0, 5, xd);
+    const float *x = (const float *)ge_nd(args, 0, NPY_FLOAT, 0, plain ? 4 : 5, xd);
+    if (x && plain) {  /* (N, C, H, W) as (N, 0 blocks, H, W, C) */
+        xd[4] = xd[1]; xd[1] = 0;
+        if (xd[4] < 1 || xd[4] > 16) return ge_fail();
+    }
     const uint16_t *b = x ? (const uint16_t *)ge_nd(args, 1, NPY_UINT16, 0, 3, wd) : NULL;
     float *c = b ? (float *)ge_nd(args, 2, NPY_FLOAT, 1, 5, od) : NULL;
     const float *bias = c ? (const float *)ge_vec(args, 3, NPY_FLOAT, 0, &nb) : NULL;
@@ -536,10 +717,11 @@ static PyObject *bf_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
         if (g[i] < (i < 6 ? 1 : 0) || g[i] > (1 << 20)) return ge_fail();
     int64_t span_h = g[4] * (g[0] - 1) + 1, span_w = g[5] * (g[1] - 1) + 1;
     int64_t eh = xd[2] + g[6] + g[8] - span_h, ew = xd[3] + g[7] + g[9] - span_w;
-    int64_t k = ge_prod(g[0], g[1], xd[1], 16), kp = (k + BF_KB - 1) / BF_KB * BF_KB;
-    if (xd[4] != 16 || od[4] != 16 || od[0] != xd[0] || eh < 0 || ew < 0 || od[2] != eh / g[2] + 1
+    int64_t k = plain ? ge_prod(g[0], g[1], xd[4], 1) : ge_prod(g[0], g[1], xd[1], 16), kp = (k + BF_KB - 1) / BF_KB * BF_KB;
+    if ((!plain && xd[4] != 16) || od[4] != 16 || od[0] != xd[0] || eh < 0 || ew < 0 || od[2] != eh / g[2] + 1
         || od[3] != ew / g[3] + 1 || k < 0 || wd[2] != 2 * BF_NR || wd[1] * 2 != kp || wd[0] != (od[1] + 1) / 2
-        || (has_bias && nb != od[1] * 16) || ge_prod(od[2], od[3], 1, 1) < 0 || ge_prod(BF_MB_AMX, kp, 4, 64) < 0)
+        || (has_bias && nb != od[1] * 16) || ge_prod(od[2], od[3], 1, 1) < 0 || ge_prod(BF_MB_AMX, kp, 4, 64) < 0
+        || (plain && ge_prod(xd[0], xd[2] + g[6] + g[8], xd[3] + g[7] + g[9], 32) < 0))
         return ge_fail();
     double lo = PyFloat_AsDouble(args[6]), hi = PyFloat_AsDouble(args[7]);
     if (PyErr_Occurred()) return NULL;
@@ -552,5 +734,15 @@ static PyObject *bf_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     q.clip = clip; q.lo = (float)lo; q.hi = (float)hi; q.act = act; q.variant = variant;
     q.x = x; q.ib = xd[1]; q.h = xd[2]; q.w = xd[3]; q.kh = g[0]; q.kw = g[1]; q.sh = g[2]; q.sw = g[3];
     q.dh = g[4]; q.dw = g[5]; q.pt = g[6]; q.pl = g[7]; q.ow = od[3];
-    return bf_run(&q, width);
+    if (!plain) return bf_run(&q, width);
+    q.cin = xd[4]; q.hp = xd[2] + g[6] + g[8]; q.wp = xd[3] + g[7] + g[9];
+    return bf_run_plain(&q, width);
+}
+
+static PyObject *bf_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    return bf_conv_any(args, n, 0);
+}
+
+static PyObject *bf_conv_plain(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    return bf_conv_any(args, n, 1);
 }
