@@ -140,7 +140,7 @@ def _explicit_pads(node: Node, k: list[int], strides: list[int], dil: list[int],
     return [*pb, *pe]
 
 
-def _conv_plan(node: Node, conv_algorithm: str = "auto") -> dict | None:
+def conv_plan(node: Node, conv_algorithm: str = "auto") -> dict | None:
     """The NchwcConv attributes of a Conv/FusedConv the blocked kernels run (the conv table's
     ``nchwc`` algorithm applies: :mod:`.kernels.conv.nchwc`), or None."""
     if not ((node.op_type == "Conv" and node.domain in ("", "ai.onnx")) or (node.op_type == "FusedConv" and node.domain == FUSED)):
@@ -326,7 +326,7 @@ def _groupnorm_chain(node: Node) -> dict | None:
 
 def _plan(node: Node, conv_algorithm: str = "auto") -> Plan | None:
     """(kind, plan) for a node the layout can take: conv, pool, elementwise, or gap."""
-    p = _conv_plan(node, conv_algorithm)
+    p = conv_plan(node, conv_algorithm)
     if p is not None:
         return "conv", p
     p = _pool_plan(node)
@@ -383,7 +383,7 @@ def _concat_ok(node: Node) -> bool:
     return True
 
 
-def _blocked_type(shape: tuple[int, ...]) -> TensorType:
+def blocked_type(shape: tuple[int, ...]) -> TensorType:
     n, c, h, w = shape
     return TensorType(np.dtype("float32"), (n, nchwc.blocks(c), h, w, BLOCK))
 
@@ -482,7 +482,7 @@ class _Rewrite:
         if got is not None:
             return got
         r = self.graph.add_node("NchwcReorderInput", [v], domain=DOMAIN, name=f"{v.name}_to_nchwc", before=before,
-                                output_types=[_blocked_type(_shape(v))])
+                                output_types=[blocked_type(_shape(v))])
         self.stats["reorders"] += 1
         self.blocked[v] = r.outputs[0]
         return r.outputs[0]
@@ -495,7 +495,7 @@ class _Rewrite:
                                                 graph.add_constant(_pad_channels(p["scale"], ys[1])),
                                                 graph.add_constant(_pad_channels(p["bias"], ys[1]))],
                              {"group_channels": p["group_channels"], "epsilon": p["epsilon"], "relu": int(p["relu"])},
-                             domain=DOMAIN, name=n.name, before=n, output_types=[_blocked_type(ys)])
+                             domain=DOMAIN, name=n.name, before=n, output_types=[blocked_type(ys)])
         self.stats["elementwise"] += 1
         self.made[n] = self.made[p["last"]] = new
         self.blocked[last_out] = new.outputs[0]
@@ -508,7 +508,7 @@ class _Rewrite:
             # the weight packed now, for the algorithm the conv table chooses now: the .om keeps it so
             wv = w_in.const_value
             cb = 0 if p["plain"] else nchwc.blocks(_shape(n.inputs[0])[1])
-            packing = conv_nchwc.packing(p["conv"], cb, _blocked_type(ys).shape)
+            packing = conv_nchwc.packing(p["conv"], cb, blocked_type(ys).shape)
             self.replaced.append(w_in)
             w_in = self.graph.add_constant(pack_weight(packing, wv, cb, attrs["group"]))
             attrs["weight_packing"] = packing
@@ -518,7 +518,7 @@ class _Rewrite:
             ins.append(self.block_of(n.inputs[3], n))
         self.stats["convs"] += 1
         return self.graph.add_node("NchwcConv", ins, attrs, domain=DOMAIN, name=n.name, before=n,
-                                   output_types=[_blocked_type(ys)])
+                                   output_types=[blocked_type(ys)])
 
     def gap(self, n: Node) -> None:
         out = n.outputs[0]
@@ -536,14 +536,14 @@ class _Rewrite:
             op = "NchwcMaxPool" if n.op_type == "MaxPool" else "NchwcAveragePool"
             self.stats["pools"] += 1
             return graph.add_node(op, [self.block_of(n.inputs[0], n)], dict(p["attrs"]), domain=DOMAIN, name=n.name,
-                                  before=n, output_types=[_blocked_type(ys)])
+                                  before=n, output_types=[blocked_type(ys)])
         if kind == "batchnorm":
             x5 = self.block_of(n.inputs[0], n)
             sc = graph.add_constant(p["scale"])
             sh = graph.add_constant(p["shift"])
-            mul = graph.add_node("Mul", [x5, sc], name=f"{n.name}_scale", before=n, output_types=[_blocked_type(ys)])
+            mul = graph.add_node("Mul", [x5, sc], name=f"{n.name}_scale", before=n, output_types=[blocked_type(ys)])
             self.stats["elementwise"] += 2
-            return graph.add_node("Add", [mul.outputs[0], sh], name=n.name, before=n, output_types=[_blocked_type(ys)])
+            return graph.add_node("Add", [mul.outputs[0], sh], name=n.name, before=n, output_types=[blocked_type(ys)])
         ins = [v if v is None or v.is_constant else self.block_of(v, n) for v in n.inputs]
         if kind == "elementwise" and n.op_type in BINARY:
             for i, v in enumerate(ins):
@@ -555,7 +555,7 @@ class _Rewrite:
             attrs["axis"] = 1  # (the blocks' axis in 5-D: -3 would name H there)
         self.stats["elementwise" if kind == "elementwise" else "concats"] += 1
         return graph.add_node(n.op_type, ins, attrs, domain=n.domain, name=n.name, before=n,
-                              output_types=[_blocked_type(ys)])
+                              output_types=[blocked_type(ys)])
 
     def nodes(self) -> None:
         """Every kept node's blocked form, in the graph's order."""
@@ -814,7 +814,7 @@ def _check_conv_geometry(node: Node) -> None:
         depthwise = group > 1 and cg == 1 and group == m
         k, st, dil = w[2:], tuple(a.get("strides") or (1, 1)), tuple(a.get("dilations") or (1, 1))
         fits = {"plain": plain, "depthwise": depthwise and not plain, "blocked": not plain and not depthwise,
-                "bf16": not plain and group == 1}.get(
+                "bf16": group == 1}.get(
             packing, not plain and not depthwise and k == (3, 3) and st == (1, 1) and dil == (1, 1))
         if not fits:
             raise _bad(node, f"weight_packing {packing} does not fit the convolution: it contradicts the attributes "

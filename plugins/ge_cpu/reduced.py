@@ -92,6 +92,14 @@ class ReducedPrecision(Pass):
                 elif n.op_type == "NchwcConv" and n.domain == DOMAIN:
                     why = _nchwc_conv(g, n, want)
                     stats["convs" if not why else "kept_float32"] += 1
+                elif (n.op_type == "Conv" and n.domain in ("", "ai.onnx")) or (
+                        n.op_type == fused.FUSED_CONV and n.domain == fused.DOMAIN):
+                    from .kernels import nchwc_reduced
+
+                    why = nchwc_reduced.rewrite_lone(g, n, want)
+                    stats["convs" if not why else "kept_float32"] += 1
+                    if not why:
+                        continue  # (n is gone: its entry moved to the blocked node)
                 elif n.op_type == fused.ATTENTION and n.domain == fused.DOMAIN:
                     why = _attention(n, want)
                     stats["attention" if not why else "kept_float32"] += 1

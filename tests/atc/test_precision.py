@@ -128,8 +128,8 @@ def test_allow_fp32_to_fp16_reduces_matrix_ops_only_and_mixlist_moves_ops(tmp_pa
 def test_bf16_variant_stores_bfloat16(tmp_path, net, atc):
     rc, _, err = atc(f"--model={net}", f"--output={tmp_path / 'b'}", "--precision_mode=allow_fp32_to_bf16")
     assert rc == 0, err
-    # the stem (3 channels, NCHW input) stays float32; the second conv's weight is bf16 bits
-    assert sorted(map(sorted, _const_dtypes(str(tmp_path / "b.om")).values())) == [["float32"], ["uint16"]]
+    # both convs' weights are bf16 bits (the 3-channel stem's packed for its NCHW input)
+    assert sorted(map(sorted, _const_dtypes(str(tmp_path / "b.om")).values())) == [["uint16"], ["uint16"]]
     x = _x(4)
     ref = ort_run(net, {"x": x})[0]
     out = ge.load_om(str(tmp_path / "b.om")).run({"x": x})["y"]

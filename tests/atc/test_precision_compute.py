@@ -228,10 +228,8 @@ def test_bf16_convolutions_in_the_blocked_layout(tmp_path):
     nodes = m.report["precision"]["nodes"]
     conv = [e for e in nodes.values() if e["op"] == "NchwcConv"]
     assert len(conv) == 2
-    stem = [e for e in conv if e["compute"] == "float32" and e["weights"] == "float32"]
-    body = [e for e in conv if e["weights"] == "bfloat16"]
-    assert len(stem) == 1 and "stem" in stem[0]["why"]  # the 3-channel NCHW stem stays float32
-    assert len(body) == 1 and body[0]["compute"] == ("bfloat16" if UNIT else "float32")
+    # the 3-channel stem reads NCHW (its own bf16 packing), the second conv the blocked layout
+    assert all(e["weights"] == "bfloat16" and e["compute"] == ("bfloat16" if UNIT else "float32") for e in conv)
     x = np.random.default_rng(7).standard_normal((1, 3, 16, 16)).astype(np.float32)
     y = m.run({"x": x})["y"]
     ref = ort_run(src, {"x": x})[0].astype(np.float64)
@@ -319,3 +317,55 @@ def test_a_tampered_packed_matmul_in_an_om_is_refused_at_load(tmp_path, attr, va
     with pytest.raises(ge.GEError, match=says):  # (refused when saved, or when loaded)
         m.save(str(tmp_path / "bad.om"))
         ge.load_om(str(tmp_path / "bad.om"))
+
+
+_LOAD_SCRIPT = r"""
+import json, sys, numpy as np
+import ge_core as ge
+m = ge.load_om(sys.argv[1])
+x = np.random.default_rng(7).standard_normal((1, 3, 16, 16)).astype(np.float32)
+np.save(sys.argv[2], m.run({"x": x})["y"])
+print(json.dumps(sorted({v["variant"] for v in m.executable.node_kernels.values()})))
+"""
+
+
+def test_a_bf16_om_runs_where_the_cpu_has_no_bf16_unit(tmp_path):
+    """The .om keeps the bf16 packing; a process without the bf16 path (GE_NATIVE_BF16=0, as on
+    a CPU without a unit) widens the weights once into the float32 blocked kernels' packing."""
+    src = conv_net(tmp_path / "c.onnx", channels=(32, 48))
+    ge.compile(src, {"precision_mode": "allow_fp32_to_bf16"}).save(str(tmp_path / "c.om"))
+    env = {**os.environ, "GE_NATIVE_BF16": "0"}
+    r = subprocess.run([sys.executable, "-c", _LOAD_SCRIPT, str(tmp_path / "c.om"), str(tmp_path / "y.npy")], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    from ge_native import nchwc
+
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == ["float32 " + ("nchwc" if nchwc.available() else "numpy")]
+    x = np.random.default_rng(7).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    ref = ort_run(src, {"x": x})[0].astype(np.float64)
+    assert 0 < _range_err(np.load(tmp_path / "y.npy"), ref) < 1e-2  # bf16 weights, float32 activations
+
+
+@pytest.mark.parametrize("channels", [3, 24])
+def test_a_lone_convolution_computes_in_bf16_between_reorders(tmp_path, channels):
+    """ViT's patch embedding (one strided Conv the layout pass leaves in NCHW): a bf16 NchwcConv,
+    its input read as NCHW (3 channels) or reordered in (24), its output reordered out."""
+    rng = np.random.default_rng(10)
+    w = numpy_helper.from_array((rng.standard_normal((40, channels, 4, 4)) * 0.2).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(40).astype(np.float32), "b")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="patch", strides=[4, 4]),
+             helper.make_node("Flatten", ["c"], ["y"], name="flat")]
+    src = save_model(tmp_path / "p.onnx", nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, 20, 24])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w, b])
+    m = ge.compile(src, {"precision_mode": BF16})
+    ops = [n.op_type for n in m.graph.node_list()]
+    e = m.report["precision"]["nodes"]["patch"]
+    if UNIT:
+        assert "NchwcConv" in ops and "NchwcReorderOutput" in ops and ("NchwcReorderInput" in ops) == (channels > 16)
+        assert e["weights"] == "bfloat16" and e["compute"] == "bfloat16"
+    else:
+        assert ops.count("Conv") == 1 and e["compute"] == "float32" and "bf16 unit" in e["why"]
+    x = rng.standard_normal((1, channels, 20, 24)).astype(np.float32)
+    y = m.run({"x": x})["y"]
+    ref = ort_run(src, {"x": x})[0].astype(np.float64)
+    assert _range_err(y, ref) < 1e-2 and (_range_err(y, ref) > 0) == UNIT

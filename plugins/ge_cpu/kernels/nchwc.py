@@ -196,12 +196,12 @@ def conv_factory(spec: KernelSpec):
     clip = None if lo is None and hi is None else (float(-np.inf if lo is None else lo), float(np.inf if hi is None else hi))
     y_t = spec.outputs[0] if spec.outputs else None
     if packing == "bf16":
-        if plain or group != 1:
-            raise _refuse(spec, "weight_packing bf16 is for an ungrouped convolution on a blocked input")
+        if group != 1:
+            raise _refuse(spec, "weight_packing bf16 is for an ungrouped convolution")
         from .nchwc_reduced import bf16_conv_kernel
 
         def numpy_form(x5, w_, b_, z_, y_):
-            return _numpy_conv(x5, w_, b_, z_, y_, plain=False, cb=cb, depthwise=False, group=1,
+            return _numpy_conv(x5, w_, b_, z_, y_, plain=plain, cb=cb, depthwise=False, group=1,
                                geometry=(k, s, d, pads), clip=clip, act=act)
 
         return bf16_conv_kernel(spec, wpk_const, w_shape, cb, (k, s, d, pads), b, has_b, clip, act, numpy_form)

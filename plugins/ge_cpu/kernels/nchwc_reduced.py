@@ -47,10 +47,10 @@ def rewrite(g: Graph, n: Node, want: str) -> str:
         kernel = f"nchwc_{packing}"
         compute = "float32"
     else:
-        if plain or group != 1 or packing not in ("blocked", "winograd2", "winograd4"):
-            return ("a stem reading NCHW" if plain else "a grouped or depthwise convolution") + \
-                " has no bf16 kernel: it stays float32"
-        cb = int(n.inputs[0].type.shape[1])
+        stem = plain and packing == "plain" and w_shape[1] <= bf16.PLAIN_MAX_CHANNELS
+        if group != 1 or not (stem or (not plain and packing in ("blocked", "winograd2", "winograd4"))):
+            return "a grouped or depthwise convolution has no bf16 kernel: it stays float32"
+        cb = 0 if plain else int(n.inputs[0].type.shape[1])
         w = unpack(packing, wpk, w_shape, cb, group)
         stored = np.ascontiguousarray(bf16.PackedConv(np.ascontiguousarray(w, np.float32), cb).data).reshape(-1)
         a["weight_packing"] = BF16
@@ -68,8 +68,8 @@ def stored_shape(w_shape, in_blocks: int) -> tuple[int, int, int]:
     """The shape of :class:`ge_native.bf16.PackedConv`'s bits for a weight of ``w_shape`` and
     ``in_blocks`` input blocks: the :class:`~ge_native.bf16.PackedB` of the ``(k, M)`` matrix,
     ``k = KH * KW * in_blocks * 16``."""
-    m, _, kh, kw = (int(v) for v in w_shape)
-    kp = -(-(kh * kw * int(in_blocks) * BLOCK) // bf16.KB) * bf16.KB
+    m, c, kh, kw = (int(v) for v in w_shape)
+    kp = -(-(kh * kw * (int(in_blocks) * BLOCK or c)) // bf16.KB) * bf16.KB  # (0 blocks: a plain input)
     return (-(-m // bf16.NR), kp // 2, 2 * bf16.NR)
 
 
@@ -82,7 +82,8 @@ def stored_size(w_shape, in_blocks: int) -> int:
 def widened(data: np.ndarray, w_shape, in_blocks: int) -> np.ndarray:
     """The ``(M, C, KH, KW)`` float32 values of a bf16-packed weight (the NumPy form's)."""
     m, c, kh, kw = (int(v) for v in w_shape)
-    full = unpack_bf16(data, kh * kw * in_blocks * BLOCK, m).reshape(kh, kw, in_blocks * BLOCK, m)
+    lanes = in_blocks * BLOCK or c  # (0 blocks: a plain input, its channels only)
+    full = unpack_bf16(data, kh * kw * lanes, m).reshape(kh, kw, lanes, m)
     return np.ascontiguousarray(full.transpose(3, 2, 0, 1)[:, :c])
 
 
@@ -106,6 +107,13 @@ def bf16_conv_kernel(spec: KernelSpec, wpk, w_shape, cb: int, geometry, bias, ha
             dense.append(widened(data, w_shape, cb))
         return dense[0]
 
+    # no bf16 unit here (an .om from a machine with one): the widened weight repacked once for the
+    # float32 blocked kernels, the same products at their speed
+    fp32 = None
+    if unit is None and nchwc.available():
+        fp32 = (nchwc.conv_plain, nchwc.pack_plain(weight())) if cb == 0 else \
+            (nchwc.conv, nchwc.pack_weights(weight(), in_blocks=cb))
+
     def kernel(x, w_in=None, b_in=None, z=None, sc=None, out=None):
         y = out[0] if out is not None else np.empty(spec.outputs[0].shape, np.float32)
         bv = bias if bias is not None else (None if not has_b or b_in is None else np.asarray(b_in, np.float32).reshape(-1))
@@ -113,11 +121,72 @@ def bf16_conv_kernel(spec: KernelSpec, wpk, w_shape, cb: int, geometry, bias, ha
             raise ValueError(f"{spec.describe()}: a bias of shape {bv.shape} for {m} channels")
         if sc is not None:
             x = x * sc
-        if unit is None or not bf16.conv_nchwc(x, packed, y, tuple(s), tuple(pads), tuple(d), bias=bv, clip=clip,
-                                               act=act or None, addend=z, width=parallel.native_width(), variant=unit):
+        width = parallel.native_width()
+        if unit is not None:
+            done = bf16.conv_nchwc(x, packed, y, tuple(s), tuple(pads), tuple(d), bias=bv, clip=clip,
+                                   act=act or None, addend=z, width=width, variant=unit)
+        elif fp32 is not None:
+            x = np.ascontiguousarray(x, np.float32) if cb == 0 else x
+            done = fp32[0](x, fp32[1], y, k, s, d, pads[:2], nchwc.pad_bias(bv, m) if bv is not None else None, clip,
+                           width, z, act or None)
+        else:
+            done = False
+        if not done:
             numpy_conv(x, weight(), bv, z, y)
         return (y,)
 
     return with_caps(kernel, accepts_out=True, mode="nchwc bf16", algorithm="nchwc_bf16",
-                     variant=unit or "float32 numpy")
+                     variant=unit or ("float32 " + ("nchwc" if fp32 is not None else "numpy")))
 
+
+def rewrite_lone(g: Graph, n: Node, want: str) -> str:
+    """A Conv/FusedConv the layout pass left in NCHW (a lone one, ViT's patch embedding) as a bf16
+    NchwcConv between reorders: its input read as NCHW where it has at most a block of channels
+    (:data:`ge_native.bf16.PLAIN_MAX_CHANNELS`), else reordered in; its output reordered out. The
+    reason it did not, or ''."""
+    from ge_core.ir.types import TensorType
+
+    from ..blocked import blocked_type, conv_plan
+    from .nchwc import DOMAIN
+
+    if want != "bfloat16":
+        return "a convolution outside the blocked layout has no float16 kernel: float32 weights"
+    if bf16_unit() is None:
+        return "this CPU has no bf16 unit faster than its float32 GEMM"
+    w = n.inputs[1].const_value if len(n.inputs) > 1 and n.inputs[1] is not None else None
+    p = conv_plan(n)
+    if w is None or np.asarray(w).dtype != np.float32 or np.asarray(w).ndim != 4 or p is None:
+        return "not a 2-D convolution with a constant float32 weight the blocked kernels take"
+    attrs = dict(p["attrs"])
+    if attrs.get("group", 1) != 1 or p["addend"]:
+        return "a grouped convolution, or one with a residual, stays float32 outside the blocked layout"
+    w = np.ascontiguousarray(w, np.float32)
+    m, c = int(w.shape[0]), int(w.shape[1])
+    x, y = n.inputs[0], n.outputs[0]
+    plain = c <= bf16.PLAIN_MAX_CHANNELS
+    if plain:
+        x_in, cb = x, 0
+        attrs["plain_input"] = 1
+    else:
+        cb = nchwc.blocks(c)
+        attrs.pop("plain_input", None)
+        x_in = g.add_node("NchwcReorderInput", [x], domain=DOMAIN, name=f"{n.name}_in", before=n,
+                          output_types=[blocked_type(tuple(x.type.shape))]).outputs[0]
+    attrs.update(weight_packing=BF16, weight_shape=[int(v) for v in w.shape])
+    stored = np.ascontiguousarray(bf16.PackedConv(w, cb).data).reshape(-1)
+    ins = [x_in, g.add_constant(stored, g.names.fresh(f"{n.name}_w_bf16")), n.inputs[2] if len(n.inputs) > 2 else None]
+    conv = g.add_node("NchwcConv", ins, attrs, domain=DOMAIN, name=f"{n.name}_bf16", before=n,
+                      output_types=[blocked_type(tuple(y.type.shape))])
+    back = g.add_node("NchwcReorderOutput", [conv.outputs[0]], {"channels": m}, domain=DOMAIN, before=n,
+                      output_types=[TensorType(np.dtype(np.float32), y.type.shape)])
+    precision.move(n, conv)
+    name, old_w = y.name, n.inputs[1]
+    y.replace_all_uses_with(back.outputs[0])
+    g.remove_node(n)
+    if old_w is not None and old_w.const_value is not None and not old_w.has_uses() and not old_w.is_graph_output:
+        g.remove_constant(old_w)
+    if name not in g.names:
+        g.rename_value(back.outputs[0], name)
+    unit = bf16_unit()
+    precision.done(conv, want, "bfloat16", f"nchwc_bf16_{unit}", "", w.nbytes - stored.nbytes)
+    return ""
