@@ -220,3 +220,22 @@ def format_precision_table(result: dict[str, Any]) -> str:
            f"block(s) ({IDLE_GAP_S:g} s idle before each); speed-up and error against the {result['baseline']} build:"]
     tail = [_summary_line(k, r["precision"]) for k, r in result["rows"].items() if r.get("precision")]
     return "\n".join(top + lines + (["compile report's precision table:"] + tail if tail else []))
+
+
+#: options that choose a precision (left out of the float32 build an error is measured against)
+PRECISION_OPTIONS = ("precision_mode", "keep_dtype", "modify_mixlist")
+
+
+def error_vs_fp32(source: Any, opts: dict[str, Any], model: Any) -> dict[str, Any]:
+    """``ge compile``'s measured error of a reduced-precision build: ``model`` (compiled from
+    ``source`` with ``opts``) and this engine's float32 build of the same source on the same
+    random inputs (seed 0), per float output (:func:`output_error`)."""
+    import ge_core as ge
+    from ge_sdk.inputs import random_inputs
+
+    feeds = {k: v for k, v in random_inputs(model.graph, 0).items() if k in model.input_names}
+    base = {k: v for k, v in opts.items() if k not in PRECISION_OPTIONS}
+    got, ref = model.run(feeds), ge.compile(source, base).run(feeds)
+    outs = {name: output_error(got[name], ref[name]) for name in got
+            if name in ref and np.asarray(ref[name]).dtype.kind == "f"}
+    return {"against": "this engine's float32 build", "inputs": "random, seed 0", "outputs": outs}

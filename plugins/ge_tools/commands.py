@@ -139,6 +139,17 @@ def run_compile(args: argparse.Namespace) -> int:
     opts = _compile_options(args)
     model = compile_with_progress(ge, args.model, opts, quiet=args.quiet)
     log_stages(model.report)
+    precision = model.report.get("precision")
+    if isinstance(precision, dict) and precision.get("nodes"):  # a reduced precision: its error, measured
+        from .bench_precision import error_vs_fp32
+
+        precision["accuracy"] = acc = error_vs_fp32(args.model, opts, model)
+        worst = max(acc["outputs"].items(), key=lambda kv: kv[1]["max_abs_over_range"], default=None)
+        if worst is not None:
+            counts = ", ".join(f"{c} compute in {p}" for p, c in (precision.get("compute") or {}).items())
+            print(f"note: precision_mode={precision.get('mode')}: {counts}; largest error against the float32 "
+                  f"build {worst[1]['max_abs']:.3g} on output '{worst[0]}' ({worst[1]['max_abs_over_range']:.2g} of its "
+                  f"range, cosine {worst[1]['cosine']:.6f}), random inputs", file=sys.stderr)
     model.save(out)
     if args.report:
         write_json(args.report, model.report, "the compile report", inputs=inputs, flag="--report")

@@ -128,3 +128,17 @@ def test_parse_modes_summary_and_error_measures():
     assert output_error(ref, ref) == {"max_abs": 0.0, "max_abs_over_range": 0.0, "cosine": 1.0}
     assert output_error(ref[0], ref)["max_abs"] == float("inf")
     assert output_error(np.zeros(3), np.zeros(3))["cosine"] == 1.0
+
+
+def test_ge_compile_measures_a_reduced_builds_error_against_fp32(mlp, capsys, tmp_path):
+    rc = main(["compile", str(mlp), "-o", str(tmp_path / "b.om"), "--quiet", "--report", str(tmp_path / "r.json"),
+               "--option", "precision_mode=allow_mix_precision_bf16"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    acc = json.loads((tmp_path / "r.json").read_text())["precision"]["accuracy"]
+    assert acc["against"] == "this engine's float32 build" and acc["outputs"]
+    worst = max(o["max_abs_over_range"] for o in acc["outputs"].values())
+    assert 0 < worst < 5e-2 and "largest error against the float32 build" in err
+    assert ge.load_om(str(tmp_path / "b.om")).report["precision"]["accuracy"] == acc  # (kept in the .om too)
+    rc = main(["compile", str(mlp), "-o", str(tmp_path / "f.om"), "--quiet", "--report", str(tmp_path / "f.json")])
+    assert rc == 0 and "precision" not in json.loads((tmp_path / "f.json").read_text())
