@@ -156,6 +156,19 @@ def test_masks_with_minus_infinity(variant):
 
 
 @pytest.mark.parametrize("variant", RUNS)
+def test_a_nan_score_makes_its_row_nan_and_only_its_row(variant):
+    # the vector exp carries a NaN through its arithmetic (the scalar one returns it): rows 3 (a
+    # NaN in q) and 20 (a NaN in the mask) of head 0 are NaN, as the reference's, and no other
+    g, m, n, d, dv = 2, 40, 50, 64, 20
+    q, kt, v, mask = _data(g, m, n, d, dv, seed=4)
+    q[0, 3, 7] = np.nan
+    mask[0, 20, 45] = np.nan
+    got = _run(q, kt, v, mask, 0.125, variant)
+    _check(got, q, kt, v, 0.125, mask, variant)
+    assert np.isnan(got[0, [3, 20]]).all() and np.isnan(got).sum() == 2 * dv
+
+
+@pytest.mark.parametrize("variant", RUNS)
 def test_bits_are_the_same_at_every_width(variant):
     for g, m, n, d, dv in ((3, 197, 197, 64, 64), (1, 65, 33, 17, 3), (5, 33, 100, 64, 65)):
         q, kt, v, mask = _data(g, m, n, d, dv, seed=9)

@@ -113,7 +113,7 @@ static void ba_gemm1(const uint16_t *a, int64_t lda, int64_t rows, const uint16_
 #endif
 
 /* the prelude's expneg32 (exactly 0 below -87.3, NaN passed through) with fused multiply-adds,
-   operation for operation as ba_expneg16 */
+   as ba_expneg16 (the same rounded operations: the same bits on numbers) */
 static inline float ba_expneg1(float x) {
     float xc = x > -87.3f ? x : -87.3f;
     float t = BA_FMA(xc, 1.44269504088896341f, 12582912.0f), fx = t - 12582912.0f;
@@ -305,11 +305,13 @@ static BC_T512 void ba_gemm512(const uint16_t *a, int64_t lda, int64_t rows, con
         }
 }
 
-/* expneg32 on 16 lanes, operation for operation (no fused multiply-adds): the same bits */
 #define BA_C(v) _mm512_set1_ps(v)
-/* ba_expneg1 on 16 lanes (the float32 kernel's sg_softexp16) */
+/* ba_expneg1 on 16 lanes (the float32 kernel's sg_softexp16) in fewer operations, the same bits
+   on numbers: 2^n by VSCALEFPS of fx (exact, as the multiply by 2^n's bits is: n >= -126 above
+   the clamp), and a NaN carried through the arithmetic (the clamp's max passes it) rather than
+   blended back (a NaN still, its payload perhaps not x's) */
 static inline __attribute__((always_inline)) BC_T512 __m512 ba_expneg16(__m512 x) {
-    __m512 xc = _mm512_max_ps(x, BA_C(-87.3f));
+    __m512 xc = _mm512_max_ps(BA_C(-87.3f), x);  /* the second operand where one is NaN: x */
     __m512 t = _mm512_fmadd_ps(xc, BA_C(1.44269504088896341f), BA_C(12582912.0f));
     __m512 fx = _mm512_sub_ps(t, BA_C(12582912.0f));
     __m512 r = _mm512_fnmadd_ps(fx, BA_C(-2.12194440e-4f), _mm512_fnmadd_ps(fx, BA_C(0.693359375f), xc));
@@ -319,10 +321,8 @@ static inline __attribute__((always_inline)) BC_T512 __m512 ba_expneg16(__m512 x
     p = _mm512_fmadd_ps(p, r, BA_C(1.6666665459e-1f));
     p = _mm512_fmadd_ps(p, r, BA_C(5.0000001201e-1f));
     __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), BA_C(1.0f));
-    __m512i n = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B400000));
-    y = _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23)));
-    y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, BA_C(-87.3f), _CMP_GE_OQ), y);
-    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_ORD_Q), x, y);
+    /* 0 below -87.3 (not less: kept, so a NaN too) */
+    return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, BA_C(-87.3f), _CMP_NLT_UQ), y, fx);
 }
 
 /* the sum of 16 lanes: lanes i and i + 8, then i and i + 4, i and i + 2, i and i + 1 (ba_sum1) */
@@ -342,36 +342,74 @@ static inline BC_T512 __m512 ba_mask16(const float *mk, int64_t k, int64_t mcs, 
     return _mm512_loadu_ps(t);
 }
 
-/* ba_softmax1 on 16 lanes (the same operations in the same order: the same bits); without a
-   mask the scores are not stored, but made again as their exps are taken */
-static BC_T512 void ba_softmax512(const ba_ctx *c, float *s, const float *mk, uint16_t *p) {
-    int64_t n = c->n, k;
-    int raw = !mk && c->scale > 0.0f;
-    __m512 sc = BA_C(c->scale), mxv = BA_C(-INFINITY), acc = _mm512_setzero_ps();
-    for (k = 0; k < n; k += 16) {
-        __mmask16 m = ba_m16(n - k);
-        __m512 x = _mm512_maskz_loadu_ps(m, s + k);
-        if (!raw) {
-            x = mk ? _mm512_fmadd_ps(x, sc, ba_mask16(mk, k, c->ms[2], m)) : _mm512_mul_ps(x, sc);
-            _mm512_storeu_ps(s + k, x);
+/* ba_softmax1 on 16 lanes for the block's rows [0, live) (the same operations in the same order:
+   the same bits), a pass at a time over every row while the block's scores are in L1: scale,
+   mask and max; exp and sum; times 1 / sum rounded into P. A row's reductions (its max, its sum
+   and reciprocal) are then never on the critical path: the other rows' work overlaps them.
+   Without a mask the scores are not stored, but made again as their exps are taken */
+static BC_T512 void ba_softmax512(const ba_ctx *c, int64_t g, int64_t r0, int64_t live, float *sb, uint16_t *pb) {
+    int64_t n = c->n, np = c->np, k;
+    int raw = !c->mask && c->scale > 0.0f;
+    __m512 sc = BA_C(c->scale);
+    float mx[BA_T], inv[BA_T];
+    for (int64_t i = 0; i < live; i++) {
+        float *s = sb + i * c->ls;
+        const float *mk = ba_mrow(c, g, r0 + i);
+        __m512 mxv = BA_C(-INFINITY);
+        if (raw)
+            for (k = 0; k + 16 <= n; k += 16) mxv = _mm512_max_ps(mxv, _mm512_loadu_ps(s + k));
+        else if (mk && c->ms[2] == 1)
+            for (k = 0; k + 16 <= n; k += 16) {
+                __m512 x = _mm512_fmadd_ps(_mm512_loadu_ps(s + k), sc, _mm512_loadu_ps(mk + k));
+                _mm512_storeu_ps(s + k, x);
+                mxv = _mm512_max_ps(mxv, x);
+            }
+        else
+            k = 0;
+        for (; k < n; k += 16) {
+            __mmask16 m = ba_m16(n - k);
+            __m512 x = _mm512_maskz_loadu_ps(m, s + k);
+            if (!raw) {
+                x = mk ? _mm512_fmadd_ps(x, sc, ba_mask16(mk, k, c->ms[2], m)) : _mm512_mul_ps(x, sc);
+                _mm512_storeu_ps(s + k, x);
+            }
+            mxv = _mm512_mask_max_ps(mxv, m, mxv, x);
         }
-        mxv = _mm512_mask_max_ps(mxv, m, mxv, x);
+        float mxi = _mm512_reduce_max_ps(mxv);
+        mx[i] = raw ? mxi * c->scale : mxi;
     }
-    float mx = _mm512_reduce_max_ps(mxv);
-    __m512 mm = BA_C(raw ? mx * c->scale : mx);
-    for (k = 0; k < n; k += 16) {
-        __m512 x = _mm512_loadu_ps(s + k);
-        x = raw ? _mm512_fmsub_ps(x, sc, mm) : _mm512_sub_ps(x, mm);
-        __m512 e = _mm512_maskz_mov_ps(ba_m16(n - k), ba_expneg16(x));
-        _mm512_storeu_ps(s + k, e);
-        acc = _mm512_add_ps(acc, e);
+    for (int64_t i = 0; i < live; i++) {
+        float *s = sb + i * c->ls;
+        __m512 mm = BA_C(mx[i]), acc = _mm512_setzero_ps();
+        for (k = 0; k + 16 <= n; k += 16) {
+            __m512 x = _mm512_loadu_ps(s + k);
+            __m512 e = ba_expneg16(raw ? _mm512_fmsub_ps(x, sc, mm) : _mm512_sub_ps(x, mm));
+            _mm512_storeu_ps(s + k, e);
+            acc = _mm512_add_ps(acc, e);
+        }
+        if (k < n) {
+            __m512 x = _mm512_loadu_ps(s + k);
+            __m512 e = _mm512_maskz_mov_ps(ba_m16(n - k), ba_expneg16(raw ? _mm512_fmsub_ps(x, sc, mm)
+                                                                         : _mm512_sub_ps(x, mm)));
+            _mm512_storeu_ps(s + k, e);
+            acc = _mm512_add_ps(acc, e);
+        }
+        inv[i] = 1.0f / ba_sum16(acc);
     }
-    __m512 inv = BA_C(1.0f / ba_sum16(acc));
-    for (k = 0; k < c->np; k += 32) {
-        __mmask16 m0 = ba_m16(n - k), m1 = ba_m16(n - k - 16);
-        __m512 y0 = _mm512_maskz_mul_ps(m0, _mm512_maskz_loadu_ps(m0, s + k), inv);
-        __m512 y1 = _mm512_maskz_mul_ps(m1, _mm512_maskz_loadu_ps(m1, s + k + 16), inv);
-        _mm512_storeu_si512(p + k, (__m512i)_mm512_cvtne2ps_pbh(y1, y0));
+    for (int64_t i = 0; i < live; i++) {
+        const float *s = sb + i * c->ls;
+        uint16_t *p = pb + i * c->lp;
+        __m512 iv = BA_C(inv[i]);
+        for (k = 0; k + 32 <= n; k += 32) {
+            __m512 y0 = _mm512_mul_ps(_mm512_loadu_ps(s + k), iv), y1 = _mm512_mul_ps(_mm512_loadu_ps(s + k + 16), iv);
+            _mm512_storeu_si512(p + k, (__m512i)_mm512_cvtne2ps_pbh(y1, y0));
+        }
+        for (; k < np; k += 32) {
+            __mmask16 m0 = ba_m16(n - k), m1 = ba_m16(n - k - 16);
+            __m512 y0 = _mm512_maskz_mul_ps(m0, _mm512_maskz_loadu_ps(m0, s + k), iv);
+            __m512 y1 = _mm512_maskz_mul_ps(m1, _mm512_maskz_loadu_ps(m1, s + k + 16), iv);
+            _mm512_storeu_si512(p + k, (__m512i)_mm512_cvtne2ps_pbh(y1, y0));
+        }
     }
 }
 #undef BA_C
@@ -395,34 +433,39 @@ static BC_T512 void ba_store512(const ba_ctx *c, float *oh, int64_t r0, int64_t 
 static BC_T512 void ba_block512(const ba_ctx *c, int64_t g, int64_t r0, int64_t live, uint8_t *buf, int pk, int pv) {
     BA_BLOCK_PARTS;
     ba_gemm512(qb, c->lq, live, kb, c->dp, c->np / BA_T, sb, c->ls);
-    for (int64_t i = 0; i < live; i++) ba_softmax512(c, sb + i * c->ls, ba_mrow(c, g, r0 + i), pb + i * c->lp);
+    ba_softmax512(c, g, r0, live, sb, pb);
     ba_gemm512(pb, c->lp, live, vb, c->np, c->dvp / BA_T, ob, c->lo);
     ba_store512(c, c->o + g * c->os[0], r0, live, ob);
 }
 
-/* ---- amx_bf16: C (32, 32 * panels) = A (32 rows, kp; lda) @ B, 32 x 32 a time in four tiles
-   (A's tiles: 16 rows of 32 bf16; B's: 16 pair-rows of a panel's half, 128 bytes apart) ---- */
-static BC_TAMX void ba_gemm_amx(const uint16_t *a, int64_t lda, const uint16_t *b, int64_t kp, int64_t panels,
-                                float *c, int64_t ldc) {
-    for (int64_t p = 0; p < panels; p++) {
+/* ---- amx_bf16: C (rows, cols) = A (rows <= 32, kp; lda) @ B (panels of (kp / 2, 32, 2)), 32 x 32
+   of C a time in tiles 0-3 (C: 16 x 16 float32; rows 16-31 in 2-3, columns 16-31 in 1 and 3), A
+   in 4-5 (16 rows of 32 bf16), B in 6-7 (16 pair-rows of a panel's half, 128 bytes apart). Only
+   the 16-row halves holding live rows and the 16-column halves holding real columns are computed
+   (n = 197: S's columns to 208, not 224; a last block of 5 rows: one half) ---- */
+static BC_TAMX void ba_gemm_amx(const uint16_t *a, int64_t lda, int64_t rows, const uint16_t *b, int64_t kp,
+                                int64_t cols, float *c, int64_t ldc) {
+    int lower = rows > 16;
+    for (int64_t p = 0; p * BA_T < cols; p++) {
         const uint16_t *bp = b + p * kp * BA_T;
+        int right = cols - p * BA_T > 16;
         _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
         for (int64_t kb = 0; kb < kp / BA_T; kb++) {
             const uint16_t *a0 = a + kb * BA_T, *bb = bp + kb * 16 * 2 * BA_T;
             _tile_loadd(4, a0, lda * 2);
-            _tile_loadd(5, a0 + 16 * lda, lda * 2);
             _tile_loadd(6, bb, 128);
-            _tile_loadd(7, bb + 32, 128);
+            if (lower) _tile_loadd(5, a0 + 16 * lda, lda * 2);
+            if (right) _tile_loadd(7, bb + 32, 128);
             _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
+            if (right) _tile_dpbf16ps(1, 4, 7);
+            if (lower) _tile_dpbf16ps(2, 5, 6);
+            if (lower && right) _tile_dpbf16ps(3, 5, 7);
         }
         float *cp = c + p * BA_T;
         _tile_stored(0, cp, ldc * 4);
-        _tile_stored(1, cp + 16, ldc * 4);
-        _tile_stored(2, cp + 16 * ldc, ldc * 4);
-        _tile_stored(3, cp + 16 * ldc + 16, ldc * 4);
+        if (right) _tile_stored(1, cp + 16, ldc * 4);
+        if (lower) _tile_stored(2, cp + 16 * ldc, ldc * 4);
+        if (lower && right) _tile_stored(3, cp + 16 * ldc + 16, ldc * 4);
     }
 }
 
@@ -431,17 +474,18 @@ static BC_TAMX void ba_block_amx(const ba_ctx *c, int64_t g, int64_t r0, int64_t
     bc_tilecfg cfg;
     bc_tiles16(&cfg);
     _tile_loadconfig(&cfg);
-    ba_gemm_amx(qb, c->lq, kb, c->dp, c->np / BA_T, sb, c->ls);
-    for (int64_t i = 0; i < live; i++) ba_softmax512(c, sb + i * c->ls, ba_mrow(c, g, r0 + i), pb + i * c->lp);
-    for (int64_t i = live; i < BA_T; i++) memset(pb + i * c->lp, 0, (size_t)c->np * 2);
-    ba_gemm_amx(pb, c->lp, vb, c->np, c->dvp / BA_T, ob, c->lo);
+    ba_gemm_amx(qb, c->lq, live, kb, c->dp, c->n, sb, c->ls);
+    ba_softmax512(c, g, r0, live, sb, pb);
+    for (int64_t i = live; i < (live > 16 ? BA_T : 16); i++) memset(pb + i * c->lp, 0, (size_t)c->np * 2);
+    ba_gemm_amx(pb, c->lp, live, vb, c->np, c->dv, ob, c->lo);
     _tile_release();
     ba_store512(c, c->o + g * c->os[0], r0, live, ob);
 }
 #endif
 
 /* task t: head t / blocks, its rows from 32 * (t % blocks); K and V packed again only when the
-   thread's copies are of another call or head offset */
+   thread's copies are of another call or head offset (head-major: a thread that runs tasks in a
+   row, as one left alone by a busy machine's other threads does, packs each head once) */
 static void ba_task(void *vc, int64_t t, int slot) {
     (void)slot;
     ba_ctx *c = (ba_ctx *)vc;
