@@ -117,6 +117,42 @@ def test_bits_are_the_same_at_every_width(variant):
                                       one.view(np.uint32)), (variant, geo, width)
 
 
+def _im2col(x5: np.ndarray, kh: int, kw: int, strides, pads, dilations) -> np.ndarray:
+    """Each image's rows of A as the conv reads them: (N, OH * OW, kh * kw * in_blocks * 16) over
+    (kh, kw, block, channel), zeros for the taps outside the input."""
+    n, ib, h, w, _ = x5.shape
+    (sh, sw), (top, left, bottom, right), (dh, dw) = strides, pads, dilations
+    oh, ow = bf16.conv_out_size(h, kh, sh, dh, top, bottom), bf16.conv_out_size(w, kw, sw, dw, left, right)
+    xp = np.pad(x5, ((0, 0), (0, 0), (top, max(0, bottom)), (left, max(0, right)), (0, 0)))
+    taps = [xp[:, :, a * dh: a * dh + (oh - 1) * sh + 1: sh, b * dw: b * dw + (ow - 1) * sw + 1: sw]
+            for a in range(kh) for b in range(kw)]  # each (N, ib, OH, OW, 16)
+    cols = np.stack(taps, axis=1).transpose(0, 3, 4, 1, 2, 5)  # (N, OH, OW, taps, ib, 16)
+    return np.ascontiguousarray(cols.reshape(n, oh * ow, -1), np.float32)
+
+
+@pytest.mark.parametrize("variant", RUNS)
+def test_a_conv_has_the_bits_of_the_gemm_of_its_rows(variant):
+    """A conv of several taps (the vector variants round its input once into a padded NHWC copy
+    and copy rows from it) or of one (rows rounded as gathered) sums each output as the GEMM of
+    its rows of A by the same packed matrix: the same bits, with the epilogue, at every width;
+    7x7 and 6x8 outputs end in row blocks of 17 and 16 rows (AMX computes only the upper half
+    of a block of up to 16)."""
+    for n, c, h, w, m, kh, kw, s, d, p in (CASES[1], CASES[2], CASES[5], CASES[6],
+                                           (1, 48, 7, 7, 70, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)),
+                                           (1, 32, 11, 15, 40, 3, 3, (2, 2), (1, 1), (1, 1, 0, 0)),
+                                           (1, 64, 6, 8, 33, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))):
+        x5, wt, pk, shape = _case(n, c, h, w, m, kh, kw, s, d, p, seed=13)
+        bias = np.linspace(-1.0, 2.0, m, dtype=np.float32)
+        rows = _im2col(x5, kh, kw, s, p, d)
+        for width in (1, 2, 3):
+            out = _run(x5, pk, shape, variant, s, p, d, width=width, bias=bias, act="gelu")
+            got = out.transpose(0, 2, 3, 1, 4).reshape(n, rows.shape[1], -1)[:, :, :m]
+            for i in range(n):
+                want = np.full((rows.shape[1], m), np.nan, np.float32)
+                assert bf16.matmul(rows[i], pk.packed, want, bias=bias, act="gelu", variant=variant)
+                assert np.array_equal(got[i].view(np.uint32), want.view(np.uint32)), (variant, c, kh, width)
+
+
 def test_the_packed_weight_is_a_packed_matrix_and_wraps_again_without_a_copy():
     m, c, kh, kw = 40, 17, 3, 3
     wt = np.random.default_rng(1).standard_normal((m, c, kh, kw)).astype(np.float32)

@@ -327,6 +327,22 @@ def test_many_row_blocks_and_panel_groups_at_every_width(variant):
                                   one.view(np.uint32)), (variant, m, width)
 
 
+@pytest.mark.parametrize("variant", RUNS)
+def test_a_row_has_the_same_bits_whatever_rows_share_its_block(variant):
+    """Row r of C is the same sum whether its block of 32 rows is whole, holds 17 live rows, or
+    up to 16 (where AMX computes only the upper tiles); with an epilogue (one block's run while
+    the next block multiplies) and without (the tiles stored straight into C), over panels of
+    every width."""
+    a, w = _data(96, 200, 75, seed=13)
+    p = bf16.PackedB(w)
+    bias = np.linspace(-2.0, 2.0, 75, dtype=np.float32)
+    for kw in ({}, {"bias": bias, "act": "gelu"}, {"act": "silu", "clip": (-1.0, 1.0)}):
+        full = _run(a, p, variant, **kw)
+        for m in (1, 5, 16, 17, 31, 33, 48, 49, 64, 80, 95):
+            got = _run(np.ascontiguousarray(a[:m]), p, variant, **kw)
+            assert np.array_equal(got.view(np.uint32), full[:m].view(np.uint32)), (variant, m, kw)
+
+
 def test_gelu_at_the_store_keeps_nan_and_the_limits():
     a = np.array([[np.nan], [1.0], [-30.0], [30.0], [0.0], [-1e-3]], np.float32)  # bf16-exact but -1e-3
     p = bf16.PackedB(np.ones((1, 1), np.float32))

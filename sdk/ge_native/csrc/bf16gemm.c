@@ -22,7 +22,9 @@
    the same bits at every thread count. An addend laid out as C (a residual) is added after the
    bias. The convolution (bf_conv) is the same GEMM on rows gathered from an NCHWc input: the
    rows of A are an image's output pixels, k runs over (kh, kw, input block, 16 channels), the
-   columns are output channels, and C is stored straight into the blocked output. */
+   columns are output channels, and C is stored straight into the blocked output (the vector
+   variants copy a conv of more than one tap's input once into padded NHWC bf16 rows, as a plain
+   stem's, and its rows of A from there). */
 #define BF_NR 32
 #define BF_KB 32
 #define BF_MR 12
@@ -140,16 +142,26 @@ static void bf_gather_plain1(const bf_ctx *q, int64_t img, int64_t oh, int64_t o
 
 /* padded row t (image t / hp) of a plain conv's input: zeros in the pads, else the row's pixels'
    cin channels rounded to bf16, channel-minor (a task of the entry's pass before the GEMM) */
+/* padded row t's start: its pads zeroed (all of it outside the image: NULL, nothing left to do),
+   else where its pixels go; *img, *ih: its image and input row */
+static inline uint16_t *bf_padded_row(const bf_ctx *q, int64_t t, int64_t *img, int64_t *ih) {
+    int64_t c = q->cin;
+    uint16_t *row = (uint16_t *)q->xp + t * q->wp * c;
+    *img = t / q->hp;
+    *ih = t % q->hp - q->pt;
+    if (*ih < 0 || *ih >= q->h) { memset(row, 0, (size_t)(q->wp * c) * 2); return NULL; }
+    memset(row, 0, (size_t)(q->pl * c) * 2);
+    memset(row + (q->pl + q->w) * c, 0, (size_t)((q->wp - q->pl - q->w) * c) * 2);
+    return row + q->pl * c;
+}
+
 static void bf_plain_task(void *vc, int64_t t, int slot) {
     (void)slot;
     const bf_ctx *q = (const bf_ctx *)vc;
-    int64_t img = t / q->hp, ih = t % q->hp - q->pt, c = q->cin;
-    uint16_t *row = (uint16_t *)q->xp + t * q->wp * c;
-    if (ih < 0 || ih >= q->h) { memset(row, 0, (size_t)(q->wp * c) * 2); return; }
-    memset(row, 0, (size_t)(q->pl * c) * 2);
-    memset(row + (q->pl + q->w) * c, 0, (size_t)((q->wp - q->pl - q->w) * c) * 2);
+    int64_t img, ih, c = q->cin;
+    uint16_t *d = bf_padded_row(q, t, &img, &ih);
+    if (!d) return;
     const float *src = q->x + (img * c * q->h + ih) * q->w;
-    uint16_t *d = row + q->pl * c;
     for (int64_t ch = 0; ch < c; ch++)
         for (int64_t iw = 0; iw < q->w; iw++) d[iw * c + ch] = bf_round(src[ch * q->h * q->w + iw]);
 }
@@ -295,6 +307,23 @@ static BF_T512 void bf_gather_plain512(const bf_ctx *q, int64_t img, int64_t oh,
     for (; j < q->kp; j += 32) _mm512_storeu_si512(dst + j, _mm512_setzero_si512());
 }
 
+/* padded row t of a blocked conv's input as bf_plain_task's NHWC bf16 rows (cin = ib * 16: a
+   pixel's blocks adjacent, k's order (kh, kw, block, channel) runs along them): a vector
+   variant's conv of more than one tap rounds each input value once here, where bf_gather512
+   rounded it again at every tap (half a 3x3 conv's time), and its rows are then copies */
+static BF_T512 void bf_blocked_task(void *vc, int64_t t, int slot) {
+    (void)slot;
+    const bf_ctx *q = (const bf_ctx *)vc;
+    int64_t img, ih, c = q->cin;
+    uint16_t *d = bf_padded_row(q, t, &img, &ih);
+    if (!d) return;
+    for (int64_t cb = 0; cb < q->ib; cb++) {
+        const float *src = q->x + ((img * q->ib + cb) * q->h + ih) * q->w * 16;
+        for (int64_t iw = 0; iw < q->w; iw++)
+            _mm256_storeu_si256((__m256i *)(d + iw * c + cb * 16), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + iw * 16)));
+    }
+}
+
 /* a conv's A row, rounded, either layout (contiguous: kp values) */
 static inline BF_T512 void bf_gather_row(const bf_ctx *q, int64_t img, int64_t oh, int64_t ow, uint16_t *dst) {
     if (q->xp) bf_gather_plain512(q, img, oh, ow, dst);
@@ -372,7 +401,9 @@ static BF_T512 void bf_avx_rows(bf_ctx *q, int64_t img, int64_t r0, int64_t r1, 
    contiguous 1 KiB (bf_atile: rows strided over pages made every tile load touch 16 pages, and
    the L2 streamer followed none: (128, 4096, 128) ran at 0.55 TFLOP/s); B's halves are tiles of
    16 pair-rows, 128 bytes apart; C's tiles stored straight into C without an epilogue, else to a
-   32 x 32 scratch and the epilogue from there ---- */
+   32 x 32 scratch and the epilogue from there. The k-loop is bound by its tile loads from L2
+   (~1.35 TFLOP/s here, ~2.1 with B in L1); k chunks keeping B in L1 (C tiles reloaded), software
+   prefetch and double-buffered operand tiles each measured no faster ---- */
 
 /* where A's (r, kk) lies in tiled A of kb 32-chunks (kk a multiple of 32: 32 values from there) */
 static inline uint16_t *bf_atile(uint16_t *ab, int64_t kb, int64_t r, int64_t kk) {
@@ -396,15 +427,16 @@ typedef struct {
     uint8_t rows[16];
 } bf_tilecfg;
 
-/* the epilogue of a 32 x 32 block from its scratch cs (rows 128 bytes apart) into C: `live`
-   rows, columns masked by m0, m1; the flags read once, the activation inlined per code */
+/* the epilogue of rows [i0, i1) of a 32 x 32 block (row 0 is C's row r) from its scratch cs
+   (rows 128 bytes apart) into C, columns masked by m0, m1; the flags read once, the activation
+   inlined per code */
 static inline __attribute__((always_inline)) BF_TAMX void bf_amx_epi_act(const bf_ctx *q, const float *cs, int64_t img,
-                                                                          int64_t r, int64_t j0, int64_t live,
+                                                                          int64_t r, int64_t j0, int64_t i0, int64_t i1,
                                                                           __mmask16 m0, __mmask16 m1, int64_t act) {
     __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
     if (q->has_bias) { b0 = _mm512_maskz_loadu_ps(m0, q->bias + j0); b1 = _mm512_maskz_loadu_ps(m1, q->bias + j0 + 16); }
     __m512 lo = _mm512_set1_ps(q->lo), hi = _mm512_set1_ps(q->hi);
-    for (int64_t i = 0; i < live; i++)
+    for (int64_t i = i0; i < i1; i++)
         for (int h = 0; h < 2; h++) {
             __mmask16 m = h ? m1 : m0;
             if (!m) continue;
@@ -423,18 +455,31 @@ static inline __attribute__((always_inline)) BF_TAMX void bf_amx_epi_act(const b
         }
 }
 
-static __attribute__((noinline)) BF_TAMX void bf_amx_epi(const bf_ctx *q, const float *cs, int64_t img, int64_t r,
-                                                         int64_t j0, int64_t live, __mmask16 m0, __mmask16 m1) {
+/* a block whose epilogue is pending: its scratch, C's row and column of its corner, its rows
+   (`done` of them stored), its column masks */
+typedef struct {
+    const float *cs;
+    int64_t r, j0, live, done;
+    __mmask16 m0, m1;
+} bf_pend;
+
+/* the pending block's next rows up to `upto` through the epilogue */
+static __attribute__((noinline)) BF_TAMX void bf_amx_epi(const bf_ctx *q, bf_pend *e, int64_t img, int64_t upto) {
+    int64_t i0 = e->done, i1 = upto < e->live ? upto : e->live;
+    if (i0 >= i1) return;
+    e->done = i1;
     switch (q->act) {
-    case 0: bf_amx_epi_act(q, cs, img, r, j0, live, m0, m1, 0); break;
-    case 3: bf_amx_epi_act(q, cs, img, r, j0, live, m0, m1, 3); break;
-    default: bf_amx_epi_act(q, cs, img, r, j0, live, m0, m1, q->act); break;
+    case 0: bf_amx_epi_act(q, e->cs, img, e->r, e->j0, i0, i1, e->m0, e->m1, 0); break;
+    case 3: bf_amx_epi_act(q, e->cs, img, e->r, e->j0, i0, i1, e->m0, e->m1, 3); break;
+    default: bf_amx_epi_act(q, e->cs, img, e->r, e->j0, i0, i1, e->m0, e->m1, q->act); break;
     }
 }
 
 /* rows [r0, r1) times panels [p0, p1) on AMX: A's rows rounded into a row-major scratch (one
    A tile: 16 rows of 64 bytes, lda apart), or read from q->ab where the entry rounded them for
-   every task; for each panel, its blocks of 32 rows (the panel stays in L2 while the rows pass) */
+   every task; for each panel, its blocks of 32 rows (the panel stays in L2 while the rows pass).
+   A block's epilogue runs in slices between the next block's k-steps (two scratches in turn):
+   the vector units work while the tiles multiply, where after the block they left AMX idle */
 static BF_TAMX void bf_amx_rows(bf_ctx *q, int64_t img, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
     /* A: a GEMM's tiled (bf_atile); a conv's rows gathered row-major, lda apart (kp and a cache
        line: the 16 rows of a tile never share a cache set when kp is a power of two; a copy into
@@ -442,7 +487,7 @@ static BF_TAMX void bf_amx_rows(bf_ctx *q, int64_t img, int64_t r0, int64_t r1, 
     int64_t rows = r1 - r0, rblocks = (rows + 31) / 32, kb = q->kp / BF_KB, oh, ow;
     int64_t lda = q->x ? q->kp + BF_KB : BF_KB, astep = q->x ? BF_KB : 512, ahalf = q->x ? 16 * lda : kb * 512;
     size_t abytes = q->ab ? 0 : (size_t)rblocks * 32 * (size_t)(q->x ? lda : q->kp) * 2;
-    uint8_t *buf = (uint8_t *)bf_scratch(abytes + 32 * 32 * 4 + BF_SLACK);
+    uint8_t *buf = (uint8_t *)bf_scratch(abytes + 2 * 32 * 32 * 4 + BF_SLACK);
     if (!buf) { atomic_store(&q->failed, 1); return; }
     const uint16_t *ab = q->ab ? q->ab + r0 * q->kp : (const uint16_t *)buf;
     float *cs = (float *)(buf + abytes);
@@ -461,12 +506,15 @@ static BF_TAMX void bf_amx_rows(bf_ctx *q, int64_t img, int64_t r0, int64_t r1, 
     for (int t = 0; t < 8; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
     _tile_loadconfig(&cfg);
     int direct = !bf_has_epi(q);
+    int64_t slice = (32 + kb - 1) / (kb ? kb : 1);  /* the pending block's rows a k-step */
+    bf_pend pend = {cs, 0, 0, 0, 0, 0, 0};
     for (int64_t p = p0; p < p1; p++) {
         const uint16_t *bp = q->b + p * q->kp * BF_NR;
         int64_t j0 = p * BF_NR;
         __mmask16 m0 = bf_cols(q->n - j0), m1 = bf_cols(q->n - j0 - 16);
         for (int64_t rb = 0; rb < rblocks; rb++) {
             const uint16_t *ar = ab + rb * 32 * (q->x ? lda : q->kp);
+            int64_t live = rows - rb * 32 < 32 ? rows - rb * 32 : 32, r = r0 + rb * 32;
             _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
             for (int64_t b = 0; b < kb; b++) {
                 const uint16_t *a0 = ar + b * astep, *bb = bp + b * 16 * 2 * BF_NR;
@@ -475,11 +523,14 @@ static BF_TAMX void bf_amx_rows(bf_ctx *q, int64_t img, int64_t r0, int64_t r1, 
                 _tile_dpbf16ps(0, 4, 6);
                 _tile_loadd(7, bb + 32, 128);
                 _tile_dpbf16ps(1, 4, 7);
-                _tile_loadd(5, a0 + ahalf, lda * 2);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
+                if (live > 16) {  /* a last block of up to 16 rows: its lower tiles are not stored */
+                    _tile_loadd(5, a0 + ahalf, lda * 2);
+                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+                if (pend.done < pend.live) bf_amx_epi(q, &pend, img, (b + 1) * slice);
             }
-            int64_t live = rows - rb * 32 < 32 ? rows - rb * 32 : 32, r = r0 + rb * 32;
+            bf_amx_epi(q, &pend, img, 32);
             if (direct && live == 32 && m0 == 0xffff && (m1 == 0xffff || m1 == 0)) {
                 /* no epilogue, whole tiles: straight into C (a conv's: 16 pixels' 64 bytes apart) */
                 long st = (long)q->rs * 4;
@@ -491,13 +542,17 @@ static BF_TAMX void bf_amx_rows(bf_ctx *q, int64_t img, int64_t r0, int64_t r1, 
                 }
                 continue;
             }
-            _tile_stored(0, cs, 128);
-            _tile_stored(1, cs + 16, 128);
-            _tile_stored(2, cs + 16 * 32, 128);
-            _tile_stored(3, cs + 16 * 32 + 16, 128);
-            bf_amx_epi(q, cs, img, r, j0, live, m0, m1);
+            float *cb = pend.cs == cs ? cs + 32 * 32 : cs;
+            _tile_stored(0, cb, 128);
+            _tile_stored(1, cb + 16, 128);
+            if (live > 16) {
+                _tile_stored(2, cb + 16 * 32, 128);
+                _tile_stored(3, cb + 16 * 32 + 16, 128);
+            }
+            pend = (bf_pend){cb, r, j0, live, 0, m0, m1};
         }
     }
+    bf_amx_epi(q, &pend, img, 32);
     _tile_release();
 }
 #endif
@@ -677,13 +732,13 @@ static PyObject *bf_matmul(PyObject *self, PyObject *const *args, Py_ssize_t n) 
 
 /* the plain input's padded NHWC bf16 copy (N, hp, wp, cin) made by a pass of row tasks, the
    GEMM, the copy freed */
-static PyObject *bf_run_plain(bf_ctx *q, int64_t width) {
+static PyObject *bf_run_plain(bf_ctx *q, int64_t width, void (*task)(void *, int64_t, int)) {
     size_t bytes = (size_t)ge_prod(q->images * q->hp, q->wp, q->cin, 2);
     uint16_t *xp = (uint16_t *)aligned_alloc(64, (bytes + BF_SLACK + 63) / 64 * 64);
     if (!xp) return PyErr_NoMemory();
     q->xp = xp;
     Py_BEGIN_ALLOW_THREADS
-    ge_parallel(bf_plain_task, q, q->images * q->hp, width);
+    ge_parallel(task, q, q->images * q->hp, width);
     Py_END_ALLOW_THREADS
     PyObject *r = bf_run(q, width);
     free(xp);
@@ -721,7 +776,7 @@ static PyObject *bf_conv_any(PyObject *const *args, Py_ssize_t n, int plain) {
     if ((!plain && xd[4] != 16) || od[4] != 16 || od[0] != xd[0] || eh < 0 || ew < 0 || od[2] != eh / g[2] + 1
         || od[3] != ew / g[3] + 1 || k < 0 || wd[2] != 2 * BF_NR || wd[1] * 2 != kp || wd[0] != (od[1] + 1) / 2
         || (has_bias && nb != od[1] * 16) || ge_prod(od[2], od[3], 1, 1) < 0 || ge_prod(BF_MB_AMX, kp, 4, 64) < 0
-        || (plain && ge_prod(xd[0], xd[2] + g[6] + g[8], xd[3] + g[7] + g[9], 32) < 0))
+        || ge_prod(ge_prod(xd[0], xd[2] + g[6] + g[8], xd[3] + g[7] + g[9], 1), plain ? 1 : xd[1], 32, 1) < 0)
         return ge_fail();
     double lo = PyFloat_AsDouble(args[6]), hi = PyFloat_AsDouble(args[7]);
     if (PyErr_Occurred()) return NULL;
@@ -734,9 +789,12 @@ static PyObject *bf_conv_any(PyObject *const *args, Py_ssize_t n, int plain) {
     q.clip = clip; q.lo = (float)lo; q.hi = (float)hi; q.act = act; q.variant = variant;
     q.x = x; q.ib = xd[1]; q.h = xd[2]; q.w = xd[3]; q.kh = g[0]; q.kw = g[1]; q.sh = g[2]; q.sw = g[3];
     q.dh = g[4]; q.dw = g[5]; q.pt = g[6]; q.pl = g[7]; q.ow = od[3];
-    if (!plain) return bf_run(&q, width);
-    q.cin = xd[4]; q.hp = xd[2] + g[6] + g[8]; q.wp = xd[3] + g[7] + g[9];
-    return bf_run_plain(&q, width);
+    q.cin = plain ? xd[4] : xd[1] * 16; q.hp = xd[2] + g[6] + g[8]; q.wp = xd[3] + g[7] + g[9];
+    if (plain) return bf_run_plain(&q, width, bf_plain_task);
+#if defined(BF_X86)
+    if (variant && g[0] * g[1] > 1 && xd[1] > 0) return bf_run_plain(&q, width, bf_blocked_task);
+#endif
+    return bf_run(&q, width);
 }
 
 static PyObject *bf_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
