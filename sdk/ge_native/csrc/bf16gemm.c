@@ -627,7 +627,9 @@ static PyObject *bf_run(bf_ctx *q, int64_t width) {
     q->mb = q->variant == 2 ? BF_MB_AMX : q->variant == 1 ? BF_MB_AVX : BF_MB_SCALAR;
     q->panels = (q->n + BF_NR - 1) / BF_NR;
     int shared = q->variant == 2 && !q->x;
-    if (shared && q->m * q->kp * q->n < (1 << 22)) width = 1;  /* under ~6 us: a second thread costs more than it wins */
+    /* under ~16 us of tiles a second thread (its wake-up, the shared A pass) costs more than it wins:
+       (128, 256, 256) ran 24 us on one thread, 41 on two */
+    if (shared && q->m * q->kp * q->n < (1 << 24)) width = 1;
     if (shared) {
         int64_t rows32 = (q->m + 31) / 32 * 32, cap = (512 * 1024) / (q->kp * 2 + 64) / 32 * 32;
         cap = cap < 32 ? 32 : cap > 512 ? 512 : cap;
