@@ -1,4 +1,4 @@
-/* The bf16 kernels' shared pieces (bf16gemm.c's, copied for bf16attn.c): float32 <-> bf16 in
+/* The bf16 kernels' shared pieces (bf16gemm.c's and bf16attn.c's): float32 <-> bf16 in
    plain C, the target attributes of the vector variants, the AMX tile configuration and the
    CPU detection (which variants run here: 1 scalar, 2 avx512_bf16, 4 amx_bf16, after Linux
    grants the process the AMX tile state). */

@@ -1,15 +1,10 @@
 #include "prelude.h"
+#include "bf16common.h"
 #include <immintrin.h>
 #include "activations.h"
 #include "activations16.h"
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <unistd.h>
-#include <sys/syscall.h>
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
 
 /* GE's bf16 GEMM: C (m, n) = A (m, k, float32, rounded to bf16 as it is packed) @ B (k, n, bf16,
    packed once) with float32 sums, the epilogue (bias per column, clip, activation) in float32 at
@@ -33,10 +28,10 @@
 #define BF_MB_SCALAR 16
 #define BF_SLACK 64    /* bytes a row copy may write past a scratch's end (bf_gather_plain512) */
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(BC_X86)
 #define BF_X86 1
-#define BF_T512 __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl")))
-#define BF_TAMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16,avx512bw,avx512vl")))
+#define BF_T512 BC_T512
+#define BF_TAMX BC_TAMX
 #define BF_TAMX_OR_PLAIN BF_T512
 #else
 #define BF_TAMX_OR_PLAIN
@@ -71,20 +66,6 @@ static inline int bf_has_epi(const bf_ctx *q) {
     return q->has_bias || q->add || q->clip || q->act;
 }
 
-/* float32 -> bf16, round to nearest even (a NaN stays a quiet NaN) */
-static inline uint16_t bf_round(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-static inline float bf_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 /* the calling thread's scratch of at least `bytes` bytes, 64-byte aligned (kept for its next task) */
 static __thread void *bf_buf = NULL;
@@ -121,7 +102,7 @@ static void bf_gather1(const bf_ctx *q, int64_t img, int64_t oh, int64_t ow, uin
             for (int64_t cb = 0; cb < q->ib; cb++, j++) {
                 uint16_t *d = dst + (j >> 1) * cstride + (j & 1) * 16;
                 const float *s = in ? xi + cb * plane + (ih * q->w + iw) * 16 : NULL;
-                for (int l = 0; l < 16; l++) d[l] = s ? bf_round(s[l]) : 0;
+                for (int l = 0; l < 16; l++) d[l] = s ? bc_round(s[l]) : 0;
             }
         }
     if (j & 1) memset(dst + (j >> 1) * cstride + 16, 0, 32);
@@ -163,7 +144,7 @@ static void bf_plain_task(void *vc, int64_t t, int slot) {
     if (!d) return;
     const float *src = q->x + (img * c * q->h + ih) * q->w;
     for (int64_t ch = 0; ch < c; ch++)
-        for (int64_t iw = 0; iw < q->w; iw++) d[iw * c + ch] = bf_round(src[ch * q->h * q->w + iw]);
+        for (int64_t iw = 0; iw < q->w; iw++) d[iw * c + ch] = bc_round(src[ch * q->h * q->w + iw]);
 }
 
 /* the output pixel (oh, ow) of a conv's row r, and the next row's (rows run along OW, then OH) */
@@ -187,17 +168,17 @@ static void bf_scalar_rows(bf_ctx *q, int64_t img, int64_t r0, int64_t r1, int64
         if (q->xp) { bf_gather_plain1(q, img, oh, ow, ar); bf_next(q, &oh, &ow); }
         else if (q->x) { bf_gather1(q, img, oh, ow, ar, 32); bf_next(q, &oh, &ow); }
         else
-            for (int64_t kk = 0; kk < q->kp; kk++) ar[kk] = kk < q->k ? bf_round(q->a[r * q->k + kk]) : 0;
+            for (int64_t kk = 0; kk < q->kp; kk++) ar[kk] = kk < q->k ? bc_round(q->a[r * q->k + kk]) : 0;
         for (int64_t p = p0; p < p1; p++) {
             const uint16_t *bp = q->b + p * q->kp * BF_NR;
             float acc[BF_NR];
             for (int j = 0; j < BF_NR; j++) acc[j] = 0.0f;
             for (int64_t t = 0; t < half; t++) {
-                float a0 = bf_f32(ar[2 * t]), a1 = bf_f32(ar[2 * t + 1]);
+                float a0 = bc_f32(ar[2 * t]), a1 = bc_f32(ar[2 * t + 1]);
                 const uint16_t *br = bp + t * 2 * BF_NR;
                 for (int j = 0; j < BF_NR; j++) {
-                    acc[j] += a1 * bf_f32(br[2 * j + 1]);
-                    acc[j] += a0 * bf_f32(br[2 * j]);
+                    acc[j] += a1 * bc_f32(br[2 * j + 1]);
+                    acc[j] += a0 * bc_f32(br[2 * j]);
                 }
             }
             int64_t j0 = p * BF_NR, w = q->n - j0 < BF_NR ? q->n - j0 : BF_NR;
@@ -420,12 +401,6 @@ static inline BF_TAMX_OR_PLAIN void bf_atile_row(const bf_ctx *q, uint16_t *ab, 
     (void)q; (void)ab; (void)r; (void)ar;
 #endif
 }
-typedef struct {
-    uint8_t palette, start;
-    uint8_t zero[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} bf_tilecfg;
 
 /* the epilogue of rows [i0, i1) of a 32 x 32 block (row 0 is C's row r) from its scratch cs
    (rows 128 bytes apart) into C, columns masked by m0, m1; the flags read once, the activation
@@ -500,10 +475,8 @@ static BF_TAMX void bf_amx_rows(bf_ctx *q, int64_t img, int64_t r0, int64_t r1, 
             else { bf_gather_row(q, img, oh, ow, tl + r * lda); bf_next(q, &oh, &ow); }
         }
     }
-    bf_tilecfg cfg;
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
+    bc_tilecfg cfg;
+    bc_tiles16(&cfg);
     _tile_loadconfig(&cfg);
     int direct = !bf_has_epi(q);
     int64_t slice = (32 + kb - 1) / (kb ? kb : 1);  /* the pending block's rows a k-step */
@@ -556,42 +529,6 @@ static BF_TAMX void bf_amx_rows(bf_ctx *q, int64_t img, int64_t r0, int64_t r1, 
     _tile_release();
 }
 #endif
-
-/* ---- what this CPU runs: bit v set when variant v runs (bit 0 always); AMX after Linux grants
-   the process the tile state (asked once) ---- */
-static pthread_once_t bf_once = PTHREAD_ONCE_INIT;
-static int bf_mask = 1;
-
-#if defined(BF_X86)
-static uint64_t bf_xcr0(void) {
-    uint32_t lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return ((uint64_t)hi << 32) | lo;
-}
-#endif
-
-static void bf_detect(void) {
-    int mask = 1;
-#if defined(BF_X86)
-    unsigned a, b, c, d, a1 = 0, b1, c1, d1;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) { bf_mask = mask; return; }  /* no OSXSAVE */
-    uint64_t xcr0 = bf_xcr0();
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) { bf_mask = mask; return; }
-    if (a >= 1) __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
-    int avx512 = (b >> 16 & 1) && (b >> 30 & 1) && (b >> 31 & 1) && (a1 >> 5 & 1) && (xcr0 & 0xe6) == 0xe6;
-    if (avx512) mask |= 2;
-    if (avx512 && (d >> 22 & 1) && (d >> 24 & 1) && (xcr0 & 0x60000) == 0x60000) {
-        /* ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18): the process may use the tiles */
-        if (syscall(SYS_arch_prctl, 0x1023, 18) == 0) mask |= 4;
-    }
-#endif
-    bf_mask = mask;
-}
-
-static int bf_caps_mask(void) {
-    pthread_once(&bf_once, bf_detect);
-    return bf_mask;
-}
 
 /* 32 rows of an AMX GEMM's A (task t) rounded into the shared q->ab, zeros past m */
 static BF_TAMX_OR_PLAIN void bf_cvt_task(void *vc, int64_t t, int slot) {
@@ -663,26 +600,21 @@ static PyObject *bf_ok(PyObject *self, PyObject *const *args, Py_ssize_t n) {
 /* the variants this CPU runs, a mask: 1 scalar, 2 avx512_bf16, 4 amx_bf16 */
 static PyObject *bf_caps(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if (ge_nargs(n, 0)) return NULL;
-    return PyLong_FromLongLong(bf_caps_mask());
+    return PyLong_FromLongLong(bc_caps_mask());
 }
 
 /* the variant a call runs unless told otherwise: the one GE_NATIVE_BF16 names where this CPU runs
    it, else the best this CPU runs */
 static PyObject *bf_isa(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    static const char *names[3] = {"scalar", "avx512_bf16", "amx_bf16"};
     if (ge_nargs(n, 0)) return NULL;
-    int mask = bf_caps_mask();
-    const char *forced = getenv("GE_NATIVE_BF16");
-    for (int v = 0; forced && v < 3; v++)
-        if (mask >> v & 1 && strcmp(forced, names[v]) == 0) return PyUnicode_FromString(names[v]);
-    return PyUnicode_FromString(names[mask & 4 ? 2 : mask & 2 ? 1 : 0]);
+    return PyUnicode_FromString(bc_isa_name());
 }
 
 /* the variant code in args[i] when this CPU runs it, else -1 and an exception */
 static int64_t bf_variant(PyObject *const *args, int i) {
     int64_t v;
     if (ge_int(args, i, 0, 2, &v)) return -1;
-    if (!(bf_caps_mask() >> v & 1)) {
+    if (!(bc_caps_mask() >> v & 1)) {
         PyErr_SetString(PyExc_ValueError, "bf16gemm: this CPU does not run the variant asked for");
         return -1;
     }
