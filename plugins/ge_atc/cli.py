@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -233,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
 
     flag = gear_flag(args)
     plan = gear_plan(flag[0], flag[1], args.input_shape, args.input_format) if flag else None
+    t0 = time.perf_counter()
     try:
         models = _compile(args.model, opts, plan)
     except UnsupportedOpError:
@@ -252,8 +254,13 @@ def run(args: argparse.Namespace) -> int:
         precision["accuracy"] = measure(args.model, opts, model)
         print(f"note: --precision_mode={precision['mode']}: {compute_summary(precision)}; "
               f"{summary(precision['accuracy'])}", file=sys.stderr)
-    if model.report.get("precision_hint"):
-        print(f"note: {model.report['precision_hint']}", file=sys.stderr)
+    if isinstance(model.report.get("precision_hint"), str):  # float32 on a CPU with a bf16 unit
+        from ge_sdk.precision import HINT_BUDGET_S, hint_line, measure_mode
+
+        trial = None
+        if not plan and time.perf_counter() - t0 <= HINT_BUDGET_S:
+            trial = model.report["precision_trial"] = measure_mode(args.model, opts, model)
+        print(f"note: {hint_line(model.report['precision_hint'], trial)}", file=sys.stderr)
     argv = getattr(args, "atc_argv", None)
     argv = argv if argv is not None else sys.argv[2:]  # `ge atc ...`: after the sub-command
     atc = {"command_line": " ".join(["atc", *map(str, argv)]), "framework": model.options.framework}

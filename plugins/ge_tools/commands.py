@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -137,8 +138,18 @@ def run_compile(args: argparse.Namespace) -> int:
     if args.dump_ir:
         inputs.check(args.dump_ir, "--dump-ir")
     opts = _compile_options(args)
+    t0 = time.perf_counter()
     model = compile_with_progress(ge, args.model, opts, quiet=args.quiet)
+    took = time.perf_counter() - t0
     log_stages(model.report)
+    hint = model.report.get("precision_hint")
+    if isinstance(hint, str):  # float32 on a CPU with a bf16 unit: the bf16 mode measured on this model
+        from ge_sdk.precision import HINT_BUDGET_S, hint_line, measure_mode
+
+        trial = measure_mode(args.model, opts, model) if took <= HINT_BUDGET_S else None
+        if trial:
+            model.report["precision_trial"] = trial
+        hint = hint_line(hint, trial)
     precision = model.report.get("precision")
     if isinstance(precision, dict) and precision.get("nodes"):  # a reduced precision: its error, measured
         from .bench_precision import error_vs_fp32
@@ -157,8 +168,8 @@ def run_compile(args: argparse.Namespace) -> int:
         con = console()
         _print_report(model.report, con)
         con.print(f"wrote [bold]{plain(out)}[/bold]")
-    if isinstance(model.report.get("precision_hint"), str):  # (a CPU with a bf16 unit: one line, on stderr)
-        print(f"note: {model.report['precision_hint']}", file=sys.stderr)
+    if isinstance(hint, str):  # (one line, on stderr)
+        print(f"note: {hint}", file=sys.stderr)
     return 0
 
 

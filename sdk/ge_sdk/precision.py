@@ -50,3 +50,56 @@ def move(old: Any, new: Any) -> None:
     """Carry ``old``'s entry to ``new``, the node that replaces it."""
     if META in old.meta:
         new.meta[META] = old.meta[META]
+
+
+#: the mode a float32 compile's hint measures, and the most seconds a float32 compile may have
+#: taken for the hint to compile the model again in it (else the hint gives the GEMM ratio only)
+HINT_MODE = "allow_mix_precision_bf16"
+HINT_BUDGET_S = 5.0
+
+
+def measure_mode(source: Any, opts: dict[str, Any], model: Any, mode: str = HINT_MODE, runs: int = 5) -> dict[str, Any]:
+    """``model`` (a float32 build of ``source`` with ``opts``) against a build in ``mode`` on the
+    same random inputs (seed 0): the float32 / ``mode`` ratio of the best of ``runs`` warm runs
+    each, interleaved, and the largest error over the float32 output's range and the cosine
+    (the worst output)."""
+    import time
+
+    import numpy as np
+
+    import ge_core as ge
+    from ge_sdk.inputs import random_inputs
+
+    other = ge.compile(source, {**opts, "precision_mode": mode})
+    feeds = {k: v for k, v in random_inputs(model.graph, 0).items() if k in model.input_names}
+    best = {"fp32": float("inf"), mode: float("inf")}
+    outs: dict[str, Any] = {}
+    for _ in range(max(1, runs) + 1):  # (the first run of each is a warm-up)
+        for key, m in (("fp32", model), (mode, other)):
+            t0 = time.perf_counter()
+            outs[key] = m.run(feeds)
+            best[key] = min(best[key], time.perf_counter() - t0)
+    worst, cos = 0.0, 1.0
+    for name, ref in outs["fp32"].items():
+        a, b = np.asarray(outs[mode].get(name), np.float64), np.asarray(ref, np.float64)
+        if a.shape != b.shape or b.dtype.kind != "f" or not b.size or not np.isfinite(b).all():
+            continue
+        span = float(b.max() - b.min()) or float(np.abs(b).max()) or 1.0
+        worst = max(worst, float(np.abs(a - b).max()) / span)
+        na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+        cos = min(cos, float(np.dot(a.ravel(), b.ravel()) / (na * nb)) if na and nb else 1.0)
+    return {"mode": mode, "speedup": best["fp32"] / best[mode] if best[mode] > 0 else 0.0,
+            "max_abs_over_range": worst, "cosine": cos}
+
+
+def hint_line(hint: str, trial: dict[str, Any] | None) -> str:
+    """The float32 compile's note: the report's ``precision_hint``, with ``trial``
+    (:func:`measure_mode`) measured on this model where there is one."""
+    if not trial:
+        return hint
+    sp = trial["speedup"]
+    speed = f"ran this model {sp:.1f}x as fast here" if sp >= 1.1 else \
+        f"would not speed this model up here ({sp:.2f}x: too little matrix work for the unit to pay)"
+    return (f"{hint.split(':')[0]}: --precision_mode={trial['mode']} {speed} (best of 5 runs on random inputs), its "
+            f"output within {trial['max_abs_over_range']:.1e} of the float32 output's range (cosine "
+            f"{trial['cosine']:.6f}); `ge bench MODEL --precision fp32,bf16` compares them further")
