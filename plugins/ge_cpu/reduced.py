@@ -86,7 +86,8 @@ class ReducedPrecision(Pass):
                 want = precision.wanted(n)
                 if want is None:
                     continue
-                if n.op_type in ("MatMul", "Gemm", "FusedMatMul"):
+                if (n.op_type in ("MatMul", "Gemm") and n.domain in ("", "ai.onnx")) or (
+                        n.op_type == fused.FUSED_MATMUL and n.domain == fused.DOMAIN):
                     why = _matmul(g, n, want)
                     stats["matmuls" if not why else "kept_float32"] += 1
                 elif n.op_type == "NchwcConv" and n.domain == DOMAIN:
