@@ -73,8 +73,8 @@ def _c_module():
     return mod, {a.name: 100 + i for i, a in enumerate(rows)}
 
 
-@pytest.mark.skipif(not native.available(), reason="no C compiler here")
 def test_c_forms_match_float64_and_the_numpy_forms():
+    assert native.available()  # (gcc and the Python headers are on every machine this project builds on)
     mod, fn_codes = _c_module()
     assert mod is not None
     assert set(fn_codes) >= set(activations.C_IDS) | {"tanh"}
@@ -93,11 +93,13 @@ def test_c_forms_match_float64_and_the_numpy_forms():
     np.testing.assert_array_equal(same, X)
 
 
-@pytest.mark.skipif(not sgemm.available(), reason="GE's GEMM does not run here")
 @pytest.mark.parametrize("name", sorted(activations.C_IDS))
 def test_the_gemm_epilogue_form_matches(name):
     # x @ [[1]]: the product is x exactly, then the activation at the store (sg_act16 / sg_act8)
     out = np.empty((X.size, 1), np.float32)
+    if not sgemm.available():  # (a CPU without AVX2: no GEMM of GE's own, its call declines)
+        assert not sgemm.matmul_packed(X.reshape(-1, 1).copy(), object(), out, None, None, 1, None, name)
+        return
     assert sgemm.matmul_packed(X.reshape(-1, 1).copy(), sgemm.Panels(np.ones((1, 1), np.float32)), out, None, None,
                                1, None, name)
     _close(out.ravel(), _ref(name, X))
