@@ -313,7 +313,17 @@ SPEEDUP_SHAPE = (256, 768, 768)
 _SPEEDUP_ENTRY = "bf16_gemm_speedup_v1"
 
 
+_SPEEDUPS: dict[str, float | None] = {}
+
+
 def measured_speedup(variant: str) -> float | None:
+    """:func:`measure_speedup`, once per process (every kernel build of a model asks)."""
+    if variant not in _SPEEDUPS:
+        _SPEEDUPS[variant] = measure_speedup(variant)
+    return _SPEEDUPS[variant]
+
+
+def measure_speedup(variant: str) -> float | None:
     """This machine's float32 GEMM time over ``variant``'s on :data:`SPEEDUP_SHAPE` at one
     thread: measured once per machine and kept in the user's cache (read back as data, range
     checked); None where it cannot be measured (the variant does not run here, no sgemm). A
