@@ -37,36 +37,27 @@ def _np_pow(a, b, out=None):
     return np.power(a, b, out=out)
 
 
-def _np_sum(*xs, out=None):
-    if len(xs) == 1:
-        return _np_identity(xs[0], out=out)
-    r = np.add(xs[0], xs[1], out=out)
-    for x in xs[2:]:
-        np.add(r, x, out=r)
-    return r
+def _nary(ufunc):
+    """The n-ary fold of a binary ufunc (Sum, Max, Min): one operand is itself, else the first
+    two into ``out`` and each further one into that result."""
+
+    def fold(*xs, out=None):
+        if len(xs) == 1:
+            return _np_identity(xs[0], out=out)
+        r = ufunc(xs[0], xs[1], out=out)
+        for x in xs[2:]:
+            ufunc(r, x, out=r)
+        return r
+
+    return fold
+
+
+_np_sum, _np_max, _np_min = _nary(np.add), _nary(np.maximum), _nary(np.minimum)
 
 
 def _np_mean(*xs, out=None):
     r = _np_sum(*xs, out=out) if len(xs) > 1 else _np_identity(xs[0], out=out)
     return np.multiply(r, r.dtype.type(1.0 / len(xs)), out=r)
-
-
-def _np_max(*xs, out=None):
-    if len(xs) == 1:
-        return _np_identity(xs[0], out=out)
-    r = np.maximum(xs[0], xs[1], out=out)
-    for x in xs[2:]:
-        np.maximum(r, x, out=r)
-    return r
-
-
-def _np_min(*xs, out=None):
-    if len(xs) == 1:
-        return _np_identity(xs[0], out=out)
-    r = np.minimum(xs[0], xs[1], out=out)
-    for x in xs[2:]:
-        np.minimum(r, x, out=r)
-    return r
 
 
 # numexpr forms: operand expressions are generator-made; numbers enter only through _lit

@@ -43,8 +43,7 @@ def applies(plan: ConvPlan) -> bool:
 
 def run(plan: ConvPlan, dw_fast, x, w, out, epi):
     """The prepared call into the planned output; None when it does not take this call."""
-    if dw_fast is None or w is not plan.w_const or x.shape != dw_fast[0] or x.dtype != np.float32 \
-            or not x.flags.c_contiguous:
+    if not plan.takes_prepared(dw_fast, x, w):
         return None
     shape, call = dw_fast[1], dw_fast[2]
     target = out_target(out, shape, np.float32)

@@ -129,6 +129,12 @@ class ConvPlan:
         """The packed form of the weight a call passes (the constant's, made once)."""
         return self.packed_w if self.w_const is not None else self.pack(w)  # type: ignore[return-value]
 
+    def takes_prepared(self, prepared: Any, x: np.ndarray, w: np.ndarray) -> bool:
+        """Whether a call's operands are the ones a prepared call (``(input shape, ...)``, made
+        from the constant weight) was made for: that weight, that float32 C-order input."""
+        return (prepared is not None and w is self.w_const and x.shape == prepared[0] and x.dtype == np.float32
+                and x.flags.c_contiguous)
+
     def state(self, name: str, prepare: Callable[[ConvPlan], Any]) -> Any:
         """``prepare(self)``, once: the build-time state of algorithm ``name`` (None: none)."""
         if name not in self.prepared:
