@@ -10,7 +10,7 @@ import pytest
 
 from ge_native import bf16attn, isa
 
-from .switch import probe
+from .switch import check_family, expected_variants, probe
 
 RUNS = bf16attn.runnable()
 SIZES = (1, 3, 17, 33, 64, 65, 197)
@@ -18,15 +18,6 @@ SIZES = (1, 3, 17, 33, 64, 65, 197)
 SHAPES = sorted({(2, s, 33, 17, 3) for s in SIZES} | {(1, 17, s, 33, 65) for s in SIZES}
                 | {(2, 33, 17, s, 64) for s in SIZES} | {(1, 65, 3, 64, s) for s in SIZES}
                 | {(3, 197, 197, 64, 64), (2, 128, 128, 64, 64), (1, 1, 1, 1, 1)})
-CPUINFO_SPR = "flags\t\t: fpu sse2 avx fma avx2 avx512f avx512bw avx512vl avx512_bf16 amx_tile amx_bf16 amx_int8\n"
-
-
-def _expected_variants() -> tuple[str, ...]:
-    f = isa.features()
-    avx = {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"} <= f
-    amx = avx and {"amx_bf16", "amx_tile"} <= f
-    return tuple(v for v, ok in (("amx_bf16", amx), ("avx512_bf16", avx), ("scalar", True)) if ok)
-
 
 def _data(g: int, m: int, n: int, d: int, dv: int, seed: int = 0, mask: bool = True):
     rng = np.random.default_rng(seed + 7919 * m + 31 * n + 7 * d + dv)
@@ -55,17 +46,12 @@ def _check(got, q, kt, v, scale, mask, what) -> None:
 
 def test_the_variants_this_machine_runs_are_those_its_features_promise():
     assert bf16attn.available()
-    assert RUNS == _expected_variants()
+    assert RUNS == expected_variants()
     assert bf16attn.isa() == RUNS[0] == isa.variant_of("bf16attn")
 
 
 def test_the_family_chooses_by_features():
-    fam = isa.family("bf16attn")
-    assert fam.names() == bf16attn.VARIANTS and fam.switch == "GE_NATIVE_BF16"
-    spr = isa.parse_cpuinfo(CPUINFO_SPR)
-    assert fam.best(spr) == "amx_bf16"
-    assert fam.best(spr - {"amx_bf16"}) == "avx512_bf16"  # Zen 4
-    assert fam.best(spr - {"amx_bf16", "avx512_bf16"}) == "scalar"
+    check_family("bf16attn", bf16attn.VARIANTS)
 
 
 _PROBE = """
