@@ -45,25 +45,10 @@ BLOCK = 16
 PLAIN_MAX_CHANNELS = BLOCK
 
 
-def available() -> bool:
-    """True when the native module built here and ``GE_NATIVE_BF16`` leaves it on."""
-    return _mod() is not None
-
-
-def runnable() -> tuple[str, ...]:
-    """The variants this CPU (and this process: AMX needs the kernel's grant) runs, best first."""
-    mod = _mod()
-    if mod is None:
-        return ()
-    mask = int(mod.bf_caps())
-    return tuple(v for v in VARIANTS if mask >> _CODES[v] & 1)
-
-
-def isa() -> str | None:
-    """The variant :func:`matmul` runs: the one ``GE_NATIVE_BF16`` names where this CPU runs it,
-    else the best this CPU runs; None when the path is off or did not build."""
-    mod = _mod()
-    return None if mod is None else str(mod.bf_isa())
+_VARIANTS = native.Variants(_mod, VARIANTS, _CODES, "bf_caps", "bf_isa")
+#: whether the module built here and its switch leaves it on; the variants this CPU runs, best
+#: first; the one that runs (None: off or not built)
+available, runnable, isa = _VARIANTS.available, _VARIANTS.runnable, _VARIANTS.isa
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:

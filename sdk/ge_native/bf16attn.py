@@ -31,25 +31,10 @@ _SRC = native.c_source("bf16attn.c")
 _mod = native.lazy_module("GE_NATIVE_BF16", _SRC, ["ba_ok", "ba_caps", "ba_isa", "ba_attention"], "ba_ok")
 
 
-def available() -> bool:
-    """True when the native module built here and ``GE_NATIVE_BF16`` leaves it on."""
-    return _mod() is not None
-
-
-def runnable() -> tuple[str, ...]:
-    """The variants this CPU (and this process: AMX needs the kernel's grant) runs, best first."""
-    mod = _mod()
-    if mod is None:
-        return ()
-    mask = int(mod.ba_caps())
-    return tuple(v for v in VARIANTS if mask >> _CODES[v] & 1)
-
-
-def isa() -> str | None:
-    """The variant :func:`attention` runs: the one ``GE_NATIVE_BF16`` names where this CPU runs
-    it, else the best this CPU runs; None when the path is off or did not build."""
-    mod = _mod()
-    return None if mod is None else str(mod.ba_isa())
+_VARIANTS = native.Variants(_mod, VARIANTS, _CODES, "ba_caps", "ba_isa")
+#: whether the module built here and its switch leaves it on; the variants this CPU runs, best
+#: first; the one that runs (None: off or not built)
+available, runnable, isa = _VARIANTS.available, _VARIANTS.runnable, _VARIANTS.isa
 
 
 def _inside(a: np.ndarray) -> bool:

@@ -303,6 +303,34 @@ def lazy_module(switch: str, source: str, functions: Sequence[str], ok: str) -> 
     return get
 
 
+class Variants:
+    """The variant queries of a family whose module (a :func:`lazy_module` getter) exports a mask
+    of the variants this CPU and process run (``caps``) and the name of the one it runs (``isa``):
+    ``available()``, ``runnable()`` (best first) and ``isa()`` (None when the module is off or
+    did not build), as the bf16 and int8 families' modules offer them."""
+
+    def __init__(self, module: Any, variants: Sequence[str], codes: dict[str, int], caps: str, isa: str) -> None:
+        self.module, self.variants, self.codes, self.caps_fn, self.isa_fn = module, tuple(variants), codes, caps, isa
+
+    def available(self) -> bool:
+        """True when the native module built here and its environment switch leaves it on."""
+        return self.module() is not None
+
+    def runnable(self) -> tuple[str, ...]:
+        """The variants this CPU (and this process: AMX needs the kernel's grant) runs, best first."""
+        mod = self.module()
+        if mod is None:
+            return ()
+        mask = int(getattr(mod, self.caps_fn)())
+        return tuple(v for v in self.variants if mask >> self.codes[v] & 1)
+
+    def isa(self) -> str | None:
+        """The variant that runs: the one the switch names where this CPU runs it, else the best
+        this CPU runs; None when the path is off or did not build."""
+        mod = self.module()
+        return None if mod is None else str(getattr(mod, self.isa_fn)())
+
+
 def _module_table(functions: Sequence[str]) -> str:
     rows = "".join(f'    {{"{f}", (PyCFunction)(void (*)(void)){f}, METH_FASTCALL, 0}},\n' for f in functions)
     return ("\nstatic PyMethodDef ge_methods[] = {\n" + rows
@@ -615,5 +643,5 @@ PRELUDE = _csrc_file("prelude.h")
 #: the prelude's names a generated kernel may call
 PRELUDE_NAMES = frozenset({"ge_parallel", "ge_task_t", "ge_arr", "ge_vec", "ge_mat", "ge_prod", "ge_fail", "NPY_INT64", "ge_int", "ge_nargs", "ge_span", "ge_max32", "ge_min32", "ge_max64", "ge_min64",
                            "exp32", "expneg32", "log32", "log1p32", "expm1_32", "tanh32", "erf32", "sqrtf", "sqrt",
-                           "fabsf", "fabs", "powf", "pow", "fmaf", "fma", "Py_RETURN_NONE", "Py_BEGIN_ALLOW_THREADS",
+                           "fabsf", "fabs", "powf", "pow", "fmaf", "fma", "rintf", "rint", "Py_RETURN_NONE", "Py_BEGIN_ALLOW_THREADS",
                            "Py_END_ALLOW_THREADS", "NPY_FLOAT", "NPY_DOUBLE", "self", "args", "n", "NAN", "INFINITY"})

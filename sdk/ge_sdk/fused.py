@@ -136,7 +136,8 @@ class ProgramOp:
         return out
 
 
-_UNARY = ("Neg", "Abs", "Exp", "Log", "Sqrt", "Tanh", "Sin", "Cos", "Reciprocal", "Identity", "Relu")
+_UNARY = ("Neg", "Abs", "Exp", "Log", "Sqrt", "Tanh", "Sin", "Cos", "Reciprocal", "Identity", "Relu",
+          "Round")
 
 #: The ops a program may contain, in the order of the generators' table.
 PROGRAM_OPS: dict[str, ProgramOp] = {

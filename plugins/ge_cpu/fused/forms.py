@@ -251,6 +251,7 @@ def _table() -> dict[str, OpForm]:
         ("Sin", _u("sin"), np.sin, _c_math("sin")),
         ("Cos", _u("cos"), np.cos, _c_math("cos")),
         ("Reciprocal", lambda a: f"(1/{a})", np.reciprocal, lambda e, xs, at: f"({e.k(1)} / {xs[0]})"),
+        ("Round", None, np.rint, _c_libm("rint")),  # half to even (the default rounding mode), as ONNX's
         ("Identity", lambda a: a, _np_identity, lambda e, xs, at: xs[0]),
         ("Relu", lambda a: f"maximum({a},0)", act.np_relu, lambda e, xs, at: f"{e.max}({xs[0]}, {e.k(0)})"),
         ("LeakyRelu", lambda a, alpha=0.01: f"where({a}>0,{a},{_lit(float(alpha))}*{a})", act.np_leaky,
