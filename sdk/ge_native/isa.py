@@ -177,5 +177,10 @@ register(Family("bf16gemm", [Variant("amx_bf16", frozenset({"amx_bf16", "amx_til
 register(Family("bf16attn", [Variant("amx_bf16", frozenset({"amx_bf16", "amx_tile"})),
                              Variant("avx512_bf16", frozenset({"avx512_bf16", "avx512f"})), Variant("scalar")],
                 switch="GE_NATIVE_BF16", probe=_isa_probe("bf16attn")))
+#: int8 GEMM and convolution with exact int32 sums (ge_native.int8): AMX tiles, VPDPBUSD, AVX2 widened to int16
+register(Family("int8gemm", [Variant("amx_int8", frozenset({"amx_int8", "amx_tile"})),
+                             Variant("avx512_vnni", frozenset({"avx512_vnni", "avx512bw", "avx512vl"})),
+                             Variant("avx2", frozenset({"avx2"})), Variant("scalar")],
+                switch="GE_NATIVE_INT8", probe=_isa_probe("int8")))
 #: the native thread pool (pthreads workers), else every parallel loop runs inline on the caller
 register(Family("pool", [Variant("pthreads"), Variant("inline")], switch="GE_NATIVE", probe=_pool_probe))

@@ -34,12 +34,13 @@ def check_family(name: str, variants: tuple[str, ...]) -> None:
     assert fam.best(spr - {"amx_bf16", "avx512_bf16"}) == "scalar"
 
 
-def probe(script: str, value: str | None) -> dict:
-    """The JSON ``script`` prints last, run with ``GE_NATIVE_BF16=value`` (None: unset)."""
+def probe(script: str, value: str | None, switch: str = "GE_NATIVE_BF16") -> dict:
+    """The JSON ``script`` prints last, run with ``switch=value`` (None: unset; the bf16
+    families' switch unless told another family's)."""
     env = dict(os.environ)
-    env.pop("GE_NATIVE_BF16", None)
+    env.pop(switch, None)
     if value is not None:
-        env["GE_NATIVE_BF16"] = value
+        env[switch] = value
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
                           check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
