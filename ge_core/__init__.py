@@ -8,7 +8,7 @@ are plugins found through the ``ge.plugins`` entry-point group.
 >>> outputs = model.run({"x": x})                                         # doctest: +SKIP
 """
 
-from .api import compile, load, load_om  # noqa: E402
+from .api import compile, load, load_om, quantize  # noqa: E402
 from .errors import (  # noqa: E402
     DuplicateRegistrationError,
     ExecutionError,
@@ -36,7 +36,7 @@ from .plugins import get_host  # noqa: E402
 from .version import __version__  # noqa: E402
 
 __all__ = [
-    "__version__", "load", "compile", "load_om", "CompiledModel", "AsyncRunner", "NodeArg", "CompileOptions",
+    "__version__", "load", "compile", "quantize", "load_om", "CompiledModel", "AsyncRunner", "NodeArg", "CompileOptions",
     "Graph", "Node", "Value", "TensorType", "OpDef", "OpKind", "KernelSpec", "Pass", "PassContext",
     "graph_pass", "hookimpl", "hookspec", "get_host",
     "GEError", "ModelFileError", "UnsupportedOpError", "GraphError", "ShapeInferenceError", "PluginError",

@@ -1,4 +1,4 @@
-"""The public Python API: ``load``, ``compile``, ``load_om``."""
+"""The public Python API: ``load``, ``compile``, ``quantize``, ``load_om``."""
 
 from __future__ import annotations
 
@@ -161,6 +161,14 @@ def compile(model: Graph | Any, options: CompileOptions | dict | str | os.PathLi
     if not isinstance(model, Graph):
         model = load(model, opts.framework, **{k: v for k, v in (("input_shape", opts.input_shape), ("out_nodes", opts.out_nodes)) if v})
     return compile_graph(model, opts, host, progress)
+
+
+def quantize(graph: Graph, calibration: Any, **options: Any) -> Graph:
+    """A quantised (QDQ) copy of ``graph``, calibrated on ``calibration`` (an iterable of feed
+    dicts), by the quantiser a plugin registers as the pass ``quantize`` (ge_quant's: options
+    ``method``, ``per_channel``, ``activation_type``, ``skip_layers``, ``max_error``,
+    ``percentile``, ``report``; see docs/atc.md)."""
+    return get_host().registries.passes.require("quantize", OptionError, " (the quantiser: is ge_quant installed?)").quantize(graph, calibration, **options)
 
 
 def load_om(path: str | os.PathLike, *, verify_checksums: bool = True, threads: int | None = None,

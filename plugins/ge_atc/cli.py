@@ -28,7 +28,8 @@ _CHOICES = {"enable_single_stream": ("true", "false"), "constant_folding": ("tru
             "external_weight": ("0", "1", "2"), "oo_level": ("O0", "O1", "O2", "O3")}
 
 #: Flags this module reads itself (not passed through as plugin options of the same name).
-_PLUGIN_OPTIONS = ("precision_mode", "keep_dtype", "modify_mixlist", "insert_op_conf", "input_format", "output_type")
+_PLUGIN_OPTIONS = ("precision_mode", "keep_dtype", "modify_mixlist", "insert_op_conf", "input_format", "output_type",
+                   "compression_optimize_conf")
 
 
 def build_atc_parser() -> argparse.ArgumentParser:

@@ -8,7 +8,8 @@ blocked layout ``(N, C/16, H, W, 16)`` (onnxruntime's NCHWc transformer, GE's NC
 - ``NchwcConv`` (a 2-D Conv/FusedConv the conv table's ``nchwc`` algorithm takes,
   :mod:`.kernels.conv.nchwc`, its epilogue of a residual, a clip and an activation kept),
   ``NchwcMaxPool``, ``NchwcAveragePool``, the elementwise ops between them (Relu, Clip, Add,
-  Mul, ... on 5-D values: an SE block's ``(N, C, 1, 1)`` scale is reordered too),
+  Mul, ... on 5-D values: an SE block's ``(N, C, 1, 1)`` scale is reordered too; a quantised
+  model's ``ge.quant::FakeQuant``),
   ``NchwcGlobalAveragePool`` (its NCHW ``(N, C, 1, 1)`` result leaves the layout for free);
 - ``NchwcGroupNorm``: a group normalization as exporters write it (``Reshape`` to (N, G, -1),
   ``InstanceNormalization``, ``Reshape`` back: PyTorch's GroupNorm, BiT's), its groups whole in
@@ -39,6 +40,7 @@ from ge_core.kernel import KernelSpec
 from ge_core.ops import OpDef, OpKind
 from ge_core.passes import Pass, PassContext, PassResult
 from ge_native import nchwc
+from ge_sdk import quant
 
 from .kernels import conv
 from .kernels.conv import nchwc as conv_nchwc
@@ -215,6 +217,9 @@ def _is_scale(v: Value | None, full: tuple[int, ...]) -> bool:
 
 
 def _elementwise_plan(node: Node) -> dict | None:
+    if quant.fake_quant_params(node) is not None:  # (a quantised model's fake-quant: 0 stays 0)
+        ys = _static4(node.outputs[0])
+        return {} if ys is not None and _static4(node.inputs[0]) == ys else None
     if node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
         return None
     ys = _static4(node.outputs[0])
@@ -814,7 +819,7 @@ def _check_conv_geometry(node: Node) -> None:
         depthwise = group > 1 and cg == 1 and group == m
         k, st, dil = w[2:], tuple(a.get("strides") or (1, 1)), tuple(a.get("dilations") or (1, 1))
         fits = {"plain": plain, "depthwise": depthwise and not plain, "blocked": not plain and not depthwise,
-                "bf16": group == 1}.get(
+                "bf16": group == 1, "int8": group == 1}.get(
             packing, not plain and not depthwise and k == (3, 3) and st == (1, 1) and dil == (1, 1))
         if not fits:
             raise _bad(node, f"weight_packing {packing} does not fit the convolution: it contradicts the attributes "

@@ -63,12 +63,15 @@ def ge_register_ops(register: RegisterOp) -> None:
 @hookimpl
 def ge_register_passes(register: RegisterPass) -> None:
     """nchwc_layout (stage "fuse"): runs of convolutions in the blocked layout; reduced_precision
-    (stage "schedule"): the matrix ops a precision mode reduces, packed in bf16/fp16."""
+    (stage "schedule"): the matrix ops a precision mode reduces, packed in bf16/fp16; int8_kernels
+    (stage "schedule"): a quantised model's int8 matrix ops on the integer units."""
     from .blocked import NchwcLayout
+    from .int8 import Int8Kernels
     from .reduced import ReducedPrecision
 
     register(NchwcLayout())
     register(ReducedPrecision())
+    register(Int8Kernels())
 
 
 @hookimpl
@@ -78,10 +81,11 @@ def ge_register_kernels(register: RegisterKernel) -> None:
 
     for (domain, op_type), factory in KERNELS.items():
         register(op_type, _native_first(factory, reference_factory), domain=domain, backend="cpu")
+    from .int8 import KERNELS as INT8  # FakeQuant (ge_quant's)
     from .kernels.nchwc import KERNELS as BLOCKED  # the blocked-layout ops of the nchwc_layout pass
     from .reduced import KERNELS as REDUCED  # PackedMatMul
 
-    for (domain, op_type), factory in (*BLOCKED.items(), *REDUCED.items()):
+    for (domain, op_type), factory in (*BLOCKED.items(), *REDUCED.items(), *INT8.items()):
         register(op_type, with_caps(factory, kind=NATIVE), domain=domain, backend="cpu")
     # The long tail of ONNX (default, ai.onnx.ml, training and preview domains) runs through
     # onnx.reference behind the same interface.

@@ -44,7 +44,7 @@ from .fused.epilogues import placed, store_epilogue
 
 DOMAIN = "ge.cpu"
 #: the weight precisions a PackedMatMul stores
-WEIGHT_DTYPES = ("bfloat16", "float16")
+WEIGHT_DTYPES = ("bfloat16", "float16", "int8")
 
 
 def bf16_unit() -> str | None:
@@ -122,8 +122,19 @@ def _drop(g: Graph, v: Value | None) -> None:
         g.remove_constant(v)
 
 
-def _matmul(g: Graph, n: Node, want: str) -> str:
-    """Rewrite MatMul/Gemm/FusedMatMul ``n`` into a PackedMatMul; the reason it did not, or ''."""
+class MatMulOperands:
+    """A MatMul/Gemm/FusedMatMul's operands as a packed kernel takes them: ``x``, the weight
+    ``w`` (k, n) float32 (Gemm's transB and alpha applied), a ``bias`` row or None, the
+    epilogue ``program`` and its ``extra`` inputs (a computed C first, as an Add)."""
+
+    def __init__(self, x: Value, w: np.ndarray, bias: np.ndarray | None, program: str, extra: list) -> None:
+        self.x, self.w, self.bias, self.program, self.extra = x, w, bias, program, extra
+        self.k, self.n = (int(v) for v in w.shape)
+
+
+def matmul_operands(n: Node) -> MatMulOperands | str:
+    """The operands of MatMul/Gemm/FusedMatMul ``n`` with a constant 2-D float32 weight, or the
+    reason a packed kernel does not take it."""
     a = n.attrs
     gemm = n.op_type != "MatMul"
     w = _const(n.inputs[1] if len(n.inputs) > 1 else None)
@@ -155,19 +166,35 @@ def _matmul(g: Graph, n: Node, want: str) -> str:
             extra = [c_in, *extra]
         else:
             return "its C is neither a constant row of the output's columns nor a computed addend"
+    return MatMulOperands(x, w, bias, program, extra)
+
+
+def packed_node(g: Graph, n: Node, ops: MatMulOperands, stored: np.ndarray, attrs: dict[str, Any]) -> None:
+    """Turn ``n`` into a PackedMatMul of ``ops`` with weight ``stored`` and ``attrs`` (k, n and
+    the epilogue added), dropping the constants it no longer reads."""
+    old = [v for v in n.inputs[1:3]]
+    attrs = {"k": ops.k, "n": ops.n, **attrs}
+    if ops.program:
+        attrs["epilogue"] = ops.program
+    n.op_type, n.domain, n.attrs = "PackedMatMul", DOMAIN, attrs
+    bias = ops.bias
+    n.set_inputs([ops.x, g.add_constant(stored, g.names.fresh(f"{n.name}_w_{attrs.get('weight_dtype', '')}")),
+                  g.add_constant(bias, g.names.fresh(f"{n.name}_bias")) if bias is not None else None, *ops.extra])
+    for v in old:
+        _drop(g, v)
+
+
+def _matmul(g: Graph, n: Node, want: str) -> str:
+    """Rewrite MatMul/Gemm/FusedMatMul ``n`` into a PackedMatMul; the reason it did not, or ''."""
+    ops = matmul_operands(n)
+    if isinstance(ops, str):
+        return ops
+    w = ops.w
     if want == "bfloat16":
         stored = bf16.PackedB(w).data
     else:
         stored = np.ascontiguousarray(w.astype(np.float16))
-    old = [v for v in n.inputs[1:3]]
-    attrs: dict[str, Any] = {"k": k, "n": nn, "weight_dtype": want}
-    if program:
-        attrs["epilogue"] = program
-    n.op_type, n.domain, n.attrs = "PackedMatMul", DOMAIN, attrs
-    n.set_inputs([x, g.add_constant(stored, g.names.fresh(f"{n.name}_w_{want}")),
-                  g.add_constant(bias, g.names.fresh(f"{n.name}_bias")) if bias is not None else None, *extra])
-    for v in old:
-        _drop(g, v)
+    packed_node(g, n, ops, stored, {"weight_dtype": want})
     unit = bf16_unit() if want == "bfloat16" else None
     precision.done(n, want, unit and "bfloat16" or "float32", f"packed_matmul_{unit or 'sgemm'}",
                    "" if unit else widened_why(want), w.nbytes - stored.nbytes)
@@ -254,8 +281,14 @@ def check_node(node: Node) -> None:
     if w is None:
         raise _bad(node, "has no weight")
     k, n = int(a["k"]), int(a["n"])
-    want = (math.ceil(n / bf16.NR), math.ceil(k / bf16.KB) * bf16.KB // 2, 2 * bf16.NR) if dt == "bfloat16" else (k, n)
-    wdt = np.dtype(np.uint16) if dt == "bfloat16" else np.dtype(np.float16)
+    want: tuple[int, ...]
+    if dt == "int8":
+        from .int8 import packed_shape
+
+        want = packed_shape(k, n)
+    else:
+        want = (math.ceil(n / bf16.NR), math.ceil(k / bf16.KB) * bf16.KB // 2, 2 * bf16.NR) if dt == "bfloat16" else (k, n)
+    wdt = np.dtype({"bfloat16": np.uint16, "float16": np.float16, "int8": np.int8}[dt])
     if w.type.dtype != wdt or tuple(w.type.shape or ()) != want:
         raise _bad(node, f"a {dt} weight must be {wdt.name} {want}, not {w.type.dtype} {w.type.shape}")
     prog = a.get("epilogue", "")
@@ -271,7 +304,9 @@ OPDEFS = [
           alias="", attrs={"k": None, "n": None, "weight_dtype": "bfloat16", "epilogue": ""},
           doc="Y = epilogue(A @ W + B): W constant, packed at compile time in weight_dtype (bfloat16: "
               "ge_native.bf16's panels, computed in bf16 with float32 sums; float16: (k, n), widened to float32 "
-              "when the kernel is built); B an optional row of n float32; the epilogue's inputs follow"),
+              "when the kernel is built; int8: ge_native.int8's panels, A quantised as it is packed (x_scale, "
+              "x_zero_point, x_dtype, or x_dynamic), int32 sums scaled by x_scale * w_scale, out_* a fake-quant "
+              "of Y); B an optional row of n float32; the epilogue's inputs follow"),
 ]
 
 
@@ -298,6 +333,10 @@ def packed_matmul_factory(spec: KernelSpec):
         bias = np.ascontiguousarray(bias, np.float32).reshape(-1)
         if bias.shape != (n,):
             raise refuse(spec, f"a bias of {bias.size} values for {n} columns")
+    if dt == "int8":
+        from .int8 import int8_matmul_kernel
+
+        return int8_matmul_kernel(spec, k, n, bias)
     unit = bf16_unit() if dt == "bfloat16" else None
     packed = panels = dense = None
     if unit is not None:
@@ -308,10 +347,8 @@ def packed_matmul_factory(spec: KernelSpec):
             raise refuse(spec, f"a weight of shape {dense.shape}, ({k}, {n}) expected")
         if sgemm.available():
             panels, dense = sgemm.Panels(dense), None
-    epi = compiled_epilogue(spec, 3)
-    at_store = store_epilogue(spec, ("clip", "addend", "act"))
 
-    def product(a2, y2, clip, z2, act) -> bool:
+    def product(a2, y2, clip, z2, act, last) -> bool:
         width = parallel.native_width()
         if packed is not None:
             return bf16.matmul(a2, packed, y2, bias, clip, act, width, addend=z2)
@@ -322,6 +359,20 @@ def packed_matmul_factory(spec: KernelSpec):
         if bias is not None:
             y2 += bias
         return clip is None and z2 is None and act is None
+
+    kernel = packed_kernel(spec, k, n, product)
+    variant = unit or ("float32 " + ("sgemm" if panels is not None else "numpy"))
+    with_caps(kernel, algorithm=f"packed_matmul_{dt}", variant=variant)
+    return mark_out(kernel)
+
+
+def packed_kernel(spec: KernelSpec, k: int, n: int, product, finish=None):
+    """A PackedMatMul's kernel around ``product(a2, y2, clip, z2, act, last) -> bool``, the
+    ``(rows, k) @ (k, n)`` product into ``y2`` with the epilogue steps it can apply at its store
+    (False: it did not run); ``last`` says nothing follows it. The epilogue program runs at the
+    store where it is one the product applies, else after it; ``finish(y)`` after that."""
+    epi = compiled_epilogue(spec, 3)
+    at_store = store_epilogue(spec, ("clip", "addend", "act"))
 
     def kernel(a, w_in=None, b_in=None, *extra, out=None):
         if a.dtype != np.float32 or a.ndim < 1 or a.shape[-1] != k:
@@ -337,17 +388,17 @@ def packed_matmul_factory(spec: KernelSpec):
             clip, uses_addend, act = at_store
             z = extra[0] if uses_addend else None
             if z is None or (z.shape == shape and z.dtype == np.float32 and z.flags.c_contiguous):
-                if product(a2, y2, clip, None if z is None else z.reshape(rows, n), act):
+                if product(a2, y2, clip, None if z is None else z.reshape(rows, n), act, True):
                     return placed(y, o)
-        if not product(a2, y2, None, None, None):
+        if not product(a2, y2, None, None, None, epi is None):
             raise ValueError(f"{spec.describe()}: operand {a.shape} does not fit the packed weight ({k}, {n})")
         if epi is not None:
             epi(y, *extra, out=y)
+            if finish is not None:
+                finish(y)
         return placed(y, o)
 
-    variant = unit or ("float32 " + ("sgemm" if panels is not None else "numpy"))
-    with_caps(kernel, algorithm=f"packed_matmul_{dt}", variant=variant)
-    return mark_out(kernel)
+    return kernel
 
 
 KERNELS = {(DOMAIN, "PackedMatMul"): packed_matmul_factory}

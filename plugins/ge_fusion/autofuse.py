@@ -26,6 +26,7 @@ from ge_native import native
 from ge_native.jit import enabled as jit_enabled
 from ge_sdk import fused
 from ge_sdk.fused import CONV_ATTRS, DOMAIN
+from ge_sdk.rewrite.driver import FUSED_FROM_META
 
 from .rules import activation_steps
 
@@ -214,6 +215,8 @@ def materialize(graph: Graph, g: _Group) -> bool:
     node.meta["fusion_group"] = [m.name for m in members] + ([g.anchor.name] if g.anchor is not None else [])
     root_out.replace_all_uses_with(node.outputs[0])
     doomed = members + ([g.anchor] if g.anchor is not None else [])
+    # the source names, as the rewrite driver records them (a --keep_dtype name, an int8 entry)
+    node.meta[FUSED_FROM_META] = sorted({x for m in doomed for x in (m.meta.get(FUSED_FROM_META) or [m.name])})
     consts = {v for m in doomed for v in m.inputs if v is not None and v.is_constant}
     graph.remove_nodes(doomed)
     for c in consts:

@@ -224,9 +224,10 @@ def test_internal_domains_are_the_compilers():
     from ge_core.plugins import registries
 
     ops = registries().ops
-    # the fused ops, and the cpu backend's blocked-layout ops (its nchwc_layout pass makes them)
-    assert ops.internal_domains() == {"ge.fused", "ge.cpu"}
-    assert all(d.internal and d.check is not None for d in ops.values() if d.domain in ("ge.fused", "ge.cpu"))
+    # the fused ops, the cpu backend's blocked-layout ops (its nchwc_layout pass makes them) and
+    # ge_quant's fake-quant (its qdq_regions pass makes it)
+    assert ops.internal_domains() == {"ge.fused", "ge.cpu", "ge.quant"}
+    assert all(d.internal and d.check is not None for d in ops.values() if d.domain in ("ge.fused", "ge.cpu", "ge.quant"))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -107,8 +107,8 @@ def _weight_of(spec: KernelSpec):
     if packing:  # the weight packed at compile time (the .om keeps that form): its shape an attribute
         w_shape = tuple(int(v) for v in (spec.attr("weight_shape") or ()))
         # (stored float16 by a precision mode: widened once, here; bf16: its own kernel's bits)
-        wdt = np.uint16 if packing == "bf16" else np.float32
-        if w is not None and w.dtype == np.float16 and packing != "bf16":
+        wdt = {"bf16": np.uint16, "int8": np.int8}.get(packing, np.float32)
+        if w is not None and w.dtype == np.float16 and packing not in ("bf16", "int8"):
             w = w.astype(np.float32)
         if w is not None and (w.dtype != wdt or w.ndim != 1):
             raise _refuse(spec, f"weight_packing {packing} needs a 1-D {np.dtype(wdt).name} weight")
@@ -116,8 +116,8 @@ def _weight_of(spec: KernelSpec):
             raise _refuse(spec, f"weight_packing {packing} needs a 1-D weight")
         # (computed at run time: a Cast of the float16 form ATC's precision modes store)
         wpk_const, w = (np.ascontiguousarray(w) if w is not None else None), None
-        if packing == "bf16" and wpk_const is None:
-            raise _refuse(spec, "weight_packing bf16 needs its weight as a constant")
+        if packing in ("bf16", "int8") and wpk_const is None:
+            raise _refuse(spec, f"weight_packing {packing} needs its weight as a constant")
     else:
         w_shape = tuple(w.shape) if w is not None else (tuple(w_t.shape) if w_t is not None and w_t.shape else ())
     if len(w_shape) != 4 or not all(isinstance(d, int) and d > 0 for d in w_shape) or (w is not None and w.dtype != np.float32):
@@ -195,6 +195,12 @@ def conv_factory(spec: KernelSpec):
     lo, hi = spec.attr("clip_min"), spec.attr("clip_max")
     clip = None if lo is None and hi is None else (float(-np.inf if lo is None else lo), float(np.inf if hi is None else hi))
     y_t = spec.outputs[0] if spec.outputs else None
+    if packing == "int8":
+        if group != 1:
+            raise _refuse(spec, "weight_packing int8 is for an ungrouped convolution")
+        from ..int8 import int8_conv_kernel
+
+        return int8_conv_kernel(spec, wpk_const, w_shape, cb, (k, s, d, pads), b, has_b, clip, act)
     if packing == "bf16":
         if group != 1:
             raise _refuse(spec, "weight_packing bf16 is for an ungrouped convolution")
@@ -354,8 +360,10 @@ def winograd_tile(algorithm: str, w_shape, group: int, k, s, d, plain: bool, y_s
 #: weight (packed when the kernel is built), else the layout pass's packing of it, done at compile
 #: time and kept in the .om so a load does no weight work: "blocked" (:func:`ge_native.nchwc.
 #: pack_weights`, grouped or not), "plain" (a stem's, ``pack_plain``), "depthwise", "winograd2" and
-#: "winograd4" (``winograd_weights``: the algorithm chosen with the packing)
-PACKINGS = ("", "blocked", "plain", "depthwise", "winograd2", "winograd4", "bf16")
+#: "winograd4" (``winograd_weights``: the algorithm chosen with the packing); a reduced precision's
+#: "bf16" (:class:`ge_native.bf16.PackedConv`) and a quantised model's "int8"
+#: (:class:`ge_native.int8.PackedConv8`)
+PACKINGS = ("", "blocked", "plain", "depthwise", "winograd2", "winograd4", "bf16", "int8")
 
 
 def packing_for(algorithm: str, w_shape, group: int, k, s, d, plain: bool, in_blocks: int, y_shape) -> str:
@@ -387,6 +395,10 @@ def packed_size(packing: str, w_shape, in_blocks: int, group: int) -> int:
         from .nchwc_reduced import stored_size
 
         return stored_size(w_shape, in_blocks)
+    if packing == "int8":
+        from ..int8 import conv_packed_shape
+
+        return int(np.prod(conv_packed_shape(w_shape, in_blocks)))
     mb = nchwc.blocks(m)
     if packing == "plain":
         return mb * nchwc.BLOCK * cg * kh * kw

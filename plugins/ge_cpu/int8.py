@@ -1,0 +1,375 @@
+"""The cpu backend's int8: the ``int8_kernels`` pass, the FakeQuant kernel, and the int8 forms of
+``PackedMatMul`` and ``NchwcConv``.
+
+``ge_quant``'s ``qdq_regions`` pass leaves a quantised model as float32 arithmetic on grid values
+(``ge.quant::FakeQuant``) with an entry per quantised matrix op in the graph's int8 table
+(:mod:`ge_sdk.quant`). After fusion and the blocked layout, this pass finds what each such op
+became and, where this CPU has an integer unit (AMX-INT8, AVX512-VNNI, AVX2), runs it in int8:
+
+- ``MatMul``/``Gemm``/``FusedMatMul`` -> ``PackedMatMul`` with ``weight_dtype`` ``int8``
+  (:class:`ge_native.int8.PackedB8`), ungrouped ``NchwcConv`` -> ``weight_packing`` ``int8``
+  (:class:`ge_native.int8.PackedConv8`): the int8 weight recovered exactly from the float one and
+  its scales (refused, float32 kept, when a pass changed it), packed at compile time;
+- the op quantises its float32 input while packing it (its FakeQuant producer is skipped: the
+  same integers), sums in int32, and dequantises, adds the bias and the residual, clips and
+  activates at the store; a FakeQuant that is the op's only reader is applied there too
+  (``out_*`` attributes), so a chain of int8 convolutions reads and writes grid values without
+  a pass of its own between them.
+
+What stays float32 (a grouped or depthwise convolution, no integer unit, a weight that is not
+the dequantised int8) is recorded with the reason (``report["int8"]``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ge_core.ir.graph import Graph, Node
+from ge_core.kernel import KernelSpec, with_caps
+from ge_core.passes import Pass, PassContext, PassResult
+from ge_native import fakequant, int8, parallel
+from ge_sdk import fused, quant
+
+from .fused.elementwise import mark_out, refuse
+from .fused.epilogues import placed
+from .reduced import matmul_operands, packed_kernel, packed_node
+
+#: the integer variants worth running a model on (the scalar form is the tests' reference)
+UNITS = ("amx_int8", "avx512_vnni", "avx2")
+#: the packing name of an int8 NchwcConv weight
+INT8 = "int8"
+
+
+def packed_shape(k: int, n: int) -> tuple[int, int, int]:
+    """The shape of :class:`ge_native.int8.PackedB8`'s bits for a ``(k, n)`` weight."""
+    return (-(-int(n) // int8.NR), -(-int(k) // int8.KB) * int8.KB // 4, 4 * int8.NR)
+
+
+def conv_packed_shape(w_shape, in_blocks: int) -> tuple[int, int, int]:
+    """The shape of :class:`ge_native.int8.PackedConv8`'s bits for a weight of ``w_shape`` and
+    ``in_blocks`` input blocks (0: a plain input)."""
+    m, c, kh, kw = (int(v) for v in w_shape)
+    return packed_shape(kh * kw * (int(in_blocks) * int8.BLOCK or c), m)
+
+
+def int8_unit() -> str | None:
+    """The int8 variant this machine computes with, or None (int8 entries stay float32); a variant
+    ``GE_NATIVE_INT8`` forces (the tests' way to run each one) counts."""
+    import os
+
+    v = int8.isa()
+    if v is not None and (v in UNITS or os.environ.get("GE_NATIVE_INT8") == v):
+        return v
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# FakeQuant
+
+
+def fake_quant_factory(spec: KernelSpec):
+    a = spec.attrs
+    s, z, lo, hi = float(np.float32(a["scale"])), int(a["zero_point"]), int(a["qmin"]), int(a["qmax"])
+    if not (math.isfinite(s) and s > 0 and lo <= z <= hi):
+        raise refuse(spec, "needs a finite scale > 0 and qmin <= zero_point <= qmax")
+
+    def kernel(x, out=None):
+        if x.dtype != np.float32:
+            raise ValueError(f"{spec.describe()}: a float32 input is needed, not {x.dtype}")
+        o = out[0] if out is not None else None
+        y = o if o is not None and o.shape == x.shape and o.dtype == np.float32 and o.flags.c_contiguous else None
+        xc = x if x.flags.c_contiguous else np.ascontiguousarray(x).reshape(x.shape)  # (a 0-d one stays 0-d)
+        r = fakequant.fake_quant(xc, s, lo - z, hi - z, out=y, width=parallel.native_width())
+        return placed(r, o)
+
+    return with_caps(mark_out(kernel), algorithm="fake_quant",
+                     variant="native" if fakequant.available() else "numpy")
+
+
+# ---------------------------------------------------------------------------------------------
+# the pass
+
+
+class Int8Kernels(Pass):
+    """Run the quantised matrix ops of the int8 table on this CPU's integer unit."""
+
+    name = "int8_kernels"
+    stage = "schedule"
+    opt_level = 0
+    required = True
+    before = ("atc_precision", "sink_constant_computations")
+    description = "quantised models: each int8 matrix op packed in int8 and computed on AMX-INT8/VNNI with int32 " \
+                  "sums, its input quantised as it is packed, its output's fake-quant at the store"
+
+    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
+        if ctx.options.soc_version != "cpu" or not quant.table(graph):
+            return PassResult(False)
+        unit = int8_unit()
+        stats = {"matmuls": 0, "convs": 0, "float32": 0}
+        stack = [graph]
+        while stack:
+            g = stack.pop()
+            for n in g.node_list():
+                if n.erased:
+                    continue
+                stack.extend(n.subgraphs())
+                e = quant.lookup(g, n)
+                if e is None:
+                    continue
+                why = _place(g, n, e, unit)
+                kind = "convs" if n.op_type == "NchwcConv" else "matmuls"
+                stats[kind if not why else "float32"] += 1
+        return PassResult(bool(stats["matmuls"] or stats["convs"]), {k: v for k, v in stats.items() if v})
+
+
+def _place(g: Graph, n: Node, e: dict[str, Any], unit: str | None) -> str:
+    """Run ``n`` in int8 where it can; the reason it stays float32, or ''."""
+    blocked = n.op_type == "NchwcConv" and n.domain == "ge.cpu"
+    matmul = (n.op_type in ("MatMul", "Gemm") and n.domain in ("", "ai.onnx")) or (
+        n.op_type == fused.FUSED_MATMUL and n.domain == fused.DOMAIN)
+    macs = _macs(n, blocked)
+    if unit is None:
+        why = "this CPU has no integer matrix unit (AMX-INT8, AVX512-VNNI or AVX2): float32 on the grid values"
+    elif blocked:
+        why = _conv(g, n, e, unit)
+    elif matmul:
+        why = _matmul(g, n, e, unit)
+    elif n.op_type in ("Conv", fused.FUSED_CONV):
+        why = "a convolution outside the blocked layout (a lone one) has no int8 kernel yet"
+    else:
+        why = f"the cpu backend has no int8 kernel for {n.op_type}"
+    quant.done(n, "" if why else f"{'nchwc' if blocked else 'packed_matmul'}_int8_{unit}", why, macs)
+    return why
+
+
+def _macs(n: Node, blocked: bool) -> int:
+    """Multiply-adds of one run of matrix op ``n`` (0 where a shape is not static)."""
+    y = n.outputs[0].type.shape if n.outputs and n.outputs[0].type is not None else None
+    w = n.inputs[1] if len(n.inputs) > 1 else None
+    if y is None or not all(isinstance(d, int) for d in y):
+        return 0
+    if blocked:
+        ws = n.attrs.get("weight_shape")
+        if not ws:
+            ws = w.type.shape if w is not None and w.type is not None else None
+        if not ws or len(ws) != 4:
+            return 0
+        m, c, kh, kw = (int(v) for v in ws)
+        return int(y[0] * y[2] * y[3] * m * c * kh * kw)
+    ws = w.type.shape if w is not None and w.type is not None else None
+    if n.op_type in ("Conv", fused.FUSED_CONV) and ws and len(ws) >= 3:
+        return int(math.prod(y) * math.prod(int(d) for d in ws[1:]))
+    x = n.inputs[0].type.shape if n.inputs and n.inputs[0] is not None and n.inputs[0].type is not None else None
+    k = x[-1] if x else None
+    return int(math.prod(y) * k) if isinstance(k, int) else 0
+
+
+def _x_attrs(e: dict[str, Any]) -> dict[str, Any]:
+    x = e["x"]
+    if x.get("dynamic"):
+        return {"x_dynamic": 1}
+    return {"x_scale": float(x["scale"]), "x_zero_point": int(x["zero_point"]), "x_dtype": str(x["dtype"])}
+
+
+def _skip_input_fake_quant(g: Graph, n: Node, e: dict[str, Any]) -> None:
+    """Read the FakeQuant producer of ``n``'s input through (the op quantises with the same
+    parameters while packing: the same integers); drop it when nothing else reads it."""
+    x = e["x"]
+    v = n.inputs[0]
+    p = v.producer if v is not None else None
+    got = quant.fake_quant_params(p)
+    if got is None or x.get("dynamic") or p is None or v is None:
+        return
+    s, z, lo, hi = got
+    if (s, z, (lo, hi)) != (float(np.float32(x["scale"])), int(x["zero_point"]), quant.RANGES[x["dtype"]]):
+        return
+    n.set_input(0, p.inputs[0])
+    if not (v.has_uses() or v.is_graph_output):
+        g.remove_node(p)
+
+
+def _absorb_output_fake_quant(g: Graph, n: Node) -> None:
+    """Apply the FakeQuant that is ``n``'s only reader at ``n``'s store (its ``out_*``
+    attributes); ``n``'s output takes its place and name."""
+    y = n.outputs[0]
+    users = y.users
+    if len(users) != 1 or y.is_graph_output:
+        return
+    f = users[0]
+    got = quant.fake_quant_params(f)
+    if got is None:
+        return
+    s, z, lo, hi = got
+    n.attrs.update(out_scale=s, out_zero_point=z, out_qmin=lo, out_qmax=hi)
+    out = f.outputs[0]
+    name = out.name
+    out.replace_all_uses_with(y)
+    g.remove_node(f)
+    if name not in g.names:
+        g.rename_value(y, name)
+
+
+def _matmul(g: Graph, n: Node, e: dict[str, Any], unit: str) -> str:
+    ops = matmul_operands(n)
+    if isinstance(ops, str):
+        return ops
+    try:
+        ws = quant.w_scales(e, ops.n)
+    except ValueError as err:
+        return str(err)
+    wq = quant.recover(ops.w, ws, 1)
+    if wq is None:
+        return "its float32 weight is not the dequantised int8 weight (a pass changed it)"
+    _skip_input_fake_quant(g, n, e)
+    ops.x = n.inputs[0] or ops.x
+    stored = int8.PackedB8(wq).data
+    attrs = {"weight_dtype": "int8", "w_scale": [float(v) for v in ws], **_x_attrs(e)}
+    packed_node(g, n, ops, stored, attrs)
+    _absorb_output_fake_quant(g, n)
+    return ""
+
+
+def _conv(g: Graph, n: Node, e: dict[str, Any], unit: str) -> str:
+    from .kernels.nchwc import unpack
+
+    a = n.attrs
+    packing = _text(a.get("weight_packing", ""))
+    w_in = n.inputs[1] if len(n.inputs) > 1 else None
+    wpk = None if w_in is None or w_in.const_value is None else np.asarray(w_in.const_value)
+    if not packing or wpk is None or w_in is None or wpk.dtype != np.float32:
+        return "its weight is not a constant the layout pass packed"
+    if int(a.get("group", 1) or 1) != 1:
+        return "a grouped or depthwise convolution has no int8 kernel yet: float32 on the grid values"
+    if len(n.inputs) > 4 and n.inputs[4] is not None:
+        return "a convolution with an input scale (an SE block's) has no int8 kernel"
+    w_shape = tuple(int(v) for v in a["weight_shape"])
+    plain = bool(int(a.get("plain_input", 0) or 0))
+    if plain and (packing != "plain" or w_shape[1] > int8.BLOCK):
+        return "a plain-input convolution of more channels than the int8 stem takes"
+    x_shape = n.inputs[0].type.shape if n.inputs[0] is not None and n.inputs[0].type is not None else None
+    if not plain and (x_shape is None or len(x_shape) != 5 or not isinstance(x_shape[1], int)):
+        return "its input is not a blocked value of static channels"
+    cb = 0 if plain or x_shape is None else int(x_shape[1])
+    w = unpack(packing, wpk, w_shape, cb, 1)
+    try:
+        ws = quant.w_scales(e, w_shape[0])
+    except ValueError as err:
+        return str(err)
+    # (a Winograd packing comes back through its transform's pseudo-inverse: exact up to rounding)
+    wq = quant.recover(np.ascontiguousarray(w, np.float32), ws, 0, 1e-2 if packing.startswith("winograd") else 0.0)
+    if wq is None:
+        return "its float32 weight is not the dequantised int8 weight (a pass changed it)"
+    stored = np.ascontiguousarray(int8.PackedConv8(wq, cb).data).reshape(-1)
+    a.update(weight_packing=INT8, w_scale=[float(v) for v in ws], **_x_attrs(e))
+    n.set_input(1, g.add_constant(stored, g.names.fresh(f"{n.name}_w_int8")))
+    if not w_in.has_uses() and not w_in.is_graph_output:
+        g.remove_constant(w_in)
+    _skip_input_fake_quant(g, n, e)
+    _absorb_output_fake_quant(g, n)
+    return ""
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v or "")
+
+
+# ---------------------------------------------------------------------------------------------
+# the kernels' shared parameters
+
+
+class Quantisation:
+    """An int8 op's quantisation attributes, read and checked once (raises naming the node)."""
+
+    def __init__(self, spec: KernelSpec, channels: int) -> None:
+        a = spec.attrs
+        self.dynamic = bool(int(a.get("x_dynamic", 0) or 0))
+        self.x_scale = None if self.dynamic else float(np.float32(a.get("x_scale", 0.0)))
+        self.x_zero_point = 0 if self.dynamic else int(a.get("x_zero_point", 0))
+        self.x_dtype = "uint8" if self.dynamic else _text(a.get("x_dtype", "uint8"))
+        if self.x_dtype not in quant.RANGES:
+            raise refuse(spec, f"x_dtype must be one of {', '.join(quant.RANGES)}")
+        lo, hi = quant.RANGES[self.x_dtype]
+        if self.x_scale is not None and not (math.isfinite(self.x_scale) and self.x_scale > 0
+                                             and lo <= self.x_zero_point <= hi):
+            raise refuse(spec, "needs a finite x_scale > 0 and an x_zero_point in its type's range")
+        ws = np.asarray(a.get("w_scale") or (), np.float32).reshape(-1)
+        if ws.size != channels or not np.all(np.isfinite(ws)) or np.any(ws <= 0):
+            raise refuse(spec, f"needs {channels} finite w_scale values > 0, not {ws.size}")
+        self.w_scale = np.ascontiguousarray(ws)
+        self.out_quant = None
+        if a.get("out_scale") is not None:
+            s, z = float(np.float32(a["out_scale"])), int(a.get("out_zero_point", 0))
+            qlo, qhi = int(a.get("out_qmin", 0)), int(a.get("out_qmax", 255))
+            if not (math.isfinite(s) and s > 0 and qlo <= z <= qhi):
+                raise refuse(spec, "needs a finite out_scale > 0 and out_qmin <= out_zero_point <= out_qmax")
+            self.out_quant = (s, z, qlo, qhi)
+
+    def kwargs(self) -> dict[str, Any]:
+        """The quantisation keywords of :func:`ge_native.int8.matmul` / ``conv_nchwc``."""
+        return {"x_scale": self.x_scale, "x_zero_point": self.x_zero_point, "x_dtype": self.x_dtype,
+                "w_scale": self.w_scale}
+
+    def finish(self, y: np.ndarray) -> None:
+        """The output's fake-quant where the kernel did not apply it at its store."""
+        if self.out_quant is not None:
+            s, z, lo, hi = self.out_quant
+            fakequant.fake_quant(y, s, lo - z, hi - z, out=y, width=parallel.native_width())
+
+
+def int8_matmul_kernel(spec: KernelSpec, k: int, n: int, bias: np.ndarray | None):
+    """The kernel of a PackedMatMul whose weight is int8 (:class:`ge_native.int8.PackedB8`)."""
+    w = spec.const_inputs[1] if len(spec.const_inputs) > 1 else None
+    try:
+        packed = int8.PackedB8.from_data(np.asarray(w), k, n)
+    except ValueError as err:
+        raise refuse(spec, str(err)) from None
+    q = Quantisation(spec, n)
+    unit = int8_unit()
+
+    def product(a2, y2, clip, z2, act, last) -> bool:
+        kw = dict(q.kwargs(), bias=bias, clip=clip, act=act, addend=z2, out_quant=q.out_quant if last else None,
+                  width=parallel.native_width())
+        # (no integer unit here, an .om from a machine with one: the scalar form, the same bits)
+        return int8.matmul(a2, packed, y2, variant=unit, **kw) or int8.matmul(a2, packed, y2, variant="scalar", **kw)
+
+    kernel = packed_kernel(spec, k, n, product, q.finish)
+    with_caps(kernel, algorithm="packed_matmul_int8", variant=unit or "scalar")
+    return mark_out(kernel)
+
+
+def int8_conv_kernel(spec: KernelSpec, wpk, w_shape, cb: int, geometry, bias, has_b: bool, clip, act: str):
+    """The kernel of an NchwcConv whose weight is packed in int8 (``wpk``: the stored int8
+    values, :class:`ge_native.int8.PackedConv8`'s bits)."""
+    k, s, d, pads = geometry
+    m = int(w_shape[0])
+    data = np.asarray(wpk, np.int8).reshape(-1)
+    try:
+        packed = int8.PackedConv8.from_data(data.reshape(conv_packed_shape(w_shape, cb)), tuple(w_shape), cb)
+    except ValueError as err:
+        raise refuse(spec, str(err)) from None
+    q = Quantisation(spec, m)
+    unit = int8_unit()
+
+    def kernel(x, w_in=None, b_in=None, z=None, sc=None, out=None):
+        y = out[0] if out is not None else np.empty(spec.outputs[0].shape, np.float32)
+        bv = bias if bias is not None else (None if not has_b or b_in is None else np.asarray(b_in, np.float32).reshape(-1))
+        if bv is not None:
+            bv = np.ascontiguousarray(bv, np.float32)
+            if bv.shape != (m,):
+                raise ValueError(f"{spec.describe()}: a bias of shape {bv.shape} for {m} channels")
+        kw = dict(q.kwargs(), bias=bv, clip=clip, act=act or None, addend=z, out_quant=q.out_quant,
+                  width=parallel.native_width())
+        if cb == 0:
+            x = np.ascontiguousarray(x, np.float32)
+        if not int8.conv_nchwc(x, packed, y, tuple(s), tuple(pads), tuple(d), variant=unit, **kw):
+            if not int8.conv_nchwc(x, packed, y, tuple(s), tuple(pads), tuple(d), variant="scalar", **kw):
+                raise ValueError(f"{spec.describe()}: operands {x.shape} -> {y.shape} do not fit the int8 convolution")
+        return (y,)
+
+    return with_caps(kernel, accepts_out=True, mode="nchwc int8", algorithm="nchwc_int8", variant=unit or "scalar")
+
+
+KERNELS = {(quant.DOMAIN, quant.FAKE_QUANT): fake_quant_factory}

@@ -1,0 +1,168 @@
+"""Quantised ONNX models (onnxruntime's quantiser: static QDQ, dynamic) read into int8 regions
+(ge_quant's qdq_regions pass) and run on the int8 kernels (ge_cpu's int8_kernels pass): outputs
+against onnxruntime's int8 run on the same inputs, the int8 report, the float32 fallback, the .om
+round trip."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import ge_core as ge
+from ge_sdk import quant
+
+from . import models
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _ort(path: str, feed: dict) -> np.ndarray:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+
+
+def _ge(model, feed: dict) -> np.ndarray:
+    got = model.run(feed)
+    return np.asarray(list(got.values())[0] if isinstance(got, dict) else got[0])
+
+
+def _ops(model) -> dict:
+    return model.report["op_counts"]
+
+
+@pytest.fixture(scope="module")
+def qdq_cnn(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("qdq"))
+    f32 = models.residual_cnn()
+    paths = {(act, pc): models.quantized(f32, tmp, "qdq", activation=act, per_channel=pc)
+             for act in ("uint8", "int8") for pc in (True, False)}
+    paths.update({("qoperator", act, pc): models.quantized(f32, tmp, "qoperator", activation=act, per_channel=pc)
+                  for act in ("uint8", "int8") for pc in (True, False)})
+    return f32, paths
+
+
+@pytest.mark.parametrize("fmt", ["qdq", "qoperator"])
+@pytest.mark.parametrize("act", ["uint8", "int8"])
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_static_cnn_runs_in_int8_and_matches_onnxruntime(qdq_cnn, fmt, act, per_channel):
+    """onnxruntime's static quantisation, QDQ and QOperator (QLinearConv, its contrib QLinearAdd,
+    QLinearGlobalAveragePool, QGemm), uint8 and int8 activations, per channel and per tensor."""
+    f32, paths = qdq_cnn
+    path = paths[(act, per_channel) if fmt == "qdq" else (fmt, act, per_channel)]
+    model = ge.compile(ge.load(path))
+    report = model.report["int8"]
+    # every quantised conv and the classifier found their int8 entry; no Q/DQ node is left
+    assert report["ops"] == 5 and not report["not_reached"] and report["boundaries"] == []
+    assert not any(k.endswith(("QuantizeLinear", "DequantizeLinear")) or k.startswith(("QLinear", "com.microsoft"))
+                   for k in _ops(model))
+    from ge_native import int8
+
+    if int8.isa() in ("amx_int8", "avx512_vnni", "avx2"):
+        assert report["ops_int8"] == 5 and report["macs_int8_share"] == 1.0, report["float32"]
+        assert _ops(model).get("ge.cpu::NchwcConv", 0) == 4
+    for i, feed in enumerate(models.feeds(f32, seed=11, count=3)):
+        want, got = _ort(path, feed), _ge(model, feed)
+        ref = _ort_f32(f32, feed)
+        scale = float(np.ptp(ref))
+        # the same integers as onnxruntime's int8 run up to the rounding of the requantisation
+        # (onnxruntime adds the int32 bias before scaling): a few output steps at most
+        assert np.abs(got - want).max() <= 0.05 * scale, (i, np.abs(got - want).max(), scale)
+        # and as close to the float model as onnxruntime's own int8 run is
+        assert np.abs(got - ref).max() <= 1.25 * np.abs(want - ref).max() + 1e-6 * scale
+
+
+def _ort_f32(model: onnx.ModelProto, feed: dict) -> np.ndarray:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+
+
+def test_the_int8_build_equals_the_float32_arithmetic_on_the_grid(qdq_cnn, monkeypatch):
+    """Without an integer unit the same model runs float32 on the grid values, each node saying
+    why: int8 and float32 builds agree to the float sums' rounding."""
+    f32, paths = qdq_cnn
+    path = paths[("uint8", True)]
+    feed = models.feeds(f32, seed=3)[0]
+    fast = _ge(ge.compile(ge.load(path)), feed)
+    import ge_cpu.int8 as cpu_int8
+
+    monkeypatch.setattr(cpu_int8, "int8_unit", lambda: None)
+    model = ge.compile(ge.load(path))
+    report = model.report["int8"]
+    assert report["ops_int8"] == 0 and report["macs_int8_share"] == 0.0
+    assert all("no integer matrix unit" in why for why in report["float32"].values())
+    slow = _ge(model, feed)
+    assert np.abs(fast - slow).max() <= 0.02 * float(np.ptp(slow))
+
+
+def test_an_int8_model_survives_the_om_round_trip(qdq_cnn, tmp_path):
+    f32, paths = qdq_cnn
+    model = ge.compile(ge.load(paths[("uint8", True)]))
+    feed = models.feeds(f32, seed=5)[0]
+    om = str(tmp_path / "int8.om")
+    model.save(om)
+    back = ge.load_om(om)
+    assert np.array_equal(_ge(back, feed), _ge(model, feed))
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_dynamic_quantisation_runs_as_one_int8_matmul(tmp_path, per_channel):
+    f32 = models.mlp()
+    path = models.quantized(f32, str(tmp_path), "dynamic", per_channel=per_channel)
+    model = ge.compile(ge.load(path))
+    ops = _ops(model)
+    assert not any(k in ops for k in ("DynamicQuantizeLinear", "MatMulInteger", "Cast"))
+    report = model.report["int8"]
+    assert report["ops"] == 2 and report["boundaries"] == []
+    from ge_native import int8
+
+    if int8.isa() in ("amx_int8", "avx512_vnni", "avx2"):
+        assert report["ops_int8"] == 2 and ops.get("ge.cpu::PackedMatMul") == 2
+    for feed in models.feeds(f32, seed=21, count=2):
+        want, got = _ort(path, feed), _ge(model, feed)
+        # the same dynamic scale, the same integers, the same float32 scaling: equal up to the
+        # order onnxruntime adds the bias in (its own Add node after the scaling: the same here)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+def test_the_pass_records_each_entry_in_the_int8_table(qdq_cnn):
+    f32, paths = qdq_cnn
+    g = ge.load(paths[("uint8", True)])
+    model = ge.compile(g)
+    table = model.graph.metadata[quant.TABLE]
+    assert len(table) == 5
+    for e in table.values():
+        assert e["x"]["dtype"] == "uint8" and e["x"]["scale"] > 0 and 0 <= e["x"]["zero_point"] <= 255
+        assert all(s > 0 for s in e["w"]["scale"])
+
+
+def test_a_weight_a_pass_changed_stays_float32():
+    w = np.array([[0.5, -1.0], [0.25, 0.75]], np.float32)
+    s = np.array([0.25, 0.25], np.float32)
+    assert np.array_equal(quant.recover(w, s, 1), np.array([[2, -4], [1, 3]], np.int8))
+    assert quant.recover(w * np.float32(1.1), s, 1) is None  # (a folded scale: no longer on the grid)
+    assert quant.recover(w * 1000, s, 1) is None  # (outside int8)
+    assert quant.recover(w + 1e-6, s, 1) is None and quant.recover(w + 1e-6, s, 1, tol=1e-2) is not None
+
+
+@pytest.mark.parametrize("shape", [[], [1], [3, 5]])
+def test_a_quantize_dequantize_pair_is_one_fake_quant_of_the_same_values(shape):
+    """Q -> DQ with a per-tensor scale and zero point: one FakeQuant whose values are onnx.reference's
+    (a 0-d value too)."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx.reference import ReferenceEvaluator
+
+    g = h.make_graph(
+        [h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]), h.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])],
+        "fq", [h.make_tensor_value_info("x", T.FLOAT, shape)], [h.make_tensor_value_info("y", T.FLOAT, shape)],
+        [h.make_tensor("s", T.FLOAT, [], [0.07]), h.make_tensor("z", T.INT8, [], [-3])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 19)])
+    model = ge.compile(ge.load(m.SerializeToString()))
+    assert "ge.quant::FakeQuant" in _ops(model) and "QuantizeLinear" not in _ops(model)
+    x = (np.random.default_rng(0).standard_normal(shape) * 10).astype(np.float32)
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    got = _ge(model, {"x": x})
+    assert got.shape == tuple(shape) and np.array_equal(got, want)
