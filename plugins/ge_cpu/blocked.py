@@ -41,6 +41,7 @@ from ge_core.ops import OpDef, OpKind
 from ge_core.passes import Pass, PassContext, PassResult
 from ge_native import nchwc
 from ge_sdk import quant
+from ge_sdk.rewrite.driver import FUSED_FROM_META
 
 from .kernels import conv
 from .kernels.conv import nchwc as conv_nchwc
@@ -59,6 +60,8 @@ BINARY = frozenset(("Add", "Mul", "Sub"))
 STORE_ACTS = {"Sigmoid": "sigmoid", "Silu": "silu", "HardSwish": "hardswish"}
 #: the most input channels a convolution reading NCHW directly takes (a stem's RGB, a mask)
 PLAIN_MAX_CHANNELS = conv_nchwc.PLAIN_MAX_CHANNELS
+#: the weight packings of a quantised model's int8 convolutions (ge_cpu.int8)
+INT8_PACKINGS = ("int8", "int8dw")
 
 
 def _text(v: Any) -> str:
@@ -522,8 +525,11 @@ class _Rewrite:
         if p["addend"]:
             ins.append(self.block_of(n.inputs[3], n))
         self.stats["convs"] += 1
-        return self.graph.add_node("NchwcConv", ins, attrs, domain=DOMAIN, name=n.name, before=n,
-                                   output_types=[blocked_type(ys)])
+        new = self.graph.add_node("NchwcConv", ins, attrs, domain=DOMAIN, name=n.name, before=n,
+                                  output_types=[blocked_type(ys)])
+        # the source names (a --keep_dtype name, an int8 entry find the blocked form through them)
+        new.meta[FUSED_FROM_META] = list(n.meta.get(FUSED_FROM_META) or [n.name])
+        return new
 
     def gap(self, n: Node) -> None:
         out = n.outputs[0]
@@ -752,6 +758,10 @@ def check_node(node: Node) -> None:
             raise _bad(node, f"weight_packing must be one of {', '.join(x or '(none)' for x in PACKINGS)}")
         if _text(a.get("weight_packing", "")) and not _ints_ok(a.get("weight_shape"), 4, 1):
             raise _bad(node, "a packed weight needs weight_shape, 4 positive ints")
+        if _text(a.get("out_dtype", "")) not in ("", "float32", "uint8") or (
+                _text(a.get("out_dtype", "")) == "uint8" and (_text(a.get("weight_packing", "")) not in INT8_PACKINGS
+                                                            or a.get("out_scale") is None)):
+            raise _bad(node, "out_dtype must be float32, or uint8 for an int8 convolution with out_scale")
         _check_conv_geometry(node)
     if node.op_type == "NchwcGroupNorm":
         gs = a.get("group_channels")
@@ -843,9 +853,9 @@ def _window_infer(channels_from_weight: bool):
     def infer(node, opset):
         x = node.inputs[0].type
         rank = 4 if channels_from_weight and int(node.attrs.get("plain_input", 0) or 0) else 5
-        if x.shape is None or len(x.shape) != rank:
-            return [TensorType(x.dtype, None)]
         a = node.attrs
+        if x.shape is None or len(x.shape) != rank:
+            return [TensorType(np.dtype(_text(a.get("out_dtype", "")) or x.dtype), None)]
         k = list(a.get("kernel_shape") or (a.get("weight_shape") or node.inputs[1].type.shape)[2:])
         s = list(a.get("strides") or (1, 1))
         d = list(a.get("dilations") or (1, 1))
@@ -858,10 +868,13 @@ def _window_infer(channels_from_weight: bool):
                 continue
             dims.append((size + p[i] + p[i + 2] - d[i] * (k[i] - 1) - 1) // s[i] + 1)
         cb = x.shape[1]
+        dt = x.dtype
         if channels_from_weight:
             w = node.attrs.get("weight_shape") or node.inputs[1].type.shape
             cb = nchwc.blocks(w[0]) if w is not None else None
-        return [TensorType(x.dtype, (x.shape[0], cb, dims[0], dims[1], BLOCK))]
+            # (an int8 convolution may read and write the quantised integers: out_dtype uint8)
+            dt = np.dtype(_text(a.get("out_dtype", "")) or np.float32)
+        return [TensorType(dt, (x.shape[0], cb, dims[0], dims[1], BLOCK))]
 
     return infer
 
@@ -902,7 +915,7 @@ _WINDOW = {"kernel_shape": None, "strides": None, "dilations": None, "pads": Non
 OPDEFS = [
     OpDef("NchwcConv", DOMAIN, **_OPS, min_inputs=2, max_inputs=5, kind=OpKind.OPAQUE, infer=_window_infer(True),
           attrs={**_WINDOW, "group": 1, "clip_min": None, "clip_max": None, "activation": "", "plain_input": 0,
-                 "weight_packing": "", "weight_shape": None},
+                 "weight_packing": "", "weight_shape": None, "out_dtype": ""},
           doc="a 2-D convolution on blocked (N, C/16, H, W, 16) values (plain_input: X is NCHW): "
               "act(clip(conv(X * S, W) + B + Z)), S a per-channel scale (N or 1, C/16, 1, 1, 16)"),
     OpDef("NchwcGroupNorm", DOMAIN, **_OPS, min_inputs=3, max_inputs=3, kind=OpKind.OPAQUE,

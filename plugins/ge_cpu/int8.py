@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ge_core.ir.graph import Graph, Node
+from ge_core.ir.types import TensorType
 from ge_core.kernel import KernelSpec, with_caps
 from ge_core.passes import Pass, PassContext, PassResult
 from ge_native import fakequant, int8, parallel
@@ -39,8 +40,9 @@ from .reduced import matmul_operands, packed_kernel, packed_node
 
 #: the integer variants worth running a model on (the scalar form is the tests' reference)
 UNITS = ("amx_int8", "avx512_vnni", "avx2")
-#: the packing name of an int8 NchwcConv weight
-INT8 = "int8"
+#: the packing name of an int8 NchwcConv weight, and of an int8 depthwise one
+INT8, INT8DW = "int8", "int8dw"
+PACKINGS = (INT8, INT8DW)
 
 
 def packed_shape(k: int, n: int) -> tuple[int, int, int]:
@@ -122,6 +124,8 @@ class Int8Kernels(Pass):
                 why = _place(g, n, e, unit)
                 kind = "convs" if n.op_type == "NchwcConv" else "matmuls"
                 stats[kind if not why else "float32"] += 1
+            if unit is not None and getattr(int8, "UINT8_IO", False):
+                stats["uint8_values"] = stats.get("uint8_values", 0) + _uint8_storage(g)
         return PassResult(bool(stats["matmuls"] or stats["convs"]), {k: v for k, v in stats.items() if v})
 
 
@@ -272,6 +276,36 @@ def _conv(g: Graph, n: Node, e: dict[str, Any], unit: str) -> str:
     return ""
 
 
+def _int8_conv(n: Node) -> bool:
+    return n.op_type == "NchwcConv" and n.domain == "ge.cpu" and _text(n.attrs.get("weight_packing", "")) in PACKINGS
+
+
+def _uint8_storage(g: Graph) -> int:
+    """Values an int8 convolution writes fake-quantised into uint8 range and only int8
+    convolutions read, with that same quantisation, as their first input: stored as the uint8
+    integers themselves (``out_dtype`` uint8; a quarter of the bytes, and the readers skip their
+    quantisation); how many."""
+    made = 0
+    for n in g.node_list():
+        a = n.attrs
+        if not _int8_conv(n) or a.get("out_scale") is None or _text(a.get("out_dtype", "")) == "uint8":
+            continue
+        lo, hi = int(a.get("out_qmin", 0)), int(a.get("out_qmax", 255))
+        v = n.outputs[0]
+        if not (0 <= lo <= hi <= 255) or v.is_graph_output or not v.users or v.type is None:
+            continue
+        want = (float(np.float32(a["out_scale"])), int(a["out_zero_point"]))
+        if not all(_int8_conv(u) and u.inputs[0] is v and all(x is not v for x in u.inputs[1:])
+                   and not int(u.attrs.get("x_dynamic", 0) or 0) and _text(u.attrs.get("x_dtype", "")) == "uint8"
+                   and (float(np.float32(u.attrs["x_scale"])), int(u.attrs["x_zero_point"])) == want
+                   for u in v.users):
+            continue
+        a["out_dtype"] = "uint8"
+        v.type = TensorType(np.dtype(np.uint8), v.type.shape)
+        made += 1
+    return made
+
+
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v or "")
 
@@ -353,8 +387,12 @@ def int8_conv_kernel(spec: KernelSpec, wpk, w_shape, cb: int, geometry, bias, ha
     q = Quantisation(spec, m)
     unit = int8_unit()
 
+    odt = np.dtype(spec.outputs[0].dtype or np.float32)  # (uint8: the next int8 conv reads the integers)
+    if odt == np.uint8 and q.out_quant is None:
+        raise refuse(spec, "a uint8 output needs out_scale")
+
     def kernel(x, w_in=None, b_in=None, z=None, sc=None, out=None):
-        y = out[0] if out is not None else np.empty(spec.outputs[0].shape, np.float32)
+        y = out[0] if out is not None else np.empty(spec.outputs[0].shape, odt)
         bv = bias if bias is not None else (None if not has_b or b_in is None else np.asarray(b_in, np.float32).reshape(-1))
         if bv is not None:
             bv = np.ascontiguousarray(bv, np.float32)
@@ -363,7 +401,7 @@ def int8_conv_kernel(spec: KernelSpec, wpk, w_shape, cb: int, geometry, bias, ha
         kw = dict(q.kwargs(), bias=bv, clip=clip, act=act or None, addend=z, out_quant=q.out_quant,
                   width=parallel.native_width())
         if cb == 0:
-            x = np.ascontiguousarray(x, np.float32)
+            x = np.ascontiguousarray(x)
         if not int8.conv_nchwc(x, packed, y, tuple(s), tuple(pads), tuple(d), variant=unit, **kw):
             if not int8.conv_nchwc(x, packed, y, tuple(s), tuple(pads), tuple(d), variant="scalar", **kw):
                 raise ValueError(f"{spec.describe()}: operands {x.shape} -> {y.shape} do not fit the int8 convolution")

@@ -24,7 +24,7 @@ from ge_core.ir.graph import Graph, Node, Value
 from ge_core.ops import OpKind
 from ge_native import native
 from ge_native.jit import enabled as jit_enabled
-from ge_sdk import fused
+from ge_sdk import fused, quant
 from ge_sdk.fused import CONV_ATTRS, DOMAIN
 from ge_sdk.rewrite.driver import FUSED_FROM_META
 
@@ -56,6 +56,8 @@ def fusible(node: Node, ops) -> bool:
         return False
     if node.domain == DOMAIN:
         return node.op_type in ("Gelu", "Silu")
+    if quant.fake_quant_params(node) is not None:  # (a quantised model's fake-quant)
+        return _float(node.inputs[0]) and node.inputs[0].type.dtype == out.type.dtype
     if node.domain not in ("", "ai.onnx"):
         return False
     if node.op_type == "BatchNormalization":
@@ -181,6 +183,10 @@ def materialize(graph: Graph, g: _Group) -> bool:
             steps.append(("Add", [f"t{len(steps) - 1}", ref(b)], {}))
         elif op in ("Clip", "LeakyRelu", "HardSigmoid", "Gelu"):
             steps.extend(activation_steps(m, ref(m.inputs[0])))  # type: ignore[arg-type]
+        elif m.domain == quant.DOMAIN:
+            s, z, lo, hi = quant.fake_quant_params(m)  # type: ignore[misc]
+            steps.append((fused.FAKE_QUANT_STEP, [ref(m.inputs[0])],  # type: ignore[arg-type]
+                          {"scale": s, "lo": float(lo - z), "hi": float(hi - z)}))
         else:
             attrs: dict[str, Any] = {}
             if op == "Elu":

@@ -44,6 +44,9 @@ ATTENTION_PERMS = ("perm_q", "perm_kt", "perm_v")
 #: products in bf16 with float32 sums, the softmax in float32: a precision mode's choice)
 ATTENTION_COMPUTE = ("", "bfloat16")
 
+#: the program step of a quantised model's fake-quant (:data:`ge_sdk.quant.FAKE_QUANT`)
+FAKE_QUANT_STEP = "FakeQuant"
+
 #: The environment switch that turns the compiled loops of fused programs off (``0``).
 LOOPS_SWITCH = "GE_FUSION_JIT"
 #: With compiled loops, a program of two or more steps always runs as one compiled loop (well
@@ -154,6 +157,9 @@ PROGRAM_OPS: dict[str, ProgramOp] = {
     "Gelu": ProgramOp(attrs={"approximate": a_choice("none", "tanh")}),
     "Elu": ProgramOp(attrs={"alpha": a_float}),
     "Softplus": ProgramOp(),
+    # a quantised model's fake-quant (ge_sdk.quant.FAKE_QUANT): clip(rint(x / scale), lo, hi) * scale,
+    # lo and hi the integer range less the zero point
+    "FakeQuant": ProgramOp(attrs={"scale": a_float, "lo": a_float, "hi": a_float}),
 }
 
 

@@ -166,3 +166,46 @@ def test_a_quantize_dequantize_pair_is_one_fake_quant_of_the_same_values(shape):
     want = ReferenceEvaluator(m).run(None, {"x": x})[0]
     got = _ge(model, {"x": x})
     assert got.shape == tuple(shape) and np.array_equal(got, want)
+
+
+def test_this_engines_quantiser_output_runs_in_int8():
+    """ge.quantize's QDQ graph (BN folded, the convs renamed back, fused with their Relu by the
+    automatic fusion) finds every int8 entry through the fused and blocked forms."""
+    f32 = models.residual_cnn()
+    q = ge.quantize(ge.load(f32.SerializeToString()), models.feeds(f32, 1, 8))
+    model = ge.compile(q)
+    report = model.report["int8"]
+    assert report["ops"] == 5 and report["not_reached"] == []
+    from ge_native import int8
+
+    if int8.isa() in ("amx_int8", "avx512_vnni", "avx2"):
+        assert report["ops_int8"] == 5 and report["macs_int8_share"] == 1.0
+    feed = models.feeds(f32, seed=9)[0]
+    ref = _ort_f32(f32, feed)
+    assert np.abs(_ge(model, feed) - ref).max() <= 0.1 * float(np.ptp(ref))
+
+
+@pytest.mark.parametrize("jit", ["1", "0"])
+def test_a_fake_quant_fuses_into_an_elementwise_loop_with_the_same_bits(jit, monkeypatch):
+    """Add -> Q -> DQ -> Mul -> Round: one generated loop (and its NumPy form with the loops off)
+    whose values are onnx.reference's bit for bit (the division, rint half to even, the clip)."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx.reference import ReferenceEvaluator
+
+    monkeypatch.setenv("GE_FUSION_JIT", jit)
+    shape = [2, 3, 33, 17]
+    g = h.make_graph(
+        [h.make_node("Add", ["x", "one"], ["a"]), h.make_node("QuantizeLinear", ["a", "s", "z"], ["q"]),
+         h.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]), h.make_node("Mul", ["d", "three"], ["m"]),
+         h.make_node("Round", ["m"], ["y"])],
+        "fq_loop", [h.make_tensor_value_info("x", T.FLOAT, shape)], [h.make_tensor_value_info("y", T.FLOAT, shape)],
+        [h.make_tensor("s", T.FLOAT, [], [0.05]), h.make_tensor("z", T.UINT8, [], [17]),
+         h.make_tensor("one", T.FLOAT, [], [1.0]), h.make_tensor("three", T.FLOAT, [], [3.3])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 19)])
+    model = ge.compile(ge.load(m.SerializeToString()))
+    assert _ops(model) == {"ge.fused::FusedElemwise": 1}
+    x = (np.random.default_rng(1).standard_normal(shape) * 8).astype(np.float32)
+    x.reshape(-1)[:6] = np.array([0.025, 0.075, -0.025, -1.0, 100.0, -100.0], np.float32) - 1  # ties, saturation
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    assert np.array_equal(_ge(model, {"x": x}), want)

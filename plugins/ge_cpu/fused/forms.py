@@ -223,6 +223,20 @@ class OpForm:
         self.check_attrs = spec.check_attrs
 
 
+def _np_fake_quant(a, out=None, scale=1.0, lo=0.0, hi=255.0):
+    """QuantizeLinear then DequantizeLinear (ge_sdk.quant's FakeQuant), in ``a``'s float type."""
+    t = np.asarray(a).dtype.type
+    y = np.divide(a, t(scale), out=out)
+    np.rint(y, out=y)
+    np.clip(y, t(lo), t(hi), out=y)
+    return np.multiply(y, t(scale), out=y)
+
+
+def _c_fake_quant(e: CEmitter, xs: list[str], at: dict[str, Any]) -> str:
+    s = e.k(at.get("scale", 1.0))
+    return f"({e.min}({e.max}({e.libm('rint')}({xs[0]} / {s}), {e.k(at.get('lo', 0.0))}), {e.k(at.get('hi', 255.0))}) * {s})"
+
+
 def _u(name: str) -> Callable[..., str]:
     return lambda a: f"{name}({a})"
 
@@ -269,6 +283,7 @@ def _table() -> dict[str, OpForm]:
         ("Elu", lambda a, alpha=1.0: f"where({a}>0,{a},{_lit(float(alpha))}*(exp({a})-1))", act.np_elu,
          lambda e, xs, at: f"({xs[0]} > {e.k(0)} ? {xs[0]} : {e.k(at.get('alpha', 1.0))} * {e.f('expm1')}({xs[0]}))"),
         ("Softplus", lambda a: f"log(1+exp({a}))", act.np_softplus, _c_softplus),
+        ("FakeQuant", None, _np_fake_quant, _c_fake_quant),
     ]
     return {op: OpForm(op, ne, fn, c) for op, ne, fn, c in rows}
 
