@@ -57,7 +57,8 @@ def fusible(node: Node, ops) -> bool:
     if node.domain == DOMAIN:
         return node.op_type in ("Gelu", "Silu")
     if quant.fake_quant_params(node) is not None:  # (a quantised model's fake-quant)
-        return _float(node.inputs[0]) and node.inputs[0].type.dtype == out.type.dtype
+        x = node.inputs[0]
+        return x is not None and _float(x) and x.type.dtype == out.type.dtype
     if node.domain not in ("", "ai.onnx"):
         return False
     if node.op_type == "BatchNormalization":
@@ -184,9 +185,10 @@ def materialize(graph: Graph, g: _Group) -> bool:
         elif op in ("Clip", "LeakyRelu", "HardSigmoid", "Gelu"):
             steps.extend(activation_steps(m, ref(m.inputs[0])))  # type: ignore[arg-type]
         elif m.domain == quant.DOMAIN:
-            s, z, lo, hi = quant.fake_quant_params(m)  # type: ignore[misc]
-            steps.append((fused.FAKE_QUANT_STEP, [ref(m.inputs[0])],  # type: ignore[arg-type]
-                          {"scale": s, "lo": float(lo - z), "hi": float(hi - z)}))
+            fq = quant.fake_quant_params(m)
+            assert fq is not None and m.inputs[0] is not None
+            steps.append((fused.FAKE_QUANT_STEP, [ref(m.inputs[0])],
+                          {"scale": fq[0], "lo": float(fq[2] - fq[1]), "hi": float(fq[3] - fq[1])}))
         else:
             attrs: dict[str, Any] = {}
             if op == "Elu":
