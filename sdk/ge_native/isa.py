@@ -182,5 +182,9 @@ register(Family("int8gemm", [Variant("amx_int8", frozenset({"amx_int8", "amx_til
                              Variant("avx512_vnni", frozenset({"avx512_vnni", "avx512bw", "avx512vl"})),
                              Variant("avx2", frozenset({"avx2"})), Variant("scalar")],
                 switch="GE_NATIVE_INT8", probe=_isa_probe("int8")))
+#: int8 depthwise convolution over NCHWc (ge_native.int8dw): VPDPBUSD on tap quads, AVX2 widened to int16
+register(Family("int8dw", [Variant("avx512_vnni", frozenset({"avx512_vnni", "avx512bw", "avx512vl"})),
+                           Variant("avx2", frozenset({"avx2", "fma"})), Variant("scalar")],
+                switch="GE_NATIVE_INT8DW", probe=_isa_probe("int8dw")))
 #: the native thread pool (pthreads workers), else every parallel loop runs inline on the caller
 register(Family("pool", [Variant("pthreads"), Variant("inline")], switch="GE_NATIVE", probe=_pool_probe))
