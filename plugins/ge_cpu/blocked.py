@@ -829,7 +829,7 @@ def _check_conv_geometry(node: Node) -> None:
         depthwise = group > 1 and cg == 1 and group == m
         k, st, dil = w[2:], tuple(a.get("strides") or (1, 1)), tuple(a.get("dilations") or (1, 1))
         fits = {"plain": plain, "depthwise": depthwise and not plain, "blocked": not plain and not depthwise,
-                "bf16": group == 1, "int8": group == 1}.get(
+                "bf16": group == 1, "int8": group == 1, "int8dw": depthwise and not plain}.get(
             packing, not plain and not depthwise and k == (3, 3) and st == (1, 1) and dil == (1, 1))
         if not fits:
             raise _bad(node, f"weight_packing {packing} does not fit the convolution: it contradicts the attributes "

@@ -31,7 +31,7 @@ from ge_core.ir.graph import Graph, Node
 from ge_core.ir.types import TensorType
 from ge_core.kernel import KernelSpec, with_caps
 from ge_core.passes import Pass, PassContext, PassResult
-from ge_native import fakequant, int8, parallel
+from ge_native import fakequant, int8, int8dw, parallel
 from ge_sdk import fused, quant
 
 from .fused.elementwise import mark_out, refuse
@@ -145,6 +145,9 @@ def _place(g: Graph, n: Node, e: dict[str, Any], unit: str | None) -> str:
         why = "a convolution outside the blocked layout (a lone one) has no int8 kernel yet"
     else:
         why = f"the cpu backend has no int8 kernel for {n.op_type}"
+    if blocked and not why and _text(n.attrs.get("weight_packing", "")) == INT8DW:
+        quant.done(n, f"nchwc_int8dw_{dw_unit()}", "", macs)
+        return ""
     quant.done(n, "" if why else f"{'nchwc' if blocked else 'packed_matmul'}_int8_{unit}", why, macs)
     return why
 
@@ -245,8 +248,9 @@ def _conv(g: Graph, n: Node, e: dict[str, Any], unit: str) -> str:
     wpk = None if w_in is None or w_in.const_value is None else np.asarray(w_in.const_value)
     if not packing or wpk is None or w_in is None or wpk.dtype != np.float32:
         return "its weight is not a constant the layout pass packed"
-    if int(a.get("group", 1) or 1) != 1:
-        return "a grouped or depthwise convolution has no int8 kernel yet: float32 on the grid values"
+    group = int(a.get("group", 1) or 1)
+    if group != 1:
+        return _depthwise(g, n, e, packing, wpk, w_in, group)
     if len(n.inputs) > 4 and n.inputs[4] is not None:
         return "a convolution with an input scale (an SE block's) has no int8 kernel"
     w_shape = tuple(int(v) for v in a["weight_shape"])
@@ -269,6 +273,49 @@ def _conv(g: Graph, n: Node, e: dict[str, Any], unit: str) -> str:
     stored = np.ascontiguousarray(int8.PackedConv8(wq, cb).data).reshape(-1)
     a.update(weight_packing=INT8, w_scale=[float(v) for v in ws], **_x_attrs(e))
     n.set_input(1, g.add_constant(stored, g.names.fresh(f"{n.name}_w_int8")))
+    if not w_in.has_uses() and not w_in.is_graph_output:
+        g.remove_constant(w_in)
+    _skip_input_fake_quant(g, n, e)
+    _absorb_output_fake_quant(g, n)
+    return ""
+
+
+def dw_unit() -> str | None:
+    """The int8 depthwise variant this machine computes with (:mod:`ge_native.int8dw`), or None."""
+    import os
+
+    v = int8dw.isa()
+    if v is not None and (v != "scalar" or os.environ.get("GE_NATIVE_INT8DW") == v):
+        return v
+    return None
+
+
+def dw_packed_shape(w_shape) -> tuple[int, int, int, int]:
+    """The shape of :class:`ge_native.int8dw.PackedDW8`'s bits for a (C, 1, KH, KW) weight."""
+    c, _, kh, kw = (int(v) for v in w_shape)
+    return (-(-c // int8dw.BLOCK), kh, -(-kw // 4), 4 * int8dw.BLOCK)
+
+
+def _depthwise(g: Graph, n: Node, e: dict[str, Any], packing: str, wpk: np.ndarray, w_in, group: int) -> str:
+    """A blocked depthwise convolution in int8 (weight_packing int8dw); the reason not, or ''."""
+    from .kernels.nchwc import unpack
+
+    w_shape = tuple(int(v) for v in n.attrs["weight_shape"])
+    if packing != "depthwise" or group != w_shape[0] or w_shape[1] != 1:
+        return "a grouped convolution (not depthwise) has no int8 kernel: float32 on the grid values"
+    if dw_unit() is None:
+        return "this CPU has no vector unit for the int8 depthwise kernel: float32 on the grid values"
+    w = unpack(packing, wpk, w_shape, -(-w_shape[0] // int8dw.BLOCK), group)
+    try:
+        ws = quant.w_scales(e, w_shape[0])
+    except ValueError as err:
+        return str(err)
+    wq = quant.recover(np.ascontiguousarray(w, np.float32), ws, 0)
+    if wq is None:
+        return "its float32 weight is not the dequantised int8 weight (a pass changed it)"
+    stored = np.ascontiguousarray(int8dw.PackedDW8(wq).data).reshape(-1)
+    n.attrs.update(weight_packing=INT8DW, w_scale=[float(v) for v in ws], **_x_attrs(e))
+    n.set_input(1, g.add_constant(stored, g.names.fresh(f"{n.name}_w_int8dw")))
     if not w_in.has_uses() and not w_in.is_graph_output:
         g.remove_constant(w_in)
     _skip_input_fake_quant(g, n, e)
@@ -411,3 +458,38 @@ def int8_conv_kernel(spec: KernelSpec, wpk, w_shape, cb: int, geometry, bias, ha
 
 
 KERNELS = {(quant.DOMAIN, quant.FAKE_QUANT): fake_quant_factory}
+
+
+def int8_dw_kernel(spec: KernelSpec, wpk, w_shape, geometry, bias, has_b: bool, clip, act: str):
+    """The kernel of a depthwise NchwcConv whose weight is packed in int8
+    (:class:`ge_native.int8dw.PackedDW8`'s bits)."""
+    k, s, d, pads = geometry
+    m = int(w_shape[0])
+    data = np.asarray(wpk, np.int8).reshape(-1)
+    shape = dw_packed_shape(w_shape)
+    if data.size != int(np.prod(shape)):
+        raise refuse(spec, f"an int8dw weight of {data.size} values, {int(np.prod(shape))} expected")
+    try:
+        packed = int8dw.PackedDW8.from_data(data.reshape(shape), tuple(w_shape))
+    except ValueError as err:
+        raise refuse(spec, str(err)) from None
+    q = Quantisation(spec, m)
+    unit = dw_unit()
+    odt = np.dtype(spec.outputs[0].dtype or np.float32)
+    if odt == np.uint8 and q.out_quant is None:
+        raise refuse(spec, "a uint8 output needs out_scale")
+
+    def kernel(x, w_in=None, b_in=None, z=None, sc=None, out=None):
+        y = out[0] if out is not None else np.empty(spec.outputs[0].shape, odt)
+        bv = bias if bias is not None else (None if not has_b or b_in is None else np.asarray(b_in, np.float32).reshape(-1))
+        if bv is not None:
+            bv = np.ascontiguousarray(bv, np.float32)
+        kw = dict(q.kwargs(), bias=bv, clip=clip, act=act or None, addend=z, out_quant=q.out_quant,
+                  width=parallel.native_width())
+        if not int8dw.depthwise_nchwc(x, packed, y, tuple(s), tuple(pads), tuple(d), variant=unit, **kw) and \
+                not int8dw.depthwise_nchwc(x, packed, y, tuple(s), tuple(pads), tuple(d), variant="scalar", **kw):
+            raise ValueError(f"{spec.describe()}: operands {x.shape} -> {y.shape} do not fit the int8 depthwise "
+                             "convolution")
+        return (y,)
+
+    return with_caps(kernel, accepts_out=True, mode="nchwc int8", algorithm="nchwc_int8dw", variant=unit or "scalar")

@@ -46,6 +46,30 @@ def residual_cnn(seed: int = 0, size: int = 32, width: int = 32) -> onnx.ModelPr
     return m
 
 
+def inverted_residual(seed: int = 0, size: int = 20, c: int = 16, expand: int = 3) -> onnx.ModelProto:
+    """MobileNetV2's block: a 1x1 expansion with ReLU6, a 3x3 depthwise conv with ReLU6 (stride 1),
+    a 1x1 projection and the residual, after a stem conv."""
+    rng = np.random.default_rng(seed)
+    e = c * expand
+    inits = [_init(rng, "w0", (c, 3, 3, 3)), _init(rng, "w1", (e, c, 1, 1), 0.2), _init(rng, "b1", (e,)),
+             _init(rng, "w2", (e, 1, 3, 3), 0.3), _init(rng, "b2", (e,)), _init(rng, "w3", (c, e, 1, 1), 0.1),
+             nh.from_array(np.array(0.0, np.float32), "lo"), nh.from_array(np.array(6.0, np.float32), "hi")]
+    nodes = [
+        h.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+        h.make_node("Conv", ["c0", "w1", "b1"], ["c1"]),
+        h.make_node("Clip", ["c1", "lo", "hi"], ["r1"]),
+        h.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], group=e),
+        h.make_node("Clip", ["c2", "lo", "hi"], ["r2"]),
+        h.make_node("Conv", ["r2", "w3"], ["c3"]),
+        h.make_node("Add", ["c3", "c0"], ["y"]),
+    ]
+    g = h.make_graph(nodes, "inverted_residual", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, size, size])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, c, size, size])], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
 def mlp(seed: int = 0, k: int = 64, hidden: int = 96, n: int = 48, rows: int = 8) -> onnx.ModelProto:
     """MatMul + bias + Relu, MatMul + bias, on a (2, rows, k) input: a transformer's feed-forward."""
     rng = np.random.default_rng(seed)

@@ -209,3 +209,23 @@ def test_a_fake_quant_fuses_into_an_elementwise_loop_with_the_same_bits(jit, mon
     x.reshape(-1)[:6] = np.array([0.025, 0.075, -0.025, -1.0, 100.0, -100.0], np.float32) - 1  # ties, saturation
     want = ReferenceEvaluator(m).run(None, {"x": x})[0]
     assert np.array_equal(_ge(model, {"x": x}), want)
+
+
+def test_a_depthwise_block_runs_in_int8_and_matches_onnxruntime(tmp_path):
+    """MobileNetV2's inverted residual: the 1x1 convolutions on the int8 GEMM, the depthwise one
+    on the int8 depthwise kernel (ge_native.int8dw)."""
+    f32 = models.inverted_residual()
+    path = models.quantized(f32, str(tmp_path), "qdq")
+    model = ge.compile(ge.load(path))
+    report = model.report["int8"]
+    assert report["ops"] == 4 and not report["not_reached"]
+    from ge_native import int8, int8dw
+
+    if int8.isa() in ("amx_int8", "avx512_vnni", "avx2") and int8dw.isa() in ("avx512_vnni", "avx2"):
+        assert report["ops_int8"] == 4, report["float32"]
+        assert sum(v["kernel"].startswith("nchwc_int8dw_") for v in report["nodes"].values()) == 1
+    for feed in models.feeds(f32, seed=4, count=2):
+        want, got, ref = _ort(path, feed), _ge(model, feed), _ort_f32(f32, feed)
+        scale = float(np.ptp(ref))
+        assert np.abs(got - want).max() <= 0.05 * scale
+        assert np.abs(got - ref).max() <= 1.25 * np.abs(want - ref).max() + 1e-6 * scale

@@ -107,8 +107,8 @@ def _weight_of(spec: KernelSpec):
     if packing:  # the weight packed at compile time (the .om keeps that form): its shape an attribute
         w_shape = tuple(int(v) for v in (spec.attr("weight_shape") or ()))
         # (stored float16 by a precision mode: widened once, here; bf16: its own kernel's bits)
-        wdt = {"bf16": np.uint16, "int8": np.int8}.get(packing, np.float32)
-        if w is not None and w.dtype == np.float16 and packing not in ("bf16", "int8"):
+        wdt = {"bf16": np.uint16, "int8": np.int8, "int8dw": np.int8}.get(packing, np.float32)
+        if w is not None and w.dtype == np.float16 and packing not in ("bf16", "int8", "int8dw"):
             w = w.astype(np.float32)
         if w is not None and (w.dtype != wdt or w.ndim != 1):
             raise _refuse(spec, f"weight_packing {packing} needs a 1-D {np.dtype(wdt).name} weight")
@@ -116,7 +116,7 @@ def _weight_of(spec: KernelSpec):
             raise _refuse(spec, f"weight_packing {packing} needs a 1-D weight")
         # (computed at run time: a Cast of the float16 form ATC's precision modes store)
         wpk_const, w = (np.ascontiguousarray(w) if w is not None else None), None
-        if packing in ("bf16", "int8") and wpk_const is None:
+        if packing in ("bf16", "int8", "int8dw") and wpk_const is None:
             raise _refuse(spec, f"weight_packing {packing} needs its weight as a constant")
     else:
         w_shape = tuple(w.shape) if w is not None else (tuple(w_t.shape) if w_t is not None and w_t.shape else ())
@@ -195,6 +195,12 @@ def conv_factory(spec: KernelSpec):
     lo, hi = spec.attr("clip_min"), spec.attr("clip_max")
     clip = None if lo is None and hi is None else (float(-np.inf if lo is None else lo), float(np.inf if hi is None else hi))
     y_t = spec.outputs[0] if spec.outputs else None
+    if packing == "int8dw":
+        if not depthwise or plain:
+            raise _refuse(spec, "weight_packing int8dw is for a depthwise convolution on a blocked input")
+        from ..int8 import int8_dw_kernel
+
+        return int8_dw_kernel(spec, wpk_const, w_shape, (k, s, d, pads), b, has_b, clip, act)
     if packing == "int8":
         if group != 1:
             raise _refuse(spec, "weight_packing int8 is for an ungrouped convolution")
@@ -362,8 +368,8 @@ def winograd_tile(algorithm: str, w_shape, group: int, k, s, d, plain: bool, y_s
 #: pack_weights`, grouped or not), "plain" (a stem's, ``pack_plain``), "depthwise", "winograd2" and
 #: "winograd4" (``winograd_weights``: the algorithm chosen with the packing); a reduced precision's
 #: "bf16" (:class:`ge_native.bf16.PackedConv`) and a quantised model's "int8"
-#: (:class:`ge_native.int8.PackedConv8`)
-PACKINGS = ("", "blocked", "plain", "depthwise", "winograd2", "winograd4", "bf16", "int8")
+#: (:class:`ge_native.int8.PackedConv8`) and "int8dw" (:class:`ge_native.int8dw.PackedDW8`)
+PACKINGS = ("", "blocked", "plain", "depthwise", "winograd2", "winograd4", "bf16", "int8", "int8dw")
 
 
 def packing_for(algorithm: str, w_shape, group: int, k, s, d, plain: bool, in_blocks: int, y_shape) -> str:
@@ -399,6 +405,10 @@ def packed_size(packing: str, w_shape, in_blocks: int, group: int) -> int:
         from ..int8 import conv_packed_shape
 
         return int(np.prod(conv_packed_shape(w_shape, in_blocks)))
+    if packing == "int8dw":
+        from ..int8 import dw_packed_shape
+
+        return int(np.prod(dw_packed_shape(w_shape)))
     mb = nchwc.blocks(m)
     if packing == "plain":
         return mb * nchwc.BLOCK * cg * kh * kw
