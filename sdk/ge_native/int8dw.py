@@ -122,10 +122,11 @@ class PackedDW8:
                 or not data.flags.c_contiguous):
             got = (getattr(data, "dtype", type(data)), getattr(data, "shape", None))
             raise ValueError(f"packed int8 depthwise bits of {tuple(shape)} are a C-contiguous int8 {want}, not {got}")
-        lanes = data.reshape(want[0] * want[1] * want[2], BLOCK, 4)
-        live = np.zeros((want[0], 1, want[2], BLOCK, 4), bool)
-        live.reshape(want[0] * BLOCK, want[2] * 4)[:c, :kw] = True
-        if np.any(lanes[~np.broadcast_to(live, (want[0], kh, want[2], BLOCK, 4)).reshape(-1, BLOCK, 4)]):
+        # (block, row, quad, lane, member): channel 16 * block + lane, tap 4 * quad + member
+        channel = np.arange(want[0])[:, None, None, None, None] * BLOCK + np.arange(BLOCK)[None, None, None, :, None]
+        tap = np.arange(want[2])[None, None, :, None, None] * 4 + np.arange(4)[None, None, None, None, :]
+        live = (channel < c) & (tap < kw)
+        if np.any(data.reshape(want[0], kh, want[2], BLOCK, 4)[~np.broadcast_to(live, (want[0], kh, want[2], BLOCK, 4))]):
             raise ValueError(f"packed int8 depthwise bits of {tuple(shape)} hold weights past C or KW")
         self = cls.__new__(cls)
         self._init(data, (c, one, kh, kw))

@@ -202,6 +202,25 @@ def test_the_packed_weight():
             int8dw.PackedDW8(w)
 
 
+@pytest.mark.parametrize("shape", [(144, 1, 5, 5), (40, 1, 7, 7), (17, 1, 3, 5), (16, 1, 5, 9)])
+def test_a_packing_of_several_tap_quads_round_trips_and_refuses_a_stray_weight(shape):
+    """Kernels wider than 4 taps (EfficientNet's 5x5) span several quads: what the packer writes
+    is what from_data takes, and one weight past C or KW (in any quad) is refused."""
+    w = np.random.default_rng(1).integers(-128, 128, shape).astype(np.int8)
+    pk = int8dw.PackedDW8(w)
+    assert np.shares_memory(int8dw.PackedDW8.from_data(pk.data, shape).data, pk.data)
+    c, _, kh, kw = shape
+    cb, g = pk.data.shape[0], pk.data.shape[2]
+    strays = [(cb - 1, kh - 1, g - 1, 4 * (int8dw.BLOCK - 1) + 3)] if c % int8dw.BLOCK or kw % 4 else []
+    if kw % 4:
+        strays.append((0, 0, g - 1, 3))  # channel 0, tap 4 (g - 1) + 3 >= kw
+    for at in strays:
+        bad = pk.data.copy()
+        bad[at] = 1
+        with pytest.raises(ValueError):
+            int8dw.PackedDW8.from_data(bad, shape)
+
+
 def test_refusals_return_false_and_write_nothing():
     n, c, h, w, k, s, d, p = CASES[0]
     x5, wt, shape = _case(n, c, h, w, k, s, d, p)
