@@ -5,6 +5,8 @@ round trip."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -213,7 +215,7 @@ def test_a_fake_quant_fuses_into_an_elementwise_loop_with_the_same_bits(jit, mon
 
 def test_a_depthwise_block_runs_in_int8_and_matches_onnxruntime(tmp_path):
     """MobileNetV2's inverted residual: the 1x1 convolutions on the int8 GEMM, the depthwise one
-    on the int8 depthwise kernel (ge_native.int8dw)."""
+    on the int8 depthwise kernel (ge_native.int8dw); the .om keeps it (the same bits back)."""
     f32 = models.inverted_residual()
     path = models.quantized(f32, str(tmp_path), "qdq")
     model = ge.compile(ge.load(path))
@@ -224,8 +226,29 @@ def test_a_depthwise_block_runs_in_int8_and_matches_onnxruntime(tmp_path):
     if int8.isa() in ("amx_int8", "avx512_vnni", "avx2") and int8dw.isa() in ("avx512_vnni", "avx2"):
         assert report["ops_int8"] == 4, report["float32"]
         assert sum(v["kernel"].startswith("nchwc_int8dw_") for v in report["nodes"].values()) == 1
+    om = str(tmp_path / "dw.om")
+    model.save(om)
+    back = ge.load_om(om)
+    feed0 = models.feeds(f32, seed=2)[0]
+    assert np.array_equal(_ge(back, feed0), _ge(model, feed0))
     for feed in models.feeds(f32, seed=4, count=2):
         want, got, ref = _ort(path, feed), _ge(model, feed), _ort_f32(f32, feed)
         scale = float(np.ptp(ref))
         assert np.abs(got - want).max() <= 0.05 * scale
         assert np.abs(got - ref).max() <= 1.25 * np.abs(want - ref).max() + 1e-6 * scale
+
+
+@pytest.mark.parametrize("attr, value", [("w_scale", [1.0]), ("x_scale", -1.0), ("x_zero_point", 999),
+                                         ("out_scale", float("nan")), ("x_dtype", "int4")])
+def test_a_damaged_int8_attribute_in_an_om_is_refused_at_load(qdq_cnn, tmp_path, attr, value):
+    """What a loader reads back is checked as if from a stranger: a bad quantisation attribute
+    of an int8 convolution is a GEError naming the node, never a crash or a silent wrong run."""
+    f32, paths = qdq_cnn
+    model = ge.compile(ge.load(paths[("uint8", True)]))
+    conv = next(n for n in model.graph.node_list()
+                if n.op_type == "NchwcConv" and n.attrs.get("weight_packing") == "int8" and "out_scale" in n.attrs)
+    conv.attrs[attr] = value
+    om = str(tmp_path / "bad.om")
+    model.save(om)
+    with pytest.raises(ge.GEError, match=re.escape(conv.name)):
+        ge.load_om(om).run(models.feeds(f32, seed=1)[0])
