@@ -78,14 +78,15 @@ def table(graph: Any) -> dict[str, dict[str, Any]]:
 
 
 def lookup(graph: Any, node: Any) -> dict[str, Any] | None:
-    """The entry of ``node`` (by its name, else the one source it was fused from that has one),
-    or None."""
+    """The entry of ``node``: of the one source it was made from that has one (its
+    ``ge.fused_from`` names: a fused node's own name may be another node's, suffixed), else of
+    its own name; or None."""
     t = table(graph)
-    got = t.get(node.name)
-    if got is not None:
-        return got
-    names = [n for n in (node.meta.get(FUSED_FROM) or ()) if n in t]
-    return t[names[0]] if len(names) == 1 else None
+    sources = node.meta.get(FUSED_FROM)
+    if sources:
+        names = [n for n in sources if n in t]
+        return t[names[0]] if len(names) == 1 else None
+    return t.get(node.name)
 
 
 def w_scales(e: dict[str, Any], channels: int) -> np.ndarray:

@@ -252,3 +252,17 @@ def test_a_damaged_int8_attribute_in_an_om_is_refused_at_load(qdq_cnn, tmp_path,
     model.save(om)
     with pytest.raises(ge.GEError, match=re.escape(conv.name)):
         ge.load_om(om).run(models.feeds(f32, seed=1)[0])
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_a_static_qdq_mlp_runs_in_int8_whatever_its_nodes_were_renamed_to(tmp_path, per_channel):
+    """MatMul + bias (+ Relu) fused into FusedMatMul nodes whose names collide with other sources'
+    ('matmul' -> 'matmul_1'): each finds its own entry through ge.fused_from, not another's by name."""
+    f32 = models.mlp()
+    path = models.quantized(f32, str(tmp_path), "qdq", per_channel=per_channel)
+    model = ge.compile(ge.load(path))
+    report = model.report["int8"]
+    assert report["ops"] == 2 and not report["not_reached"] and not report["float32"], report["float32"]
+    for feed in models.feeds(f32, seed=8, count=2):
+        want, got, ref = _ort(path, feed), _ge(model, feed), _ort_f32(f32, feed)
+        assert np.abs(got - want).max() <= 0.05 * float(np.ptp(ref))
