@@ -408,3 +408,43 @@ def emit(result: Any, args: argparse.Namespace, text: Callable[[Any], str]) -> N
     """Print ``result`` as JSON (``--json``) or as ``text(result)``, flushed (a pipe sees it at once)."""
     print(to_json(result) if args.json else text(result))
     sys.stdout.flush()
+
+
+def quant_error(got: Any, want: Any) -> dict[str, Any]:
+    """How far a quantised model's array is from its float origin's: the largest absolute error,
+    that error over the reference's range (max - min), the signal-to-quantisation-noise ratio
+    ``10 log10(sum want^2 / sum (got - want)^2)`` in dB (inf when equal) and the cosine of the
+    two as vectors (1 when both are zero). Measures, not a pass/fail tolerance."""
+    a, b = np.asarray(got), np.asarray(want)
+    if a.shape != b.shape:
+        inf = float("inf")
+        return {"max_abs": inf, "max_rel_range": inf, "sqnr_db": -inf, "cosine": 0.0,
+                "note": f"shape {list(a.shape)} vs reference {list(b.shape)}"}
+    x, y = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    if not x.size:
+        return {"max_abs": 0.0, "max_rel_range": 0.0, "sqnr_db": float("inf"), "cosine": 1.0}
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        e = x - y
+        max_abs = float(np.max(np.abs(e)))
+        span = float(np.max(y) - np.min(y)) or float(np.max(np.abs(y)))
+        rel = max_abs / span if span else (0.0 if max_abs == 0 else float("inf"))
+        noise, signal = float(np.dot(e, e)), float(np.dot(y, y))
+        sqnr = float("inf") if noise == 0 else 10.0 * float(np.log10(signal / noise)) if signal else float("-inf")
+        nx, ny = float(np.linalg.norm(x)), float(np.linalg.norm(y))
+        cos = 1.0 if nx == 0 and ny == 0 else (float(np.dot(x, y)) / (nx * ny) if nx and ny else 0.0)
+    if not np.isfinite(max_abs):  # a NaN or an infinity on either side
+        return {"max_abs": float("inf"), "max_rel_range": float("inf"), "sqnr_db": float("-inf"), "cosine": 0.0,
+                "note": "non-finite values"}
+    return {"max_abs": max_abs, "max_rel_range": rel, "sqnr_db": sqnr, "cosine": min(cos, 1.0)}
+
+
+def unblock(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A value in a blocked channel layout (NCHWc: ``(N, C/b, H, W, b)``, the channels padded to a
+    multiple of b) as the plain ``shape`` ``(N, C, H, W)`` it stands for; ``a`` itself when it is
+    not such a value."""
+    a = np.asarray(a)
+    shape = tuple(shape)
+    if a.shape == shape or a.ndim != len(shape) + 1 or len(shape) < 3 or a.shape[0] != shape[0] \
+            or a.shape[2:-1] != shape[2:] or not 0 < shape[1] <= a.shape[1] * a.shape[-1] < shape[1] + a.shape[-1]:
+        return a
+    return np.moveaxis(a, -1, 2).reshape((a.shape[0], a.shape[1] * a.shape[-1], *shape[2:]))[:, :shape[1]]

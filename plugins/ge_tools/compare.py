@@ -14,16 +14,24 @@ off from some point on (the pass manager's order: stages in order, each stage's 
 and binary-searches the first pass after which the outputs diverge. The graph just before that
 pass (the passes before it applied) is written as ONNX through the ``onnx`` frontend's exporter:
 a repro to attach to a bug report.
+
+``--origin FLOAT_MODEL`` measures a quantised model (run here in int8) against the float model
+it was quantised from (run by the reference on the same feeds): max error, error over the
+range, SQNR and cosine per output, and with ``--per-node`` per tensor of the float model with
+the int8 kernel that computed it and the first layer under ``--sqnr-threshold``. Exit status 0,
+or 1 when ``--max-error`` is given and exceeded.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 import numpy as np
 
-from ge_core.errors import GEError, OptionError
+from ge_core.errors import GEError, InputError, ModelFileError, OptionError
+from ge_sdk.quant import FUSED_FROM
 from ge_sdk.rewrite.driver import REPLACES_META
 
 from .common import (
@@ -39,8 +47,10 @@ from .common import (
     make_feeds,
     onnx_node_outputs,
     open_model,
+    quant_error,
     run_reference,
     source_onnx,
+    unblock,
     with_outputs,
 )
 from .frameworks import FRAMEWORK_REFERENCES, run_framework
@@ -66,6 +76,14 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="where --bisect-passes writes the graph before the diverging pass "
                         "(default: ge_repro_before_PASS.onnx here)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--origin", metavar="FLOAT_MODEL",
+                   help="compare MODEL (a quantised model) with the float model it was quantised from, run by "
+                        "--reference on the same inputs: max error, error over the range, SQNR and cosine per output "
+                        "(and per layer with --per-node) instead of a tolerance")
+    p.add_argument("--max-error", dest="max_error", type=float, metavar="E",
+                   help="with --origin: exit 1 when an output's max |diff| over the reference's range exceeds E")
+    p.add_argument("--sqnr-threshold", dest="sqnr_threshold", type=float, default=20.0, metavar="DB",
+                   help="with --origin --per-node: a layer whose SQNR is under DB diverges (default 20)")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -270,7 +288,301 @@ def _write_repro(graph, path: str, inputs: Any = None) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
+# --origin: a quantised model against the float model it was quantised from
+
+
+def origin_onnx(path: str) -> bytes:
+    """The float origin as serialized ONNX (a model of another framework written by the exporter)."""
+    import ge_core as ge
+
+    if not os.path.isfile(path):
+        raise ModelFileError(f"--origin: the float model '{path}' does not exist",
+                             hint="give the float model that MODEL was quantised from")
+    if not path.lower().endswith(".onnx"):
+        return export_graph(ge.load(path)).SerializeToString()
+    import onnx
+
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        onnx.load_from_string(data)
+    except Exception as e:  # (protobuf's DecodeError and friends)
+        raise ModelFileError(f"the float origin '{path}' is not an ONNX model: {type(e).__name__}: {str(e)[:200]}",
+                             hint="give with --origin the float .onnx model that MODEL was quantised from") from None
+    return data
+
+
+def _check_origin_inputs(fsrc: bytes, feeds: dict[str, np.ndarray], qpath: str, fpath: str) -> None:
+    """The float origin takes the inputs fed to the quantised model: the same names, and the
+    same sizes where the origin fixes them. Else a GEError naming both files."""
+    import onnx
+
+    g = onnx.load_from_string(fsrc).graph
+    inits = {t.name for t in g.initializer}
+    want = {i.name: [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim]
+            for i in g.input if i.name not in inits}
+    problems = []
+    if set(want) != set(feeds):
+        problems.append(f"'{qpath}' takes {sorted(feeds)}, '{fpath}' takes {sorted(want)}")
+    for name in sorted(set(want) & set(feeds)):
+        shape, dims = list(np.shape(feeds[name])), want[name]
+        if len(dims) != len(shape) or any(d is not None and d != s for d, s in zip(dims, shape)):
+            problems.append(f"input '{name}' is {shape} for '{qpath}' but {['?' if d is None else d for d in dims]} "
+                            f"in '{fpath}'")
+    if problems:
+        raise GEError(f"the quantised model '{qpath}' and its origin '{fpath}' take different inputs: "
+                      + "; ".join(problems), hint="give with --origin the float model this model was quantised from")
+
+
+def _run_origin(kind: str, fsrc: bytes, feeds: dict[str, np.ndarray], threads: int | None, fpath: str,
+                *, optimize: bool = True) -> dict[str, np.ndarray]:
+    try:
+        return run_reference(kind, fsrc, feeds, threads, optimize=optimize)
+    except GEError as e:
+        raise GEError(f"the float origin '{fpath}' does not run: {e}",
+                      hint="check that --origin names the float ONNX model this model was quantised from") from None
+
+
+def _strip_suffix(name: str) -> list[str]:
+    """``name`` and what it is with its fresh-name suffixes (``_1``, ``_2``...) taken off one by one."""
+    out = [name]
+    while True:
+        head, sep, tail = out[-1].rpartition("_")
+        if not (sep and head and tail.isdigit()):
+            return out
+        out.append(head)
+
+
+def origin_pairs(graph, qgraph, float_names: set[str]) -> dict[str, tuple[str, str]]:
+    """``{compiled value: (float origin tensor, how)}``: which tensor of the float model each value
+    of the compiled quantised ``graph`` stands for. ``qgraph`` is the quantised model as read
+    (its node names are the ones the compiled nodes' meta records). A value stands for a tensor of
+    the quantised model (:func:`source_names`; else the output of the latest of the source nodes it
+    was made from: its ``ge.fused_from``/``fusion_group`` members, else its own node's name; a
+    fake-quant ``<Q>_fq`` made of QuantizeLinear ``<Q>`` stands for the DequantizeLinear output
+    after it). That tensor is the float model's tensor of the same name (how ``value``); for the
+    output of a DequantizeLinear of a QuantizeLinear of tensor T, T (how ``fake-quant``: the
+    quantised value of T). QOperator's ``T_quantized`` is not matched to T: onnxruntime names a
+    QLinearConv's output after the Conv's even where it folded the Relu after it in."""
+    nodes = {n.name: n for n in qgraph.node_list()}
+    order = {name: i for i, name in enumerate(nodes)}
+    producer = {o.name: n for n in nodes.values() for o in n.outputs}
+    outputs_of = {name: [o.name for o in n.outputs] for name, n in nodes.items()}
+    qnames = set(producer)
+
+    def resolve(t: str | None) -> tuple[str, str] | None:
+        if t is None:
+            return None
+        if t in float_names:
+            return t, "value"
+        dq = producer.get(t)
+        q = dq.inputs[0].producer if dq is not None and dq.op_type == "DequantizeLinear" and dq.inputs else None
+        if q is not None and q.op_type == "QuantizeLinear" and q.inputs[0] is not None \
+                and q.inputs[0].name in float_names:
+            return q.inputs[0].name, "fake-quant"
+        return None
+
+    def latest(n, o) -> str | None:
+        members = [m for k in (FUSED_FROM, "fusion_group") for m in (n.meta.get(k) or ()) if isinstance(m, str)]
+        best: tuple[float, str] | None = None
+        for m in [*(members or [n.name]), o.name]:
+            for s in _strip_suffix(m):
+                if s in nodes and len(outputs_of[s]) == 1 and m != o.name:
+                    got = (float(order[s]), outputs_of[s][0])
+                elif s.endswith("_fq") and s[:-3] in nodes and nodes[s[:-3]].op_type == "QuantizeLinear":
+                    q = nodes[s[:-3]]
+                    dqs = [u for u in q.outputs[0].users if u.op_type == "DequantizeLinear"]
+                    if not dqs:
+                        continue
+                    got = (order[s[:-3]] + 0.5, dqs[0].outputs[0].name)
+                else:
+                    continue
+                best = got if best is None or got[0] > best[0] else best
+                break
+        return None if best is None else best[1]
+
+    pairs: dict[str, tuple[str, str]] = {}
+    for n in graph.node_list():
+        named = source_names(n, qnames, outputs_of)
+        for i, o in enumerate(n.outputs):
+            if o.type.dtype is None or np.dtype(o.type.dtype).kind != "f":
+                continue
+            got = resolve(named[i]) or (resolve(latest(n, o)) if len(n.outputs) == 1 else None)
+            if got is not None:
+                pairs[o.name] = got
+    return pairs
+
+
+def _int8_records(model) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """The report's int8 rows by compiled node name, and ``{source node name: compiled node}``
+    through each such node's ``ge.fused_from``."""
+    rows = ((model.report.get("int8") or {}).get("nodes") or {})
+    by_source: dict[str, str] = {}
+    for n in model.graph.node_list():
+        if n.name in rows:
+            for s in n.meta.get(FUSED_FROM) or ():
+                if isinstance(s, str):
+                    by_source.setdefault(s, n.name)
+    return rows, by_source
+
+
+def _kernel(rec: dict[str, Any] | None) -> str | None:
+    if not isinstance(rec, dict):
+        return None
+    return f"float32: {rec.get('why')}" if rec.get("why") else str(rec.get("kernel") or "")
+
+
+def per_node_origin(model, qsrc: bytes, fsrc: bytes, feeds: dict[str, np.ndarray], kind: str, threads: int | None,
+                    threshold: float, fpath: str) -> dict[str, Any]:
+    """Every tensor of the float origin that the compiled quantised model computes too, in the
+    origin's (topological) order: SQNR and cosine of this engine's value against the origin's,
+    the int8 kernel of the node that computed it; the first layer under ``threshold`` dB, the
+    worst few."""
+    import onnx
+
+    import ge_core as ge
+
+    fnodes = [n for n in onnx.load_from_string(fsrc).graph.node]
+    made_by = {o: (n.op_type, n.name) for n in fnodes for o in n.output if o}
+    qgraph = ge.load(onnx.load_from_string(qsrc))
+    pairs = origin_pairs(model.graph, qgraph, set(made_by))
+    best: dict[str, str] = {}  # float tensor -> compiled value (its own value before a fake-quant of it)
+    for v, (t, how) in pairs.items():
+        if t not in best or (how == "value" and pairs[best[t]][1] != "value"):
+            best[t] = v
+    shown = set(model.output_names)
+    run_opts: dict[str, Any] = {"executor": "sequential"}
+    if threads:
+        run_opts["threads"] = threads
+    try:
+        exposed = model.with_outputs([v for v in best.values() if v not in shown], **run_opts)
+    except GEError as e:
+        raise GEError(f"--per-node: the compiled graph cannot be run with its intermediate values exposed: {e}") from None
+    got = exposed.run(feeds)
+    ref = _run_origin(kind, with_outputs(fsrc, list(best)), feeds, threads, fpath, optimize=False)
+    records, by_source = _int8_records(model)
+    node_of = {o.name: n for n in exposed.graph.node_list() for o in n.outputs}
+    layers: list[dict[str, Any]] = []
+    seen_int8: set[str] = set()
+    for t in dict.fromkeys(o for n in fnodes for o in n.output if o in best):
+        v = best[t]
+        if t not in ref or v not in got:
+            continue
+        r = np.asarray(ref[t])
+        n = node_of[v]
+        rec_name = n.name if n.name in records else next(
+            (by_source[s] for s in n.meta.get(FUSED_FROM) or () if isinstance(s, str) and s in by_source), None)
+        if rec_name is not None:
+            seen_int8.add(rec_name)
+        op, origin_node = made_by[t]
+        layers.append({"tensor": t, "op": op, "origin_node": origin_node, "node": n.name,
+                       "compiled_op": n.qualified_op, "value": v, "how": pairs[v][1],
+                       "kernel": _kernel(records.get(rec_name) if rec_name else None),
+                       **quant_error(unblock(got[v], r.shape), r)})
+    first = next((x for x in layers if not x["sqnr_db"] >= threshold), None)
+    worst = sorted(layers, key=lambda x: x["sqnr_db"])[:MORE]
+    return {"compared": len(layers), "of": len(made_by), "sqnr_threshold": threshold, "layers": layers,
+            "first_divergence": first, "worst": [x["tensor"] for x in worst],
+            "int8_unmatched": sorted(set(records) - seen_int8)}
+
+
+def compare_origin(args: argparse.Namespace) -> dict[str, Any]:
+    """``--origin``: outputs (and with ``--per-node`` layers) of this engine on the quantised
+    ``args.model`` against the float origin's run by ``--reference`` on the same inputs."""
+    for flag, v in (("--max-error", args.max_error), ("--sqnr-threshold", args.sqnr_threshold)):
+        if v is not None and (not np.isfinite(v) or (flag == "--max-error" and v < 0)):
+            raise OptionError(f"{flag} {v}: give a finite number" + (" of at least 0" if flag == "--max-error" else ""))
+    if args.threads is not None and args.threads < 1:
+        raise OptionError(f"--threads {args.threads}: give a positive number")
+    if args.reference in FRAMEWORK_REFERENCES or args.bisect_passes:
+        raise OptionError("--origin runs the float model as ONNX and compares tensors by name",
+                          hint="use --reference onnxruntime or onnx.reference, without --bisect-passes")
+    fpath = os.fspath(args.origin)
+    fsrc = origin_onnx(fpath)
+    opened = open_model(args, threads=args.threads)
+    model = opened.model
+    feeds = make_feeds(model, args)
+    _check_origin_inputs(fsrc, feeds, opened.path, fpath)
+    try:
+        got = model.run(feeds)
+    except InputError:
+        raise
+    except GEError as e:
+        raise GEError(f"the quantised model '{opened.path}' does not run: {e}") from None
+    ref = _run_origin(args.reference, fsrc, feeds, args.threads, fpath)
+    outputs = []
+    for name, a in got.items():
+        if name in ref:
+            outputs.append({"name": name, **quant_error(a, ref[name])})
+        else:
+            outputs.append({"name": name, "max_abs": float("inf"), "max_rel_range": float("inf"),
+                            "sqnr_db": float("-inf"), "cosine": 0.0, "note": "the origin has no output of this name"})
+    result: dict[str, Any] = {
+        "model": opened.path, "origin": fpath, "reference": args.reference, "max_error": args.max_error,
+        "inputs": {k: {"dtype": str(v.dtype), "shape": list(np.shape(v))} for k, v in feeds.items()},
+        "outputs": outputs,
+        "ok": args.max_error is None or all(o["max_rel_range"] <= args.max_error for o in outputs),
+    }
+    if "int8" in model.report:
+        i8 = model.report["int8"]
+        result["int8"] = {k: i8.get(k) for k in ("ops", "ops_int8", "macs_int8_share")}
+    if args.per_node:
+        result["per_node"] = per_node_origin(model, source_onnx(opened), fsrc, feeds, args.reference, args.threads,
+                                             args.sqnr_threshold, fpath)
+    return result
+
+
+def _db(x: float) -> str:
+    return f"{x:.1f}" if np.isfinite(x) else ("inf" if x > 0 else "-inf")
+
+
+def _table(rows: list[tuple[str, str, str, str, str]]) -> list[str]:
+    w = [max(len(x[i]) for x in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w[i]) for i, c in enumerate(x)).rstrip() for x in rows]
+
+
+def format_origin(r: dict[str, Any]) -> str:
+    lines = [f"{r['model']} against its float origin {r['origin']} ({r['reference']}); inputs "
+             + ", ".join(f"{k} {v['dtype']}{v['shape']}" for k, v in r["inputs"].items())]
+    if r.get("int8"):
+        i8 = r["int8"]
+        lines.append(f"int8: {i8['ops_int8']} of {i8['ops']} matrix ops, {i8['macs_int8_share']:.0%} of the MACs")
+    rows = [("output", "max abs err", "err/range", "SQNR dB", "cosine")]
+    for o in r["outputs"]:
+        rows.append((o["name"], f"{o['max_abs']:.3g}", f"{o['max_rel_range']:.3g}", _db(o["sqnr_db"]),
+                     f"{o['cosine']:.6f}" + (f" ({o['note']})" if o.get("note") else "")))
+    lines += _table(rows)
+    pn = r.get("per_node")
+    if pn is not None:
+        rows = [("tensor (origin op)", "node", "kernel", "SQNR dB", "cosine")]
+        for x in pn["layers"]:
+            rows.append((f"{x['tensor']} ({x['op']})", x["node"] + (" (fake-quant)" if x["how"] != "value" else ""),
+                         x["kernel"] or "-", _db(x["sqnr_db"]), f"{x['cosine']:.6f}"))
+        lines += _table(rows)
+    if pn is not None:
+        lines.append(f"per node: {pn['compared']} of the origin's {pn['of']} tensors compared")
+        f = pn["first_divergence"]
+        if f is None:
+            lines.append(f"no layer under {pn['sqnr_threshold']:g} dB SQNR")
+        else:
+            lines.append(f"first layer that diverges (SQNR under {pn['sqnr_threshold']:g} dB): '{f['tensor']}' "
+                         f"({f['op']}), node '{f['node']}' ({f['kernel'] or f['compiled_op']}): {_db(f['sqnr_db'])} dB")
+        lines.append("worst: " + ", ".join(pn["worst"]))
+        if pn["int8_unmatched"]:
+            lines.append("int8 ops whose output has no tensor of the origin: " + ", ".join(pn["int8_unmatched"]))
+    if r["max_error"] is not None:
+        lines.append(f"PASS: every output within {r['max_error']:g} of its range" if r["ok"] else
+                     f"FAIL: an output's error exceeds {r['max_error']:g} of its range")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
 def compare(args: argparse.Namespace) -> dict[str, Any]:
+    if args.origin is not None:
+        return compare_origin(args)
+    if args.max_error is not None:
+        raise OptionError("--max-error measures a quantised model against its float origin",
+                          hint="give the float model with --origin FLOAT_MODEL")
     check_tolerances(args.rtol, args.atol)
     if args.threads is not None and args.threads < 1:
         raise OptionError(f"--threads {args.threads}: give a positive number")
@@ -351,5 +663,5 @@ def format_text(r: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     r = compare(args)
-    emit(r, args, format_text)
+    emit(r, args, format_origin if "origin" in r else format_text)
     return 0 if r["ok"] else 1

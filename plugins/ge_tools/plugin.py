@@ -18,7 +18,8 @@ _COMMANDS = (
                            "throughput, the cold first run apart; optionally beside onnxruntime"),
     ("compare", "compare", "", "check a model's outputs against a reference (onnxruntime, onnx.reference, or the "
                                "source's own framework: tensorflow, torch); "
-                               "--per-node names the first diverging node, --bisect-passes the first diverging pass"),
+                               "--per-node names the first diverging node, --bisect-passes the first diverging pass; "
+                               "--origin FLOAT.onnx compares a quantised model with its float origin (SQNR per layer)"),
     ("export", "export", "", "write a compiled .om as ONNX (fused ops in the custom domain ge.fused) for Netron"),
 )
 
