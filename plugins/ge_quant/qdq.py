@@ -10,8 +10,9 @@ Quantised ONNX models come in three forms, all read into one:
   contrib ``QLinearAdd``, ``QGemm``, ... of :mod:`.contrib`): each becomes ``DequantizeLinear`` ->
   the float op -> ``QuantizeLinear`` first (an int32 bias dequantised with ``x_scale * w_scale``),
   then read as QDQ;
-- **dynamic** (``quantize_dynamic``): ``DynamicQuantizeLinear`` -> ``MatMulInteger`` -> ``Cast``
-  -> ``Mul`` by ``x_scale * w_scale`` becomes a ``MatMul`` whose input is quantised per run.
+- **dynamic** (``quantize_dynamic``): ``DynamicQuantizeLinear`` -> ``MatMulInteger`` (``ConvInteger``)
+  -> ``Cast`` -> ``Mul`` by ``x_scale * w_scale`` becomes a ``MatMul`` (``Conv``) whose input is
+  quantised per run.
 
 Then: a ``DequantizeLinear`` of constants becomes the float32 constant it computes (the same
 bits as the kernel's ``(q - zero_point) * scale``); a ``QuantizeLinear`` whose ``DequantizeLinear``
@@ -40,6 +41,8 @@ from . import contrib
 ONNX = ("", "ai.onnx")
 #: the integer types a fake-quant keeps (their ranges)
 RANGES = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767)}
+#: the attributes a Conv keeps of a QLinearConv / ConvInteger
+CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 #: matrix ops and the input index of their weight
 MATRIX = {"Conv": 1, "MatMul": 1, "Gemm": 1}
 
@@ -54,7 +57,7 @@ def qdq_pass(graph: Graph, ctx: PassContext) -> PassResult:
         for n in nodes:
             stack.extend(n.subgraphs())
         if not any((n.op_type in ("QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
-                                  "MatMulInteger") and n.domain in ONNX) or n.domain == contrib.DOMAIN for n in nodes):
+                                  "MatMulInteger", "ConvInteger") and n.domain in ONNX) or n.domain == contrib.DOMAIN for n in nodes):
             continue
         dyn: dict[Value, tuple] = {}
         for n in nodes:
@@ -64,7 +67,7 @@ def qdq_pass(graph: Graph, ctx: PassContext) -> PassResult:
                 continue
             if n.op_type in ("QLinearConv", "QLinearMatMul") and _qoperator(g, n):
                 stats["qoperator"] += 1
-            elif n.op_type == "MatMulInteger":
+            elif n.op_type in ("MatMulInteger", "ConvInteger"):
                 got = _dynamic(g, n)
                 if got is not None:
                     dyn[got[0]] = got[1]
@@ -162,8 +165,7 @@ def _qoperator(g: Graph, n: Node) -> bool:
     if b is not None:
         mult = (np.asarray(xs_arr, np.float32).reshape(()) * np.asarray(ws_arr, np.float32).reshape(-1)).astype(np.float32)
         bias = g.add_constant((b.astype(np.float32) * mult).astype(np.float32), g.names.fresh(f"{n.name}_bias"))
-    attrs = {k: v for k, v in n.attrs.items() if k in ("auto_pad", "dilations", "group", "kernel_shape", "pads",
-                                                        "strides")} if conv else {}
+    attrs = {k: v for k, v in n.attrs.items() if k in CONV_ATTRS} if conv else {}
     mm = g.add_node("Conv" if conv else "MatMul", [dx, dw, bias] if bias is not None else [dx, dw], attrs,
                     name=f"{n.name}_float", before=n, output_types=[_ftype(y)])
     q = g.add_node("QuantizeLinear", [mm.outputs[0], ys, yz], name=f"{n.name}_q", before=n,
@@ -183,12 +185,14 @@ def _only_user(v: Value) -> Node | None:
 
 def _dynamic(g: Graph, n: Node) -> tuple[Value, Any] | None:
     """``Mul(Cast(MatMulInteger(DQL(x)[0], Wq, DQL(x)[2], wz)), Mul(DQL(x)[1], ws))`` as a float
-    MatMul of ``x`` by the dequantised weight; returns (its output, the weight's scales)."""
+    MatMul of ``x`` by the dequantised weight (ConvInteger: a float Conv with its attributes);
+    returns (its output, the weight's scales)."""
+    conv = n.op_type == "ConvInteger"
     a, wq_v = _input(n, 0), _input(n, 1)
     dql = a.producer if a is not None else None
     wq = _const(wq_v)
     if dql is None or dql.op_type != "DynamicQuantizeLinear" or a is not dql.outputs[0] or wq is None \
-            or wq.ndim != 2 or wq.dtype != np.int8 or _input(n, 2) is not dql.outputs[2]:
+            or wq.ndim != (4 if conv else 2) or wq.dtype != np.int8 or _input(n, 2) is not dql.outputs[2]:
         return None
     wz = _const(_input(n, 3))
     if _input(n, 3) is not None and (wz is None or np.any(wz != 0)):
@@ -206,13 +210,17 @@ def _dynamic(g: Graph, n: Node) -> tuple[Value, Any] | None:
     s0, s1 = smul.inputs[0], smul.inputs[1]
     ws_v = s1 if s0 is dql.outputs[1] else s0 if s1 is dql.outputs[1] else None
     ws = _const(ws_v)
-    if ws is None or ws.dtype != np.float32 or not (ws.size == 1 or ws.shape == (wq.shape[1],)):
+    channels = wq.shape[0 if conv else 1]
+    if ws is None or ws.dtype != np.float32 or not (ws.size == 1 or ws.size == channels):
+        return None
+    if ws.size > 1 and ws.shape not in ((channels,), (channels, 1, 1)):
         return None
     x = dql.inputs[0]
-    w_f = _dq_values(wq, ws, None, 1)
+    w_f = _dq_values(wq, ws.reshape(-1), None, 0 if conv else 1)
     y = mul.outputs[0]
-    mm = g.add_node("MatMul", [x, g.add_constant(w_f, g.names.fresh(f"{n.name}_w"))], name=f"{n.name}_float",
-                    before=mul, output_types=[_ftype(y)])
+    attrs = {k: v for k, v in n.attrs.items() if k in CONV_ATTRS} if conv else {}
+    mm = g.add_node("Conv" if conv else "MatMul", [x, g.add_constant(w_f, g.names.fresh(f"{n.name}_w"))], attrs,
+                    name=f"{n.name}_float", before=mul, output_types=[_ftype(y)])
     _replace(g, y, mm.outputs[0])
     return mm.outputs[0], ("dynamic", ws.reshape(-1))
 
@@ -223,8 +231,9 @@ def _dynamic(g: Graph, n: Node) -> tuple[Value, Any] | None:
 
 def _const_dq(g: Graph, n: Node) -> tuple[Value, Any] | None:
     """A DequantizeLinear of constants as the float32 constant it computes; returns (that
-    constant, (int8 scales, axis)) when it is an int8 weight with zero point 0 (else the scales
-    are None)."""
+    constant, (int8 scales, axis)) when it is an int8 weight with zero point 0, or a uint8 one
+    with zero point 128 (TensorFlow's symmetric narrow-range weights: the int8 weight q - 128
+    with zero point 0, the same float values); else (None, None)."""
     q, s = _const(_input(n, 0)), _const(_input(n, 1))
     zv = _input(n, 2)
     z = _const(zv)
@@ -237,8 +246,9 @@ def _const_dq(g: Graph, n: Node) -> tuple[Value, Any] | None:
         return None
     vals = _dq_values(q, s, z, axis)
     v = g.add_constant(vals, g.names.fresh(f"{n.name}_values"))
-    info = None
-    if q.dtype == np.int8 and (z is None or not np.any(z != 0)):
+    info: tuple = (None, None)
+    if (q.dtype == np.int8 and (z is None or not np.any(z != 0))) \
+            or (q.dtype == np.uint8 and z is not None and z.dtype == np.uint8 and np.all(z == 128)):
         info = (s.reshape(-1).astype(np.float32), axis % q.ndim if s.size > 1 else None)
     _replace(g, n.outputs[0], v)
     return v, info
@@ -319,9 +329,9 @@ def _entry(g: Graph, n: Node, fq: dict[Value, tuple], weights: dict[Value, tuple
     x, w = _input(n, 0), _input(n, 1)
     if n.op_type == "Gemm" and (int(n.attrs.get("transA", 0) or 0) or float(n.attrs.get("alpha", 1.0)) != 1.0):
         return False
-    if n.op_type == "MatMul" and n.outputs[0] in dyn:
+    if n.op_type in ("MatMul", "Conv") and n.outputs[0] in dyn:
         kind, ws = dyn[n.outputs[0]]
-        quant.table(g)[n.name] = quant.entry(None, w_scale=ws, w_axis=1)
+        quant.table(g)[n.name] = quant.entry(None, w_scale=ws, w_axis=1 if n.op_type == "MatMul" else 0)
         return True
     if x is None or w is None or x not in fq or w not in weights:
         return False

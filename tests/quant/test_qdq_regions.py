@@ -266,3 +266,21 @@ def test_a_static_qdq_mlp_runs_in_int8_whatever_its_nodes_were_renamed_to(tmp_pa
     for feed in models.feeds(f32, seed=8, count=2):
         want, got, ref = _ort(path, feed), _ge(model, feed), _ort_f32(f32, feed)
         assert np.abs(got - want).max() <= 0.05 * float(np.ptp(ref))
+
+
+def test_dynamic_convolutions_run_as_int8_convolutions(tmp_path):
+    """quantize_dynamic of a CNN: DynamicQuantizeLinear -> ConvInteger -> Cast -> Mul (+ the bias
+    Add) becomes a Conv whose input the int8 kernel quantises per run, as DynamicQuantizeLinear."""
+    f32 = models.residual_cnn()
+    path = models.quantized(f32, str(tmp_path), "dynamic")
+    model = ge.compile(ge.load(path))
+    assert not any(k in _ops(model) for k in ("ConvInteger", "DynamicQuantizeLinear", "MatMulInteger"))
+    report = model.report["int8"]
+    assert report["ops"] == 5 and not report["not_reached"]
+    from ge_native import int8
+
+    if int8.isa() in ("amx_int8", "avx512_vnni", "avx2"):
+        assert not report["float32"] and all(v["kernel"] for v in report["nodes"].values())
+    for feed in models.feeds(f32, seed=13, count=2):
+        want, got = _ort(path, feed), _ge(model, feed)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
