@@ -15,6 +15,12 @@ from the min and max of the whole input (:func:`dynamic_params`).
 quantised once into padded NHWC u8 rows (pads hold ``z``: the float 0.0), the rows of ``A``
 gathered from there (a 1x1 stride-1 conv reads them in place), the weight packed once
 (:class:`PackedConv8`).
+Between two int8 ops the activations may stay uint8 (4x fewer bytes, no division on the reader's
+side): a uint8 ``a2``/``x5`` is the quantised integers themselves (``x_zero_point``'s; ``x_scale``
+still scales the sums), read without a quantisation pass (a blocked 1x1 stride-1 conv gathers
+each task's rows from it, a pixel's 16 channels being 16 bytes; other convs copy it into the
+padded rows); a uint8 ``out2``/``out5`` receives ``clamp(rint(y / ys) + yz, qlo, qhi)`` of the
+float32 epilogue's ``y`` (``out_quant`` required, integers, ``0 <= qlo <= qhi <= 255``).
 
 Variants (the ``int8gemm`` family of :mod:`ge_native.isa`): ``amx_int8`` (TDPBUSD; Linux grants
 the process the tile state once), ``avx512_vnni`` (VPDPBUSD), ``avx2`` (widened to int16 and
@@ -33,6 +39,8 @@ from . import isa as _isa
 from . import native
 from .activations import C_IDS, TABLE
 
+#: the entries take uint8 inputs (the quantised integers) and write uint8 outputs (out_quant's)
+UINT8_IO = True
 #: columns of a panel; k is padded to a multiple of KB (one AMX int8 tile's depth)
 NR, KB = 32, 64
 #: channels per block of the NCHWc layout (:data:`ge_native.nchwc.BLOCK`)
@@ -202,12 +210,35 @@ def _fits_addend(addend: np.ndarray, out: np.ndarray) -> bool:
     return addend.ctypes.data == out.ctypes.data or not np.may_share_memory(addend, out)
 
 
+_DTYPES = (np.dtype(np.float32), np.dtype(np.uint8))
+
+
+def _dtypes_fit(x: np.ndarray, out: np.ndarray, x_scale, x_dtype: str, out_quant, addend) -> bool:
+    """Whether a uint8 input (already quantised: a static scale, ``x_dtype`` "uint8") and a uint8
+    output (``out_quant`` given, its zero point and ``0 <= qlo <= qhi <= 255`` integers; an addend
+    apart from it) fit."""
+    if x.dtype == np.uint8 and (x_scale is None or x_dtype != "uint8"):
+        return False
+    if out.dtype != np.uint8:
+        return True
+    try:
+        _, yz, qlo, qhi = out_quant
+        if not (float(qlo) == int(qlo) and float(qhi) == int(qhi) and float(yz) == int(yz) and 0 <= qlo <= qhi <= 255):
+            return False
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return addend is None or not np.may_share_memory(addend, out)
+
+
 def matmul(a2: np.ndarray, packed: PackedB8, out2: np.ndarray, x_scale: float | None, x_zero_point: int = 0,
            x_dtype: str = "uint8", w_scale: np.ndarray = _ONE, bias: np.ndarray | None = None,
            clip: tuple[float, float] | None = None, act: str | None = None, addend: np.ndarray | None = None,
            out_quant: tuple[float, int, int, int] | None = None, width: int = 1, variant: str | None = None) -> bool:
     """``out2 = oq(act(clip(dequant(quant(a2) @ B) + bias + addend)))`` on ``width`` threads
     (module docstring): ``a2`` float32 ``(m, k)``, ``out2`` float32 ``(m, n)``, both C-contiguous;
+    ``a2`` uint8: already quantised (``x_zero_point``'s integers; ``x_scale`` a float, ``x_dtype``
+    "uint8"); ``out2`` uint8: ``clamp(rint(y / ys) + yz, qlo, qhi)`` of the float32 result ``y``
+    (``out_quant`` required, ``0 <= qlo <= qhi <= 255``);
     ``x_scale`` (None: dynamic, uint8), ``x_zero_point``, ``x_dtype`` ``"uint8"|"int8"``: A's
     quantisation; ``w_scale`` float32 ``(n,)`` or ``(1,)``; ``bias`` ``(n,)`` or None; ``addend``
     ``(m, n)`` float32 or None; ``clip`` ``(lo, hi)``; ``act`` a name of :data:`ACTIVATIONS`;
@@ -218,8 +249,10 @@ def matmul(a2: np.ndarray, packed: PackedB8, out2: np.ndarray, x_scale: float | 
     if mod is None or not isinstance(packed, PackedB8):
         return False
     for arr in (a2, out2):
-        if not isinstance(arr, np.ndarray) or arr.dtype != np.float32 or arr.ndim != 2 or not arr.flags.c_contiguous:
+        if not isinstance(arr, np.ndarray) or arr.dtype not in _DTYPES or arr.ndim != 2 or not arr.flags.c_contiguous:
             return False
+    if not _dtypes_fit(a2, out2, x_scale, x_dtype, out_quant, addend):
+        return False
     n = packed.n
     if a2.shape[1] != packed.k or out2.shape != (a2.shape[0], n) or np.may_share_memory(a2, out2):
         return False
@@ -290,10 +323,20 @@ def conv_out_size(size: int, k: int, stride: int, dilation: int, lo: int, hi: in
 
 def _geometry(packed: PackedConv8, strides, pads, dilations) -> np.ndarray | None:
     try:
+        return _geometry_of(packed.shape[2], packed.shape[3], tuple(strides), tuple(pads), tuple(dilations))
+    except TypeError:  # (not iterable, or unhashable values)
+        return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _geometry_of(kh: int, kw: int, strides: tuple, pads: tuple, dilations: tuple) -> np.ndarray | None:
+    """The C entry's geometry array (made once per setting, read-only), None when it does not fit."""
+    try:
         (sh, sw), (top, left, bottom, right), (dh, dw) = strides, pads, dilations
-        g = np.array([packed.shape[2], packed.shape[3], sh, sw, dh, dw, top, left, bottom, right], np.int64)
+        g = np.array([kh, kw, sh, sw, dh, dw, top, left, bottom, right], np.int64)
     except (TypeError, ValueError):
         return None
+    g.setflags(write=False)
     return g if g[2:6].min() >= 1 and g[6:].min() >= 0 else None
 
 
@@ -307,15 +350,19 @@ def conv_nchwc(x5: np.ndarray, packed: PackedConv8, out5: np.ndarray, strides: t
     plain NCHW ``(N, C, H, W)`` where ``packed.in_blocks`` is 0), ``out5`` ``(N, ceil(M / 16), OH,
     OW, 16)``, ``pads`` ``(top, left, bottom, right)`` (the float 0.0 outside the input),
     ``w_scale`` ``(M,)`` or ``(1,)``, ``bias`` ``(M,)`` (or padded to whole blocks), ``addend`` shaped as ``out5``; lanes past M
-    get oq(act(clip(0 + addend))). False (nothing written) when these do not fit."""
+    get oq(act(clip(0 + addend))). ``x5`` and ``out5`` may be uint8 as in :func:`matmul` (an
+    input's lanes past C hold anything: their weights are zero; its pads hold the zero point).
+    False (nothing written) when these do not fit."""
     mod = _mod()
     name = variant or isa()
     if mod is None or not isinstance(packed, PackedConv8):
         return False
     plain = packed.in_blocks == 0 and packed.shape[1] > 0
     for arr, nd in ((x5, 4 if plain else 5), (out5, 5)):
-        if not isinstance(arr, np.ndarray) or arr.dtype != np.float32 or arr.ndim != nd or not arr.flags.c_contiguous:
+        if not isinstance(arr, np.ndarray) or arr.dtype not in _DTYPES or arr.ndim != nd or not arr.flags.c_contiguous:
             return False
+    if not _dtypes_fit(x5, out5, x_scale, x_dtype, out_quant, addend):
+        return False
     m, c, kh, kw = packed.shape
     mb = -(-m // BLOCK)
     geo = _geometry(packed, strides, pads, dilations)
@@ -346,7 +393,10 @@ def conv_nchwc(x5: np.ndarray, packed: PackedConv8, out5: np.ndarray, strides: t
 def quantize(a: np.ndarray, x_scale: float | None, x_zero_point: int = 0,
              x_dtype: str = "uint8") -> tuple[np.ndarray, int, np.float32]:
     """``a`` quantised as the kernels quantise it (QuantizeLinear, float32 division, round half to
-    even, saturation): ``(q as int64, zero point, scale)``; ``x_scale`` None: dynamic."""
+    even, saturation): ``(q as int64, zero point, scale)``; ``x_scale`` None: dynamic; ``a``
+    uint8: already quantised (taken as it is)."""
+    if isinstance(a, np.ndarray) and a.dtype == np.uint8:
+        return a.astype(np.int64), int(x_zero_point), np.float32(x_scale)
     a = np.asarray(a, np.float32)
     if x_scale is None:
         s, z = dynamic_params(a)
@@ -359,9 +409,10 @@ def quantize(a: np.ndarray, x_scale: float | None, x_zero_point: int = 0,
 
 
 def epilogue(acc: np.ndarray, mult: np.ndarray, bias: np.ndarray | None = None, clip=None, act: str | None = None,
-             addend: np.ndarray | None = None, out_quant=None) -> np.ndarray:
+             addend: np.ndarray | None = None, out_quant=None, out_dtype: str = "float32") -> np.ndarray:
     """The kernels' float32 epilogue on exact int sums ``acc`` (each step one float32 rounding;
-    the activation in NumPy's form, a few ulps from the kernels')."""
+    the activation in NumPy's form, a few ulps from the kernels'); ``out_dtype`` "uint8": the
+    quantised integers a uint8 output holds (NaN gives qlo)."""
     f = np.float32
     y = acc.astype(np.int32).astype(f) * mult
     if bias is not None:
@@ -373,6 +424,11 @@ def epilogue(acc: np.ndarray, mult: np.ndarray, bias: np.ndarray | None = None, 
     if act is not None:
         with np.errstate(over="ignore", under="ignore"):
             y = TABLE[act].np(y).astype(f)
+    if out_dtype == "uint8":
+        ys, yz, qlo, qhi = (f(v) for v in out_quant)
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            t = np.minimum(np.fmax(np.rint(y / ys) + yz, qlo), qhi)
+        return t.astype(np.uint8)
     if out_quant is not None:
         ys, yz, qlo, qhi = (f(v) for v in out_quant)
         t = np.minimum(np.maximum(np.rint(y / ys) + yz, qlo), qhi)
@@ -382,22 +438,24 @@ def epilogue(acc: np.ndarray, mult: np.ndarray, bias: np.ndarray | None = None, 
 
 def reference(a2: np.ndarray, w: np.ndarray, x_scale: float | None, x_zero_point: int = 0, x_dtype: str = "uint8",
               w_scale: np.ndarray = _ONE, bias: np.ndarray | None = None, clip=None, act: str | None = None,
-              addend: np.ndarray | None = None, out_quant=None) -> np.ndarray:
-    """:func:`matmul`'s result in NumPy (``w`` the int8 ``(k, n)`` matrix): int64 sums, then the
-    float32 epilogue in the kernel's order (for tests)."""
+              addend: np.ndarray | None = None, out_quant=None, out_dtype: str = "float32") -> np.ndarray:
+    """:func:`matmul`'s result in NumPy (``w`` the int8 ``(k, n)`` matrix; ``a2`` float32 or
+    uint8, the output's ``out_dtype``): int64 sums, then the float32 epilogue in the kernel's
+    order (for tests)."""
     q, z, s = quantize(a2, x_scale, x_zero_point, x_dtype)
     acc = (q - z) @ w.astype(np.int64)
     mult = (s * np.asarray(w_scale, np.float32)).astype(np.float32)
-    return epilogue(acc, mult, bias, clip, act, addend, out_quant)
+    return epilogue(acc, mult, bias, clip, act, addend, out_quant, out_dtype)
 
 
 def conv_reference(x: np.ndarray, w: np.ndarray, strides: tuple[int, int], pads: tuple[int, int, int, int],
                    dilations: tuple[int, int], x_scale: float | None, x_zero_point: int = 0, x_dtype: str = "uint8",
                    w_scale: np.ndarray = _ONE, bias: np.ndarray | None = None, clip=None, act: str | None = None,
-                   addend: np.ndarray | None = None, out_quant=None, plain: bool = False) -> np.ndarray:
+                   addend: np.ndarray | None = None, out_quant=None, plain: bool = False,
+                   out_dtype: str = "float32") -> np.ndarray:
     """:func:`conv_nchwc`'s result in NumPy: ``x`` blocked ``(N, ib, H, W, 16)`` (or plain NCHW
-    with ``plain``), ``w`` int8 ``(M, C, KH, KW)``; blocked ``(N, ceil(M / 16), OH, OW, 16)``,
-    the lanes past M as the kernel makes them (for tests)."""
+    with ``plain``; float32 or uint8), ``w`` int8 ``(M, C, KH, KW)``; blocked ``(N, ceil(M / 16),
+    OH, OW, 16)`` of ``out_dtype``, the lanes past M as the kernel makes them (for tests)."""
     m, c, kh, kw = w.shape
     q, z, s = quantize(x, x_scale, x_zero_point, x_dtype)
     if plain:
@@ -429,7 +487,7 @@ def conv_reference(x: np.ndarray, w: np.ndarray, strides: tuple[int, int], pads:
         bf = np.zeros(mb * BLOCK, np.float32)
         bf[:m] = bias
         bf = bf.reshape(mb, 1, 1, BLOCK)
-    return epilogue(acc5, mult, bf, clip, act, addend, out_quant)
+    return epilogue(acc5, mult, bf, clip, act, addend, out_quant, out_dtype)
 
 
 #: its kernel family (declared in :mod:`ge_native.isa` with the others)

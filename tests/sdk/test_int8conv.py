@@ -221,3 +221,154 @@ def test_empty_extents(variant):
     pk = int8.PackedConv8(wt, 2)
     assert int8.conv_nchwc(x5[:0].copy(), pk, np.empty((0, *shape[1:]), np.float32), (1, 1), (1, 1, 1, 1), (1, 1),
                            0.1, variant=variant)
+
+
+#: a uint8 output's (scale, zero point, qlo, qhi): wide, saturating at both ends, narrowed
+OUT8 = [(0.05, 3, 0, 255), (0.002, 128, 0, 255), (0.04, 100, 17, 201)]
+
+
+def _u8_case(n, c, h, w, m, kh, kw, strides, dilations, pads, seed=0, plain=False):
+    """A uint8 input (lanes past C: any bytes) and the rest of :func:`_case`."""
+    _, _, wt, ws, shape = _case(n, c, h, w, m, kh, kw, strides, dilations, pads, seed)
+    rng = np.random.default_rng(seed + 17 * c + m)
+    x = rng.integers(0, 256, (n, c, h, w) if plain else (n, -(-c // 16), h, w, 16), dtype=np.uint8)
+    return x, wt, ws, shape
+
+
+def _bits(x: np.ndarray, y: np.ndarray) -> bool:
+    """The same dtype, shape and bytes (a float32's NaN included)."""
+    x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
+    return x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x.view(np.uint8), y.view(np.uint8))
+
+
+def _run8(x, pk, shape, variant, geo, q, oq, width=1, **kw) -> np.ndarray:
+    """conv_nchwc into a uint8 output (``oq``) or, ``oq`` None, a float32 one."""
+    out = np.full(shape, 7, np.uint8) if oq is not None else np.full(shape, np.nan, np.float32)
+    (s, p, d), (xs, zp, dtype) = geo, (*q, "uint8")[:3]
+    assert int8.conv_nchwc(x, pk, out, s, p, d, xs, zp, dtype, width=width, variant=variant, out_quant=oq, **kw)
+    return out
+
+
+@pytest.mark.parametrize("variant", RUNS)
+def test_uint8_activations_in_and_out_match_the_reference(variant):
+    for i, (n, c, h, w, m, kh, kw, s, d, p) in enumerate(CASES):
+        x, wt, ws, shape = _u8_case(n, c, h, w, m, kh, kw, s, d, p, seed=i)
+        pk = int8.PackedConv8(wt, x.shape[1])
+        for zp in (0, 128, 255):
+            q = (0.03, zp, "uint8")
+            for oq in (None, OUT8[i % 3]):
+                got = _run8(x, pk, shape, variant, (s, p, d), q, oq, w_scale=ws)
+                want = int8.conv_reference(x, wt, s, p, d, *q, w_scale=ws, out_quant=oq,
+                                           out_dtype="float32" if oq is None else "uint8")
+                assert _bits(got, want), (variant, i, zp, oq)
+        # a float32 input into a uint8 output
+        xf, x5, *_ = _case(n, c, h, w, m, kh, kw, s, d, p, seed=i)
+        got = _run8(x5, pk, shape, variant, (s, p, d), QUANTS[1], OUT8[1], w_scale=ws)
+        want = int8.conv_reference(x5, wt, s, p, d, *QUANTS[1], w_scale=ws, out_quant=OUT8[1], out_dtype="uint8")
+        assert np.array_equal(got, want), (variant, i)
+
+
+@pytest.mark.parametrize("variant", RUNS)
+def test_a_uint8_output_after_every_epilogue_saturates_at_both_ends(variant):
+    n, c, h, w, m, kh, kw, s, d, p = CASES[2]
+    x, wt, ws, shape = _u8_case(n, c, h, w, m, kh, kw, s, d, p, seed=5)
+    pk = int8.PackedConv8(wt, x.shape[1])
+    rng = np.random.default_rng(4)
+    bias = rng.standard_normal(m).astype(np.float32)
+    add = rng.standard_normal(shape).astype(np.float32)
+    q = (0.03, 9, "uint8")
+    seen = set()
+    for oq in OUT8:
+        for kw_ in (dict(bias=bias), dict(addend=add), dict(clip=(-0.5, 1.0)), dict(clip=(0.0, 6.0), bias=bias),
+                    dict(bias=bias, addend=add, clip=(-1.0, 1.0)), dict(clip=(-1e30, 1e30))):
+            got = _run8(x, pk, shape, variant, (s, p, d), q, oq, w_scale=ws, **kw_)
+            want = int8.conv_reference(x, wt, s, p, d, *q, w_scale=ws, out_quant=oq, out_dtype="uint8", **kw_)
+            assert np.array_equal(got, want), (variant, oq, list(kw_))
+            seen |= {int(got[..., :m % 16].min()), int(got.max())}
+            for act in int8.ACTIVATIONS:
+                got = _run8(x, pk, shape, variant, (s, p, d), q, oq, w_scale=ws, act=act, **kw_)
+                want = int8.conv_reference(x, wt, s, p, d, *q, w_scale=ws, act=act, out_quant=oq, out_dtype="uint8", **kw_)
+                # the activations are ulps from NumPy's: one step of the output's grid at most
+                assert np.abs(got.astype(np.int32) - want).max() <= 1, (variant, act, list(kw_))
+    assert {0, 255, 17, 201} <= seen
+
+
+@pytest.mark.parametrize("variant", RUNS)
+def test_a_plain_uint8_stem_matches_the_reference(variant):
+    for n, c, h, w, m, kh, kw, s, d, p in (CASES[0], (2, 16, 9, 10, 24, 3, 3, (2, 2), (1, 1), (1, 0, 1, 1))):
+        x, wt, ws, shape = _u8_case(n, c, h, w, m, kh, kw, s, d, p, seed=3, plain=True)
+        pk = int8.PackedConv8(wt, 0)
+        for zp, oq in ((0, None), (255, OUT8[0]), (128, OUT8[2])):
+            got = _run8(x, pk, shape, variant, (s, p, d), (0.02, zp), oq, w_scale=ws, bias=ws)
+            want = int8.conv_reference(x, wt, s, p, d, 0.02, zp, w_scale=ws, bias=ws, out_quant=oq, plain=True,
+                                       out_dtype="float32" if oq is None else "uint8")
+            assert _bits(got, want), (variant, c, zp, oq)
+
+
+def test_uint8_bits_are_the_same_in_every_variant_and_at_every_width():
+    for n, c, h, w, m, kh, kw, s, d, p in (CASES[1], CASES[4], (1, 64, 20, 20, 64, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)),
+                                          (2, 144, 7, 9, 24, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))):
+        x, wt, ws, shape = _u8_case(n, c, h, w, m, kh, kw, s, d, p, seed=9)
+        pk = int8.PackedConv8(wt, x.shape[1])
+        q, oq = (0.02, 200), OUT8[0]
+        want = int8.conv_reference(x, wt, s, p, d, *q, w_scale=ws, bias=ws, out_quant=oq, out_dtype="uint8")
+        for v in RUNS:
+            assert np.array_equal(_run8(x, pk, shape, v, (s, p, d), q, oq, w_scale=ws, bias=ws), want), v
+            act = _run8(x, pk, shape, v, (s, p, d), q, oq, w_scale=ws, act="silu")
+            for width in (2, 3):
+                assert np.array_equal(_run8(x, pk, shape, v, (s, p, d), q, oq, width, w_scale=ws, bias=ws), want)
+                assert np.array_equal(_run8(x, pk, shape, v, (s, p, d), q, oq, width, w_scale=ws, act="silu"), act)
+
+
+def test_uint8_arrays_that_do_not_fit_are_refused_without_a_write():
+    n, c, h, w, m, kh, kw, s, d, p = CASES[1]
+    x, wt, ws, shape = _u8_case(n, c, h, w, m, kh, kw, s, d, p)
+    _, x5, *_ = _case(n, c, h, w, m, kh, kw, s, d, p)
+    pk = int8.PackedConv8(wt, 2)
+    out = np.full(shape, 7, np.uint8)
+    out32 = np.full(shape, 7.0, np.float32)
+    oq = OUT8[0]
+    calls = [
+        lambda: int8.conv_nchwc(x5, pk, out, s, p, d, 0.1),  # a uint8 output without out_quant
+        lambda: int8.conv_nchwc(x5, pk, out, s, p, d, 0.1, out_quant=(0.05, 3, 0, 256)),
+        lambda: int8.conv_nchwc(x5, pk, out, s, p, d, 0.1, out_quant=(0.05, 3, -1, 255)),
+        lambda: int8.conv_nchwc(x5, pk, out, s, p, d, 0.1, out_quant=(0.05, 3, 9, 8)),
+        lambda: int8.conv_nchwc(x5, pk, out, s, p, d, 0.1, out_quant=(0.05, 3, 0.5, 255)),
+        lambda: int8.conv_nchwc(x5, pk, out, s, p, d, 0.1, out_quant=(0.05, 2.5, 0, 255)),
+        lambda: int8.conv_nchwc(x5, pk, out, s, p, d, 0.1, out_quant=(0.05, 3, 0, float("nan"))),
+        lambda: int8.conv_nchwc(x, pk, out32, s, p, d, 0.1, 0, "int8"),  # a uint8 input is uint8's integers
+        lambda: int8.conv_nchwc(x, pk, out32, s, p, d, None),  # ... quantised already: no dynamic scale
+        lambda: int8.conv_nchwc(x, pk, out32, s, p, d, 0.1, 256),
+        lambda: int8.conv_nchwc(x[:, :1].copy(), pk, out, s, p, d, 0.1, out_quant=oq),
+        lambda: int8.conv_nchwc(x.astype(np.int8), pk, out, s, p, d, 0.1, out_quant=oq),
+        lambda: int8.conv_nchwc(x[..., :8].copy(), pk, out, s, p, d, 0.1, out_quant=oq),
+        lambda: int8.conv_nchwc(x, pk, out[:, :, 1:], s, p, d, 0.1, out_quant=oq),
+        lambda: int8.conv_nchwc(x, pk, out.astype(np.int8), s, p, d, 0.1, out_quant=oq),
+        lambda: int8.conv_nchwc(x, pk, out, s, p, d, 0.1, out_quant=oq, addend=out.astype(np.float32)[:, :1]),
+    ]
+    for i, call in enumerate(calls):
+        assert call() is False, i
+    assert np.all(out == 7) and np.all(out32 == 7.0)
+    # an addend that overlaps the uint8 output is refused, one apart from it is read
+    room = np.zeros(out.nbytes * 5, np.uint8)
+    o8, a32 = room[: out.size].reshape(shape), room[: out.size * 4].view(np.float32).reshape(shape)
+    assert int8.conv_nchwc(x, pk, o8, s, p, d, 0.1, out_quant=oq, addend=a32) is False
+    # the C entry checks again: it raises, it does not crash
+    mod = int8._mod()
+    geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 1, 1], np.int64)
+    fp = np.array([0.1, 3, 0, 0, 0.05, 3, 0, 255], np.float32)
+    ip = np.array([0, 0, 0, 1, 1, 0], np.int64)
+    good = [x, pk.data, out, pk.packed.colsum_padded, ws[:1].copy(), int8._NO_BIAS, None, fp, ip, geo, 0]
+    mod.i8_conv(*good)
+    assert not np.all(out == 7)
+    out[:] = 7
+    bad = {7: [np.array([0.1, 3, 0, 0, 0.05, 3, 0, 256], np.float32), np.array([0, 3, 0, 0, 0.05, 3, 0, 255], np.float32),
+               np.array([0.1, 3, 0, 0, 0.05, 3, 0.5, 255], np.float32)],
+           8: [np.array([0, 0, 0, 0, 1, 0], np.int64)], 0: [x[..., :8].copy(), x.astype(np.int8)]}
+    for i, values in bad.items():
+        for v in values:
+            args = list(good)
+            args[i] = v
+            with pytest.raises((TypeError, ValueError)):
+                mod.i8_conv(*args)
+    assert np.all(out == 7)

@@ -304,3 +304,131 @@ def test_a_variant_this_cpu_cannot_run_is_refused_and_the_switch_falls_back():
         assert probe(_PROBE, v, "GE_NATIVE_INT8")["isa"] == RUNS[0], v
     # the C entry refuses a variant code outside the mask without touching memory
     assert set(RUNS) <= set(int8.VARIANTS) and RUNS[-1] == "scalar"
+
+
+#: a uint8 output's (scale, zero point, qlo, qhi): wide, saturating at both ends, narrowed
+OUT8 = [(0.05, 3, 0, 255), (0.004, 128, 0, 255), (0.05, 100, 17, 201)]
+
+
+def _u8(m: int, k: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed + 13 * m + k).integers(0, 256, (m, k), dtype=np.uint8)
+
+
+def _run8(a, p, variant, x_scale, zp, oq, width=1, **kw) -> np.ndarray:
+    """matmul into a uint8 output (``oq``) or, ``oq`` None, a float32 one."""
+    out = np.full((a.shape[0], p.n), 7, np.uint8) if oq is not None else np.full((a.shape[0], p.n), np.nan, np.float32)
+    assert int8.matmul(a, p, out, x_scale, zp, width=width, variant=variant, out_quant=oq, **kw)
+    return out
+
+
+def _bits(x: np.ndarray, y: np.ndarray) -> bool:
+    return x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x.view(np.uint8), y.view(np.uint8))
+
+
+@pytest.mark.parametrize("variant", RUNS)
+def test_uint8_activations_in_and_out_match_the_reference(variant):
+    for i, (m, k, n) in enumerate(SHAPES[::2]):
+        _, w, ws = _data(m, k, n)
+        a, p = _u8(m, k, i), int8.PackedB8(w)
+        for zp in (0, 128, 255):
+            for oq in (None, OUT8[i % 3]):
+                got = _run8(a, p, variant, 0.03, zp, oq, w_scale=ws)
+                want = int8.reference(a, w, 0.03, zp, w_scale=ws, out_quant=oq, out_dtype="float32" if oq is None else "uint8")
+                assert _bits(got, want), (variant, m, k, n, zp, oq)
+    # a float32 A (static and dynamic) into a uint8 output
+    a, w, ws = _data(37, 150, 70, seed=5)
+    for xs in (0.05, None):
+        got = _run8(a, int8.PackedB8(w), variant, xs, 3, OUT8[1], w_scale=ws)
+        assert _bits(got, int8.reference(a, w, xs, 3, w_scale=ws, out_quant=OUT8[1], out_dtype="uint8")), (variant, xs)
+
+
+@pytest.mark.parametrize("variant", RUNS)
+def test_a_uint8_output_after_every_epilogue_saturates_at_both_ends(variant):
+    m, k, n = 37, 200, 45
+    _, w, ws = _data(m, k, n, seed=7)
+    a, p = _u8(m, k, 7), int8.PackedB8(w)
+    seen = set()
+    for oq in OUT8:
+        for kw in _epilogues(n, m)[:3] + [dict(clip=(0.0, 6.0)), dict(clip=(-1e30, 1e30), bias=ws)]:
+            kw.pop("out_quant", None)
+            got = _run8(a, p, variant, 0.05, 3, oq, w_scale=ws, **kw)
+            assert _bits(got, int8.reference(a, w, 0.05, 3, w_scale=ws, out_quant=oq, out_dtype="uint8", **kw)), (variant, oq, list(kw))
+            seen |= {int(got.min()), int(got.max())}
+            for act in int8.ACTIVATIONS:
+                got = _run8(a, p, variant, 0.05, 3, oq, w_scale=ws, act=act, **kw)
+                want = int8.reference(a, w, 0.05, 3, w_scale=ws, act=act, out_quant=oq, out_dtype="uint8", **kw)
+                assert np.abs(got.astype(np.int32) - want).max() <= 1, (variant, act, list(kw))
+    assert {0, 255, 17, 201} <= seen
+    # an output scale whose reciprocal is not a normal float32's 2^-100..2^100: the division itself
+    for oq in ((1e-32, 0, 0, 255), (3e-31, 9, 5, 250), (1e31, 5, 0, 255)):
+        kw = dict(addend=_epilogues(n, m)[1]["addend"] * np.float32(oq[0] * 50), w_scale=ws * np.float32(oq[0]))
+        got = _run8(a, p, variant, 0.05, 3, oq, **kw)
+        assert _bits(got, int8.reference(a, w, 0.05, 3, out_quant=oq, out_dtype="uint8", **kw)), (variant, oq)
+        assert 5 < len(np.unique(got)) and got.min() == oq[2] and got.max() == oq[3]
+    # the quotient's edges: ties to even, infinities, NaN (qlo), far past the grid
+    s = np.float32(0.25)
+    add = np.array([[0.125, 0.375, -0.125, 1e30, -1e30, np.inf, -np.inf, np.nan, 31.875, 32.375]], np.float32)
+    got = _run8(np.zeros((1, 1), np.uint8), int8.PackedB8(np.zeros((1, 10), np.int8)), variant, 0.5, 0,
+                (float(s), 100, 0, 255), addend=add)
+    assert got[0].tolist() == [100, 102, 100, 255, 0, 255, 0, 0, 228, 230], (variant, got)
+
+
+def test_uint8_bits_are_the_same_in_every_variant_and_at_every_width():
+    for m, k, n in ((257, 64, 257), (100, 257, 33), (700, 1000, 70)):
+        _, w, ws = _data(m, k, n, seed=11)
+        a, p = _u8(m, k, 11), int8.PackedB8(w)
+        want = int8.reference(a, w, 0.01, 77, w_scale=ws, bias=ws, out_quant=OUT8[0], out_dtype="uint8")
+        for v in RUNS:
+            assert _bits(_run8(a, p, v, 0.01, 77, OUT8[0], w_scale=ws, bias=ws), want), (v, m, k, n)
+            one = _run8(a, p, v, 0.01, 77, OUT8[0], w_scale=ws, act="gelu")
+            for width in (2, 3):
+                assert _bits(_run8(a, p, v, 0.01, 77, OUT8[0], width, w_scale=ws, bias=ws), want), (v, width)
+                assert _bits(_run8(a, p, v, 0.01, 77, OUT8[0], width, w_scale=ws, act="gelu"), one), (v, width)
+
+
+def test_uint8_arrays_that_do_not_fit_are_refused_without_a_write():
+    a, w, ws = _data(19, 70, 40, seed=13)
+    a8, p = _u8(19, 70), int8.PackedB8(w)
+    out, out32 = np.full((19, 40), 7, np.uint8), np.full((19, 40), 7.0, np.float32)
+    oq = OUT8[0]
+    calls = [
+        lambda: int8.matmul(a, p, out, 0.1),
+        lambda: int8.matmul(a, p, out, 0.1, out_quant=(0.05, 3, 0, 256)),
+        lambda: int8.matmul(a, p, out, 0.1, out_quant=(0.05, 3, -1, 255)),
+        lambda: int8.matmul(a, p, out, 0.1, out_quant=(0.05, 3, 200, 100)),
+        lambda: int8.matmul(a, p, out, 0.1, out_quant=(0.05, 3.5, 0, 255)),
+        lambda: int8.matmul(a, p, out, 0.1, out_quant=(0.05, 3, 0, float("inf"))),
+        lambda: int8.matmul(a, p, out, 0.1, out_quant=(0.05, 3, 0)),
+        lambda: int8.matmul(a8, p, out32, 0.1, 0, "int8"),
+        lambda: int8.matmul(a8, p, out32, None),
+        lambda: int8.matmul(a8, p, out32, 0.1, -1),
+        lambda: int8.matmul(a8[:, :69].copy(), p, out, 0.1, out_quant=oq),
+        lambda: int8.matmul(a8.astype(np.int8), p, out, 0.1, out_quant=oq),
+        lambda: int8.matmul(np.asfortranarray(a8), p, out, 0.1, out_quant=oq),
+        lambda: int8.matmul(a8, p, out[:18], 0.1, out_quant=oq),
+        lambda: int8.matmul(a8, p, out.astype(np.uint16), 0.1, out_quant=oq),
+        lambda: int8.matmul(a8, p, out, 0.1, out_quant=oq, addend=np.zeros((19, 40), np.uint8)),
+    ]
+    for i, call in enumerate(calls):
+        assert call() is False, i
+    assert np.all(out == 7) and np.all(out32 == 7.0)
+    room = np.zeros(19 * 40 * 4, np.float32)  # an addend overlapping the uint8 output
+    assert int8.matmul(a8, p, room.view(np.uint8)[: 19 * 40].reshape(19, 40), 0.1, out_quant=oq,
+                       addend=room[: 19 * 40].reshape(19, 40)) is False
+    mod = int8._mod()
+    fp, ip = np.array([0.1, 3, 0, 0, 0.05, 3, 0, 255], np.float32), np.array([0, 0, 0, 1, 1, 0], np.int64)
+    good = [a8, p.data, out, p.colsum_padded, ws, int8._NO_BIAS, None, fp, ip, 70]
+    mod.i8_matmul(*good)
+    assert not np.all(out == 7)
+    out[:] = 7
+    bad = {7: [np.array([0.1, 3, 0, 0, 0.05, 3, 0, 256], np.float32), np.array([0, 3, 0, 0, 0.05, 3, 0, 255], np.float32),
+               np.array([0.1, 3, 0, 0, 0.05, 3.5, 0, 255], np.float32)],
+           8: [np.array([0, 0, 0, 0, 1, 0], np.int64)], 0: [a8[:, :69].copy(), a8.astype(np.int8)],
+           2: [out.astype(np.int8)]}
+    for i, values in bad.items():
+        for v in values:
+            args = list(good)
+            args[i] = v
+            with pytest.raises((TypeError, ValueError)):
+                mod.i8_matmul(*args)
+    assert np.all(out == 7)

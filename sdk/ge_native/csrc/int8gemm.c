@@ -24,7 +24,9 @@
    a GEMM's as 16 x 64 tiles; a conv's input into padded NHWC u8 rows (pads hold z: the float
    0.0), its rows of A gathered from there by each task (a 1x1 stride-1 conv reads them in place).
    x_scale 0 asks for dynamic quantisation: the scale and zero point of ONNX DynamicQuantizeLinear
-   from the min and max of the whole input. */
+   from the min and max of the whole input. A u8 A or input (a8, x8) is already quantised: a GEMM's
+   copied into the tiles, a conv's into xp (a 1x1 stride-1 unpadded one's rows gathered from it by
+   each task); a u8 C (c8) receives clamp(rint(y / ys) + yz, qlo, qhi) of the float epilogue's y. */
 #define I8_NR 32
 #define I8_KB 64
 #define I8_MR 12
@@ -56,6 +58,12 @@ typedef struct {
     const float *x; int64_t plain;        /* a conv's input: blocked (N, ib, h, w, 16) or plain NCHW */
     int64_t ib, cin, h, w, kh, kw, sh, sw, dh, dw, pt, pl, ow, hp, wp, direct;
     uint8_t *xp;                          /* the conv's quantised padded input (N, hp, wp, cin) */
+    const uint8_t *a8, *x8;               /* A or the conv's input already u8 (x_zero_point's), or NULL */
+    int64_t direct8;                      /* a 1x1 stride-1 unpadded conv of a blocked x8: rows gathered from it */
+    uint8_t *c8;                          /* C as u8 (clamp(rint(y / ys) + yz, qlo, qhi)), or NULL: float c */
+    float yr; int64_t yfast;              /* 1 / ys, and whether i8_out16 may divide by it */
+    float ylo, yhi; int64_t merge;        /* i8_out16's range of y (clip's too where merge) */
+    int32_t ybias, ylo8, yhi8;            /* the bits of 1.5 * 2^23 less yz; qlo, qhi as integers */
     atomic_int failed;
 } i8_ctx;
 
@@ -180,15 +188,17 @@ static void i8_atask(void *vc, int64_t t, int slot) {
         for (int64_t kk = 0; kk < q->kp; kk += I8_KB) {
             int64_t len = r < q->m ? (q->k - kk < I8_KB ? q->k - kk : I8_KB) : 0;
             uint8_t *d = i8_addr(q->ab, q->ablk, q->achunk, q->alda, r, kk);
+            if (len == I8_KB && q->a8) { memcpy(d, q->a8 + r * q->k + kk, I8_KB); continue; }
             if (len == I8_KB) { i8_quant(q, q->a + r * q->k + kk, I8_KB, 1, d); continue; }
             memset(row, (int)q->zi, I8_KB);
-            if (len > 0) i8_quant(q, q->a + r * q->k + kk, len, 1, row);
+            if (len > 0 && q->a8) memcpy(row, q->a8 + r * q->k + kk, (size_t)len);
+            else if (len > 0) i8_quant(q, q->a + r * q->k + kk, len, 1, row);
             memcpy(d, row, I8_KB);
         }
 }
 
-/* padded row t (image t / hp) of a conv's input quantised into xp: z in the pads, else the row's
-   pixels' cin channels, channel-minor */
+/* padded row t (image t / hp) of a conv's input quantised (or a u8 input copied) into xp: z in
+   the pads, else the row's pixels' cin channels, channel-minor */
 static void i8_xtask(void *vc, int64_t t, int slot) {
     (void)slot;
     const i8_ctx *q = (const i8_ctx *)vc;
@@ -198,6 +208,19 @@ static void i8_xtask(void *vc, int64_t t, int slot) {
     memset(row, (int)q->zi, (size_t)(q->pl * c));
     memset(row + (q->pl + q->w) * c, (int)q->zi, (size_t)((q->wp - q->pl - q->w) * c));
     uint8_t *d = row + q->pl * c;
+    if (q->x8 && q->plain) {
+        const uint8_t *src = q->x8 + (img * c * q->h + ih) * q->w;
+        for (int64_t ch = 0; ch < c; ch++)
+            for (int64_t iw = 0; iw < q->w; iw++) d[iw * c + ch] = src[ch * q->h * q->w + iw];
+        return;
+    }
+    if (q->x8) {
+        for (int64_t cb = 0; cb < q->ib; cb++) {
+            const uint8_t *src = q->x8 + ((img * q->ib + cb) * q->h + ih) * q->w * 16;
+            for (int64_t iw = 0; iw < q->w; iw++) memcpy(d + iw * c + cb * 16, src + iw * 16, 16);
+        }
+        return;
+    }
     if (q->plain) {
         const float *src = q->x + (img * c * q->h + ih) * q->w;
         for (int64_t ch = 0; ch < c; ch++)
@@ -241,8 +264,9 @@ static I8_T512 void i8_gather512(const i8_ctx *q, int64_t img, int64_t oh, int64
 #endif
 
 /* ---- the epilogue ---- */
-static inline float *i8_crow(const i8_ctx *q, int64_t img, int64_t r, int64_t j) {
-    return q->c + img * q->is + r * q->rs + (j >> 4) * q->bs + (j & 15);
+/* the element of C (and of the addend) that row r, column j of image img is stored at */
+static inline int64_t i8_coff(const i8_ctx *q, int64_t img, int64_t r, int64_t j) {
+    return img * q->is + r * q->rs + (j >> 4) * q->bs + (j & 15);
 }
 
 /* the output fake-quant of one value (QuantizeLinear then DequantizeLinear) */
@@ -254,21 +278,32 @@ static inline float i8_oq1(const i8_ctx *q, float y) {
     return t * q->ys;
 }
 
-/* the epilogue of one raw sum (u8 x s8) of column j stored at cr */
-static inline float i8_epi1(const i8_ctx *q, int32_t raw, int64_t j, float *cr) {
+/* the u8 output of one value (QuantizeLinear to [qlo, qhi]; NaN gives qlo, as the vector form) */
+static inline uint8_t i8_oq8(const i8_ctx *q, float y) {
+    float t = rintf(y / q->ys);
+    t = t + q->yz;
+    t = t > q->qlo ? t : q->qlo;
+    t = t < q->qhi ? t : q->qhi;
+    return (uint8_t)(int)t;
+}
+
+/* the float epilogue of one raw sum (u8 x s8) of column j stored at C's element off, before the
+   output's quantisation */
+static inline float i8_epi1(const i8_ctx *q, int32_t raw, int64_t j, int64_t off) {
     int32_t acc = (int32_t)((uint32_t)raw - (uint32_t)q->corr[j]);
     float y = (float)acc;
     y = y * q->mult[j];
     if (q->has_bias) y = y + q->bias[j];
-    if (q->add) y = y + q->add[cr - q->c];
+    if (q->add) y = y + q->add[off];
     if (q->clip) y = ge_min32(ge_max32(y, q->lo), q->hi);
-    y = act32(y, q->act);
-    return q->oq ? i8_oq1(q, y) : y;
+    return act32(y, q->act);
 }
 
 static inline void i8_store1(const i8_ctx *q, int64_t img, int64_t r, int64_t j, int32_t raw) {
-    float *cr = i8_crow(q, img, r, j);
-    *cr = i8_epi1(q, raw, j, cr);
+    int64_t off = i8_coff(q, img, r, j);
+    float y = i8_epi1(q, raw, j, off);
+    if (q->c8) q->c8[off] = i8_oq8(q, y);
+    else q->c[off] = q->oq ? i8_oq1(q, y) : y;
 }
 
 #if defined(I8_X86)
@@ -276,32 +311,102 @@ static inline I8_T512 __mmask16 i8_cols(int64_t left) {
     return left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1u);
 }
 
-/* the epilogue of 16 raw sums of columns j0.. of row r and their store (mask: columns below n) */
-static inline __attribute__((always_inline)) I8_T512 void i8_store16(const i8_ctx *q, int64_t img, int64_t r,
-                                                                      int64_t j0, __m512i raw, __mmask16 m) {
-    float *cr = i8_crow(q, img, r, j0);
-    __m512i acc = _mm512_sub_epi32(raw, _mm512_loadu_si512(q->corr + j0));
-    __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_loadu_ps(q->mult + j0));
-    if (q->has_bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(m, q->bias + j0));
-    if (q->add) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(m, q->add + (cr - q->c)));
-    if (q->clip) y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(q->lo)), _mm512_set1_ps(q->hi));
-    if (q->act) {
+/* the epilogue's settings as vectors and flags, loaded once for a block's rows (a store through C
+   may alias q, so the compiler would reload q's fields at every row) */
+typedef struct {
+    __m512 lo, hi, ys, yr, yz, qlo, qhi, ylo, yhi;
+    __m512i ybias, ylo8, yhi8;
+    int64_t has_bias, clip, act, oq, yfast, narrow;  /* narrow: (qlo, qhi) not (0, 255) */
+    const float *add; float *c; uint8_t *c8;
+} i8_epv;
+
+static inline __attribute__((always_inline)) I8_T512 void i8_epv_init(const i8_ctx *q, i8_epv *v) {
+    v->lo = _mm512_set1_ps(q->lo); v->hi = _mm512_set1_ps(q->hi);
+    v->ys = _mm512_set1_ps(q->ys); v->yr = _mm512_set1_ps(q->yr); v->yz = _mm512_set1_ps(q->yz);
+    v->qlo = _mm512_set1_ps(q->qlo); v->qhi = _mm512_set1_ps(q->qhi);
+    v->ylo = _mm512_set1_ps(q->ylo); v->yhi = _mm512_set1_ps(q->yhi);
+    v->ybias = _mm512_set1_epi32(q->ybias); v->ylo8 = _mm512_set1_epi32(q->ylo8); v->yhi8 = _mm512_set1_epi32(q->yhi8);
+    v->has_bias = q->has_bias; v->clip = q->clip && !q->merge; v->act = q->act; v->oq = q->oq; v->yfast = q->yfast;
+    v->narrow = q->ylo8 != 0 || q->yhi8 != 255;
+    v->add = q->add; v->c = q->c; v->c8 = q->c8;
+}
+
+/* rint(y / ys) + yz of 16 values as int32, the u8 output before its clamp to [qlo, qhi]: i8_q16's
+   division without its saturation test, y held to +-2048 ys first (clip's range merged in where
+   no activation follows it; NaN to the low end), past which every result saturates alike; the
+   rounding by adding 1.5 * 2^23 (|quotient| <= 2048: the sum's last bit is the integer, ties to
+   even), the zero point on the integers (it, qlo and qhi are integral). Else (ys too large or
+   small for 1 / ys) the division, the quotient held to +-2048. */
+static inline __attribute__((always_inline)) I8_T512 __m512i i8_n16(const i8_epv *v, __m512 y) {
+    __m512 t;
+    if (v->yfast) {
+        y = _mm512_min_ps(_mm512_max_ps(y, v->ylo), v->yhi);
+        __m512 q0 = _mm512_mul_ps(y, v->yr);
+        __m512 q1 = _mm512_fmadd_ps(_mm512_fnmadd_ps(v->ys, q0, y), v->yr, q0);
+        t = _mm512_fmadd_ps(_mm512_fnmadd_ps(v->ys, q1, y), v->yr, q1);
+    } else {
+        t = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(y, v->ys), _mm512_set1_ps(-2048.0f)), _mm512_set1_ps(2048.0f));
+    }
+    __m512i n = _mm512_castps_si512(_mm512_add_ps(t, _mm512_set1_ps(12582912.0f)));
+    return _mm512_sub_epi32(n, v->ybias);  /* in -2304 .. 2303: rint(t) + yz */
+}
+
+/* the u8 output of 16 values: clamp(rint(y / ys) + yz, qlo, qhi) */
+static inline __attribute__((always_inline)) I8_T512 __m128i i8_out16(const i8_epv *v, __m512 y) {
+    return _mm512_cvtepi32_epi8(_mm512_min_epi32(_mm512_max_epi32(i8_n16(v, y), v->ylo8), v->yhi8));
+}
+
+/* the float epilogue of 16 raw sums (corr, mult, bias: their columns'; the addend's at C's
+   element off; mask: columns below n) */
+static inline __attribute__((always_inline)) I8_T512 __m512 i8_y16(const i8_epv *v, __m512i raw, __m512i corr,
+                                                                    __m512 mult, __m512 bias, int64_t off, __mmask16 m) {
+    __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(raw, corr)), mult);
+    if (v->has_bias) y = _mm512_add_ps(y, bias);
+    if (v->add) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(m, v->add + off));
+    if (v->clip) y = _mm512_min_ps(_mm512_max_ps(y, v->lo), v->hi);
+    if (v->act) {
 #if defined(__AVX512F__)
-        y = sg_act16(y, q->act);
+        y = sg_act16(y, v->act);
 #else
         float t[16];
         _mm512_storeu_ps(t, y);
-        for (int i = 0; i < 16; i++) t[i] = act32(t[i], q->act);
+        for (int i = 0; i < 16; i++) t[i] = act32(t[i], v->act);
         y = _mm512_loadu_ps(t);
 #endif
     }
-    if (q->oq) {
-        __m512 t = _mm512_roundscale_ps(_mm512_div_ps(y, _mm512_set1_ps(q->ys)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        t = _mm512_add_ps(t, _mm512_set1_ps(q->yz));
-        t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(q->qlo)), _mm512_set1_ps(q->qhi));
-        y = _mm512_mul_ps(_mm512_sub_ps(t, _mm512_set1_ps(q->yz)), _mm512_set1_ps(q->ys));
+    return y;
+}
+
+/* i8_y16 and the store at C's element off */
+static inline __attribute__((always_inline)) I8_T512 void i8_epi16(const i8_epv *v, __m512i raw, __m512i corr,
+                                                                    __m512 mult, __m512 bias, int64_t off, __mmask16 m) {
+    __m512 y = i8_y16(v, raw, corr, mult, bias, off, m);
+    if (v->c8) {
+        _mm_mask_storeu_epi8(v->c8 + off, m, i8_out16(v, y));
+        return;
     }
-    _mm512_mask_storeu_ps(cr, m, y);
+    if (v->oq) {
+        __m512 t = _mm512_roundscale_ps(_mm512_div_ps(y, v->ys), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        t = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(t, v->yz), v->qlo), v->qhi);
+        y = _mm512_mul_ps(_mm512_sub_ps(t, v->yz), v->ys);
+    }
+    _mm512_mask_storeu_ps(v->c + off, m, y);
+}
+
+/* the corrections, factors and bias of the 32 columns j0.. (masks m0, m1: those below n) */
+typedef struct {
+    __m512i k0, k1;
+    __m512 u0, u1, b0, b1;
+} i8_cols32;
+
+static inline __attribute__((always_inline)) I8_T512 void i8_cols_init(const i8_ctx *q, int64_t j0, __mmask16 m0,
+                                                                        __mmask16 m1, i8_cols32 *c) {
+    c->k0 = _mm512_loadu_si512(q->corr + j0);
+    c->k1 = _mm512_loadu_si512(q->corr + j0 + 16);
+    c->u0 = _mm512_loadu_ps(q->mult + j0);
+    c->u1 = _mm512_loadu_ps(q->mult + j0 + 16);
+    c->b0 = q->has_bias ? _mm512_maskz_loadu_ps(m0, q->bias + j0) : _mm512_setzero_ps();
+    c->b1 = q->has_bias ? _mm512_maskz_loadu_ps(m1, q->bias + j0 + 16) : _mm512_setzero_ps();
 }
 #endif
 
@@ -324,6 +429,17 @@ static int i8_rows(i8_ctx *q, int64_t img, int64_t r0, int64_t rows, i8_arows *A
     int64_t lda = q->kp + 64, padded = (rows + 31) / 32 * 32;
     uint8_t *buf = (uint8_t *)i8_scratch((size_t)padded * (size_t)lda);
     if (!buf) { atomic_store(&q->failed, 1); return -1; }
+    if (q->direct8) {
+        /* a pixel's 16 channels of a block are 16 bytes of x8: the rows' blocks side by side (a
+           tile row needs 64 bytes of k; rows past `rows` and lanes past cin: zeros) */
+        const uint8_t *xi = q->x8 + (img * q->ib * q->m + r0) * 16;
+        for (int64_t cb = 0; cb < q->ib; cb++)
+            for (int64_t r = 0; r < rows; r++) memcpy(buf + r * lda + cb * 16, xi + (cb * q->m + r) * 16, 16);
+        for (int64_t r = 0; r < padded; r++)
+            memset(buf + r * lda + (r < rows ? q->cin : 0), 0, (size_t)(r < rows ? q->kp - q->cin : q->kp));
+        *A = (i8_arows){buf, 16 * lda, 64, lda};
+        return 0;
+    }
     int64_t oh = r0 / q->ow, ow = r0 % q->ow;
     for (int64_t r = 0; r < padded; r++) {
         if (r >= rows) { memset(buf + r * lda, 0, (size_t)q->kp); continue; }
@@ -426,11 +542,15 @@ static inline __attribute__((always_inline)) I8_T512 void i8_tile512(const i8_ct
             }
         }
     }
-    int64_t j0 = p * I8_NR;
+    int64_t j0 = p * I8_NR, o0 = i8_coff(q, img, r0, j0), o1 = i8_coff(q, img, r0, j0 + 16);
     __mmask16 m0 = i8_cols(q->n - j0), m1 = i8_cols(q->n - j0 - 16);
+    i8_epv v;
+    i8_cols32 k;
+    i8_epv_init(q, &v);
+    i8_cols_init(q, j0, m0, m1, &k);
     for (int i = 0; i < mr; i++) {
-        i8_store16(q, img, r0 + i, j0, c0[i], m0);
-        if (m1) i8_store16(q, img, r0 + i, j0 + 16, c1[i], m1);
+        i8_epi16(&v, c0[i], k.k0, k.u0, k.b0, o0 + i * q->rs, m0);
+        if (m1) i8_epi16(&v, c1[i], k.k1, k.u1, k.b1, o1 + i * q->rs, m1);
     }
 }
 
@@ -480,14 +600,41 @@ typedef struct {
     __mmask16 m0, m1;
 } i8_pend;
 
+/* 4 rows' u8 outputs of 16 columns (raw sums 32 apart) where they are 64 bytes of C (a conv's
+   block: 16 bytes a pixel): VPACKUS's saturation the clamp where (qlo, qhi) is (0, 255) (the
+   integers lie in -2304..2303), one permutation and one store for 4 VPMOVDB */
+static inline __attribute__((always_inline)) I8_TAMX void i8_pack4(const i8_epv *v, const int32_t *cs, __m512i corr,
+                                                                    __m512 mult, __m512 bias, int64_t off) {
+    __m512i n[4];
+    for (int i = 0; i < 4; i++) {
+        n[i] = i8_n16(v, i8_y16(v, _mm512_load_si512(cs + i * 32), corr, mult, bias, off + i * 16, 0xffff));
+        if (v->narrow) n[i] = _mm512_min_epi32(_mm512_max_epi32(n[i], v->ylo8), v->yhi8);
+    }
+    /* per 128-bit lane L: 4 bytes of each row (its columns 4L..4L+3), rows in order */
+    __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(n[0], n[1]), _mm512_packus_epi32(n[2], n[3]));
+    __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_si512(v->c8 + off, _mm512_permutexvar_epi32(idx, b));
+}
+
 /* the pending block's next rows up to `upto` through the epilogue */
 static I8_TAMX void i8_amx_epi(const i8_ctx *q, i8_pend *e, int64_t img, int64_t upto) {
-    int64_t i1 = upto < e->live ? upto : e->live;
-    for (int64_t i = e->done; i < i1; i++) {
-        i8_store16(q, img, e->r + i, e->j0, _mm512_load_si512(e->cs + i * 32), e->m0);
-        if (e->m1) i8_store16(q, img, e->r + i, e->j0 + 16, _mm512_load_si512(e->cs + i * 32 + 16), e->m1);
+    int64_t i1 = upto < e->live ? upto : e->live, j0 = e->j0, rs = q->rs;
+    if (i1 <= e->done) return;
+    i8_epv v;
+    i8_cols32 k;
+    i8_epv_init(q, &v);
+    i8_cols_init(q, j0, e->m0, e->m1, &k);
+    int64_t o0 = i8_coff(q, img, e->r + e->done, j0), o1 = i8_coff(q, img, e->r + e->done, j0 + 16), i = e->done;
+    if (v.c8 && rs == 16 && e->m0 == 0xffff && (e->m1 == 0 || e->m1 == 0xffff))
+        for (; i + 4 <= i1; i += 4, o0 += 64, o1 += 64) {
+            i8_pack4(&v, e->cs + i * 32, k.k0, k.u0, k.b0, o0);
+            if (e->m1) i8_pack4(&v, e->cs + i * 32 + 16, k.k1, k.u1, k.b1, o1);
+        }
+    for (; i < i1; i++, o0 += rs, o1 += rs) {
+        i8_epi16(&v, _mm512_load_si512(e->cs + i * 32), k.k0, k.u0, k.b0, o0, e->m0);
+        if (e->m1) i8_epi16(&v, _mm512_load_si512(e->cs + i * 32 + 16), k.k1, k.u1, k.b1, o1, e->m1);
     }
-    if (i1 > e->done) e->done = i1;
+    e->done = i1;
 }
 
 static I8_TAMX void i8_amx_rows(i8_ctx *q, int64_t img, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
@@ -591,12 +738,23 @@ static void i8_dynamic(i8_ctx *q, const float *src, int64_t len) {
 static PyObject *i8_run(i8_ctx *q, int64_t width, const float *ws, int64_t nws) {
     atomic_init(&q->failed, 0);
     q->panels = (q->n + I8_NR - 1) / I8_NR;
+    q->yr = 1.0f / q->ys;
+    q->yfast = q->yr >= 0x1p-100f && q->yr <= 0x1p100f;
+    if (q->c8) {
+        float l = 2048.0f * q->ys;  /* exact: a power of two times ys <= 2^100 (when yfast) */
+        q->merge = q->yfast && q->clip && !q->act && q->lo == q->lo && q->hi == q->hi;
+        q->ylo = q->merge ? ge_min32(ge_max32(q->lo, -l), l) : -l;
+        q->yhi = q->merge ? ge_min32(ge_max32(q->hi, -l), l) : l;
+        q->ybias = 0x4b400000 - (int32_t)q->yz;
+        q->ylo8 = (int32_t)q->qlo;
+        q->yhi8 = (int32_t)q->qhi;
+    }
     if (q->xs == 0.0f) i8_dynamic(q, q->x ? q->x : q->a, q->x ? q->images * (q->plain ? q->cin : q->ib * 16) * q->h * q->w : q->m * q->k);
     q->zi = (int32_t)q->zu;
     q->xr = 1.0f / q->xs;
     q->fast = q->xr >= 0x1p-100f && q->xr <= 0x1p100f;
     q->mb = q->variant == 3 ? 64 : q->variant == 2 ? 4 * I8_MR : q->variant == 1 ? 32 : 16;
-    int gemm = q->x == NULL;
+    int gemm = q->x == NULL && q->x8 == NULL;
     if (gemm && q->variant == 3) {
         if (q->m * q->kp * q->n < (1 << 25)) width = 1;
         int64_t rows32 = (q->m + 31) / 32 * 32, cap = (512 * 1024) / (q->kp + 64) / 32 * 32;
@@ -606,7 +764,7 @@ static PyObject *i8_run(i8_ctx *q, int64_t width, const float *ws, int64_t nws) 
         q->mb = ((q->m + blocks - 1) / blocks + 31) / 32 * 32;
     }
     size_t abytes = gemm ? (size_t)((q->m + 31) / 32 * 32) * (size_t)q->kp
-                         : (size_t)ge_prod(q->images * q->hp, q->wp, q->cin, 1) + (size_t)(32 * q->cin + 64);
+                         : q->direct8 ? 64 : (size_t)ge_prod(q->images * q->hp, q->wp, q->cin, 1) + (size_t)(32 * q->cin + 64);
     uint8_t *buf = (uint8_t *)aligned_alloc(64, (abytes + 63) / 64 * 64);
     q->mult = buf ? (float *)aligned_alloc(64, (size_t)q->panels * I8_NR * 8) : NULL;
     if (!q->mult) { free(buf); return PyErr_NoMemory(); }
@@ -626,7 +784,7 @@ static PyObject *i8_run(i8_ctx *q, int64_t width, const float *ws, int64_t nws) 
     q->groups = (q->panels + q->per_group - 1) / q->per_group;
     Py_BEGIN_ALLOW_THREADS
     if (gemm) ge_parallel(i8_atask, q, (q->m + 31) / 32 * 2, width);
-    else ge_parallel(i8_xtask, q, q->images * q->hp, width);
+    else if (!q->direct8) ge_parallel(i8_xtask, q, q->images * q->hp, width);
     ge_parallel(i8_task, q, q->images * q->row_blocks * q->groups, width);
     Py_END_ALLOW_THREADS
     free(buf);
@@ -688,24 +846,48 @@ static int i8_common(PyObject *const *args, i8_ctx *q, int64_t panels, int64_t n
     return 0;
 }
 
+/* the dtype of argument i as the entries take it: NPY_UINT8 for a uint8 ndarray, else NPY_FLOAT
+   (ge_nd checks the rest) */
+static int i8_type(PyObject *const *args, int i) {
+    PyObject *o = args[i];
+    int u8 = ge_ndarray && PyObject_TypeCheck(o, ge_ndarray) && PyArray_TYPE((PyArrayObject *)o) == NPY_UINT8;
+    return u8 ? NPY_UINT8 : NPY_FLOAT;
+}
+
+/* A (or x) and C by their dtypes into q; -1 where they do not fit: a u8 input needs a static
+   scale, a u8 output the output quantisation with integers 0 <= qlo <= qhi <= 255 and yz */
+static int i8_dtypes(i8_ctx *q, int ta, const void *a, int tc, void *c, int conv) {
+    if ((ta == NPY_UINT8 && q->xs == 0.0f)
+        || (tc == NPY_UINT8 && !(q->oq && q->qlo >= 0.0f && q->qlo <= q->qhi && q->qhi <= 255.0f && q->qlo == rintf(q->qlo)
+                                 && q->qhi == rintf(q->qhi) && q->yz == rintf(q->yz)))) return -1;
+    if (conv) { q->x = ta == NPY_FLOAT ? a : NULL; q->x8 = ta == NPY_UINT8 ? a : NULL; }
+    else { q->a = ta == NPY_FLOAT ? a : NULL; q->a8 = ta == NPY_UINT8 ? a : NULL; }
+    q->c = tc == NPY_FLOAT ? c : NULL;
+    q->c8 = tc == NPY_UINT8 ? c : NULL;
+    return 0;
+}
+
 /* C (m, n) = dequant(quant(A (m, k)) @ packed B): (A, B (P, kp / 4, 128) int8, C, colsum, w_scale,
-   bias, addend (m, n) or None, float params, int params (i8_common), the k B was packed for) */
+   bias, addend (m, n) or None, float params, int params (i8_common), the k B was packed for); A
+   float32 or u8 (already quantised), C float32 or u8 (quantised by out-quant) */
 static PyObject *i8_matmul(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     int64_t m, k, mc, nc, kb, width, nws, dims[3];
     const float *ws;
     if (ge_nargs(n, 10) || ge_int(args, 9, 0, I8_KMAX, &kb)) return NULL;
-    const float *a = (const float *)ge_mat(args, 0, NPY_FLOAT, 0, &m, &k);
+    int ta = i8_type(args, 0), tc = i8_type(args, 2);
+    const void *a = ge_mat(args, 0, ta, 0, &m, &k);
     const int8_t *b = a ? (const int8_t *)ge_nd(args, 1, NPY_INT8, 0, 3, dims) : NULL;
-    float *c = b ? (float *)ge_mat(args, 2, NPY_FLOAT, 1, &mc, &nc) : NULL;
+    void *c = b ? ge_mat(args, 2, tc, 1, &mc, &nc) : NULL;
     if (!c) return NULL;
     i8_ctx q;
     memset(&q, 0, sizeof(q));
     int64_t kp = (k + I8_KB - 1) / I8_KB * I8_KB, cdims[2] = {mc, nc};
     if (i8_common(args, &q, dims[0], nc, 2, cdims, nc, &width, &ws, &nws)) return NULL;
     if (mc != m || kb != k || dims[2] != 4 * I8_NR || dims[1] * 4 != kp || dims[0] != (nc + I8_NR - 1) / I8_NR
-        || ge_prod(m + 32, kp, 4, 1) < 0 || ge_prod(dims[0], dims[1], dims[2], 1) < 0) return ge_fail();
+        || ge_prod(m + 32, kp, 4, 1) < 0 || ge_prod(dims[0], dims[1], dims[2], 1) < 0
+        || i8_dtypes(&q, ta, a, tc, c, 0)) return ge_fail();
     if (m == 0 || nc == 0) Py_RETURN_NONE;
-    q.a = a; q.m = m; q.k = k; q.kp = kp; q.b = b; q.c = c; q.n = nc; q.rs = nc; q.bs = 16; q.images = 1;
+    q.m = m; q.k = k; q.kp = kp; q.b = b; q.n = nc; q.rs = nc; q.bs = 16; q.images = 1;
     return i8_run(&q, width, ws, nws);
 }
 
@@ -713,18 +895,20 @@ static PyObject *i8_matmul(PyObject *self, PyObject *const *args, Py_ssize_t n) 
    w_scale (1 or M <= MB * 16), bias (MB * 16), addend (as out) or None, float params, int params
    (i8_common), geometry int64 (kh, kw, sh, sw, dh, dw, top, left, bottom, right), plain 0|1): x
    blocked (N, ib, H, W, 16) with k = kh * kw * ib * 16 rows (kh, kw, block, channel), or plain
-   (N, C, H, W) of 1 <= C <= 16 with k = kh * kw * C */
+   (N, C, H, W) of 1 <= C <= 16 with k = kh * kw * C; x float32 or u8 (already quantised), out
+   float32 or u8 (quantised by out-quant) */
 static PyObject *i8_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     int64_t xd[5], wd[3], od[5], gn = 0, plain, width, nws;
     const float *ws;
     if (ge_nargs(n, 11) || ge_int(args, 10, 0, 1, &plain)) return NULL;
-    const float *x = (const float *)ge_nd(args, 0, NPY_FLOAT, 0, plain ? 4 : 5, xd);
+    int tx = i8_type(args, 0), tc = i8_type(args, 2);
+    const void *x = ge_nd(args, 0, tx, 0, plain ? 4 : 5, xd);
     if (x && plain) {
         xd[4] = xd[1]; xd[1] = 0;
         if (xd[4] < 1 || xd[4] > 16) return ge_fail();
     }
     const int8_t *b = x ? (const int8_t *)ge_nd(args, 1, NPY_INT8, 0, 3, wd) : NULL;
-    float *c = b ? (float *)ge_nd(args, 2, NPY_FLOAT, 1, 5, od) : NULL;
+    void *c = b ? ge_nd(args, 2, tc, 1, 5, od) : NULL;
     const int64_t *g = c ? (const int64_t *)ge_vec(args, 9, NPY_INT64, 0, &gn) : NULL;
     if (!g) return NULL;
     i8_ctx q;
@@ -739,14 +923,17 @@ static PyObject *i8_conv(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     if ((!plain && xd[4] != 16) || od[4] != 16 || od[0] != xd[0] || eh < 0 || ew < 0 || od[2] != eh / g[2] + 1
         || od[3] != ew / g[3] + 1 || k < 0 || k > I8_KMAX || wd[2] != 4 * I8_NR || wd[1] * 4 != kp
         || wd[0] != (od[1] + 1) / 2 || ge_prod(od[2], od[3], 1, 1) < 0 || ge_prod(64, kp + 64, 1, 1) < 0
-        || ge_prod(ge_prod(xd[0], xd[2] + g[6] + g[8], xd[3] + g[7] + g[9], 1), plain ? xd[4] : xd[1], 64, 1) < 0)
+        || ge_prod(ge_prod(xd[0], xd[2] + g[6] + g[8], xd[3] + g[7] + g[9], 1), plain ? xd[4] : xd[1], 64, 1) < 0
+        || i8_dtypes(&q, tx, x, tc, c, 1))
         return ge_fail();
     if (od[0] == 0 || od[1] == 0 || od[2] == 0 || od[3] == 0) Py_RETURN_NONE;
-    q.m = od[2] * od[3]; q.k = k; q.kp = kp; q.b = b; q.c = c; q.n = od[1] * 16;
+    q.m = od[2] * od[3]; q.k = k; q.kp = kp; q.b = b; q.n = od[1] * 16;
     q.rs = 16; q.bs = q.m * 16; q.is = od[1] * q.m * 16; q.images = od[0];
-    q.x = x; q.plain = plain; q.ib = xd[1]; q.h = xd[2]; q.w = xd[3]; q.kh = g[0]; q.kw = g[1]; q.sh = g[2];
+    q.plain = plain; q.ib = xd[1]; q.h = xd[2]; q.w = xd[3]; q.kh = g[0]; q.kw = g[1]; q.sh = g[2];
     q.sw = g[3]; q.dh = g[4]; q.dw = g[5]; q.pt = g[6]; q.pl = g[7]; q.ow = od[3];
     q.cin = plain ? xd[4] : xd[1] * 16; q.hp = xd[2] + g[6] + g[8]; q.wp = xd[3] + g[7] + g[9];
-    q.direct = !plain && g[0] == 1 && g[1] == 1 && g[2] == 1 && g[3] == 1 && g[6] + g[7] + g[8] + g[9] == 0 && kp == q.cin;
+    int one = !plain && g[0] == 1 && g[1] == 1 && g[2] == 1 && g[3] == 1 && g[6] + g[7] + g[8] + g[9] == 0;
+    q.direct = one && q.x && kp == q.cin;
+    q.direct8 = one && q.x8;
     return i8_run(&q, width, ws, nws);
 }
