@@ -124,7 +124,7 @@ class Int8Kernels(Pass):
                 why = _place(g, n, e, unit)
                 kind = "convs" if n.op_type == "NchwcConv" else "matmuls"
                 stats[kind if not why else "float32"] += 1
-            if unit is not None and getattr(int8, "UINT8_IO", False):
+            if unit is not None and int8.UINT8_IO and int8dw.available():
                 stats["uint8_values"] = stats.get("uint8_values", 0) + _uint8_storage(g)
         return PassResult(bool(stats["matmuls"] or stats["convs"]), {k: v for k, v in stats.items() if v})
 
