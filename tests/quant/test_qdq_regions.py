@@ -284,3 +284,22 @@ def test_dynamic_convolutions_run_as_int8_convolutions(tmp_path):
     for feed in models.feeds(f32, seed=13, count=2):
         want, got = _ort(path, feed), _ge(model, feed)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+def test_values_between_int8_convolutions_are_stored_as_uint8_with_the_same_bits(qdq_cnn, monkeypatch):
+    """A value only int8 convolutions read, written fake-quantised: uint8 integers (a quarter of
+    the bytes); the model's outputs are the float32-grid build's, bit for bit."""
+    from ge_native import int8
+
+    f32, paths = qdq_cnn
+    path = paths[("uint8", True)]
+    model = ge.compile(ge.load(path))
+    stored = [v for v in model.graph.values() if v.type is not None and v.type.dtype == np.uint8]
+    # (without an integer unit nothing runs in int8, so nothing is stored as uint8)
+    assert bool(stored) == (int8.isa() in ("amx_int8", "avx512_vnni", "avx2"))
+    assert all(v.producer.attrs.get("out_dtype") == "uint8" for v in stored)
+    monkeypatch.setattr(int8, "UINT8_IO", False)
+    grid = ge.compile(ge.load(path))
+    assert not any(v.type is not None and v.type.dtype == np.uint8 for v in grid.graph.values())
+    for feed in models.feeds(f32, seed=17, count=2):
+        assert np.array_equal(_ge(model, feed), _ge(grid, feed))
