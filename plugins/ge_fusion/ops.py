@@ -146,6 +146,11 @@ def check_node(node) -> None:
                 attention_perm(node, name, x.type.rank if x is not None else None)
             except ValueError as e:
                 raise _bad(node, str(e)) from None
+        for name in fused.ATTENTION_QUANTS:
+            try:
+                fused.attention_quant(node, name)
+            except ValueError as e:
+                raise _bad(node, str(e)) from None
     if node.op_type == "FusedElemwise":
         _check_program(node, "program", len(node.inputs), anchor=False, required=True)
     elif node.op_type in ("FusedConv", "FusedMatMul"):
@@ -189,10 +194,13 @@ OPDEFS = [
     OpDef(fused.FUSED_ELEMWISE, DOMAIN, **_FUSED, min_inputs=1, kind=OpKind.BROADCAST, infer=broadcast_inputs(),
           attrs={"program": ""}, doc="a generated kernel for a group of elementwise/broadcast ops"),
     OpDef(fused.ATTENTION, DOMAIN, **_FUSED, min_inputs=3, max_inputs=4, kind=OpKind.OPAQUE, infer=_attention_infer,
-          attrs={"scale": 1.0, "perm_q": None, "perm_kt": None, "perm_v": None, "perm_out": None, "compute_dtype": ""},
+          attrs={"scale": 1.0, "perm_q": None, "perm_kt": None, "perm_v": None, "perm_out": None, "compute_dtype": "",
+                 **dict.fromkeys(fused.ATTENTION_QUANTS)},
           doc="softmax(Q @ Kt * scale + mask) @ V; perm_q/perm_kt/perm_v: the transposes of inputs 0-2 that are "
               "Q, Kt, V, perm_out: the transpose of the result that is the output (absent: none); compute_dtype "
-              "bfloat16: both products in bf16 with float32 sums (a precision mode's)"),
+              "bfloat16: both products in bf16 with float32 sums (a precision mode's); scores_quant, scaled_quant, "
+              "masked_quant, probs_quant, out_quant: [scale, lo, hi] fake-quants of a quantised model at those "
+              "points (absent: none)"),
     OpDef(fused.LAYER_NORM, DOMAIN, **_FUSED, min_inputs=1, max_inputs=3, kind=OpKind.OPAQUE, infer=same_as_input(),
           attrs={"epsilon": 1e-5}, doc="layer normalisation over the last axis, then * gamma + beta"),
     OpDef(fused.RMS_NORM, DOMAIN, **_FUSED, min_inputs=1, max_inputs=2, kind=OpKind.OPAQUE, infer=same_as_input(),

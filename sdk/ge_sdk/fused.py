@@ -17,6 +17,7 @@ against it (nothing else reaches a code generator).
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,6 +45,11 @@ ATTENTION_PERMS = ("perm_q", "perm_kt", "perm_v")
 #: products in bf16 with float32 sums, the softmax in float32: a precision mode's choice)
 ATTENTION_COMPUTE = ("", "bfloat16")
 
+#: the Attention op's fake-quant points of a quantised (QDQ) model, in the order the kernel
+#: applies them: the scores Q·Kᵀ, the scaled scores, the masked scores, the probabilities after
+#: softmax, the output; each ``[scale, lo, hi]`` (:func:`attention_quant`) or absent
+ATTENTION_QUANTS = ("scores_quant", "scaled_quant", "masked_quant", "probs_quant", "out_quant")
+
 #: the program step of a quantised model's fake-quant (:data:`ge_sdk.quant.FAKE_QUANT`)
 FAKE_QUANT_STEP = "FakeQuant"
 
@@ -65,6 +71,26 @@ def attention_perm(node_or_attrs: Any, name: str, rank: int | None) -> list[int]
     if sorted(p) != list(range(len(p))) or (rank is not None and len(p) != rank):
         raise ValueError(f"{name} {p} is not a permutation of the {rank if rank is not None else len(p)} axes")
     return None if p == list(range(len(p))) else p
+
+
+def attention_quant(node_or_attrs: Any, name: str) -> tuple[float, float, float] | None:
+    """The fake-quant ``name`` (of :data:`ATTENTION_QUANTS`) of an Attention node (its attrs) as
+    ``(scale, lo, hi)``: ``clip(rint(x / scale), lo, hi) * scale`` in float32, lo and hi the
+    integer range less the zero point; None when absent or empty; raises ValueError when it is
+    not three numbers with a finite scale > 0 and lo <= 0 <= hi."""
+    attrs = getattr(node_or_attrs, "attrs", node_or_attrs)
+    q = attrs.get(name)
+    if q is None or (isinstance(q, (list, tuple)) and len(q) == 0):
+        return None
+    try:
+        if isinstance(q, (str, bytes)) or any(isinstance(x, (bool, str, bytes)) for x in q):
+            raise TypeError
+        s, lo, hi = (float(x) for x in q)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be [scale, lo, hi] numbers, not {str(q)[:60]}") from None
+    if not (math.isfinite(s) and s > 0 and lo <= 0 <= hi):
+        raise ValueError(f"{name} {[s, lo, hi]} needs a finite scale > 0 and lo <= 0 <= hi")
+    return s, lo, hi
 
 
 # ------------------------------------------------------------------------------------------------

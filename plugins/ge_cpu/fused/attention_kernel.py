@@ -1,6 +1,8 @@
 """CPU kernel of the fused Attention op: ``softmax(Q Kᵀ * scale + mask) V``, one task per
 (batch, head) on native threads for large work (:mod:`ge_cpu.fused.attention`), else batched
-NumPy matmuls around a one-pass scaled-softmax row kernel."""
+NumPy matmuls around a one-pass scaled-softmax row kernel. A quantised model's fake-quants of the
+scores or probabilities (the ``*_quant`` attributes) run on the batched form, each where the
+unfused graph has it (:mod:`ge_native.fakequant`, the same bits)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from ge_core.kernel import KernelSpec, with_caps
-from ge_native import parallel
-from ge_sdk.fused import attention_perm
+from ge_native import fakequant, parallel
+from ge_sdk.fused import ATTENTION_QUANTS, attention_perm, attention_quant
 
 from .elementwise import mark_out, out_type, refuse
 from .norms import row_kernel_for, row_softmax, rows_variant, softmax_inplace
@@ -86,12 +88,55 @@ def _bf16_attention(q, kt, v, mask, scale: float, o, unit: str | None) -> np.nda
     return out
 
 
+#: a fake-quant attribute read: (scale, lo, hi)
+Quant = tuple[float, float, float]
+
+
+def _attention_quants(spec: KernelSpec, dt: np.dtype) -> tuple[Quant | None, ...]:
+    """The fake-quants of a quantised model (ATTENTION_QUANTS, checked when the node was; float32
+    only, the dtype of the fake-quant)."""
+    try:
+        quants = tuple(attention_quant(spec.attrs, name) for name in ATTENTION_QUANTS)
+    except ValueError as e:
+        raise refuse(spec, str(e)) from None
+    if any(quants) and np.dtype(dt) != np.float32:
+        raise refuse(spec, f"fake-quant attributes need float32, not {np.dtype(dt).name}")
+    return quants
+
+
+def _fake_quant(x: np.ndarray, q: Quant, width: int) -> None:
+    """``x = clip(rint(x / scale), lo, hi) * scale`` in place, float32 (``q``: scale, lo, hi)."""
+    fakequant.fake_quant(x, q[0], q[1], q[2], out=x, width=width)
+
+
+def _quantised_scores(s: np.ndarray, scale: float, mask: np.ndarray | None, quants: tuple[Quant | None, ...], rows: Any,
+                      width: int) -> None:
+    """``s = softmax(fq3(fq2(fq1(s) · scale) + mask))`` in place, each fake-quant (of ``quants``:
+    scores, scaled, masked; None: none) in float32 where the unfused graph has it, the same bits."""
+    fq1, fq2, fq3 = quants
+    if fq1 is not None:
+        _fake_quant(s, fq1, width)
+    if scale != 1.0:
+        s *= s.dtype.type(scale)
+    if fq2 is not None:
+        _fake_quant(s, fq2, width)
+    if mask is not None:
+        s += mask
+    if fq3 is not None:
+        _fake_quant(s, fq3, width)
+    softmax_inplace(s, -1, rows)
+
+
 def attention_factory(spec: KernelSpec):
     from .attention import SERIAL_WORK as serial_work
     scale = float(spec.attr("scale", 1.0))
     dt = out_type(spec)[0]
+    quants = _attention_quants(spec, dt)
+    fq_scores, fq_probs, fq_out = quants[:3], quants[3], quants[4]
+    in_scores = any(fq_scores) or fq_probs is not None  # fake-quants the heads kernels have no form of
     compute = spec.attr("compute_dtype", "") or ""
-    in_bf16 = (compute.decode() if isinstance(compute, bytes) else str(compute)) == "bfloat16" and dt == np.float32
+    in_bf16 = (compute.decode() if isinstance(compute, bytes) else str(compute)) == "bfloat16" and dt == np.float32 \
+        and not any(quants)  # a quantised model's fake-quants: the float32 path
     unit = None
     if in_bf16:  # (a model moved to a CPU with no bf16 unit faster than float32: the float32 path)
         from ge_native import bf16attn
@@ -127,26 +172,33 @@ def attention_factory(spec: KernelSpec):
         o = dest if dest is None or po_inv is None else dest.transpose(po_inv)
         work = q.size // max(1, q.shape[-1]) * kt.shape[-1] * (q.shape[-1] + v.shape[-1])  # multiply-adds
         r = _bf16_attention(q, kt, v, mask, scale, o, unit) if in_bf16 else None
-        if r is None and width > 1 and work >= serial_work:
+        if r is None and width > 1 and work >= serial_work and not in_scores:
             # one task per (batch, head) on native threads (ge_cpu.fused.attention)
             from . import attention
 
             r = attention.run(q, kt, v, mask, scale, o, parallel.threads())
         if r is None:
             s = np.matmul(q, kt)
-            if not _scaled_softmax(scaled, s, scale, mask):
+            if any(fq_scores):
+                _quantised_scores(s, scale, mask, fq_scores, rows, width)
+            elif not _scaled_softmax(scaled, s, scale, mask):
                 if scale != 1.0:
                     s *= s.dtype.type(scale)
                 if mask is not None:
                     s += mask
                 softmax_inplace(s, -1, rows)
+            if fq_probs is not None:
+                _fake_quant(s, fq_probs, width)
             r = np.matmul(s, v, out=o)
+        if fq_out is not None:  # elementwise: on the whole output buffer (C order) where r is a view of it
+            y = dest if dest is not None and r is o else r
+            _fake_quant(y, fq_out, width)
         if dest is not None and r is o:
             return (dest,)
         return (r if po is None else r.transpose(po),)
 
     if in_bf16:
         return mark_out(with_caps(kernel, algorithm="bf16_heads", variant=str(unit)))
-    with_caps(kernel, algorithm="heads" if width > 1 else "batched", variant=rows_variant(scaled))
+    with_caps(kernel, algorithm="heads" if width > 1 and not in_scores else "batched", variant=rows_variant(scaled))
     return mark_out(kernel)
 

@@ -1,16 +1,21 @@
 """Attention rules: softmax(Q·Kᵀ·scale + mask)·V recognised (grouped-query attention without
-repeat_kv's copies), then the Transposes around the heads folded into the Attention op's layout
-attributes."""
+repeat_kv's copies; in a quantised model through the fake-quants of its scores and probabilities,
+which become the op's ``*_quant`` attributes), then the Transposes around the heads folded into the
+Attention op's layout attributes (a fake-quant between moved before them) and the output's
+fake-quant into ``out_quant``."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from ge_core.ir.graph import Node, Value
 from ge_core.ir.types import TensorType
-from ge_sdk.fused import ATTENTION_PERMS, DOMAIN, attention_perm
+from ge_sdk.fused import ATTENTION_PERMS, ATTENTION_QUANTS, DOMAIN, attention_perm, attention_quant
+from ge_sdk.quant import DOMAIN as QUANT_DOMAIN
+from ge_sdk.quant import FAKE_QUANT, fake_quant_params
 from ge_sdk.rewrite import Alt, AnyOf, Const, Match, Op, Optional, Rewriter, Rule, Var
 
 from .common import is_float, softmax_last, swap_last_two
@@ -59,27 +64,50 @@ def _plain_trans_b(node: Node) -> bool:
             and not a.get("epilogue") and (len(node.inputs) == 2 or all(v is None for v in node.inputs[2:])))
 
 
+def _fake_quant(x: Any, name: str) -> Alt:
+    """``x`` or a quantised model's fake-quant of it (bound to ``name``: an Attention attribute)."""
+    return Optional(Op(FAKE_QUANT, x, domain=QUANT_DOMAIN, name=name), x)
+
+
+def _quant_attr(node: Node | None) -> list[float] | None:
+    """A FakeQuant node as the Attention op's ``[scale, lo, hi]`` (None: not one)."""
+    p = fake_quant_params(node)
+    return None if p is None else [p[0], float(p[2] - p[1]), float(p[3] - p[1])]
+
+
+def _quant_attrs(m: Match) -> dict[str, Any]:
+    """The fake-quants the match took inside the attention, as its attributes."""
+    return {name: q for name in ATTENTION_QUANTS[:4] if (q := _quant_attr(m.get(name))) is not None}
+
+
 def attention_rule() -> Rule:
     q = Var("q", pred=is_float)
-    scores = Alt(
+    scores = _fake_quant(Alt(
         Op("MatMul", q, Op("Transpose", _repeat_kv("k"), pred=_swaps_last_two), name="qk"),
         Op("MatMul", q, Var("kt"), name="qk"),
         # the transpose fold (phase "fold") made Q·Kᵀ a FusedMatMul(transB=1)
-        Op("FusedMatMul", q, Alt(_repeat_kv("k"), Var("k")), domain=DOMAIN, pred=_plain_trans_b, name="qk"))
-    scaled = Alt(Op("Div", scores, Const("s", scalar=True)), Op("Mul", scores, Const("s", scalar=True), commutative=True),
-                 scores, name="scale_kind")
-    masked = Optional(Op("Add", scaled, Var("mask"), commutative=True), scaled)
-    probs = Op("Softmax", masked, domain=None, pred=lambda n: n.domain in ("", "ai.onnx", DOMAIN) and softmax_last(n))
+        Op("FusedMatMul", q, Alt(_repeat_kv("k"), Var("k")), domain=DOMAIN, pred=_plain_trans_b, name="qk")),
+        "scores_quant")
+    scaled = _fake_quant(Alt(Op("Div", scores, Const("s", scalar=True)),
+                             Op("Mul", scores, Const("s", scalar=True), commutative=True), scores, name="scale_kind"),
+                         "scaled_quant")
+    masked = Optional(_fake_quant(Op("Add", scaled, Var("mask"), commutative=True), "masked_quant"), scaled)
+    probs = _fake_quant(Op("Softmax", masked, domain=None,
+                           pred=lambda n: n.domain in ("", "ai.onnx", DOMAIN) and softmax_last(n)), "probs_quant")
     pattern = Op("MatMul", probs, Alt(_repeat_kv("v"), Var("v")), name="pv")
 
     def replace(rw: Rewriter, m: Match):
-        """softmax(Q·Kᵀ·scale + mask)·V → Attention (grouped-query: over (b, kv_heads, groups, m, d))"""
+        """softmax(Q·Kᵀ·scale + mask)·V → Attention (grouped-query: over (b, kv_heads, groups, m, d)); a
+        quantised model's fake-quants of the scores and probabilities become its *_quant attributes"""
         kind = m["scale_kind"]
         s = 1.0 if kind == 2 else float(m.const("s").reshape(-1)[0])
         scale = 1.0 / s if kind == 0 else s
         q = m.value("q")
+        quants = _quant_attrs(m)
+        if kind == 0 and ("scaled_quant" in quants or "masked_quant" in quants) and not _exact_reciprocal(s):
+            return None  # x / s rounds otherwise than x · (1/s): the fake-quant after it could differ
         if "k_kv" in m or "v_kv" in m:
-            return _grouped_attention(rw, m, q, scale)
+            return _grouped_attention(rw, m, q, scale, quants)
         if "kt" in m:
             kt = m.value("kt")
         else:
@@ -93,12 +121,17 @@ def attention_rule() -> Rule:
             return None
         ins = [q, kt, v] + ([m.value("mask")] if "mask" in m else [])
         return rw.op("Attention", *ins, domain=DOMAIN, name="attention", scale=scale,
-                     output_types=[m.root.type])
+                     output_types=[m.root.type], **quants)
 
     return Rule("attention_fusion", pattern, replace)
 
 
-def _grouped_attention(rw: Rewriter, m: Match, q: Value, scale: float) -> Value | None:
+def _exact_reciprocal(s: float) -> bool:
+    """``x / s == x · (1/s)`` in float32 for every x: s a power of two."""
+    return s != 0 and np.isfinite(s) and np.frexp(np.float32(s))[0] in (0.5, -0.5)
+
+
+def _grouped_attention(rw: Rewriter, m: Match, q: Value, scale: float, quants: dict[str, Any]) -> Value | None:
     """Grouped-query attention without repeat_kv's copies: Q as (b, kv_heads, groups, m, d)
     against K and V as (b, kv_heads, 1, n, d), which the Attention kernel broadcasts."""
     groups = {(int(m[f"{t}_expand"].outputs[0].type.shape[1]), int(m[f"{t}_expand"].outputs[0].type.shape[2]))
@@ -147,7 +180,8 @@ def _grouped_attention(rw: Rewriter, m: Match, q: Value, scale: float) -> Value 
             return None
     qt = q5.type
     att = rw.op("Attention", *ins, domain=DOMAIN, name="attention", scale=scale,
-                output_types=[TensorType(qt.dtype, None if qt.shape is None else tuple(qt.shape[:-1]) + (dv,))])
+                output_types=[TensorType(qt.dtype, None if qt.shape is None else tuple(qt.shape[:-1]) + (dv,))],
+                **quants)
     return rw.op("Reshape", att, rw.const(np.array([0, h, -1, dv], np.int64), "attention_out_shape"),
                  name="attention_heads", output_types=[out])
 
@@ -176,16 +210,41 @@ def _transpose_perm(v: Value | None) -> list[int] | None:
     return perm if sorted(perm) == list(range(rank)) else None
 
 
-def _attention_copy(rw: Rewriter, att: Node, ins: list[Value | None], perms: dict[str, list[int]], out_type) -> Value:
+def _attention_copy(rw: Rewriter, att: Node, ins: list[Value | None], perms: dict[str, list[int]], out_type,
+                    **extra: Any) -> Value:
     attrs = {k: v for k, v in att.attrs.items() if k not in (*ATTENTION_PERMS, "perm_out")}
     for name, p in perms.items():
         if p != list(range(len(p))):
             attrs[name] = p
-    return rw.op("Attention", *ins, domain=DOMAIN, name=att.name, output_types=[out_type], **attrs)
+    return rw.op("Attention", *ins, domain=DOMAIN, name=att.name, output_types=[out_type], **{**attrs, **extra})
+
+
+def _covers(outer: Sequence[float] | None, inner: Sequence[float] | None) -> bool:
+    """A fake-quant ``outer`` leaves every value of ``inner``'s grid as it is (same scale, a range
+    at least as wide): x already on the grid divides back to an integer within 255·2⁻²³."""
+    return outer is not None and inner is not None and float(np.float32(outer[0])) == float(np.float32(inner[0])) \
+        and outer[1] <= inner[1] and inner[2] <= outer[2]
+
+
+def _transposed_fake_quant(v: Value | None) -> Node | None:
+    """The FakeQuant making ``v`` from a Transpose's output (None when ``v`` is not one)."""
+    node = v.producer if v is not None else None
+    if fake_quant_params(node) is None or node is None or _transpose_perm(node.inputs[0]) is None:
+        return None
+    return node
+
+
+def _fake_quant_before(rw: Rewriter, fq: Node, x: Value) -> Value:
+    """``fq`` applied to ``x`` (a Transpose's input: the fake-quant is elementwise, so it moves
+    before the Transpose), or ``x`` itself when ``x`` already is a fake-quant that ``fq`` keeps."""
+    if _covers(_quant_attr(fq), _quant_attr(x.producer)):
+        return x
+    return rw.op(FAKE_QUANT, x, domain=QUANT_DOMAIN, name=fq.name, output_types=[x.type], **fq.attrs)
 
 
 def _fold_attention_inputs(rw: Rewriter, m: Match):
-    """Attention(Transpose(X), ...) → Attention(X, ...) reading X's strided view (perm_q/kt/v)."""
+    """Attention(Transpose(X), ...) → Attention(X, ...) reading X's strided view (perm_q/kt/v); a
+    quantised model's FakeQuant(Transpose(X)) → FakeQuant(X) (none when X is one it keeps)."""
     att = m["att"]
     ins = list(att.inputs)
     perms: dict[str, list[int]] = {}
@@ -197,8 +256,12 @@ def _fold_attention_inputs(rw: Rewriter, m: Match):
             return None
         p = _perm_attr(att, name, rank)
         t = _transpose_perm(x)
+        fq = _transposed_fake_quant(x) if t is None else None
+        if fq is not None:
+            x = fq.inputs[0]
+            t = _transpose_perm(x)
         if t is not None and x is not None and x.producer is not None:
-            ins[i] = x.producer.inputs[0]
+            ins[i] = x.producer.inputs[0] if fq is None else _fake_quant_before(rw, fq, x.producer.inputs[0])
             p = [t[j] for j in p]  # transpose(transpose(X, t), p) = transpose(X, t∘p)
             folded = True
         perms[name] = p
@@ -210,7 +273,24 @@ def _fold_attention_inputs(rw: Rewriter, m: Match):
 
 
 def _has_transposed_input(node: Node) -> bool:
-    return any(_transpose_perm(x) is not None for x in node.inputs[:3])
+    return any(_transpose_perm(x) is not None or _transposed_fake_quant(x) is not None for x in node.inputs[:3])
+
+
+def _absorb_out_quant(rw: Rewriter, m: Match):
+    """FakeQuant(Attention(...)) → Attention(..., out_quant), the Attention its only reader (a
+    FakeQuant the one it has keeps: the same node again)."""
+    att, q = m["att"], _quant_attr(m["fq"])
+    try:
+        have = attention_quant(att, "out_quant")
+    except ValueError:
+        return None
+    if have is not None and not _covers(q, have):
+        return None
+    out = att.outputs[0]
+    perms = {name: _perm_attr(att, name, x.type.rank or 0) for name, x in zip(ATTENTION_PERMS, att.inputs)
+             if x is not None}
+    perms["perm_out"] = _perm_attr(att, "perm_out", out.type.rank or 0)
+    return _attention_copy(rw, att, list(att.inputs), perms, out.type, out_quant=list(have or q or ()))
 
 
 def _fold_attention_output(rw: Rewriter, m: Match):
@@ -232,7 +312,8 @@ def _fold_attention_output(rw: Rewriter, m: Match):
 def _maybe_transposed(name: str) -> Alt:
     """An Attention operand, through a Transpose where there is one (in the match, so it goes
     when the Attention was its only reader)."""
-    return Alt(Op("Transpose", Var(name + "_x"), name=name + "_t", shared=True), Var(name))
+    transposed = Op("Transpose", Var(name + "_x"), name=name + "_t", shared=True)
+    return Alt(transposed, Op(FAKE_QUANT, transposed, domain=QUANT_DOMAIN, name=name + "_fq", shared=True), Var(name))
 
 
 def attention_layout_rule() -> AnyOf:
@@ -241,5 +322,7 @@ def attention_layout_rule() -> AnyOf:
                   domain=DOMAIN, name="att", pred=_has_transposed_input)
     return AnyOf("attention_layout_fusion", [
         Rule("attention_out", Op("Transpose", att, name="t"), _fold_attention_output),
+        Rule("attention_out_quant", Op(FAKE_QUANT, att, domain=QUANT_DOMAIN, name="fq"), _absorb_out_quant),
         Rule("attention_in", operands, _fold_attention_inputs),
-    ], "Transposes around the heads (Q, Kᵀ, V in, the output back) → Attention reading and writing strided views")
+    ], "Transposes around the heads (Q, Kᵀ, V in, the output back) → Attention reading and writing strided views; "
+       "a quantised model's fake-quant of the output → its out_quant")
