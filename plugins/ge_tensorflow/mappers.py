@@ -63,6 +63,12 @@ def nhwc_perm(rank: int) -> list[int]:
 
 
 def to_nchw(ctx, v: Value, rank: int) -> Value:
+    n = v.producer
+    if n is not None and n.op_type == "Transpose" and n.domain == "" \
+            and list(n.attrs.get("perm") or ()) == nhwc_perm(rank):
+        src = n.inputs[0]
+        if src is not None:
+            return src  # (a fake-quant's NCHW values: the quantisation pass finds them at the Conv)
     return ctx.op("Transpose", v, perm=nchw_perm(rank))
 
 
@@ -358,6 +364,9 @@ def _in_spatial(ctx, i: int, rank: int, channels_last: bool):
 
 
 def _filter(ctx, i: int, perm: list[int], reshape=None) -> Value:
+    dq = _moved_dq(ctx, i, perm, reshape)
+    if dq is not None:
+        return dq
     w = ctx.const(i)
     if w is not None:
         if reshape is not None:
@@ -497,6 +506,9 @@ def _swap_last(ctx, i: int) -> Value:
     r = ctx.in_rank(i)
     perm = list(range(r))
     perm[-1], perm[-2] = perm[-2], perm[-1]
+    dq = _moved_dq(ctx, i, perm)
+    if dq is not None:
+        return dq
     return ctx.op("Transpose", ctx.input(i), perm=perm)
 
 
@@ -908,3 +920,110 @@ def _resize(ctx):
     if ctx.op_type != "ResizeNearestNeighbor" and dt is not None and dt != np.float32:
         y = cast_to(ctx, y, np.float32)  # TF's bilinear/bicubic resize always returns float32
     return y
+
+
+# ------------------------------------------------------------------------------------------
+# fake quantisation (quantisation-aware training): QuantizeLinear -> DequantizeLinear
+# ------------------------------------------------------------------------------------------
+def nudge(lo, hi, num_bits: int, narrow_range: bool):
+    """TensorFlow's ``Nudge`` (fake_quant_ops_functor.h) in float32 as TensorFlow computes it:
+    ``(scale, zero_point, qmin, qmax)`` with scale = (max - min) / (qmax - qmin) and the zero
+    point qmin - min / scale rounded half away from zero and clamped to [qmin, qmax], so that
+    real 0 is on the grid (per channel when ``lo``/``hi`` are vectors)."""
+    qmin, qmax = (1 if narrow_range else 0), (1 << num_bits) - 1
+    lo, hi = np.asarray(lo, np.float32), np.asarray(hi, np.float32)
+    scale = ((hi - lo) / np.float32(qmax - qmin)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        zf = (np.float32(qmin) - lo / scale).astype(np.float32)
+    zp = np.clip(np.floor(zf + np.float32(0.5)), qmin, qmax)  # (zf >= qmin >= 0 where it counts)
+    return scale, zp.astype(np.int64), qmin, qmax
+
+
+def _fq_integers(x: np.ndarray, scale, zp, qmin: int, qmax: int, axis: int | None) -> np.ndarray:
+    """TensorFlow's integers of a constant ``x`` (its clamp, then floor(x / scale + 0.5)) on the
+    ``zero_point`` grid, channels along ``axis`` (None: per tensor)."""
+    s, z = np.asarray(scale, np.float32), np.asarray(zp, np.float32)
+    if axis is not None:
+        shape = [1] * x.ndim
+        shape[axis] = -1
+        s, z = s.reshape(shape), z.reshape(shape)
+    lo = ((np.float32(qmin) - z) * s).astype(np.float32)
+    hi = ((np.float32(qmax) - z) * s).astype(np.float32)
+    shifted = (np.minimum(np.maximum(np.asarray(x, np.float32), lo), hi) - lo).astype(np.float32)
+    q = np.floor((shifted / s).astype(np.float32) + np.float32(0.5)) + np.float32(qmin)
+    return np.clip(q, qmin, qmax)
+
+
+@mapper("FakeQuantWithMinMaxArgs", "FakeQuantWithMinMaxVars", "FakeQuantWithMinMaxVarsPerChannel")
+def _fake_quant(ctx):
+    """TF's fake-quant with constant ranges as ONNX QuantizeLinear -> DequantizeLinear with TF's
+    nudged scale and zero point (uint8, uint16 above 8 bits; per channel along the last axis),
+    which the quantisation pass reads as int8 regions. A constant input (a weight) becomes its
+    integers now, with TF's rounding, and a DequantizeLinear. Activations round as ONNX does
+    (x / scale, half to even) where TF computes floor(x / scale + 0.5) (x * (1 / scale) for
+    FakeQuantWithMinMaxArgs): results differ by one step at ties."""
+    bits, narrow = int(ctx.attr("num_bits", 8)), bool(ctx.attr("narrow_range", False))
+    if not 2 <= bits <= 16:
+        ctx.invalid(f"has num_bits={bits}; TensorFlow takes 2 to 16")
+    if ctx.op_type == "FakeQuantWithMinMaxArgs":
+        lo, hi = np.float32(ctx.attr("min", -6.0)), np.float32(ctx.attr("max", 6.0))
+    else:
+        lo, hi = ctx.const(1), ctx.const(2)
+        if lo is None or hi is None:
+            ctx.fail("has min/max that are not constants (a model still training its ranges); freeze the "
+                     "trained ranges into constants (convert_variables_to_constants_v2) before loading")
+    per_channel = ctx.op_type == "FakeQuantWithMinMaxVarsPerChannel"
+    rank = ctx.in_rank(0)
+    axis = rank - 1 if per_channel else None
+    if (per_channel and (np.ndim(lo) != 1 or np.shape(lo) != np.shape(hi))) \
+            or (not per_channel and (np.size(lo) != 1 or np.size(hi) != 1)):
+        ctx.invalid(f"has min/max of shapes {np.shape(lo)} and {np.shape(hi)}")
+    scale, zp, qmin, qmax = nudge(np.reshape(lo, -1 if per_channel else ()), np.reshape(hi, -1 if per_channel else ()),
+                                  bits, narrow)
+    if not (np.all(np.isfinite(scale)) and np.all(scale > 0)):
+        ctx.fail(f"has a range [{lo}, {hi}] that is empty or not finite; min must be below max")
+    qdt = np.uint8 if bits <= 8 else np.uint16
+    attrs = {"axis": axis} if per_channel else {}
+    s_c, z_c = ctx.constant(scale), ctx.constant(zp.astype(qdt))
+    c = ctx.const(0)
+    if c is not None:
+        q = _fq_integers(c, scale, zp, qmin, qmax, axis)
+        return ctx.op("DequantizeLinear", ctx.constant(q.astype(qdt)), s_c, z_c, **attrs)
+    # channels-last activations are fake-quantised in NCHW between two Transposes: the next
+    # Conv's Transpose cancels the second (to_nchw), so the quantised values reach the Conv
+    nchw = rank >= 3
+    x = to_nchw(ctx, ctx.input(0), rank) if nchw else ctx.input(0)
+    if per_channel and nchw:
+        attrs["axis"] = 1
+    if (qmin, qmax) != (0, np.iinfo(qdt).max):  # narrow range, fewer bits: TF's clamp to [qmin, qmax]
+        shape = [1] * rank
+        shape[attrs.get("axis", 0)] = -1
+        lo_v = ((np.float32(qmin) - zp.astype(np.float32)) * scale).astype(np.float32).reshape(shape)
+        hi_v = ((np.float32(qmax) - zp.astype(np.float32)) * scale).astype(np.float32).reshape(shape)
+        x = ctx.op("Min", ctx.op("Max", x, ctx.constant(lo_v)), ctx.constant(hi_v))
+    y = ctx.op("DequantizeLinear", ctx.op("QuantizeLinear", x, s_c, z_c, **attrs), s_c, z_c, **attrs)
+    return to_nhwc(ctx, y, rank) if nchw else y
+
+
+def _moved_dq(ctx, i: int, perm: list[int], reshape=None) -> Value | None:
+    """Input ``i`` when it is a DequantizeLinear of constants (a fake-quantised weight), as the
+    DequantizeLinear of its integers reshaped and transposed by ``perm``, the channel axis
+    following (the quantisation pass finds the int8 weight at the Conv / MatMul); else None."""
+    v = ctx.raw_input(i)
+    n = v.producer if isinstance(v, Value) else None
+    if n is None or n.op_type != "DequantizeLinear" or n.domain not in ("", "ai.onnx") or len(n.inputs) != 3 \
+            or any(u is None or u.const_value is None for u in n.inputs):
+        return None
+    q, s, z = (np.asarray(u.const_value) for u in n.inputs if u is not None)
+    axis = int(n.attrs.get("axis", 1)) % max(q.ndim, 1) if s.size > 1 else None
+    if reshape is not None:
+        if axis is not None:  # (a depthwise filter: (kh, kw, cin, mult) -> (kh, kw, 1, cin * mult))
+            if q.ndim != 4 or axis < 2:
+                return None
+            s = np.broadcast_to(s.reshape((-1, 1) if axis == 2 else (1, -1)), q.shape[2:]).reshape(-1)
+            z = np.broadcast_to(z.reshape((-1, 1) if axis == 2 else (1, -1)), q.shape[2:]).reshape(-1)
+            axis = len(reshape) - 1
+        q = q.reshape(reshape)
+    attrs = {"axis": perm.index(axis)} if axis is not None else {}
+    q = np.ascontiguousarray(np.transpose(q, perm))
+    return ctx.op("DequantizeLinear", ctx.constant(q), ctx.constant(s), ctx.constant(z), **attrs)

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 
 from ge_core.errors import UnsupportedOpError
+from ge_core.ir.types import TensorType
 from ge_sdk.onnx_types import ELEM_TYPES
 
-from .convert import INT64_MAX, INT64_MIN, MapContext
+from .convert import INT64_MAX, INT64_MIN, MapContext, np_dtype
 
 Mapper = Callable[[MapContext, Any], Any]
 MAPPERS: dict[str, Mapper] = {}
@@ -1307,3 +1308,106 @@ def _encoder_layer(ctx, node):
     if not norm_first:
         x = ln(x, "norm_weight_2", "norm_bias_2")
     return x
+
+
+# ------------------------------------------------------------------------------------------
+# PT2E quantisation (convert_pt2e of torch.ao / torchao): quantized_decomposed Q/DQ
+# ------------------------------------------------------------------------------------------
+#: integer types of ONNX's QuantizeLinear / DequantizeLinear (what the quantisation pass reads)
+_QTYPES = ("int8", "uint8", "int16", "uint16")
+
+
+def _qconst(ctx, arg, what: str, dtype) -> np.ndarray:
+    """A quantisation parameter (a Python number, a buffer, a folded constant) as a NumPy array."""
+    if isinstance(arg, (bool, int, float)):
+        return np.asarray(arg, dtype)
+    v = ctx.value(arg)
+    if v.const_value is None:
+        raise UnsupportedOpError(f"its {what} is computed at run time (dynamic quantisation); only constant "
+                                 "scales and zero points (PT2E static quantisation) are supported",
+                                 hint="quantise with a static config (is_dynamic=False) before export")
+    return np.asarray(v.const_value).astype(dtype)
+
+
+def _qparams(ctx, node) -> tuple:
+    """``(args, storage dtype, scale, zero point, quant_min, quant_max, axis or None)`` of a
+    quantized_decomposed Q/DQ node (per tensor or per channel, each overload)."""
+    a = ctx.args(node)
+    qdt = np_dtype(a["dtype"])
+    if qdt.name not in _QTYPES:
+        raise UnsupportedOpError(f"quantises to {qdt.name}; {', '.join(_QTYPES)} are supported")
+    per_channel = "per_channel" in str(node.target)
+    s = _qconst(ctx, a["scales" if per_channel else "scale"], "scale", np.float32)
+    zarg = a["zero_points" if per_channel else "zero_point"]
+    z = np.zeros(s.shape, np.int64) if zarg is None else _qconst(ctx, zarg, "zero point", np.int64)
+    lo, hi = (int(_qconst(ctx, a[k], k, np.int64)) for k in ("quant_min", "quant_max"))
+    info = np.iinfo(qdt)
+    if not (np.all(np.isfinite(s)) and np.all(s > 0)) or not info.min <= lo <= hi <= info.max \
+            or np.any(z < info.min) or np.any(z > info.max):
+        raise UnsupportedOpError(f"has scale {s.reshape(-1)[:4]}, zero point {z.reshape(-1)[:4]}, range [{lo}, {hi}] "
+                                 f"that do not fit {qdt.name}", hint="re-run convert_pt2e on the calibrated model")
+    axis = None
+    if per_channel:
+        axis = _norm_axis(int(a["axis"]), ctx.rank(a["input"]))
+        s, z = s.reshape(-1), z.reshape(-1)
+    else:
+        s, z = s.reshape(()), z.reshape(())
+    return a, qdt, s, z.astype(qdt), lo, hi, axis
+
+
+def _static(ctx, node) -> tuple | None:
+    shape = ctx.shape(node)
+    return shape if all(isinstance(d, int) for d in shape) else None
+
+
+def _bcast(arr: np.ndarray, rank: int, axis: int | None) -> np.ndarray:
+    if axis is None:
+        return arr
+    shape = [1] * rank
+    shape[axis] = -1
+    return arr.reshape(shape)
+
+
+@reg("quantized_decomposed.quantize_per_tensor.default", "quantized_decomposed.quantize_per_tensor.tensor",
+     "quantized_decomposed.quantize_per_tensor.tensor2", "quantized_decomposed.quantize_per_channel.default")
+def _quantize(ctx, node):
+    """PT2E's quantize as QuantizeLinear (torch rounds x * (1 / scale) half to even, ONNX x / scale:
+    one step apart at most, at ties), after a clamp to [quant_min, quant_max] where that range is
+    narrower than the type's (XNNPACK's -127); a constant input (an unfolded weight) is quantised
+    now, as torch does."""
+    a, qdt, s, z, lo, hi, axis = _qparams(ctx, node)
+    x = ctx.value(a["input"])
+    rank = ctx.rank(a["input"])
+    sb, zb = _bcast(s, rank, axis), _bcast(z.astype(np.float32), rank, axis)
+    if x.const_value is not None:
+        xc = np.asarray(x.const_value, np.float32)
+        q = np.clip(np.rint(xc * (np.float32(1) / sb)) + zb, lo, hi)
+        return ctx.const(q.astype(qdt), name=f"{node.name}_q")
+    if ctx.dtype(a["input"]) not in (None, np.dtype(np.float32)):
+        x = _cast(ctx, x, np.float32)
+    info = np.iinfo(qdt)
+    if (lo, hi) != (info.min, info.max):
+        x = ctx.op("Max", [x, ctx.const(((np.float32(lo) - zb) * sb).astype(np.float32))])
+        x = ctx.op("Min", [x, ctx.const(((np.float32(hi) - zb) * sb).astype(np.float32))])
+    y = ctx.op("QuantizeLinear", [x, ctx.const(s), ctx.const(z)], axis=axis)
+    y.type = TensorType(qdt, _static(ctx, node))
+    return y
+
+
+@reg("quantized_decomposed.dequantize_per_tensor.default", "quantized_decomposed.dequantize_per_tensor.tensor",
+     "quantized_decomposed.dequantize_per_tensor.tensor2", "quantized_decomposed.dequantize_per_channel.default")
+def _dequantize(ctx, node):
+    """PT2E's dequantize as DequantizeLinear ((q - zero_point) * scale, float32; ``out_dtype``
+    by a Cast): an int8 weight with zero point 0 per output channel makes its Conv / Linear int8."""
+    a, qdt, s, z, lo, hi, axis = _qparams(ctx, node)
+    q = ctx.value(a["input"])
+    if ctx.dtype(a["input"]) not in (None, qdt):
+        q = _cast(ctx, q, qdt)
+    y = ctx.op("DequantizeLinear", [q, ctx.const(s), ctx.const(z)], axis=axis)
+    # (typed now: the Conv / Linear reading it adds no Cast between, so the quantisation pass
+    # finds the fake-quant and the int8 weight at its inputs)
+    y.type = TensorType(np.dtype(np.float32), _static(ctx, node))
+    out = a.get("out_dtype")
+    if out is not None and np_dtype(out) != np.float32:
+        y = _cast(ctx, y, np_dtype(out))
+    return y
