@@ -3,7 +3,9 @@ packed (``q = clamp(rint(a / s) + z, lo, hi)``, IEEE division: QuantizeLinear's 
 activations shifted by 128 into u8), ``B`` an int8 constant (zero point 0) packed once, exact
 int32 sums ``sum_k (q - z) * w`` (u8 x s8 sums less ``z * colsum``), and the epilogue in float32
 at the store, in this order: ``y = float(acc) * mult[j]`` (``mult = float32(s * w_scale[j])``),
-``+ bias[j]``, ``+ addend``, clip, activation, then the optional output fake-quant
+``+ bias[j]``, the optional mid fake-quant ``mid_quant=(ms, mz, mlo, mhi)``: ``(clamp(rint(y / ms)
++ mz, mlo, mhi) - mz) * ms`` (a quantised residual block's output fake-quantised before its
+shortcut is added; NaN gives ``mlo``), ``+ addend``, clip, activation, then the optional output fake-quant
 ``out_quant=(ys, yz, qlo, qhi)``: ``(clamp(rint(y / ys) + yz, qlo, qhi) - yz) * ys`` (what
 QuantizeLinear -> DequantizeLinear gives). Each step is one float32 rounding (the build's
 ``-std=c11`` contracts nothing; the vector forms call multiply then add), so :func:`reference`
@@ -41,6 +43,10 @@ from .activations import C_IDS, TABLE
 
 #: the entries take uint8 inputs (the quantised integers) and write uint8 outputs (out_quant's)
 UINT8_IO = True
+#: the entries take ``mid_quant``: a fake-quant after the bias, before the addend
+MID_QUANT = True
+#: the widest range a mid fake-quant's integers take (``-2^16 <= mlo <= mz <= mhi <= 2^16``)
+MID_RANGE = (-(2 ** 16), 2 ** 16)
 #: columns of a panel; k is padded to a multiple of KB (one AMX int8 tile's depth)
 NR, KB = 32, 64
 #: channels per block of the NCHWc layout (:data:`ge_native.nchwc.BLOCK`)
@@ -152,11 +158,29 @@ def _qparams(x_scale: float | None, x_zero_point: int, x_dtype: str) -> tuple[fl
     return (s, float(int(x_zero_point) - lo)) if s > 0 else None
 
 
-def _epilogue_args(n: int, x_scale, x_zero_point, x_dtype, w_scale, bias, clip, act, out_quant, width, name):
+def _mid_params(mid_quant) -> tuple[float, ...] | None:
+    """The C entries' four extra float32 parameters of ``mid_quant`` (() for None); None when it
+    does not fit: a finite scale > 0 in float32, integers ``-2^16 <= mlo <= mz <= mhi <= 2^16``."""
+    if mid_quant is None:
+        return ()
+    try:
+        ms, mz, mlo, mhi = (float(v) for v in mid_quant)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if not (0.0 < ms < _F32_MAX and MID_RANGE[0] <= mlo <= mz <= mhi <= MID_RANGE[1]):  # (NaN fails too)
+        return None
+    if not (mz == int(mz) and mlo == int(mlo) and mhi == int(mhi)):
+        return None
+    ms = float(np.float32(ms))
+    return (ms, mz, mlo, mhi) if ms > 0 else None
+
+
+def _epilogue_args(n: int, x_scale, x_zero_point, x_dtype, w_scale, bias, clip, act, out_quant, width, name,
+                   mid_quant=None):
     """The float32 and int64 parameter arrays of the C entries, the w_scale and bias padded to
     ``n`` columns; None when one does not fit."""
-    qp = _qparams(x_scale, x_zero_point, x_dtype)
-    if qp is None or name not in _CODES or (act is not None and act not in ACTIVATIONS):
+    qp, mid = _qparams(x_scale, x_zero_point, x_dtype), _mid_params(mid_quant)
+    if qp is None or mid is None or name not in _CODES or (act is not None and act not in ACTIVATIONS):
         return None
     if (not isinstance(w_scale, np.ndarray) or w_scale.dtype != np.float32 or w_scale.ndim != 1
             or not (w_scale.shape[0] == 1 or 0 < w_scale.shape[0] <= n)):
@@ -174,7 +198,7 @@ def _epilogue_args(n: int, x_scale, x_zero_point, x_dtype, w_scale, bias, clip, 
             return None
         ys = float(np.float32(ys))
     lo, hi = (0.0, 0.0) if clip is None else (float(clip[0]), float(clip[1]))
-    return _params((qp[0], qp[1], lo, hi, ys, yz, qlo, qhi),
+    return _params((qp[0], qp[1], lo, hi, ys, yz, qlo, qhi, *mid),
                    (int(bias is not None), int(clip is not None), ACTIVATIONS.get(act or "", 0),
                     int(out_quant is not None), max(1, int(width)), _CODES[name]))
 
@@ -233,8 +257,9 @@ def _dtypes_fit(x: np.ndarray, out: np.ndarray, x_scale, x_dtype: str, out_quant
 def matmul(a2: np.ndarray, packed: PackedB8, out2: np.ndarray, x_scale: float | None, x_zero_point: int = 0,
            x_dtype: str = "uint8", w_scale: np.ndarray = _ONE, bias: np.ndarray | None = None,
            clip: tuple[float, float] | None = None, act: str | None = None, addend: np.ndarray | None = None,
-           out_quant: tuple[float, int, int, int] | None = None, width: int = 1, variant: str | None = None) -> bool:
-    """``out2 = oq(act(clip(dequant(quant(a2) @ B) + bias + addend)))`` on ``width`` threads
+           out_quant: tuple[float, int, int, int] | None = None, width: int = 1, variant: str | None = None,
+           mid_quant: tuple[float, int, int, int] | None = None) -> bool:
+    """``out2 = oq(act(clip(mq(dequant(quant(a2) @ B) + bias) + addend)))`` on ``width`` threads
     (module docstring): ``a2`` float32 ``(m, k)``, ``out2`` float32 ``(m, n)``, both C-contiguous;
     ``a2`` uint8: already quantised (``x_zero_point``'s integers; ``x_scale`` a float, ``x_dtype``
     "uint8"); ``out2`` uint8: ``clamp(rint(y / ys) + yz, qlo, qhi)`` of the float32 result ``y``
@@ -242,7 +267,9 @@ def matmul(a2: np.ndarray, packed: PackedB8, out2: np.ndarray, x_scale: float | 
     ``x_scale`` (None: dynamic, uint8), ``x_zero_point``, ``x_dtype`` ``"uint8"|"int8"``: A's
     quantisation; ``w_scale`` float32 ``(n,)`` or ``(1,)``; ``bias`` ``(n,)`` or None; ``addend``
     ``(m, n)`` float32 or None; ``clip`` ``(lo, hi)``; ``act`` a name of :data:`ACTIVATIONS`;
-    ``out_quant`` ``(scale, zero point, qlo, qhi)`` or None; ``variant`` one of :func:`runnable`,
+    ``out_quant`` ``(scale, zero point, qlo, qhi)`` or None; ``mid_quant`` ``(ms, mz, mlo, mhi)``
+    (finite ``ms > 0``, integers ``-2^16 <= mlo <= mz <= mhi <= 2^16``) or None: the fake-quant
+    before the addend (module docstring); ``variant`` one of :func:`runnable`,
     default :func:`isa`. False (nothing written) when the path is off or these do not fit."""
     mod = _mod()
     name = variant or isa()
@@ -260,7 +287,8 @@ def matmul(a2: np.ndarray, packed: PackedB8, out2: np.ndarray, x_scale: float | 
         return False
     if getattr(w_scale, "shape", None) not in ((1,), (n,)):
         return False
-    args = _epilogue_args(n, x_scale, x_zero_point, x_dtype, w_scale, bias, clip, act, out_quant, width, name)
+    args = _epilogue_args(n, x_scale, x_zero_point, x_dtype, w_scale, bias, clip, act, out_quant, width, name,
+                          mid_quant)
     if args is None:
         return False
     try:
@@ -345,12 +373,13 @@ def conv_nchwc(x5: np.ndarray, packed: PackedConv8, out5: np.ndarray, strides: t
                x_zero_point: int = 0, x_dtype: str = "uint8", w_scale: np.ndarray = _ONE,
                bias: np.ndarray | None = None, clip: tuple[float, float] | None = None, act: str | None = None,
                addend: np.ndarray | None = None, out_quant: tuple[float, int, int, int] | None = None,
-               width: int = 1, variant: str | None = None) -> bool:
-    """The int8 convolution, :func:`matmul`'s epilogue: ``x5`` ``(N, in_blocks, H, W, 16)`` (or
+               width: int = 1, variant: str | None = None,
+               mid_quant: tuple[float, int, int, int] | None = None) -> bool:
+    """The int8 convolution, :func:`matmul`'s epilogue (``mid_quant`` included): ``x5`` ``(N, in_blocks, H, W, 16)`` (or
     plain NCHW ``(N, C, H, W)`` where ``packed.in_blocks`` is 0), ``out5`` ``(N, ceil(M / 16), OH,
     OW, 16)``, ``pads`` ``(top, left, bottom, right)`` (the float 0.0 outside the input),
     ``w_scale`` ``(M,)`` or ``(1,)``, ``bias`` ``(M,)`` (or padded to whole blocks), ``addend`` shaped as ``out5``; lanes past M
-    get oq(act(clip(0 + addend))). ``x5`` and ``out5`` may be uint8 as in :func:`matmul` (an
+    get oq(act(clip(mq(0) + addend))). ``x5`` and ``out5`` may be uint8 as in :func:`matmul` (an
     input's lanes past C hold anything: their weights are zero; its pads hold the zero point).
     False (nothing written) when these do not fit."""
     mod = _mod()
@@ -378,7 +407,8 @@ def conv_nchwc(x5: np.ndarray, packed: PackedConv8, out5: np.ndarray, strides: t
     if (bias is not None and getattr(bias, "shape", None) not in ((m,), (mb * BLOCK,))) or (
             isinstance(w_scale, np.ndarray) and w_scale.shape not in ((1,), (m,))):
         return False
-    args = _epilogue_args(mb * BLOCK, x_scale, x_zero_point, x_dtype, w_scale, bias, clip, act, out_quant, width, name)
+    args = _epilogue_args(mb * BLOCK, x_scale, x_zero_point, x_dtype, w_scale, bias, clip, act, out_quant, width,
+                          name, mid_quant)
     if args is None:
         return False
     full = mb * BLOCK
@@ -409,14 +439,21 @@ def quantize(a: np.ndarray, x_scale: float | None, x_zero_point: int = 0,
 
 
 def epilogue(acc: np.ndarray, mult: np.ndarray, bias: np.ndarray | None = None, clip=None, act: str | None = None,
-             addend: np.ndarray | None = None, out_quant=None, out_dtype: str = "float32") -> np.ndarray:
+             addend: np.ndarray | None = None, out_quant=None, out_dtype: str = "float32",
+             mid_quant=None) -> np.ndarray:
     """The kernels' float32 epilogue on exact int sums ``acc`` (each step one float32 rounding;
     the activation in NumPy's form, a few ulps from the kernels'); ``out_dtype`` "uint8": the
-    quantised integers a uint8 output holds (NaN gives qlo)."""
+    quantised integers a uint8 output holds (NaN gives qlo); ``mid_quant``: the fake-quant after
+    the bias (NaN gives mlo)."""
     f = np.float32
     y = acc.astype(np.int32).astype(f) * mult
     if bias is not None:
         y = y + bias
+    if mid_quant is not None:
+        ms, mz, mlo, mhi = (f(v) for v in mid_quant)
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            t = np.minimum(np.fmax(np.rint(y / ms) + mz, mlo), mhi)
+        y = (t - mz) * ms
     if addend is not None:
         y = y + addend
     if clip is not None:
@@ -438,21 +475,22 @@ def epilogue(acc: np.ndarray, mult: np.ndarray, bias: np.ndarray | None = None, 
 
 def reference(a2: np.ndarray, w: np.ndarray, x_scale: float | None, x_zero_point: int = 0, x_dtype: str = "uint8",
               w_scale: np.ndarray = _ONE, bias: np.ndarray | None = None, clip=None, act: str | None = None,
-              addend: np.ndarray | None = None, out_quant=None, out_dtype: str = "float32") -> np.ndarray:
+              addend: np.ndarray | None = None, out_quant=None, out_dtype: str = "float32",
+              mid_quant=None) -> np.ndarray:
     """:func:`matmul`'s result in NumPy (``w`` the int8 ``(k, n)`` matrix; ``a2`` float32 or
     uint8, the output's ``out_dtype``): int64 sums, then the float32 epilogue in the kernel's
     order (for tests)."""
     q, z, s = quantize(a2, x_scale, x_zero_point, x_dtype)
     acc = (q - z) @ w.astype(np.int64)
     mult = (s * np.asarray(w_scale, np.float32)).astype(np.float32)
-    return epilogue(acc, mult, bias, clip, act, addend, out_quant, out_dtype)
+    return epilogue(acc, mult, bias, clip, act, addend, out_quant, out_dtype, mid_quant)
 
 
 def conv_reference(x: np.ndarray, w: np.ndarray, strides: tuple[int, int], pads: tuple[int, int, int, int],
                    dilations: tuple[int, int], x_scale: float | None, x_zero_point: int = 0, x_dtype: str = "uint8",
                    w_scale: np.ndarray = _ONE, bias: np.ndarray | None = None, clip=None, act: str | None = None,
                    addend: np.ndarray | None = None, out_quant=None, plain: bool = False,
-                   out_dtype: str = "float32") -> np.ndarray:
+                   out_dtype: str = "float32", mid_quant=None) -> np.ndarray:
     """:func:`conv_nchwc`'s result in NumPy: ``x`` blocked ``(N, ib, H, W, 16)`` (or plain NCHW
     with ``plain``; float32 or uint8), ``w`` int8 ``(M, C, KH, KW)``; blocked ``(N, ceil(M / 16),
     OH, OW, 16)`` of ``out_dtype``, the lanes past M as the kernel makes them (for tests)."""
@@ -487,7 +525,7 @@ def conv_reference(x: np.ndarray, w: np.ndarray, strides: tuple[int, int], pads:
         bf = np.zeros(mb * BLOCK, np.float32)
         bf[:m] = bias
         bf = bf.reshape(mb, 1, 1, BLOCK)
-    return epilogue(acc5, mult, bf, clip, act, addend, out_quant, out_dtype)
+    return epilogue(acc5, mult, bf, clip, act, addend, out_quant, out_dtype, mid_quant)
 
 
 #: its kernel family (declared in :mod:`ge_native.isa` with the others)

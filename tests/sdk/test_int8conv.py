@@ -372,3 +372,118 @@ def test_uint8_arrays_that_do_not_fit_are_refused_without_a_write():
             with pytest.raises((TypeError, ValueError)):
                 mod.i8_conv(*args)
     assert np.all(out == 7)
+
+
+#: mid fake-quants (scale, zero point, lo, hi): u8's grid, int8's, a 16-bit one, the widest, and
+#: one that saturates at both ends on nearly every value
+MIDS = [(0.05, 128, 0, 255), (0.02, -3, -128, 127), (3e-4, -700, -32768, 32767), (0.01, 0, -65536, 65536),
+        (0.4, 2, -1, 4)]
+#: the cases the mid fake-quant runs on: a 3x3 over a batch of 2, 1x1 at M 64 (AMX packs its
+#: uint8 stores) and M 17 (masked columns), a plain stem
+MID_CASES = [CASES[1], CASES[3], CASES[4]]
+
+
+def _mid_setup(case, seed):
+    n, c, h, w, m, kh, kw, s, d, p = case
+    x, x5, wt, ws, shape = _case(n, c, h, w, m, kh, kw, s, d, p, seed=seed)
+    x8, *_ = _u8_case(n, c, h, w, m, kh, kw, s, d, p, seed=seed)
+    rng = np.random.default_rng(seed + 11)
+    bias = rng.standard_normal(m).astype(np.float32)
+    add = (rng.standard_normal(shape) * 2).astype(np.float32)
+    return x5, x8, int8.PackedConv8(wt, x5.shape[1]), wt, ws, bias, add, shape, (s, p, d)
+
+
+@pytest.mark.parametrize("variant", RUNS)
+def test_a_mid_fake_quant_matches_the_reference_bit_for_bit(variant):
+    for i, case in enumerate(MID_CASES):
+        x5, x8, pk, wt, ws, bias, add, shape, geo = _mid_setup(case, i)
+        s, p, d = geo
+        for mq in MIDS:
+            # alone, on a float32 input and a dynamic one
+            for q in (QUANTS[0], QUANTS[2]):
+                got = _run(x5, pk, shape, variant, geo, q, w_scale=ws, bias=bias, mid_quant=mq)
+                want = int8.conv_reference(x5, wt, s, p, d, *q, w_scale=ws, bias=bias, mid_quant=mq)
+                assert _same(got, want), (variant, i, mq, q)
+            # a residual block's end: + shortcut, relu, the output's fake-quant (float32 and uint8)
+            kw = dict(w_scale=ws, bias=bias, mid_quant=mq, addend=add, clip=(0.0, np.inf))
+            got = _run(x5, pk, shape, variant, geo, QUANTS[1], out_quant=OUT8[0], **kw)
+            want = int8.conv_reference(x5, wt, s, p, d, *QUANTS[1], out_quant=OUT8[0], **kw)
+            assert _same(got, want), (variant, i, mq)
+            for oq in OUT8:
+                got = _run8(x8, pk, shape, variant, geo, (0.03, 17), oq, **kw)
+                want = int8.conv_reference(x8, wt, s, p, d, 0.03, 17, out_quant=oq, out_dtype="uint8", **kw)
+                assert np.array_equal(got, want), (variant, i, mq, oq)
+            got = _run8(x8, pk, shape, variant, geo, (0.03, 17), None, **kw)
+            want = int8.conv_reference(x8, wt, s, p, d, 0.03, 17, **kw)
+            assert _same(got, want), (variant, i, mq)
+
+
+@pytest.mark.parametrize("variant", RUNS)
+def test_the_mid_fake_quant_saturates_at_both_ends(variant):
+    x5, x8, pk, wt, ws, bias, add, shape, (s, p, d) = _mid_setup(CASES[1], 7)
+    m = wt.shape[0]
+    for mq in (MIDS[4], (0.02, 5, -40, 60)):
+        ms, mz, lo, hi = mq
+        got = _run(x5, pk, shape, variant, (s, p, d), QUANTS[0], w_scale=ws, bias=bias, mid_quant=mq)
+        want = int8.conv_reference(x5, wt, s, p, d, *QUANTS[0], w_scale=ws, bias=bias, mid_quant=mq)
+        assert _same(got, want)
+        live = got.reshape(-1, 48)[:, :m]
+        assert live.min() == np.float32(lo - mz) * np.float32(ms) and live.max() == np.float32(hi - mz) * np.float32(ms)
+    # a scale whose reciprocal is past 2^100 (the vector forms divide), the sums scaled to meet it
+    tiny = (ws * np.float32(1e-30)).astype(np.float32)
+    for mq in ((1e-31, 3, -200, 250), (1e-31, 0, -5, 5)):
+        got = _run(x5, pk, shape, variant, (s, p, d), QUANTS[0], w_scale=tiny, mid_quant=mq)
+        want = int8.conv_reference(x5, wt, s, p, d, *QUANTS[0], w_scale=tiny, mid_quant=mq)
+        assert _same(got, want), mq
+    assert len(np.unique(got)) == 11
+    # a NaN or infinite bias: NaN gives mlo, +-inf their ends
+    odd = bias.copy()
+    odd[:3] = [np.nan, np.inf, -np.inf]
+    got = _run(x5, pk, shape, variant, (s, p, d), QUANTS[0], w_scale=ws, bias=odd, mid_quant=MIDS[1])
+    want = int8.conv_reference(x5, wt, s, p, d, *QUANTS[0], w_scale=ws, bias=odd, mid_quant=MIDS[1])
+    assert _same(got, want) and np.isfinite(got).all()
+
+
+def test_mid_fake_quant_bits_are_the_same_at_widths_1_and_2():
+    for case in (CASES[1], CASES[3], (1, 64, 20, 20, 64, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1))):
+        x5, x8, pk, wt, ws, bias, add, shape, geo = _mid_setup(case, 3)
+        s, p, d = geo
+        kw = dict(w_scale=ws, bias=bias, mid_quant=MIDS[0], addend=add, clip=(0.0, np.inf))
+        want = int8.conv_reference(x8, wt, s, p, d, 0.03, 17, out_quant=OUT8[2], out_dtype="uint8", **kw)
+        want32 = int8.conv_reference(x5, wt, s, p, d, *QUANTS[0], **kw)
+        for v in RUNS:
+            for width in (1, 2):
+                assert np.array_equal(_run8(x8, pk, shape, v, geo, (0.03, 17), OUT8[2], width, **kw), want), (v, width)
+                assert _same(_run(x5, pk, shape, v, geo, QUANTS[0], width, **kw), want32), (v, width)
+
+
+def test_a_mid_fake_quant_that_does_not_fit_is_refused_without_a_write():
+    x5, x8, pk, wt, ws, bias, add, shape, (s, p, d) = _mid_setup(CASES[1], 0)
+    out = np.full(shape, 7.0, np.float32)
+    out8 = np.full(shape, 7, np.uint8)
+    for mq in ((0.0, 0, 0, 255), (-0.1, 0, 0, 255), (np.inf, 0, 0, 255), (np.nan, 0, 0, 255), (1e39, 0, 0, 255),
+               (0.1, 0, 10, 5), (0.1, 300, 0, 255), (0.1, -1, 0, 255), (0.1, 0.5, 0, 255), (0.1, 0, -0.5, 255),
+               (0.1, 0, 0, 255.5), (0.1, 0, -65537, 0), (0.1, 0, 0, 65537), (0.1, 0, 0, np.nan), (0.1, 0, 0),
+               (0.1, 0, 0, 255, 1), "abcd", 0.1, (0.1, "z", 0, 255)):
+        assert int8.conv_nchwc(x5, pk, out, s, p, d, 0.1, mid_quant=mq) is False, mq
+        assert int8.conv_nchwc(x8, pk, out8, s, p, d, 0.1, out_quant=OUT8[0], mid_quant=mq) is False, mq
+    assert np.all(out == 7.0) and np.all(out8 == 7)
+    # the C entry checks the 12 float parameters again: it raises, it does not crash
+    mod = int8._mod()
+    geo = np.array([3, 3, 1, 1, 1, 1, 1, 1, 1, 1], np.int64)
+    ip = np.array([0, 0, 0, 0, 1, 0], np.int64)
+    good = [x5, pk.data, out, pk.packed.colsum_padded, ws[:1].copy(), int8._NO_BIAS, None,
+            np.array([0.1, 3, 0, 0, 0, 0, 0, 0, 0.05, 3, 0, 255], np.float32), ip, geo, 0]
+    for mid in ((0, 3, 0, 255), (0.05, 3, 4, 255), (0.05, 3.5, 0, 255), (0.05, 3, 0, 65537), (np.nan, 3, 0, 255),
+                (0.05, 3, 0.5, 255), (np.inf, 3, 0, 255)):
+        args = list(good)
+        args[7] = np.array([0.1, 3, 0, 0, 0, 0, 0, 0, *mid], np.float32)
+        with pytest.raises((TypeError, ValueError)):
+            mod.i8_conv(*args)
+    assert np.all(out == 7.0)
+    args = list(good)
+    args[7] = good[7][:11].copy()
+    with pytest.raises((TypeError, ValueError)):
+        mod.i8_conv(*args)
+    mod.i8_conv(*good)
+    assert not np.all(out == 7.0)

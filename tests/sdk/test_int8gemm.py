@@ -432,3 +432,100 @@ def test_uint8_arrays_that_do_not_fit_are_refused_without_a_write():
             with pytest.raises((TypeError, ValueError)):
                 mod.i8_matmul(*args)
     assert np.all(out == 7)
+
+
+#: mid fake-quants (scale, zero point, lo, hi): u8's grid, int8's, a 16-bit one, the widest, and
+#: one that saturates at both ends on nearly every value
+MIDS = [(0.05, 128, 0, 255), (0.02, -3, -128, 127), (3e-4, -700, -32768, 32767), (0.01, 0, -65536, 65536),
+        (0.4, 2, -1, 4)]
+
+
+def _mid_data(m: int, k: int, n: int, seed: int):
+    a, w, ws = _data(m, k, n, seed)
+    rng = np.random.default_rng(seed + 5)
+    a8 = rng.integers(0, 256, (m, k), dtype=np.uint8)
+    return a, a8, w, ws, rng.standard_normal(n).astype(np.float32), (rng.standard_normal((m, n)) * 2).astype(np.float32)
+
+
+@pytest.mark.parametrize("variant", RUNS)
+def test_a_mid_fake_quant_matches_the_reference_bit_for_bit(variant):
+    for m, k, n in ((17, 65, 40), (64, 64, 64), (3, 257, 33)):
+        a, a8, w, ws, bias, add = _mid_data(m, k, n, 1)
+        p = int8.PackedB8(w)
+        for mq in MIDS:
+            for xs in (0.05, None):
+                got = _run(a, p, variant, xs, 0 if xs is None else 3, w_scale=ws, bias=bias, mid_quant=mq)
+                want = int8.reference(a, w, xs, 0 if xs is None else 3, w_scale=ws, bias=bias, mid_quant=mq)
+                assert _same(got, want), (variant, m, k, n, mq, xs)
+            # a residual block's end: + shortcut, relu, the output's fake-quant (float32 and uint8)
+            kw = dict(w_scale=ws, bias=bias, mid_quant=mq, addend=add, clip=(0.0, np.inf))
+            got = _run(a, p, variant, out_quant=(0.04, 100, 17, 201), **kw)
+            want = int8.reference(a, w, 0.05, 3, out_quant=(0.04, 100, 17, 201), **kw)
+            assert _same(got, want), (variant, m, mq)
+            for oq in ((0.05, 3, 0, 255), (0.04, 100, 17, 201)):
+                out = np.full((m, n), 7, np.uint8)
+                assert int8.matmul(a8, p, out, 0.03, 17, variant=variant, out_quant=oq, **kw)
+                assert np.array_equal(out, int8.reference(a8, w, 0.03, 17, out_quant=oq, out_dtype="uint8", **kw))
+
+
+@pytest.mark.parametrize("variant", RUNS)
+def test_the_mid_fake_quant_rounds_ties_to_even_and_saturates(variant):
+    a, a8, w, ws, bias, add = _mid_data(19, 70, 40, 2)
+    p = int8.PackedB8(w)
+    # y = acc * 3/8 exactly, ms 3/4: y / ms = acc / 2, a tie at every odd sum
+    for ms, mz, lo, hi in ((0.75, 0, -65536, 65536), (0.75, 5, -40, 60)):
+        got = _run(a8, p, variant, 0.5, 9, w_scale=np.full(1, 0.75, np.float32), mid_quant=(ms, mz, lo, hi))
+        want = int8.reference(a8, w, 0.5, 9, w_scale=np.full(1, 0.75, np.float32), mid_quant=(ms, mz, lo, hi))
+        assert _same(got, want)
+    assert got.min() == np.float32(-45 * 0.75) and got.max() == np.float32(55 * 0.75)
+    acc = (a8.astype(np.int64) - 9) @ w.astype(np.int64)
+    assert np.array_equal(_run(a8, p, variant, 0.5, 9, w_scale=np.full(1, 0.75, np.float32),
+                               mid_quant=(0.75, 0, -65536, 65536)),
+                          np.clip(np.rint(acc / 2), -65536, 65536).astype(np.float32) * np.float32(0.75))
+    assert (acc % 2).any() and (np.abs(acc) > 2 ** 17).any()
+    # a scale whose reciprocal is past 2^100 (the vector forms divide), the sums scaled to meet it
+    tiny = (ws * np.float32(1e-30)).astype(np.float32)
+    for mq in ((1e-31, 3, -200, 250), (1e-31, 0, -5, 5)):
+        assert _same(_run(a, p, variant, w_scale=tiny, mid_quant=mq), int8.reference(a, w, 0.05, 3, w_scale=tiny, mid_quant=mq))
+    # NaN gives mlo, +-inf their ends
+    odd = bias.copy()
+    odd[:3] = [np.nan, np.inf, -np.inf]
+    got = _run(a, p, variant, w_scale=ws, bias=odd, mid_quant=MIDS[1])
+    assert _same(got, int8.reference(a, w, 0.05, 3, w_scale=ws, bias=odd, mid_quant=MIDS[1]))
+    assert np.all(got[:, :3] == np.float32([-125 * 0.02, 130 * 0.02, -125 * 0.02]))
+
+
+def test_mid_fake_quant_bits_are_the_same_at_widths_1_and_2():
+    a, a8, w, ws, bias, add = _mid_data(257, 257, 100, 3)
+    p = int8.PackedB8(w)
+    kw = dict(w_scale=ws, bias=bias, mid_quant=MIDS[0], addend=add, clip=(0.0, np.inf))
+    want = int8.reference(a8, w, 0.03, 17, out_quant=(0.05, 3, 0, 255), out_dtype="uint8", **kw)
+    want32 = int8.reference(a, w, 0.05, 3, **kw)
+    for v in RUNS:
+        for width in (1, 2):
+            out = np.full(want.shape, 7, np.uint8)
+            assert int8.matmul(a8, p, out, 0.03, 17, width=width, variant=v, out_quant=(0.05, 3, 0, 255), **kw)
+            assert np.array_equal(out, want) and _same(_run(a, p, v, width=width, **kw), want32), (v, width)
+
+
+def test_a_mid_fake_quant_that_does_not_fit_is_refused_without_a_write():
+    a, a8, w, ws, bias, add = _mid_data(19, 70, 40, 4)
+    p = int8.PackedB8(w)
+    out = np.full((19, 40), 7.0, np.float32)
+    for mq in ((0.0, 0, 0, 255), (-0.1, 0, 0, 255), (np.inf, 0, 0, 255), (np.nan, 0, 0, 255), (1e39, 0, 0, 255),
+               (0.1, 0, 10, 5), (0.1, 300, 0, 255), (0.1, 0.5, 0, 255), (0.1, 0, 0, 65537), (0.1, 0, -65537, 0),
+               (0.1, 0, 0), "abcd", 0.1):
+        assert int8.matmul(a, p, out, 0.1, mid_quant=mq) is False, mq
+    assert np.all(out == 7.0)
+    mod = int8._mod()
+    ip = np.array([0, 0, 0, 0, 1, 0], np.int64)
+    good = [a, p.data, out, p.colsum_padded, ws, int8._NO_BIAS, None,
+            np.array([0.1, 3, 0, 0, 0, 0, 0, 0, 0.05, 3, 0, 255], np.float32), ip, 70]
+    for mid in ((0, 3, 0, 255), (0.05, 3, 4, 255), (0.05, 3.5, 0, 255), (0.05, 3, -65537, 255), (np.nan, 3, 0, 255)):
+        args = list(good)
+        args[7] = np.array([0.1, 3, 0, 0, 0, 0, 0, 0, *mid], np.float32)
+        with pytest.raises((TypeError, ValueError)):
+            mod.i8_matmul(*args)
+    assert np.all(out == 7.0)
+    mod.i8_matmul(*good)
+    assert not np.all(out == 7.0)

@@ -11,8 +11,10 @@
    packed once, exact int32 sums sum_k (q - z) * w computed as u8 x s8 sums less z * colsum(w),
    and the epilogue in float32 at the store, in this order and no contraction (the build's
    -std=c11 keeps a * b + c two roundings; the vector forms call mul then add):
-   y = float(acc) * mult[j] (mult = float32(s * w_scale[j])), + bias[j], + addend, clip,
-   activation, then the optional output fake-quant y = (clamp(rint(y / ys) + yz, qlo, qhi) - yz) * ys.
+   y = float(acc) * mult[j] (mult = float32(s * w_scale[j])), + bias[j], the optional mid fake-quant
+   y = (clamp(rint(y / ms) + mz, mlo, mhi) - mz) * ms (a quantised residual block's output
+   fake-quantised before its shortcut is added; NaN gives mlo), + addend, clip, activation, then the
+   optional output fake-quant y = (clamp(rint(y / ys) + yz, qlo, qhi) - yz) * ys.
    B's one layout, read by every variant: ceil(n / 32) panels of (kp / 4, 32, 4) int8, kp = k
    rounded up to 64 (one AMX tile's depth), zero-padded: row t of a panel holds (B[4t..4t+3][j])
    of its 32 columns (VPDPBUSD's and TDPBUSD's quads; 16 quad-rows of a panel's half are one AMX
@@ -64,6 +66,9 @@ typedef struct {
     float yr; int64_t yfast;              /* 1 / ys, and whether i8_out16 may divide by it */
     float ylo, yhi; int64_t merge;        /* i8_out16's range of y (clip's too where merge) */
     int32_t ybias, ylo8, yhi8;            /* the bits of 1.5 * 2^23 less yz; qlo, qhi as integers */
+    int64_t mq; float ms, mz, mlo, mhi;   /* the mid fake-quant (before the addend), where mq */
+    float mr, mylo, myhi; int64_t mfast;  /* 1 / ms, y's range +-2^18 ms, whether i8_mq16 may divide by mr */
+    int32_t mlo8, mhi8;                   /* mlo - mz, mhi - mz as integers */
     atomic_int failed;
 } i8_ctx;
 
@@ -287,6 +292,16 @@ static inline uint8_t i8_oq8(const i8_ctx *q, float y) {
     return (uint8_t)(int)t;
 }
 
+/* the mid fake-quant of one value (NaN gives mlo, as the vector form) */
+static inline float i8_mq1(const i8_ctx *q, float y) {
+    float t = rintf(y / q->ms);
+    t = t + q->mz;
+    t = t > q->mlo ? t : q->mlo;
+    t = t < q->mhi ? t : q->mhi;
+    t = t - q->mz;
+    return t * q->ms;
+}
+
 /* the float epilogue of one raw sum (u8 x s8) of column j stored at C's element off, before the
    output's quantisation */
 static inline float i8_epi1(const i8_ctx *q, int32_t raw, int64_t j, int64_t off) {
@@ -294,6 +309,7 @@ static inline float i8_epi1(const i8_ctx *q, int32_t raw, int64_t j, int64_t off
     float y = (float)acc;
     y = y * q->mult[j];
     if (q->has_bias) y = y + q->bias[j];
+    if (q->mq) y = i8_mq1(q, y);
     if (q->add) y = y + q->add[off];
     if (q->clip) y = ge_min32(ge_max32(y, q->lo), q->hi);
     return act32(y, q->act);
@@ -314,9 +330,9 @@ static inline I8_T512 __mmask16 i8_cols(int64_t left) {
 /* the epilogue's settings as vectors and flags, loaded once for a block's rows (a store through C
    may alias q, so the compiler would reload q's fields at every row) */
 typedef struct {
-    __m512 lo, hi, ys, yr, yz, qlo, qhi, ylo, yhi;
-    __m512i ybias, ylo8, yhi8;
-    int64_t has_bias, clip, act, oq, yfast, narrow;  /* narrow: (qlo, qhi) not (0, 255) */
+    __m512 lo, hi, ys, yr, yz, qlo, qhi, ylo, yhi, ms, mr, mylo, myhi;
+    __m512i ybias, ylo8, yhi8, mlo8, mhi8;
+    int64_t has_bias, clip, act, oq, yfast, narrow, mq, mfast;  /* narrow: (qlo, qhi) not (0, 255) */
     const float *add; float *c; uint8_t *c8;
 } i8_epv;
 
@@ -328,6 +344,12 @@ static inline __attribute__((always_inline)) I8_T512 void i8_epv_init(const i8_c
     v->ybias = _mm512_set1_epi32(q->ybias); v->ylo8 = _mm512_set1_epi32(q->ylo8); v->yhi8 = _mm512_set1_epi32(q->yhi8);
     v->has_bias = q->has_bias; v->clip = q->clip && !q->merge; v->act = q->act; v->oq = q->oq; v->yfast = q->yfast;
     v->narrow = q->ylo8 != 0 || q->yhi8 != 255;
+    v->mq = q->mq; v->mfast = q->mfast;
+    if (q->mq) {
+        v->ms = _mm512_set1_ps(q->ms); v->mr = _mm512_set1_ps(q->mr);
+        v->mylo = _mm512_set1_ps(q->mylo); v->myhi = _mm512_set1_ps(q->myhi);
+        v->mlo8 = _mm512_set1_epi32(q->mlo8); v->mhi8 = _mm512_set1_epi32(q->mhi8);
+    }
     v->add = q->add; v->c = q->c; v->c8 = q->c8;
 }
 
@@ -351,6 +373,27 @@ static inline __attribute__((always_inline)) I8_T512 __m512i i8_n16(const i8_epv
     return _mm512_sub_epi32(n, v->ybias);  /* in -2304 .. 2303: rint(t) + yz */
 }
 
+/* the mid fake-quant of 16 values, (clamp(rint(y / ms) + mz, mlo, mhi) - mz) * ms: i8_n16's
+   division with y held to +-2^18 ms (past which every result saturates alike: |mz|, |mlo|, |mhi|
+   <= 2^16; NaN to the low end), the rounding by adding 1.5 * 2^23, the clamp on the integers
+   rint(t) to [mlo - mz, mhi - mz] (rint(t) + mz is exact in float32 there), their product by ms
+   one rounding as the scalar form's */
+static inline __attribute__((always_inline)) I8_T512 __m512 i8_mq16(const i8_epv *v, __m512 y) {
+    __m512 t;
+    if (v->mfast) {
+        y = _mm512_min_ps(_mm512_max_ps(y, v->mylo), v->myhi);
+        __m512 q0 = _mm512_mul_ps(y, v->mr);
+        __m512 q1 = _mm512_fmadd_ps(_mm512_fnmadd_ps(v->ms, q0, y), v->mr, q0);
+        t = _mm512_fmadd_ps(_mm512_fnmadd_ps(v->ms, q1, y), v->mr, q1);
+    } else {
+        t = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(y, v->ms), _mm512_set1_ps(-262144.0f)), _mm512_set1_ps(262144.0f));
+    }
+    __m512i n = _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(t, _mm512_set1_ps(12582912.0f))),
+                                 _mm512_set1_epi32(0x4b400000));
+    n = _mm512_min_epi32(_mm512_max_epi32(n, v->mlo8), v->mhi8);
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(n), v->ms);
+}
+
 /* the u8 output of 16 values: clamp(rint(y / ys) + yz, qlo, qhi) */
 static inline __attribute__((always_inline)) I8_T512 __m128i i8_out16(const i8_epv *v, __m512 y) {
     return _mm512_cvtepi32_epi8(_mm512_min_epi32(_mm512_max_epi32(i8_n16(v, y), v->ylo8), v->yhi8));
@@ -362,6 +405,7 @@ static inline __attribute__((always_inline)) I8_T512 __m512 i8_y16(const i8_epv 
                                                                     __m512 mult, __m512 bias, int64_t off, __mmask16 m) {
     __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(raw, corr)), mult);
     if (v->has_bias) y = _mm512_add_ps(y, bias);
+    if (v->mq) y = i8_mq16(v, y);
     if (v->add) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(m, v->add + off));
     if (v->clip) y = _mm512_min_ps(_mm512_max_ps(y, v->lo), v->hi);
     if (v->act) {
@@ -749,6 +793,15 @@ static PyObject *i8_run(i8_ctx *q, int64_t width, const float *ws, int64_t nws) 
         q->ylo8 = (int32_t)q->qlo;
         q->yhi8 = (int32_t)q->qhi;
     }
+    if (q->mq) {
+        float l = 262144.0f * q->ms;  /* exact: a power of two times ms <= 2^100 (when mfast) */
+        q->mr = 1.0f / q->ms;
+        q->mfast = q->mr >= 0x1p-100f && q->mr <= 0x1p100f;
+        q->mylo = -l;
+        q->myhi = l;
+        q->mlo8 = (int32_t)(q->mlo - q->mz);
+        q->mhi8 = (int32_t)(q->mhi - q->mz);
+    }
     if (q->xs == 0.0f) i8_dynamic(q, q->x ? q->x : q->a, q->x ? q->images * (q->plain ? q->cin : q->ib * 16) * q->h * q->w : q->m * q->k);
     q->zi = (int32_t)q->zu;
     q->xr = 1.0f / q->xs;
@@ -811,8 +864,9 @@ static PyObject *i8_isa(PyObject *self, PyObject *const *args, Py_ssize_t n) {
 
 /* the arguments both entries share, from args[3]: colsum int32 (P * 32), w_scale float32 (1 or
    n_ws), bias float32, the addend (as C, dims) or None, float32 params (x_scale (0: dynamic), u8
-   zero point, clip lo, hi, out-quant scale, zero point, lo, hi), int64 params (has_bias, clip,
-   act, out-quant, threads, variant); *width, *ws, *nws out */
+   zero point, clip lo, hi, out-quant scale, zero point, lo, hi, and where there are 12 the mid
+   fake-quant's scale, zero point, lo, hi: integers, -2^16 <= lo <= zero point <= hi <= 2^16),
+   int64 params (has_bias, clip, act, out-quant, threads, variant); *width, *ws, *nws out */
 static int i8_common(PyObject *const *args, i8_ctx *q, int64_t panels, int64_t nbias, int nd, const int64_t *cdims,
                      int64_t n_ws, int64_t *width, const float **ws, int64_t *nws) {
     int64_t ncs, nb, nf, ni, got[5];
@@ -829,7 +883,7 @@ static int i8_common(PyObject *const *args, i8_ctx *q, int64_t panels, int64_t n
         for (int d = 0; d < nd; d++)
             if (got[d] != cdims[d]) { ge_fail(); return -1; }
     }
-    if (nf != 8 || ni != 6 || ncs != panels * I8_NR || !(*nws == 1 || *nws == n_ws)) { ge_fail(); return -1; }
+    if ((nf != 8 && nf != 12) || ni != 6 || ncs != panels * I8_NR || !(*nws == 1 || *nws == n_ws)) { ge_fail(); return -1; }
     if (ip[0] < 0 || ip[0] > 1 || ip[1] < 0 || ip[1] > 1 || ip[2] < 0 || ip[2] > 5 || ip[3] < 0 || ip[3] > 1
         || ip[4] < 1 || ip[4] > 4096 || ip[5] < 0 || ip[5] > 3 || (ip[0] && nb != nbias)) { ge_fail(); return -1; }
     if (!(i8_caps_mask() >> ip[5] & 1)) {
@@ -839,6 +893,13 @@ static int i8_common(PyObject *const *args, i8_ctx *q, int64_t panels, int64_t n
     float xs = fp[0], zu = fp[1];
     if (!(xs == 0.0f || (xs > 0.0f && xs <= 3.4e38f)) || !(zu >= 0.0f && zu <= 255.0f) || zu != rintf(zu)
         || (ip[3] && !(fp[4] > 0.0f && fp[4] <= 3.4e38f))) { ge_fail(); return -1; }
+    q->mq = nf == 12;
+    if (q->mq) {
+        float ms = fp[8], mz = fp[9], mlo = fp[10], mhi = fp[11];
+        if (!(ms > 0.0f && ms <= 3.4e38f) || !(-65536.0f <= mlo && mlo <= mz && mz <= mhi && mhi <= 65536.0f)
+            || mz != rintf(mz) || mlo != rintf(mlo) || mhi != rintf(mhi)) { ge_fail(); return -1; }
+        q->ms = ms; q->mz = mz; q->mlo = mlo; q->mhi = mhi;
+    }
     q->colsum = cs; q->bias = bias; q->has_bias = ip[0]; q->clip = ip[1]; q->lo = fp[2]; q->hi = fp[3];
     q->act = ip[2]; q->oq = ip[3]; q->ys = fp[4]; q->yz = fp[5]; q->qlo = fp[6]; q->qhi = fp[7];
     q->xs = xs; q->zu = zu; q->variant = ip[5];
