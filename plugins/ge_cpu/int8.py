@@ -124,6 +124,9 @@ class Int8Kernels(Pass):
                 why = _place(g, n, e, unit)
                 kind = "convs" if n.op_type == "NchwcConv" else "matmuls"
                 stats[kind if not why else "float32"] += 1
+            if unit is not None and int8.MID_QUANT:
+                stats["residuals"] = stats.get("residuals", 0) + sum(_absorb_residual(g, n) for n in g.node_list()
+                                                                      if _int8_conv(n) and not n.erased)
             if unit is not None and int8.UINT8_IO and int8dw.available():
                 stats["uint8_values"] = stats.get("uint8_values", 0) + _uint8_storage(g)
         return PassResult(bool(stats["matmuls"] or stats["convs"]), {k: v for k, v in stats.items() if v})
@@ -217,6 +220,81 @@ def _absorb_output_fake_quant(g: Graph, n: Node) -> None:
     g.remove_node(f)
     if name not in g.names:
         g.rename_value(y, name)
+
+
+def _fq_step(step, src: str) -> tuple[float, int, int, int] | None:
+    """A program step ``FakeQuant(src)`` as ``(scale, 0, lo, hi)`` (the range less the zero
+    point: zero point 0 with that range is the same rounding), or None."""
+    op, refs, at = step
+    if op != fused.FAKE_QUANT_STEP or list(refs) != [src]:
+        return None
+    lo, hi = float(at.get("lo", 0.0)), float(at.get("hi", 255.0))
+    if lo != int(lo) or hi != int(hi) or not lo <= 0 <= hi:
+        return None
+    return float(np.float32(at["scale"])), 0, int(lo), int(hi)
+
+
+def _residual_program(f: Node, y, mid_done: bool):
+    """``(the other operand's input index, mid fake-quant or None, relu, the final fake-quant)``
+    of a fused elementwise ``f`` that is ``[FakeQuant(y)] -> Add(., z) -> [Relu] -> FakeQuant``
+    (the leading fake-quant exactly when ``y`` is not fake-quantised already); else None."""
+    try:
+        steps = fused.loads(_text(f.attrs.get("program", "")), n_inputs=len(f.inputs))
+    except ValueError:
+        return None
+    if len(f.inputs) != 2 or f.inputs[0] is f.inputs[1] or y not in f.inputs:
+        return None
+    yi = 0 if f.inputs[0] is y else 1
+    ya, za = f"a{yi}", f"a{1 - yi}"
+    mid = None
+    if not mid_done:
+        mid = _fq_step(steps[0], ya) if steps else None
+        if mid is None:
+            return None
+        steps, ya = steps[1:], "t0"
+    base = 0 if mid_done else 1  # (the index of the Add step in the whole program)
+    if len(steps) not in (2, 3) or steps[0][0] != "Add" or steps[0][2] or sorted(steps[0][1]) != sorted([ya, za]):
+        return None
+    relu = len(steps) == 3
+    if relu and (steps[1][0] != "Relu" or list(steps[1][1]) != [f"t{base}"] or steps[1][2]):
+        return None
+    out = _fq_step(steps[-1], f"t{base + len(steps) - 2}")
+    return None if out is None else (1 - yi, mid, relu, out)
+
+
+def _absorb_residual(g: Graph, n: Node) -> bool:
+    """An int8 convolution whose output only a fused ``[FakeQuant] -> Add(y, z) -> [Relu] ->
+    FakeQuant`` reads (a quantised ResNet block's end): the fake-quant of its output, the
+    residual, the Relu and the block's fake-quant all at its store (``mid_*``, ``z`` its addend,
+    ``clip_min``, ``out_*``); True when it did."""
+    a = n.attrs
+    y = n.outputs[0]
+    if _text(a.get("out_dtype", "")) == "uint8" or len(n.inputs) > 3 or any(k in a for k in ("clip_min", "clip_max")) \
+            or _text(a.get("activation", "")) or y.is_graph_output or len(y.users) != 1:
+        return False
+    f = y.users[0]
+    if f.op_type != fused.FUSED_ELEMWISE or f.domain != fused.DOMAIN:
+        return False
+    got = _residual_program(f, y, a.get("out_scale") is not None)
+    if got is None:
+        return False
+    zi, mid, relu, out = got
+    z, fy = f.inputs[zi], f.outputs[0]
+    if z is None or z.type is None or y.type is None or z.type.dtype != np.float32 or z.type.shape != y.type.shape:
+        return False
+    if mid is None:
+        mid = (a.pop("out_scale"), a.pop("out_zero_point"), a.pop("out_qmin"), a.pop("out_qmax"))
+    a.update(mid_scale=mid[0], mid_zero_point=mid[1], mid_qmin=mid[2], mid_qmax=mid[3])
+    a.update(out_scale=out[0], out_zero_point=out[1], out_qmin=out[2], out_qmax=out[3])
+    if relu:
+        a["clip_min"] = 0.0
+    n.set_inputs([*n.inputs[:2], n.inputs[2] if len(n.inputs) > 2 else None, z])
+    name = fy.name
+    fy.replace_all_uses_with(y)
+    g.remove_node(f)
+    if name not in g.names:
+        g.rename_value(y, name)
+    return True
 
 
 def _matmul(g: Graph, n: Node, e: dict[str, Any], unit: str) -> str:
@@ -361,6 +439,19 @@ def _text(v: Any) -> str:
 # the kernels' shared parameters
 
 
+def _quant_attrs(spec: KernelSpec, a: dict, prefix: str) -> tuple[float, int, int, int] | None:
+    """A fake-quant's ``(scale, zero point, qmin, qmax)`` from the ``<prefix>_*`` attributes, or
+    None when absent (refused, naming the node, when bad)."""
+    if a.get(f"{prefix}_scale") is None:
+        return None
+    s, z = float(np.float32(a[f"{prefix}_scale"])), int(a.get(f"{prefix}_zero_point", 0))
+    lo, hi = int(a.get(f"{prefix}_qmin", 0)), int(a.get(f"{prefix}_qmax", 255))
+    if not (math.isfinite(s) and s > 0 and lo <= z <= hi and -(2 ** 16) <= lo and hi <= 2 ** 16):
+        raise refuse(spec, f"needs a finite {prefix}_scale > 0 and {prefix}_qmin <= {prefix}_zero_point <= "
+                           f"{prefix}_qmax")
+    return s, z, lo, hi
+
+
 class Quantisation:
     """An int8 op's quantisation attributes, read and checked once (raises naming the node)."""
 
@@ -380,18 +471,16 @@ class Quantisation:
         if ws.size != channels or not np.all(np.isfinite(ws)) or np.any(ws <= 0):
             raise refuse(spec, f"needs {channels} finite w_scale values > 0, not {ws.size}")
         self.w_scale = np.ascontiguousarray(ws)
-        self.out_quant = None
-        if a.get("out_scale") is not None:
-            s, z = float(np.float32(a["out_scale"])), int(a.get("out_zero_point", 0))
-            qlo, qhi = int(a.get("out_qmin", 0)), int(a.get("out_qmax", 255))
-            if not (math.isfinite(s) and s > 0 and qlo <= z <= qhi):
-                raise refuse(spec, "needs a finite out_scale > 0 and out_qmin <= out_zero_point <= out_qmax")
-            self.out_quant = (s, z, qlo, qhi)
+        self.mid_quant = _quant_attrs(spec, a, "mid")
+        self.out_quant = _quant_attrs(spec, a, "out")
 
     def kwargs(self) -> dict[str, Any]:
         """The quantisation keywords of :func:`ge_native.int8.matmul` / ``conv_nchwc``."""
-        return {"x_scale": self.x_scale, "x_zero_point": self.x_zero_point, "x_dtype": self.x_dtype,
-                "w_scale": self.w_scale}
+        kw: dict[str, Any] = {"x_scale": self.x_scale, "x_zero_point": self.x_zero_point, "x_dtype": self.x_dtype,
+                              "w_scale": self.w_scale}
+        if self.mid_quant is not None:
+            kw["mid_quant"] = self.mid_quant
+        return kw
 
     def finish(self, y: np.ndarray) -> None:
         """The output's fake-quant where the kernel did not apply it at its store."""

@@ -405,12 +405,29 @@ def origin_pairs(graph, qgraph, float_names: set[str]) -> dict[str, tuple[str, s
     for n in graph.node_list():
         named = source_names(n, qnames, outputs_of)
         for i, o in enumerate(n.outputs):
-            if o.type.dtype is None or np.dtype(o.type.dtype).kind != "f":
+            if o.type.dtype is None or (np.dtype(o.type.dtype).kind != "f" and _stored_quantised(n) is None):
                 continue
             got = resolve(named[i]) or (resolve(latest(n, o)) if len(n.outputs) == 1 else None)
             if got is not None:
                 pairs[o.name] = got
     return pairs
+
+
+def _stored_quantised(n) -> tuple[float, int] | None:
+    """``(scale, zero point)`` of an int8 op's output the compiler stores as the uint8 integers
+    (``out_dtype`` uint8), or None."""
+    a = n.attrs
+    if a.get("out_dtype") not in ("uint8", b"uint8") or a.get("out_scale") is None:
+        return None
+    return float(np.float32(a["out_scale"])), int(a.get("out_zero_point", 0))
+
+
+def _dequantised(n, value: np.ndarray) -> np.ndarray:
+    """A compiled value as float32: a stored uint8 one dequantised with its producer's scale."""
+    q = _stored_quantised(n)
+    if q is None or np.asarray(value).dtype != np.uint8:
+        return value
+    return ((np.asarray(value).astype(np.float32) - np.float32(q[1])) * np.float32(q[0])).astype(np.float32)
 
 
 def _int8_records(model) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
@@ -478,7 +495,7 @@ def per_node_origin(model, qsrc: bytes, fsrc: bytes, feeds: dict[str, np.ndarray
         layers.append({"tensor": t, "op": op, "origin_node": origin_node, "node": n.name,
                        "compiled_op": n.qualified_op, "value": v, "how": pairs[v][1],
                        "kernel": _kernel(records.get(rec_name) if rec_name else None),
-                       **quant_error(unblock(got[v], r.shape), r)})
+                       **quant_error(unblock(_dequantised(n, got[v]), r.shape), r)})
     first = next((x for x in layers if not x["sqnr_db"] >= threshold), None)
     worst = sorted(layers, key=lambda x: x["sqnr_db"])[:MORE]
     return {"compared": len(layers), "of": len(made_by), "sqnr_threshold": threshold, "layers": layers,

@@ -303,3 +303,25 @@ def test_values_between_int8_convolutions_are_stored_as_uint8_with_the_same_bits
     assert not any(v.type is not None and v.type.dtype == np.uint8 for v in grid.graph.values())
     for feed in models.feeds(f32, seed=17, count=2):
         assert np.array_equal(_ge(model, feed), _ge(grid, feed))
+
+
+def test_a_residual_block_end_runs_in_the_convolutions_store_with_the_same_bits(qdq_cnn, monkeypatch):
+    """conv3 -> FQ -> Add(shortcut) [-> Relu: onnxruntime drops it before a zero point of 0] -> FQ
+    (a quantised ResNet block's end): the Add and both fake-quants at the int8 convolution's store
+    (mid_*, the addend, out_*),
+    no elementwise pass of its own; the outputs bit-identical to the build that keeps the pass."""
+    from ge_native import int8
+
+    f32, paths = qdq_cnn
+    path = paths[("uint8", True)]
+    model = ge.compile(ge.load(path))
+    ends = [n for n in model.graph.node_list() if n.op_type == "NchwcConv" and "mid_scale" in n.attrs]
+    assert len(ends) == (1 if int8.isa() in ("amx_int8", "avx512_vnni", "avx2") else 0)
+    if ends:
+        assert len(ends[0].inputs) == 4 and ends[0].attrs.get("out_scale") is not None  # (the shortcut, FQ2)
+        assert "ge.fused::FusedElemwise" not in _ops(model)
+    monkeypatch.setattr(int8, "MID_QUANT", False)
+    kept = ge.compile(ge.load(path))
+    assert not any("mid_scale" in n.attrs for n in kept.graph.node_list())
+    for feed in models.feeds(f32, seed=23, count=2):
+        assert np.array_equal(_ge(model, feed), _ge(kept, feed))
