@@ -35,6 +35,7 @@ import numpy as np
 from ge_core.ir.graph import Graph, Node, Value
 from ge_core.ir.types import TensorType
 from ge_core.passes import Pass, PassContext, PassResult
+from ge_sdk import quant
 from ge_sdk.rewrite import Rewriter
 
 from ._util import axes_of, default_domain, first_element, int_list, is_splat, opset_of, splat, walk_graphs
@@ -156,11 +157,12 @@ def _rank(v: Value | None) -> int | None:
 
 def flex_info(node: Node) -> Flex | None:
     """A :class:`Flex` when the node computes the same in any layout, else None."""
-    if not default_domain(node) or node.subgraphs() or not node.outputs:
+    fake_quant = quant.fake_quant_params(node) is not None  # (a quantised model's: elementwise, per tensor)
+    if not (default_domain(node) or fake_quant) or node.subgraphs() or not node.outputs:
         return None
     op = node.op_type
     ins = node.inputs
-    if op in UNARY or op in SOFTMAX:
+    if op in UNARY or op in SOFTMAX or fake_quant:
         r = _rank(ins[0] if ins else None)
         if r is None or r < 1 or len(node.outputs) != 1 or node.output.type.rank != r:
             return None
@@ -294,7 +296,7 @@ def rewrite_for(node: Node, f: Flex, p: Sequence[int]) -> Rewrite | None:
         moved = move(f.kept)
         if moved != sorted(moved):
             return None
-    if op in UNARY or op in BROADCAST:
+    if op in UNARY or op in BROADCAST or quant.fake_quant_params(node) is not None:
         return Rewrite(attrs, inputs)
     if op in SOFTMAX or op in ARG or op in ("Concat", "Split"):
         default = -1 if op in SOFTMAX else 0

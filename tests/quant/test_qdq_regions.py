@@ -325,3 +325,25 @@ def test_a_residual_block_end_runs_in_the_convolutions_store_with_the_same_bits(
     assert not any("mid_scale" in n.attrs for n in kept.graph.node_list())
     for feed in models.feeds(f32, seed=23, count=2):
         assert np.array_equal(_ge(model, feed), _ge(kept, feed))
+
+
+def test_transposes_cancel_across_a_fake_quant():
+    """NHWC -> NCHW -> Q -> DQ -> NHWC (a channels-last model's quantised layer boundary): the
+    fake-quant is elementwise, so the transpose sinking moves the pair through it and they cancel."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    shape = [1, 5, 6, 8]
+    g = h.make_graph(
+        [h.make_node("Transpose", ["x"], ["t"], perm=[0, 3, 1, 2]), h.make_node("QuantizeLinear", ["t", "s", "z"], ["q"]),
+         h.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]), h.make_node("Transpose", ["d"], ["u"], perm=[0, 2, 3, 1]),
+         h.make_node("Relu", ["u"], ["y"])],
+        "tq", [h.make_tensor_value_info("x", T.FLOAT, shape)], [h.make_tensor_value_info("y", T.FLOAT, shape)],
+        [h.make_tensor("s", T.FLOAT, [], [0.1]), h.make_tensor("z", T.UINT8, [], [128])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 19)])
+    model = ge.compile(ge.load(m.SerializeToString()))
+    assert "Transpose" not in _ops(model)
+    from onnx.reference import ReferenceEvaluator
+
+    x = (np.random.default_rng(2).standard_normal(shape) * 5).astype(np.float32)
+    assert np.array_equal(_ge(model, {"x": x}), ReferenceEvaluator(m).run(None, {"x": x})[0])
