@@ -36,7 +36,7 @@ from ge_sdk import fused, quant
 
 from .fused.elementwise import mark_out, refuse
 from .fused.epilogues import placed
-from .reduced import matmul_operands, packed_kernel, packed_node
+from .packed import matmul_operands, packed_kernel, packed_node
 
 #: the integer variants worth running a model on (the scalar form is the tests' reference)
 UNITS = ("amx_int8", "avx512_vnni", "avx2")

@@ -173,6 +173,21 @@ def _numpy_conv(x5, w, b, z, y, *, plain, cb, depthwise, group, geometry, clip, 
     return _block(r.astype(np.float32), y)
 
 
+def _int8_conv(spec: KernelSpec, packing: str, wpk, w_shape, cb: int, geometry, epilogue, depthwise: bool, group: int):
+    """The kernel of a quantised model's int8 NchwcConv (:mod:`..int8`): ``int8`` ungrouped,
+    ``int8dw`` depthwise on a blocked input."""
+    from ..int8 import int8_conv_kernel, int8_dw_kernel
+
+    b, has_b, clip, act = epilogue
+    if packing == "int8dw":
+        if not depthwise:
+            raise _refuse(spec, "weight_packing int8dw is for a depthwise convolution on a blocked input")
+        return int8_dw_kernel(spec, wpk, w_shape, geometry, b, has_b, clip, act)
+    if group != 1:
+        raise _refuse(spec, "weight_packing int8 is for an ungrouped convolution")
+    return int8_conv_kernel(spec, wpk, w_shape, cb, geometry, b, has_b, clip, act)
+
+
 def conv_factory(spec: KernelSpec):
     """NchwcConv(x5, W, [B], [Z], [S]): ``act(clip(conv(x5 * S, W) + B + Z))`` on blocked arrays
     (``S`` a per-channel input scale, (N or 1, C/16, 1, 1, 16))."""
@@ -195,18 +210,9 @@ def conv_factory(spec: KernelSpec):
     lo, hi = spec.attr("clip_min"), spec.attr("clip_max")
     clip = None if lo is None and hi is None else (float(-np.inf if lo is None else lo), float(np.inf if hi is None else hi))
     y_t = spec.outputs[0] if spec.outputs else None
-    if packing == "int8dw":
-        if not depthwise or plain:
-            raise _refuse(spec, "weight_packing int8dw is for a depthwise convolution on a blocked input")
-        from ..int8 import int8_dw_kernel
-
-        return int8_dw_kernel(spec, wpk_const, w_shape, (k, s, d, pads), b, has_b, clip, act)
-    if packing == "int8":
-        if group != 1:
-            raise _refuse(spec, "weight_packing int8 is for an ungrouped convolution")
-        from ..int8 import int8_conv_kernel
-
-        return int8_conv_kernel(spec, wpk_const, w_shape, cb, (k, s, d, pads), b, has_b, clip, act)
+    if packing in ("int8", "int8dw"):
+        return _int8_conv(spec, packing, wpk_const, w_shape, cb, (k, s, d, pads), (b, has_b, clip, act),
+                          depthwise and not plain, group)
     if packing == "bf16":
         if group != 1:
             raise _refuse(spec, "weight_packing bf16 is for an ungrouped convolution")
