@@ -23,7 +23,8 @@ PASSES: tuple[tuple[str, str, dict], ...] = (
                          "description": "quantised models (QDQ, QOperator, dynamic): Q/DQ pairs as fake-quant "
                                         "arithmetic, int8 weights dequantised exactly, each int8 matrix op's "
                                         "quantisation in the int8 table (the backend runs them on integer units)"}),
-    ("quantizer", "quantize_pass", {"name": "quantize", "stage": "prepare", "before": ("infer_shapes", "qdq_regions"),
+    ("quantizer", "quantize_pass", {"name": "quantize", "stage": "prepare", "after": ("infer_shapes",),
+                                    "before": ("qdq_regions",),
                                     "opt_level": 0, "required": True, "quantize": _quantize,
                                     "description": "ATC's --compression_optimize_conf: calibrate and quantise the "
                                                    "float graph into QDQ (nothing without the option)"}),

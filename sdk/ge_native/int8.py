@@ -1,34 +1,21 @@
-"""GE's int8 GEMM: ``C = dequant(quant(A) @ B)`` with ``A`` float32 quantised to u8 as it is
-packed (``q = clamp(rint(a / s) + z, lo, hi)``, IEEE division: QuantizeLinear's bits; int8
-activations shifted by 128 into u8), ``B`` an int8 constant (zero point 0) packed once, exact
-int32 sums ``sum_k (q - z) * w`` (u8 x s8 sums less ``z * colsum``), and the epilogue in float32
-at the store, in this order: ``y = float(acc) * mult[j]`` (``mult = float32(s * w_scale[j])``),
-``+ bias[j]``, the optional mid fake-quant ``mid_quant=(ms, mz, mlo, mhi)``: ``(clamp(rint(y / ms)
-+ mz, mlo, mhi) - mz) * ms`` (a quantised residual block's output fake-quantised before its
-shortcut is added; NaN gives ``mlo``), ``+ addend``, clip, activation, then the optional output fake-quant
-``out_quant=(ys, yz, qlo, qhi)``: ``(clamp(rint(y / ys) + yz, qlo, qhi) - yz) * ys`` (what
-QuantizeLinear -> DequantizeLinear gives). Each step is one float32 rounding (the build's
-``-std=c11`` contracts nothing; the vector forms call multiply then add), so :func:`reference`
-(NumPy, int64 sums, the same steps) matches every variant bit for bit, the activations aside
-(``act32`` in the scalar and avx2 variants, ``sg_act16`` in the AVX-512 ones: a few ulps apart).
-``x_scale=None`` quantises dynamically: the scale and zero point of ONNX DynamicQuantizeLinear
-from the min and max of the whole input (:func:`dynamic_params`).
-:func:`conv_nchwc` is the same GEMM as a convolution over the NCHWc blocked layout: the input
-quantised once into padded NHWC u8 rows (pads hold ``z``: the float 0.0), the rows of ``A``
-gathered from there (a 1x1 stride-1 conv reads them in place), the weight packed once
-(:class:`PackedConv8`).
-Between two int8 ops the activations may stay uint8 (4x fewer bytes, no division on the reader's
-side): a uint8 ``a2``/``x5`` is the quantised integers themselves (``x_zero_point``'s; ``x_scale``
-still scales the sums), read without a quantisation pass (a blocked 1x1 stride-1 conv gathers
-each task's rows from it, a pixel's 16 channels being 16 bytes; other convs copy it into the
-padded rows); a uint8 ``out2``/``out5`` receives ``clamp(rint(y / ys) + yz, qlo, qhi)`` of the
-float32 epilogue's ``y`` (``out_quant`` required, integers, ``0 <= qlo <= qhi <= 255``).
+"""GE's int8 GEMM: ``C = dequant(quant(A) @ B)``. ``A`` float32 is quantised as it is packed
+(``q = clamp(rint(a / s) + z, lo, hi)``, IEEE division: QuantizeLinear's bits; int8 activations
+shifted by 128 into u8; ``x_scale=None``: DynamicQuantizeLinear's scale and zero point, see
+:func:`dynamic_params`), or is uint8 already (the integers, no quantisation pass); ``B`` is an int8
+constant (zero point 0) packed once; the sums ``sum_k (q - z) * w`` are exact int32. The
+epilogue runs in float32 at the store, one rounding a step (no contraction), in this order:
+``acc * float32(s * w_scale[j])``, ``+ bias``, the optional ``mid_quant`` fake-quant (a residual
+block's output before its shortcut), ``+ addend``, clip, activation, then ``out_quant`` (a
+fake-quant: what QuantizeLinear -> DequantizeLinear gives) or, for a uint8 output, its integers.
+:func:`reference` (NumPy, int64 sums, the same steps) has every variant's bits, the activations
+aside (ulps apart). :func:`conv_nchwc` is the same GEMM as a convolution over the NCHWc layout
+(the input quantised once into padded NHWC u8 rows, pads holding ``z``; the weight packed once by
+:class:`PackedConv8`).
 
-Variants (the ``int8gemm`` family of :mod:`ge_native.isa`): ``amx_int8`` (TDPBUSD; Linux grants
-the process the tile state once), ``avx512_vnni`` (VPDPBUSD), ``avx2`` (widened to int16 and
-VPMADDWD: exact, no saturation) and ``scalar`` (plain C). ``GE_NATIVE_INT8=0`` turns the path
-off; ``GE_NATIVE_INT8=<variant>`` forces a variant this CPU runs. The sums are integers: the same
-bits at every thread count and in every variant. The C is ``csrc/int8gemm.c``.
+Variants (family ``int8gemm``): ``amx_int8`` (TDPBUSD), ``avx512_vnni`` (VPDPBUSD), ``avx2``
+(widened to int16, VPMADDWD: exact) and ``scalar``. ``GE_NATIVE_INT8=0`` turns the path off,
+``=<variant>`` forces one this CPU runs. The sums are integers: the same bits at every thread
+count and in every variant. The C is ``csrc/int8gemm.c``; docs/native.md says more.
 """
 
 from __future__ import annotations

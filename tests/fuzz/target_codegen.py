@@ -63,8 +63,8 @@ class CodegenTarget(Target):
             self.seeds.append((n, d, blob))
         ops = registries().ops
         self.internal = sorted((d.domain, d.op_type) for d in ops.values() if d.internal)
-        # the fusion plugin's generated kernels and the CPU backend's blocked-layout ops
-        assert self.internal and ops.internal_domains() == {"ge.fused", "ge.cpu"}, ops.internal_domains()
+        # the fusion plugin's generated kernels, the CPU backend's blocked-layout ops, ge_quant's fake-quant
+        assert self.internal and ops.internal_domains() == {"ge.fused", "ge.cpu", "ge.quant"}, ops.internal_domains()
         from ge_cpu.fused import codegen
 
         self.step_ops = sorted(codegen.OPS)

@@ -118,7 +118,7 @@ def test_pass_instrument_sees_every_pass_of_every_compile(fresh_host):
     for _ in range(2):
         ge.compile(relu_graph(), {"opt_level": 0})
     ran = [s[2] for s in seen if s[0] == "before"]
-    assert ran == ["quantize", "infer_shapes", "atc_aipp", "atc_output_type", "qdq_regions", "int8_kernels",
+    assert ran == ["infer_shapes", "atc_aipp", "atc_output_type", "quantize", "qdq_regions", "int8_kernels",
                    "atc_precision", "reduced_precision"] * 2
     assert [s[2] for s in seen if s[0] == "after"] == ran and all(s[3] is False for s in seen if s[0] == "after")
     assert [s[1] for s in seen if s[0] == "before"] == [1] * 8 + [2] * 8  # a registered class: one instance per compile
