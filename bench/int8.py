@@ -63,22 +63,6 @@ ERR_SLACK = 1.1  # ge int8 error <= this x onnxruntime int8's
 SPEEDUP_AMX, SPEEDUP_VNNI = 2.5, 1.8
 
 
-def cpu_flags() -> tuple[str, set]:
-    """The CPU's model name and flags (from /proc/cpuinfo)."""
-    name, flags = "unknown", set[str]()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, val = line.partition(":")
-                if key.strip() == "model name" and name == "unknown":
-                    name = val.strip()
-                elif key.strip() == "flags" and not flags:
-                    flags = set(val.split())
-    except OSError:
-        pass
-    return name, flags
-
-
 def speedup_target(flags: set) -> float | None:
     """The issue's int8 speed-up target for this CPU; None where it has no VNNI (no target)."""
     if "amx_int8" in flags:
@@ -486,7 +470,7 @@ def main(argv=None) -> int:
     rounds = a.rounds if a.rounds is not None else 1 if a.quick else 5
     from threadpoolctl import threadpool_info
 
-    cpu, flags = cpu_flags()
+    cpu, flags = precision.cpu_flags()
     print(f"CPU: {cpu}, {os.cpu_count()} logical; " + " ".join(f"{f}{'+' if f in flags else '-'}" for f in CPU_FLAGS))
     print("BLAS:", [(i["internal_api"], i.get("architecture"), i["num_threads"]) for i in threadpool_info()
                     if i.get("user_api") == "blas"])

@@ -54,9 +54,9 @@ ERR_TARGET = {"ge bf16": 1e-2, "ge fp16": 2e-3}
 SPEEDUP_TARGET = 3.0  # ge bf16 over ge fp32, geomean of the cnn and of the nlp+decoder family
 
 
-def cpu_line() -> str:
-    """The CPU's model name and which of ``CPU_FLAGS`` it has (from /proc/cpuinfo)."""
-    name, flags = "unknown", set()
+def cpu_flags() -> tuple[str, set]:
+    """The CPU's model name and flags (from /proc/cpuinfo)."""
+    name, flags = "unknown", set[str]()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -67,6 +67,12 @@ def cpu_line() -> str:
                     flags = set(val.split())
     except OSError:
         pass
+    return name, flags
+
+
+def cpu_line() -> str:
+    """The CPU's model name and which of ``CPU_FLAGS`` it has (from /proc/cpuinfo)."""
+    name, flags = cpu_flags()
     return f"CPU: {name}, {os.cpu_count()} logical; " + " ".join(
         f"{f}{'+' if f in flags else '-'}" for f in CPU_FLAGS)
 

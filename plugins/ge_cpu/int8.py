@@ -33,6 +33,7 @@ from ge_core.kernel import KernelSpec, with_caps
 from ge_core.passes import Pass, PassContext, PassResult
 from ge_native import fakequant, int8, int8dw, parallel
 from ge_sdk import fused, quant
+from ge_sdk.rewrite.driver import FUSED_FROM_META, record_replaced
 
 from .fused.elementwise import mark_out, refuse
 from .fused.epilogues import placed
@@ -289,6 +290,9 @@ def _absorb_residual(g: Graph, n: Node) -> bool:
     if relu:
         a["clip_min"] = 0.0
     n.set_inputs([*n.inputs[:2], n.inputs[2] if len(n.inputs) > 2 else None, z])
+    # (the conv's output now stands for the block's: what ge compare --per-node matches it to)
+    record_replaced(fy, y)
+    n.meta[FUSED_FROM_META] = sorted({*(n.meta.get(FUSED_FROM_META) or [n.name]), *(f.meta.get(FUSED_FROM_META) or [])})
     name = fy.name
     fy.replace_all_uses_with(y)
     g.remove_node(f)
@@ -510,20 +514,16 @@ def int8_matmul_kernel(spec: KernelSpec, k: int, n: int, bias: np.ndarray | None
     return mark_out(kernel)
 
 
-def int8_conv_kernel(spec: KernelSpec, wpk, w_shape, cb: int, geometry, bias, has_b: bool, clip, act: str):
-    """The kernel of an NchwcConv whose weight is packed in int8 (``wpk``: the stored int8
-    values, :class:`ge_native.int8.PackedConv8`'s bits)."""
+def _conv_kernel(spec: KernelSpec, w_shape, geometry, bias, has_b: bool, clip, act: str, run, unit: str | None,
+                 algorithm: str):
+    """An int8 NchwcConv's kernel around ``run(x, y, strides, pads, dilations, variant=..., **kw)``
+    (``ge_native.int8.conv_nchwc`` or ``ge_native.int8dw.depthwise_nchwc`` on the packed weight):
+    the bias, the output type (uint8 when the next int8 conv reads the integers), the scalar
+    form where this machine's variant does not run (an .om from a machine with another unit)."""
     k, s, d, pads = geometry
     m = int(w_shape[0])
-    data = np.asarray(wpk, np.int8).reshape(-1)
-    try:
-        packed = int8.PackedConv8.from_data(data.reshape(conv_packed_shape(w_shape, cb)), tuple(w_shape), cb)
-    except ValueError as err:
-        raise refuse(spec, str(err)) from None
     q = Quantisation(spec, m)
-    unit = int8_unit()
-
-    odt = np.dtype(spec.outputs[0].dtype or np.float32)  # (uint8: the next int8 conv reads the integers)
+    odt = np.dtype(spec.outputs[0].dtype or np.float32)
     if odt == np.uint8 and q.out_quant is None:
         raise refuse(spec, "a uint8 output needs out_scale")
 
@@ -536,24 +536,33 @@ def int8_conv_kernel(spec: KernelSpec, wpk, w_shape, cb: int, geometry, bias, ha
                 raise ValueError(f"{spec.describe()}: a bias of shape {bv.shape} for {m} channels")
         kw = dict(q.kwargs(), bias=bv, clip=clip, act=act or None, addend=z, out_quant=q.out_quant,
                   width=parallel.native_width())
-        if cb == 0:
-            x = np.ascontiguousarray(x)
-        if not int8.conv_nchwc(x, packed, y, tuple(s), tuple(pads), tuple(d), variant=unit, **kw):
-            if not int8.conv_nchwc(x, packed, y, tuple(s), tuple(pads), tuple(d), variant="scalar", **kw):
-                raise ValueError(f"{spec.describe()}: operands {x.shape} -> {y.shape} do not fit the int8 convolution")
+        x = x if x.flags.c_contiguous else np.ascontiguousarray(x)
+        if not run(x, y, tuple(s), tuple(pads), tuple(d), variant=unit, **kw) and \
+                not run(x, y, tuple(s), tuple(pads), tuple(d), variant="scalar", **kw):
+            raise ValueError(f"{spec.describe()}: operands {x.shape} -> {y.shape} do not fit the {algorithm} kernel")
         return (y,)
 
-    return with_caps(kernel, accepts_out=True, mode="nchwc int8", algorithm="nchwc_int8", variant=unit or "scalar")
+    return with_caps(kernel, accepts_out=True, mode="nchwc int8", algorithm=algorithm, variant=unit or "scalar")
 
 
-KERNELS = {(quant.DOMAIN, quant.FAKE_QUANT): fake_quant_factory}
+def int8_conv_kernel(spec: KernelSpec, wpk, w_shape, cb: int, geometry, bias, has_b: bool, clip, act: str):
+    """The kernel of an NchwcConv whose weight is packed in int8 (``wpk``: the stored int8
+    values, :class:`ge_native.int8.PackedConv8`'s bits)."""
+    data = np.asarray(wpk, np.int8).reshape(-1)
+    try:
+        packed = int8.PackedConv8.from_data(data.reshape(conv_packed_shape(w_shape, cb)), tuple(w_shape), cb)
+    except ValueError as err:
+        raise refuse(spec, str(err)) from None
+
+    def run(x, y, *geo, **kw):
+        return int8.conv_nchwc(x, packed, y, *geo, **kw)
+
+    return _conv_kernel(spec, w_shape, geometry, bias, has_b, clip, act, run, int8_unit(), "nchwc_int8")
 
 
 def int8_dw_kernel(spec: KernelSpec, wpk, w_shape, geometry, bias, has_b: bool, clip, act: str):
     """The kernel of a depthwise NchwcConv whose weight is packed in int8
     (:class:`ge_native.int8dw.PackedDW8`'s bits)."""
-    k, s, d, pads = geometry
-    m = int(w_shape[0])
     data = np.asarray(wpk, np.int8).reshape(-1)
     shape = dw_packed_shape(w_shape)
     if data.size != int(np.prod(shape)):
@@ -562,23 +571,11 @@ def int8_dw_kernel(spec: KernelSpec, wpk, w_shape, geometry, bias, has_b: bool, 
         packed = int8dw.PackedDW8.from_data(data.reshape(shape), tuple(w_shape))
     except ValueError as err:
         raise refuse(spec, str(err)) from None
-    q = Quantisation(spec, m)
-    unit = dw_unit()
-    odt = np.dtype(spec.outputs[0].dtype or np.float32)
-    if odt == np.uint8 and q.out_quant is None:
-        raise refuse(spec, "a uint8 output needs out_scale")
 
-    def kernel(x, w_in=None, b_in=None, z=None, sc=None, out=None):
-        y = out[0] if out is not None else np.empty(spec.outputs[0].shape, odt)
-        bv = bias if bias is not None else (None if not has_b or b_in is None else np.asarray(b_in, np.float32).reshape(-1))
-        if bv is not None:
-            bv = np.ascontiguousarray(bv, np.float32)
-        kw = dict(q.kwargs(), bias=bv, clip=clip, act=act or None, addend=z, out_quant=q.out_quant,
-                  width=parallel.native_width())
-        if not int8dw.depthwise_nchwc(x, packed, y, tuple(s), tuple(pads), tuple(d), variant=unit, **kw) and \
-                not int8dw.depthwise_nchwc(x, packed, y, tuple(s), tuple(pads), tuple(d), variant="scalar", **kw):
-            raise ValueError(f"{spec.describe()}: operands {x.shape} -> {y.shape} do not fit the int8 depthwise "
-                             "convolution")
-        return (y,)
+    def run(x, y, *geo, **kw):
+        return int8dw.depthwise_nchwc(x, packed, y, *geo, **kw)
 
-    return with_caps(kernel, accepts_out=True, mode="nchwc int8", algorithm="nchwc_int8dw", variant=unit or "scalar")
+    return _conv_kernel(spec, w_shape, geometry, bias, has_b, clip, act, run, dw_unit(), "nchwc_int8dw")
+
+
+KERNELS = {(quant.DOMAIN, quant.FAKE_QUANT): fake_quant_factory}

@@ -55,7 +55,9 @@ def test_every_quantised_conv_has_its_sqnr_cosine_and_kernel(cnn, capsys):
         row = rows[name]
         assert row["kernel"] == (rec["kernel"] if not rec["why"] else f"float32: {rec['why']}")
         assert np.isfinite(row["sqnr_db"]) and row["sqnr_db"] > 20 and 0 < row["cosine"] <= 1
-    assert {x["tensor"] for x in r["per_node"]["layers"]} >= {"r1", "r2", "c3", "r3", "r4", "y"}
+    # (c3, conv3's own output, is compared where it is a value: the block's Add runs at conv3's store
+    # on a machine with an integer unit, and conv3's node then stands for r3)
+    assert {x["tensor"] for x in r["per_node"]["layers"]} >= {"r1", "r2", "r3", "r4", "y"}
     assert [x["tensor"] for x in r["per_node"]["layers"]] == sorted(
         (x["tensor"] for x in r["per_node"]["layers"]), key=["r1", "r2", "c3", "r3", "mp", "r4", "p", "f", "y"].index)
     assert r["per_node"]["first_divergence"] is None and len(r["per_node"]["worst"]) == 5
