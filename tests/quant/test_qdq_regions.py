@@ -347,3 +347,28 @@ def test_transposes_cancel_across_a_fake_quant():
 
     x = (np.random.default_rng(2).standard_normal(shape) * 5).astype(np.float32)
     assert np.array_equal(_ge(model, {"x": x}), ReferenceEvaluator(m).run(None, {"x": x})[0])
+
+
+def test_a_zero_pad_before_a_fake_quant_folds_into_the_convolution():
+    """Pad (zeros) -> Q -> DQ -> Conv (a quantiser's output for a model that pads explicitly): the
+    padding becomes the convolution's own across the fake-quant (it maps 0 to 0); the values are
+    onnx.reference's up to the float32 sums' order."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(4)
+    w = nh.from_array((rng.standard_normal((8, 4, 3, 3)) * 0.3).astype(np.float32), "w")
+    g = h.make_graph(
+        [h.make_node("Pad", ["x", "pads"], ["p"]), h.make_node("QuantizeLinear", ["p", "s", "z"], ["q"]),
+         h.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]), h.make_node("Conv", ["d", "w"], ["y"])],
+        "padfq", [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 9, 9])], [h.make_tensor_value_info("y", T.FLOAT, None)],
+        [w, h.make_tensor("pads", T.INT64, [8], [0, 0, 1, 2, 0, 0, 2, 1]), h.make_tensor("s", T.FLOAT, [], [0.05]),
+         h.make_tensor("z", T.UINT8, [], [100])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 19)])
+    model = ge.compile(ge.load(m.SerializeToString()))
+    assert "Pad" not in _ops(model)
+    x = rng.standard_normal((1, 4, 9, 9)).astype(np.float32)
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    np.testing.assert_allclose(_ge(model, {"x": x}), want, rtol=1e-5, atol=1e-5)

@@ -55,8 +55,8 @@ def _merged_pads(node: Node, extra: list[int]) -> list[int] | None:
     return [a + b for a, b in zip(own, extra)] if len(own) == len(extra) else None
 
 
-def fold_pad_conv(rw: Rewriter, m: Match):
-    """Pad (zeros, spatial axes) → Conv: the padding becomes the convolution's own."""
+def _folded_conv_attrs(m: Match) -> dict | None:
+    """The attributes of the match's Conv with its Pad's zeros (spatial axes) as its own padding."""
     pad, conv = m["pad"], m["conv"]
     got = _pads_of(pad)
     rank = m.value("x").type.rank
@@ -66,8 +66,26 @@ def fold_pad_conv(rw: Rewriter, m: Match):
     pads = None if sp is None else _merged_pads(conv, sp)
     if pads is None:
         return None
-    attrs = {**{k: v for k, v in conv.attrs.items() if k != "auto_pad"}, "pads": pads}
-    return rw.op("Conv", m.value("x"), *conv.inputs[1:], name=conv.name, **attrs)
+    return {**{k: v for k, v in conv.attrs.items() if k != "auto_pad"}, "pads": pads}
+
+
+def fold_pad_conv(rw: Rewriter, m: Match):
+    """Pad (zeros, spatial axes) → Conv: the padding becomes the convolution's own."""
+    attrs = _folded_conv_attrs(m)
+    if attrs is None:
+        return None
+    return rw.op("Conv", m.value("x"), *m["conv"].inputs[1:], name=m["conv"].name, **attrs)
+
+
+def fold_pad_fake_quant_conv(rw: Rewriter, m: Match):
+    """Pad (zeros) → FakeQuant → Conv (a quantised model's): FakeQuant → Conv with the padding its
+    own (a fake-quant maps 0 to 0, so padding before or after it is the same)."""
+    attrs = _folded_conv_attrs(m)
+    if attrs is None:
+        return None
+    fq = m["fq"]
+    moved = rw.op(fq.op_type, m.value("x"), domain=fq.domain, name=fq.name, **fq.attrs)
+    return rw.op("Conv", moved, *m["conv"].inputs[1:], name=m["conv"].name, **attrs)
 
 
 def fold_pad_pool(rw: Rewriter, m: Match):

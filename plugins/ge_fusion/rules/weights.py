@@ -7,10 +7,18 @@ from __future__ import annotations
 import numpy as np
 
 from ge_core.ir.graph import Node, Value
+from ge_sdk import quant
 from ge_sdk.rewrite import AnyOf, Const, Match, Op, Rewriter, Rule, Var, const_of
 
 from .common import is_float
-from .layout import fold_pad_conv, fold_pad_pool, fold_transpose_gemm, fold_transpose_matmul, transpose
+from .layout import (
+    fold_pad_conv,
+    fold_pad_fake_quant_conv,
+    fold_pad_pool,
+    fold_transpose_gemm,
+    fold_transpose_matmul,
+    transpose,
+)
 
 
 def _conv_pattern(name: str = "conv") -> Op:
@@ -186,6 +194,9 @@ def fold_rules() -> list[Rule]:
     pad = Op("Pad", Var("x"), ..., name="pad")
     return [
         Rule("pad_conv_fusion", Op("Conv", pad, ..., name="conv"), fold_pad_conv),
+        Rule("pad_fake_quant_conv_fusion",
+             Op("Conv", Op(quant.FAKE_QUANT, pad, domain=quant.DOMAIN, name="fq"), ..., name="conv"),
+             fold_pad_fake_quant_conv),
         Rule("pad_pool_fusion", Op("MaxPool|AveragePool", pad, name="pool"), fold_pad_pool),
         Rule("batchnorm_conv_fusion", bn_in, _fold_bn_conv),
         Rule("mul_conv_fusion", Op("Mul", conv, Const("c"), commutative=True), _fold_mul_conv),
