@@ -127,7 +127,11 @@ def quantize_in_place(g: Graph, calibration: Iterable[Mapping[str, Any]], *, met
                       max_error: float | None = None, percentile: float = 99.99) -> dict[str, Any]:
     """Quantise ``g`` itself (the ``quantize`` pass's form); returns the report."""
     _check(method, activation_type, max_error, percentile)
-    feeds = [dict(f) for f in calibration]
+    try:
+        feeds = [dict(f) for f in calibration]
+    except (TypeError, ValueError):
+        raise OptionError(f"quantize: graph '{g.name}': the calibration data must be an iterable of feed dicts",
+                          hint="give e.g. [{'input': array}, ...]: one dict (input name -> array) per batch") from None
     if not feeds:
         raise OptionError(f"quantize: graph '{g.name}': the calibration data holds no feed",
                           hint="give at least one feed dict (input name -> array)")

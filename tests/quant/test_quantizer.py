@@ -340,3 +340,13 @@ def test_bad_compression_conf_files_raise_option_errors_naming_the_key(tmp_path,
     rc, _, err = run_atc(f"--model={model}", "--framework=5", f"--output={tmp_path / 'o'}",
                          f"--compression_optimize_conf={conf}", capsys=capsys)
     assert rc == 2 and key in err
+
+
+def test_calibration_that_is_not_feed_dicts_is_an_option_error():
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "r",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    graph = ge.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    for bad in ([...], [3], 5):
+        with pytest.raises(OptionError, match="feed dicts"):
+            ge.quantize(graph, bad)
