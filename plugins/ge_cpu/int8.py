@@ -223,21 +223,16 @@ def _absorb_output_fake_quant(g: Graph, n: Node) -> None:
         g.rename_value(y, name)
 
 
-def _fq_step(f: Node, step, src: str) -> tuple[float, int, int, int] | None:
-    """A step ``FakeQuant(src, scale, lo, hi)`` of fused node ``f`` (its scalars constant inputs)
-    as ``(scale, 0, lo, hi)`` (the range less the zero point: zero point 0 with that range is the
-    same rounding), or None."""
-    op, refs, _ = step
-    if op != fused.FAKE_QUANT_STEP or len(refs) != 4 or refs[0] != src \
-            or not all(r.startswith("a") and r[1:].isdigit() and int(r[1:]) < len(f.inputs) for r in refs[1:]):
+def _fq_step(step, src: str) -> tuple[float, int, int, int] | None:
+    """A program step ``FakeQuant(src)`` as ``(scale, 0, lo, hi)`` (the range less the zero
+    point: zero point 0 with that range is the same rounding), or None."""
+    op, refs, at = step
+    if op != fused.FAKE_QUANT_STEP or list(refs) != [src]:
         return None
-    vals = [f.inputs[int(r[1:])] for r in refs[1:]]
-    if any(v is None or v.const_value is None or np.asarray(v.const_value).size != 1 for v in vals):
+    lo, hi = float(at.get("lo", 0.0)), float(at.get("hi", 255.0))
+    if lo != int(lo) or hi != int(hi) or not lo <= 0 <= hi:
         return None
-    s, lo, hi = (float(np.asarray(v.const_value).reshape(())) for v in vals)  # type: ignore[union-attr]
-    if lo != int(lo) or hi != int(hi) or not lo <= 0 <= hi or not (math.isfinite(s) and s > 0):
-        return None
-    return float(np.float32(s)), 0, int(lo), int(hi)
+    return float(np.float32(at["scale"])), 0, int(lo), int(hi)
 
 
 def _residual_program(f: Node, y, mid_done: bool):
@@ -248,14 +243,13 @@ def _residual_program(f: Node, y, mid_done: bool):
         steps = fused.loads(_text(f.attrs.get("program", "")), n_inputs=len(f.inputs))
     except ValueError:
         return None
-    live = [i for i, v in enumerate(f.inputs) if v is not None and v.const_value is None]
-    if len(live) != 2 or f.inputs[live[0]] is f.inputs[live[1]] or y not in f.inputs:
-        return None  # (the other inputs are the fake-quants' scalars)
-    yi, zi = live if f.inputs[live[0]] is y else live[::-1]
-    ya, za = f"a{yi}", f"a{zi}"
+    if len(f.inputs) != 2 or f.inputs[0] is f.inputs[1] or y not in f.inputs:
+        return None
+    yi = 0 if f.inputs[0] is y else 1
+    ya, za = f"a{yi}", f"a{1 - yi}"
     mid = None
     if not mid_done:
-        mid = _fq_step(f, steps[0], ya) if steps else None
+        mid = _fq_step(steps[0], ya) if steps else None
         if mid is None:
             return None
         steps, ya = steps[1:], "t0"
@@ -265,8 +259,8 @@ def _residual_program(f: Node, y, mid_done: bool):
     relu = len(steps) == 3
     if relu and (steps[1][0] != "Relu" or list(steps[1][1]) != [f"t{base}"] or steps[1][2]):
         return None
-    out = _fq_step(f, steps[-1], f"t{base + len(steps) - 2}")
-    return None if out is None else (zi, mid, relu, out)
+    out = _fq_step(steps[-1], f"t{base + len(steps) - 2}")
+    return None if out is None else (1 - yi, mid, relu, out)
 
 
 def _absorb_residual(g: Graph, n: Node) -> bool:

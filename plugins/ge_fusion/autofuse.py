@@ -164,7 +164,6 @@ def materialize(graph: Graph, g: _Group) -> bool:
     steps: list[fused.Step] = []
     refs: dict[Value, str] = {}
     created: list[Value] = []
-    scalars: dict[tuple[str, float], Value] = {}
 
     def ref(v: Value) -> str:
         if v in refs:
@@ -188,15 +187,8 @@ def materialize(graph: Graph, g: _Group) -> bool:
         elif m.domain == quant.DOMAIN:
             fq = quant.fake_quant_params(m)
             assert fq is not None and m.inputs[0] is not None
-            dt = m.inputs[0].type.dtype
-            params = []
-            for k, v in (("scale", fq[0]), ("lo", fq[2] - fq[1]), ("hi", fq[3] - fq[1])):
-                key = (np.dtype(dt).str, float(np.array(v, dt)))
-                if key not in scalars:  # (one input per distinct value of the group)
-                    scalars[key] = graph.add_constant(np.array(v, dt), graph.names.fresh(f"{m.name}_{k}"))
-                    created.append(scalars[key])
-                params.append(scalars[key])
-            steps.append((fused.FAKE_QUANT_STEP, [ref(m.inputs[0]), *(ref(c) for c in params)], {}))
+            steps.append((fused.FAKE_QUANT_STEP, [ref(m.inputs[0])],
+                          {"scale": fq[0], "lo": float(fq[2] - fq[1]), "hi": float(fq[3] - fq[1])}))
         else:
             attrs: dict[str, Any] = {}
             if op == "Elu":

@@ -183,10 +183,9 @@ PROGRAM_OPS: dict[str, ProgramOp] = {
     "Gelu": ProgramOp(attrs={"approximate": a_choice("none", "tanh")}),
     "Elu": ProgramOp(attrs={"alpha": a_float}),
     "Softplus": ProgramOp(),
-    # a quantised model's fake-quant (ge_sdk.quant.FAKE_QUANT) of operand 0: clip(rint(x / scale), lo,
-    # hi) * scale, lo and hi the integer range less the zero point; scale, lo and hi are operands 1-3
-    # (scalar inputs, not literals: one generated loop serves every fake-quant of a model)
-    "FakeQuant": ProgramOp(4),
+    # a quantised model's fake-quant (ge_sdk.quant.FAKE_QUANT): clip(rint(x / scale), lo, hi) * scale,
+    # lo and hi the integer range less the zero point
+    "FakeQuant": ProgramOp(attrs={"scale": a_float, "lo": a_float, "hi": a_float}),
 }
 
 

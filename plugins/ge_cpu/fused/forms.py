@@ -223,19 +223,18 @@ class OpForm:
         self.check_attrs = spec.check_attrs
 
 
-def _np_fake_quant(a, scale, lo, hi, out=None):
+def _np_fake_quant(a, out=None, scale=1.0, lo=0.0, hi=255.0):
     """QuantizeLinear then DequantizeLinear (ge_sdk.quant's FakeQuant), in ``a``'s float type."""
     t = np.asarray(a).dtype.type
-    s = np.asarray(scale).astype(t)
-    y = np.divide(a, s, out=out)
+    y = np.divide(a, t(scale), out=out)
     np.rint(y, out=y)
-    np.clip(y, np.asarray(lo).astype(t), np.asarray(hi).astype(t), out=y)
-    return np.multiply(y, s, out=y)
+    np.clip(y, t(lo), t(hi), out=y)
+    return np.multiply(y, t(scale), out=y)
 
 
 def _c_fake_quant(e: CEmitter, xs: list[str], at: dict[str, Any]) -> str:
-    x, s, lo, hi = xs
-    return f"({e.min}({e.max}({e.libm('rint')}({x} / {s}), {lo}), {hi}) * {s})"
+    s = e.k(at.get("scale", 1.0))
+    return f"({e.min}({e.max}({e.libm('rint')}({xs[0]} / {s}), {e.k(at.get('lo', 0.0))}), {e.k(at.get('hi', 255.0))}) * {s})"
 
 
 def _u(name: str) -> Callable[..., str]:
