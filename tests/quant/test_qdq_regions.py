@@ -9,14 +9,13 @@ import re
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
 import ge_core as ge
 from ge_sdk import quant
 
 from . import models
-
-ort = pytest.importorskip("onnxruntime")
 
 
 def _ort(path: str, feed: dict) -> np.ndarray:
