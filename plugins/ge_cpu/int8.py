@@ -178,6 +178,20 @@ def _macs(n: Node, blocked: bool) -> int:
     return int(math.prod(y) * k) if isinstance(k, int) else 0
 
 
+def _int8_weight(e: dict[str, Any], w: np.ndarray, channels: int, axis: int,
+                 tol: float = 0.0) -> tuple[np.ndarray, np.ndarray] | str:
+    """``(scales, int8 weight)`` of the float32 weight ``w`` of an int8 entry (its output channels
+    along ``axis``), or the reason it is not the dequantised int8 weight."""
+    try:
+        ws = quant.w_scales(e, channels)
+    except ValueError as err:
+        return str(err)
+    wq = quant.recover(np.ascontiguousarray(w, np.float32), ws, axis, tol)
+    if wq is None:
+        return "its float32 weight is not the dequantised int8 weight (a pass changed it)"
+    return ws, wq
+
+
 def _x_attrs(e: dict[str, Any]) -> dict[str, Any]:
     x = e["x"]
     if x.get("dynamic"):
@@ -305,13 +319,10 @@ def _matmul(g: Graph, n: Node, e: dict[str, Any], unit: str) -> str:
     ops = matmul_operands(n)
     if isinstance(ops, str):
         return ops
-    try:
-        ws = quant.w_scales(e, ops.n)
-    except ValueError as err:
-        return str(err)
-    wq = quant.recover(ops.w, ws, 1)
-    if wq is None:
-        return "its float32 weight is not the dequantised int8 weight (a pass changed it)"
+    got = _int8_weight(e, ops.w, ops.n, 1)
+    if isinstance(got, str):
+        return got
+    ws, wq = got
     _skip_input_fake_quant(g, n, e)
     ops.x = n.inputs[0] or ops.x
     stored = int8.PackedB8(wq).data
@@ -344,14 +355,11 @@ def _conv(g: Graph, n: Node, e: dict[str, Any], unit: str) -> str:
         return "its input is not a blocked value of static channels"
     cb = 0 if plain or x_shape is None else int(x_shape[1])
     w = unpack(packing, wpk, w_shape, cb, 1)
-    try:
-        ws = quant.w_scales(e, w_shape[0])
-    except ValueError as err:
-        return str(err)
     # (a Winograd packing comes back through its transform's pseudo-inverse: exact up to rounding)
-    wq = quant.recover(np.ascontiguousarray(w, np.float32), ws, 0, 1e-2 if packing.startswith("winograd") else 0.0)
-    if wq is None:
-        return "its float32 weight is not the dequantised int8 weight (a pass changed it)"
+    got = _int8_weight(e, w, w_shape[0], 0, 1e-2 if packing.startswith("winograd") else 0.0)
+    if isinstance(got, str):
+        return got
+    ws, wq = got
     stored = np.ascontiguousarray(int8.PackedConv8(wq, cb).data).reshape(-1)
     a.update(weight_packing=INT8, w_scale=[float(v) for v in ws], **_x_attrs(e))
     n.set_input(1, g.add_constant(stored, g.names.fresh(f"{n.name}_w_int8")))
@@ -388,13 +396,10 @@ def _depthwise(g: Graph, n: Node, e: dict[str, Any], packing: str, wpk: np.ndarr
     if dw_unit() is None:
         return "this CPU has no vector unit for the int8 depthwise kernel: float32 on the grid values"
     w = unpack(packing, wpk, w_shape, -(-w_shape[0] // int8dw.BLOCK), group)
-    try:
-        ws = quant.w_scales(e, w_shape[0])
-    except ValueError as err:
-        return str(err)
-    wq = quant.recover(np.ascontiguousarray(w, np.float32), ws, 0)
-    if wq is None:
-        return "its float32 weight is not the dequantised int8 weight (a pass changed it)"
+    got = _int8_weight(e, w, w_shape[0], 0)
+    if isinstance(got, str):
+        return got
+    ws, wq = got
     stored = np.ascontiguousarray(int8dw.PackedDW8(wq).data).reshape(-1)
     n.attrs.update(weight_packing=INT8DW, w_scale=[float(v) for v in ws], **_x_attrs(e))
     n.set_input(1, g.add_constant(stored, g.names.fresh(f"{n.name}_w_int8dw")))
