@@ -163,11 +163,11 @@ def compile(model: Graph | Any, options: CompileOptions | dict | str | os.PathLi
     return compile_graph(model, opts, host, progress)
 
 
-def quantize(graph: Graph, calibration: Any, **options: Any) -> Graph:
+def quantize(graph: Graph, calibration: Any = None, **options: Any) -> Graph:
     """A quantised (QDQ) copy of ``graph``, calibrated on ``calibration`` (an iterable of feed
     dicts), by the quantiser a plugin registers as the pass ``quantize`` (ge_quant's: options
     ``method``, ``per_channel``, ``activation_type``, ``skip_layers``, ``max_error``,
-    ``percentile``, ``report``; see docs/atc.md)."""
+    ``percentile``, ``report``; ``weights_only=4|8`` needs no calibration; see docs/atc.md)."""
     return get_host().registries.passes.require("quantize", OptionError, " (the quantiser: is ge_quant installed?)").quantize(graph, calibration, **options)
 
 

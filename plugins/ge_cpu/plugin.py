@@ -54,9 +54,11 @@ def ge_register_ops(register: RegisterOp) -> None:
     """The blocked-layout ops (domain ge.cpu) the nchwc_layout pass makes, and PackedMatMul
     (the reduced_precision pass's)."""
     from .blocked import OPDEFS
+    from .lower import LOWERINGS  # (their standard ONNX forms, for ge export)
     from .reduced import OPDEFS as REDUCED_OPS
 
     for d in (*OPDEFS, *REDUCED_OPS):
+        d.lower = d.lower or LOWERINGS.get(d.op_type)
         register(d)
 
 
@@ -81,11 +83,12 @@ def ge_register_kernels(register: RegisterKernel) -> None:
 
     for (domain, op_type), factory in KERNELS.items():
         register(op_type, _native_first(factory, reference_factory), domain=domain, backend="cpu")
+    from .contrib import KERNELS as CONTRIB  # ge_llm's contrib ops (com.microsoft)
     from .int8 import KERNELS as INT8  # FakeQuant (ge_quant's)
     from .kernels.nchwc import KERNELS as BLOCKED  # the blocked-layout ops of the nchwc_layout pass
     from .reduced import KERNELS as REDUCED  # PackedMatMul
 
-    for (domain, op_type), factory in (*BLOCKED.items(), *REDUCED.items(), *INT8.items()):
+    for (domain, op_type), factory in (*BLOCKED.items(), *REDUCED.items(), *INT8.items(), *CONTRIB.items()):
         register(op_type, with_caps(factory, kind=NATIVE), domain=domain, backend="cpu")
     # The long tail of ONNX (default, ai.onnx.ml, training and preview domains) runs through
     # onnx.reference behind the same interface.

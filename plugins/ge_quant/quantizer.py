@@ -95,10 +95,17 @@ class Err:
 def quantize(graph: Graph, calibration: Iterable[Mapping[str, Any]], *, method: str = "minmax",
              per_channel: bool = True, activation_type: str = "uint8", skip_layers: Iterable[str] = (),
              max_error: float | None = None, percentile: float = 99.99,
-             report: dict[str, Any] | None = None) -> Graph:
+             report: dict[str, Any] | None = None, weights_only: int | None = None, block_size: int = 32,
+             symmetric: bool = False, accuracy_level: int | None = None) -> Graph:
     """A QDQ copy of ``graph`` calibrated on ``calibration`` (an iterable of feed dicts, input
     name -> array); ``graph`` is not changed. See the module docstring; the report goes into
-    ``report`` (when given) and ``graph.metadata["quantize_report"]`` of the result."""
+    ``report`` (when given) and ``graph.metadata["quantize_report"]`` of the result.
+    ``weights_only=4|8``: MatMul weights in blocks of ``block_size`` (MatMulNBits), no calibration
+    (``calibration`` may be None; ``skip_layers`` kept float): :mod:`.weights_only`."""
+    if weights_only is not None:
+        from .weights_only import quantize_weights
+
+        return quantize_weights(graph, weights_only, block_size, symmetric, skip_layers, accuracy_level, report)
     g = graph.copy()
     got = quantize_in_place(g, calibration, method=method, per_channel=per_channel,
                             activation_type=activation_type, skip_layers=skip_layers, max_error=max_error,

@@ -1,0 +1,18 @@
+"""Hook implementations of the ``ge_llm`` plugin: the contrib ops' definitions (type and shape
+inference), its passes and its command."""
+
+from __future__ import annotations
+
+import importlib
+
+from ge_core.hookspecs import RegisterOp, hookimpl
+
+#: the modules of this package that declare ops (each has ``OPDEFS``)
+OP_MODULES = ("norms", "attention", "nbits")
+
+
+@hookimpl
+def ge_register_ops(register: RegisterOp) -> None:
+    for module in OP_MODULES:
+        for d in importlib.import_module(f"{__package__}.{module}").OPDEFS:
+            register(d)
