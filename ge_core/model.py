@@ -165,7 +165,8 @@ class CompiledModel:
                 raise
 
     def run(self, feeds: Mapping[str, Any] | np.ndarray | None = None, *, timeout: float | None = None,
-            output_names: Sequence[str] | None = None, **kw: Any) -> dict[str, np.ndarray]:
+            output_names: Sequence[str] | None = None, outputs: Mapping[str, np.ndarray] | None = None,
+            **kw: Any) -> dict[str, np.ndarray]:
         """Run one inference; returns ``{output name: array}`` in graph output order (or in the
         order of ``output_names``, which selects some outputs: the others are still computed).
 
@@ -174,16 +175,24 @@ class CompiledModel:
         (an ONNX initializer listed as a graph input) takes its default when not fed.
         ``timeout`` (seconds) cancels a run that takes longer with an :class:`ExecutionError`
         naming the node it was at (loop kernels check it every iteration); an input literally
-        named ``timeout`` is given through the dict.
+        named ``timeout`` (or ``outputs``) is given through the dict.
+
+        ``outputs`` (IO binding, as onnxruntime's ``IOBinding``) maps output names to arrays the
+        caller owns, each of exactly the output's dtype and shape at these feeds (InputError naming
+        the output otherwise): the run writes those outputs there and returns those arrays, so a
+        generation loop passing its KV cache back moves no bytes it need not. An array may be the
+        memory of a feed (``past_present_share_buffer``): see ``ge_core.kernel``. Feeds are used in
+        place (a C-contiguous array of the input's dtype is not copied).
         """
         wanted = self._check_output_names(output_names)
         checked = self._check_feeds(self._feed_dict(feeds, kw))
         seconds = _check_timeout(timeout)
-        first = "first_run_seconds" not in self.timings
-        t0 = time.perf_counter()
+        first, t0 = "first_run_seconds" not in self.timings, time.perf_counter()
         executable = self.executable  # built (once) outside the deadline
+        if outputs is not None and not getattr(executable, "takes_outputs", False):
+            raise InputError("run(outputs=...): this backend's executable cannot fill caller arrays", hint="leave outputs out")
         with run_deadline(seconds):
-            outs = executable.run(checked)
+            outs = executable.run(checked) if outputs is None else executable.run(checked, outputs=outputs)
         if first:
             self.timings.setdefault("first_run_seconds", round(time.perf_counter() - t0, 6))
         result = {name: out for name, out in zip(self.output_names, outs)}
@@ -248,9 +257,7 @@ class CompiledModel:
         if feeds is None:
             return dict(kw)
         if isinstance(feeds, Mapping):
-            out = dict(feeds)
-            out.update(kw)
-            return out
+            return {**feeds, **kw}
         required = [v.name for v in self.graph.inputs if v.default is None]
         if isinstance(feeds, (np.ndarray, np.generic)) and len(required) == 1 and not kw:
             return {required[0]: feeds}

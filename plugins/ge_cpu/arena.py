@@ -42,7 +42,7 @@ from ge_core.kernel import accepts_out, caps
 from ge_core.memory import MemoryPlan
 from ge_core.ops import OpRegistry
 
-from .executable import CpuExecutable
+from .executable import CpuExecutable, fill_outputs
 from .program import Program, Step, call_step, op_registry
 from .values import as_output
 
@@ -205,6 +205,14 @@ class ContextPool:
         self._free: list[Context] = []
         self._lock = threading.Lock()
         self._max = max(2, os.cpu_count() or 2)
+        self._interp: ArenaInterpreter | None = None
+
+    def interpreter(self) -> ArenaInterpreter:
+        """The layout's interpreter on one stream (made once): it runs a sink executable's runs
+        that bind outputs (:meth:`ge_cpu.executable.CpuExecutable.binding_strategy`)."""
+        if self._interp is None:
+            self._interp = ArenaInterpreter(self.program, self.layout)
+        return self._interp
 
     def acquire(self) -> Context:
         with self._lock:
@@ -244,23 +252,87 @@ class ArenaInterpreter:
     On several streams values are never freed early (a value's last reader in schedule order may
     run before an earlier reader on another stream); the arena holds planned values anyway."""
 
+    #: runs take ``outputs=`` (caller arrays by output slot, :func:`ge_cpu.executable.bind_outputs`)
+    binds_outputs = True
+
     def __init__(self, program: Program, layout: Layout, streams: Streams | None = None) -> None:
         self.program, self.layout, self.streams = program, layout, streams
+        #: slot -> the step computing it, and slot -> the steps reading it (IO binding)
+        self.producer = {s: i for i, st in enumerate(program.steps) for s in st.outs}
+        self.readers: dict[int, set[int]] = {}
+        for i, st in enumerate(program.steps):
+            for s in st.ins:
+                self.readers.setdefault(s, set()).add(i)
 
-    def execute(self, ctx: Context, feeds: Mapping[str, Any], capture: dict[int, Any] | None = None) -> list[Any]:
-        """The run's outputs; ``capture`` (slot -> None) gets the value of each of its slots."""
+    def execute(self, ctx: Context, feeds: Mapping[str, Any], capture: dict[int, Any] | None = None,
+                outputs: Mapping[int, np.ndarray] | None = None) -> list[Any]:
+        """The run's outputs; ``capture`` (slot -> None) gets the value of each of its slots;
+        ``outputs`` (output slot -> caller array) are written in place where the kernels can (see
+        :meth:`bind`), else filled after the run (:func:`ge_cpu.executable.fill_outputs`)."""
+        if not outputs:
+            return self._execute(ctx, feeds, capture, None)
+        base = ctx.template
+        try:
+            modes = self.bind(ctx, feeds, outputs)
+            return fill_outputs(self.program, outputs, self._execute(ctx, feeds, capture, modes))
+        finally:
+            ctx.template = base
+
+    def bind(self, ctx: Context, feeds: Mapping[str, Any], outputs: Mapping[int, np.ndarray]) -> list[int] | None:
+        """Put the caller's output arrays in this run's template (``ctx.template``, a copy) as the
+        views their steps write, and return the run's step modes (None: the layout's).
+
+        A step whose outputs all have a place (planned or bound) and whose kernel accepts ``out=``
+        writes into them directly. An array sharing memory with a feed is written by the step only
+        when it is the feed's only reader (an earlier reader may have left a view of the feed that
+        a later step reads), and given as ``out=`` only to a kernel that declares ``inplace_ok``
+        when the array IS the feed (same address, shape and strides: onnxruntime-genai's
+        ``past_present_share_buffer``); otherwise the step writes apart and the array is filled
+        after the run."""
+        p, where = self.program, self.layout.where
+        t = ctx.template = list(ctx.template)
+        fed = [(s, feeds[n]) for n, s in p.input_slots if isinstance(feeds.get(n), np.ndarray)]
+        modes: list[int] | None = None
+        shared: dict[int, list[tuple[int, np.ndarray]]] = {}
+        for s, a in outputs.items():
+            i = self.producer.get(s)
+            if i is None:
+                continue
+            over = [(f, x) for f, x in fed if np.may_share_memory(a, x)]
+            if any(self.readers.get(f, {i}) != {i} for f, _ in over):
+                continue  # another step reads that feed: filled after the run
+            t[s] = a
+            shared.setdefault(i, []).extend(over)
+        for i, over in shared.items():
+            st = p.steps[i]
+            if self.layout.modes[i] != CALL or not accepts_out(st.fn) or any(t[o] is None for o in st.outs):
+                continue
+            inplace = caps(st.fn).inplace_ok
+            if any(f in self.readers and not (inplace and _same(t[o], x))
+                   for f, x in over for o in st.outs if t[o] is not None and np.may_share_memory(t[o], x)):
+                continue
+            spans = [where[o] for o in st.outs if o in where]
+            if not inplace and any(w is not None and a[0] < w[0] + w[1] and w[0] < a[0] + a[1]
+                                   for a in spans for w in (where.get(j) for j in st.ins if j >= 0)):
+                continue
+            modes = list(self.layout.modes) if modes is None else modes
+            modes[i] = OUT
+        return modes
+
+    def _execute(self, ctx: Context, feeds: Mapping[str, Any], capture: dict[int, Any] | None,
+                 modes: list[int] | None) -> list[Any]:
         p = self.program
         env = ctx.start(p, feeds)
         streams = self.streams
         if capture is not None:  # one stream, in order, keeping the values asked for
             for i, st in enumerate(p.steps):
-                self.step(i, env, ctx, free=False)
+                self.step(i, env, ctx, False, modes)
                 for s in st.outs:
                     if s in capture:  # a copy now: an arena view's bytes are reused later in the run
                         capture[s] = np.array(env[s]) if isinstance(env[s], np.ndarray) else env[s]
         elif streams is None:
             for i in range(len(p.steps)):
-                self.step(i, env, ctx, free=True)
+                self.step(i, env, ctx, True, modes)
         else:
             groups, waits, records = streams.layout.steps, streams.layout.waits, streams.layout.records
 
@@ -268,29 +340,30 @@ class ArenaInterpreter:
                 for i in groups[k]:
                     for src in waits.get(i, ()):
                         wait(src)
-                    self.step(i, env, ctx, free=False)
+                    self.step(i, env, ctx, False, modes)
                     if i in records:
                         signal(i)
 
             streams.run(run_stream)
         return [as_output(env[s], ctx.arena) for s in p.output_slots]
 
-    def step(self, i: int, env: list[Any], ctx: Context, free: bool) -> None:
-        """Run step ``i`` on ``env`` (the run's values) inside the context's arena."""
+    def step(self, i: int, env: list[Any], ctx: Context, free: bool, modes: list[int] | None = None) -> None:
+        """Run step ``i`` on ``env`` (the run's values) inside the context's arena; ``modes``: the
+        run's step modes (None: the layout's)."""
         st = self.program.steps[i]
-        mode = self.layout.modes[i]
+        mode = (modes or self.layout.modes)[i]
         template = ctx.template
         if mode == NOOP and all(env[j] is template[j] for j in self.layout.noop_reads[i]):
             return
         args = [env[j] if j >= 0 else None for j in st.ins]
         res = call_step(st, args, tuple(env[s] for s in st.outs) if mode == OUT else None)
-        for s, r, t in zip(st.outs, res, self.layout.out_types[i]):
-            view = template[s]
-            if view is not None and t is not None:
+        for s, r in zip(st.outs, res):
+            view = template[s]  # a planned view (of this run's shapes) or a caller's output array
+            if view is not None:
                 if r is view:
                     env[s] = view
                     continue
-                if isinstance(r, np.ndarray) and r.dtype == t[0] and r.shape == t[1]:
+                if isinstance(r, np.ndarray) and r.dtype == view.dtype and r.shape == view.shape:
                     np.copyto(view, r)
                     env[s] = view
                     continue
@@ -301,6 +374,12 @@ class ArenaInterpreter:
         if free:
             for s in st.free:
                 env[s] = None
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """True when ``a`` and ``b`` are the same memory seen the same way (address, dtype, shape, strides)."""
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.dtype == b.dtype
+            and a.shape == b.shape and a.strides == b.strides)
 
 
 class ArenaExecutable(CpuExecutable):
