@@ -75,6 +75,9 @@ class OpDef:
     #: The op set's structural copy (output 0 is input 0): the op :class:`ge_core.ir.Graph`
     #: routes a repeated or outer graph output through (:func:`ge_core.ir.graph.declare_copy_op`).
     copy: bool = False
+    #: ``lower(node, opset) -> values``: the node as standard ONNX nodes (inserted before it; the
+    #: values replace its outputs), ``opset`` the graph's default one: ``ge export``'s form of it
+    lower: Callable[[Node, int], Sequence[Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.alias not in (None, "", *ALIAS_KINDS):
@@ -197,8 +200,7 @@ def infer_graph(graph: Graph, registry: OpRegistry) -> int:
     """Infer types of every node in order (subgraphs too); returns how many outputs changed."""
     changed = 0
     for node in graph.nodes:
-        for sub in node.subgraphs():
-            changed += infer_graph(sub, registry)
+        changed += sum(infer_graph(sub, registry) for sub in node.subgraphs())
         if registry.infer_node(node, graph.opset_imports):
             changed += 1
     return changed

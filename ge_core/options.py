@@ -110,9 +110,7 @@ class CompileOptions:
         """
         if not isinstance(path, (str, os.PathLike)):
             raise OptionError(f"config must be a path to a TOML file, not {type(path).__name__}")
-        path = os.fspath(path)
-        if isinstance(path, bytes):
-            path = os.fsdecode(path)
+        path = os.fsdecode(path)  # (a str, from bytes or a PathLike too)
         if "\0" in path:
             raise OptionError(f"config path {path!r} holds a NUL character", hint="name a TOML file")
         # A config may name another one ([options] config = "..."): refuse cycles and long chains.
@@ -300,24 +298,14 @@ def _flatten_legacy_extra(v: Any) -> Any:
 
 
 def _option_type(default: Any) -> type | None:
-    if isinstance(default, bool):
-        return bool
-    if isinstance(default, int):
-        return int
-    if isinstance(default, float):
-        return float
-    if isinstance(default, str):
-        return str
-    return None
+    return next((t for t in (bool, int, float, str) if isinstance(default, t)), None)  # (bool before int)
 
 
 def _is_type(v: Any, want: type) -> bool:
     if want is bool:
         return isinstance(v, bool)
-    if want is int:
-        return isinstance(v, int) and not isinstance(v, bool)
-    if want is float:
-        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if want in (int, float):  # (an int is a float's value too; a bool is neither)
+        return isinstance(v, (int, want)) and not isinstance(v, bool)
     return isinstance(v, want)
 
 
@@ -408,8 +396,8 @@ def _parse_range(name: str, d: str) -> DimRange:
         raise OptionError(f"input_shape of '{name}': range {d!r} must be lo~hi with integers",
                           hint='for example --input_shape="x:1~8,3,224,224" (lo~-1: no upper bound)')
     lo, hi = int(lo_s), int(hi_s)
-    if lo < 1 or (hi != -1 and hi < lo) or hi < -1:
-        raise OptionError(f"input_shape of '{name}': range {d!r} needs 1 <= lo <= hi (or hi -1 for no upper bound)",
+    if lo < 0 or (hi != -1 and hi < lo) or hi < -1:  # (lo 0: an empty past, a cache's first step)
+        raise OptionError(f"input_shape of '{name}': range {d!r} needs 0 <= lo <= hi (or hi -1 for no upper bound)",
                           hint='for example --input_shape="x:1~8,3,224,224"')
     return DimRange(lo, None if hi == -1 else hi)
 
@@ -434,6 +422,7 @@ def parse_input_shape(v: Any) -> dict[str, tuple]:
             if not sep or not name:
                 raise OptionError(f"input_shape entry '{part}' must look like name:d1,d2,...",
                                   hint='for example --input_shape="data:1,3,224,224"')
+            dims = dims.strip()[1:-1] if dims.strip()[:1] + dims.strip()[-1:] == "[]" else dims  # [d1,d2,...] too
             items.append((name.strip(), [d for d in dims.split(",") if d.strip() != ""]))
     else:
         raise OptionError(f"input_shape must be a string or a mapping, not {type(v).__name__}")
@@ -452,6 +441,13 @@ def parse_input_shape(v: Any) -> dict[str, tuple]:
                     d = None
                 elif "~" in d:
                     d = _parse_range(name, d)
+                elif not d.isidentifier():  # (a symbol is a name: 1-8, [1 or 224] are typos)
+                    lo, sep, hi = d.replace("..", "-").partition("-")
+                    raise OptionError(f"input_shape of '{name}': dim {d!r} is neither an integer, a range lo~hi nor "
+                                      "a symbol name" + (f"; did you mean {lo.strip()}~{hi.strip()}?" if sep and
+                                                         _is_int(lo.strip()) and _is_int(hi.strip()) else ""),
+                                      hint='for example --input_shape="x:1~8,3,224,224", "x:batch,3,224,224" or '
+                                           '"x:[1,3,224,224]" (brackets only around the whole list)')
             if isinstance(d, (list, tuple)) and not isinstance(d, DimRange) and len(d) == 2:
                 d = _parse_range(name, f"{d[0]}~{-1 if d[1] is None else d[1]}")  # [lo, hi] in a config file
             if isinstance(d, bool) or not isinstance(d, (int, str, type(None), DimRange)):
@@ -459,6 +455,11 @@ def parse_input_shape(v: Any) -> dict[str, tuple]:
             if isinstance(d, int) and d < 0:
                 d = None if d == -1 else _raise(OptionError(f"input_shape of '{name}': dim {d} is negative"))
             shape.append(d)
+        if len(shape) > 1 and (shape[0] == 0 or isinstance(shape[0], DimRange) and shape[0].lo == 0):
+            # (a later dim of 0, fixed or a range's lo, is an empty tensor, a cache's first step: allowed)
+            raise OptionError(f"input_shape of '{name}': dim 0 (the batch) is {shape[0]}: a batch of 0 runs "
+                              "nothing (a batch range needs 1 <= lo <= hi)",
+                              hint=f'give a batch >= 1, or a range: --input_shape="{name}:1~8,..."')
         out[name] = tuple(shape)
     return out
 

@@ -126,9 +126,23 @@ def _notes(args: argparse.Namespace) -> None:
             print(f"note: {ignored_note(name)}", file=sys.stderr)
 
 
+def soc_version(name: str | None) -> str | None:
+    """ATC's --soc_version: an Ascend NPU's name (Ascend310, Ascend910B3, Ascend310P3,
+    Ascend910_9391, ...) runs on the cpu backend, as docs/atc.md says, with a one-line note; any
+    other name is a backend's (an unknown one is refused when the compile picks the backend)."""
+    if not isinstance(name, str) or not name.strip().lower().startswith("ascend"):
+        return name
+    from ge_core.plugins import get_host
+
+    if name.strip() in get_host().registries.backends:  # (a plugin's backend of that very name)
+        return name.strip()
+    print(f"note: --soc_version={name.strip()}: no Ascend NPU here; compiling for the cpu backend", file=sys.stderr)
+    return "cpu"
+
+
 def compile_options(args: argparse.Namespace) -> dict[str, Any]:
     """The compile options ATC's flags in ``args`` give."""
-    opts: dict[str, Any] = {"soc_version": args.soc_version}
+    opts: dict[str, Any] = {"soc_version": soc_version(args.soc_version)}
     for k in ("framework", "input_shape", "out_nodes", "fusion_switch_file", "log", "memory_optimize_level",
               "config", "enable_single_stream", "disable_reuse_memory", "constant_folding", *_PLUGIN_OPTIONS):
         v = getattr(args, k, None)

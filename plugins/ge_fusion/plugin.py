@@ -25,10 +25,12 @@ def ge_register_fusion_patterns(register: RegisterFusionPattern) -> None:
 
 @hookimpl
 def ge_register_ops(register: RegisterOp) -> None:
-    """The fused ops (domain ge.fused) with their inference."""
+    """The fused ops (domain ge.fused) with their inference and standard ONNX forms."""
+    from .lower import LOWERINGS
     from .ops import OPDEFS
 
     for d in OPDEFS:
+        d.lower = d.lower or LOWERINGS.get(d.op_type)
         register(d)
 
 

@@ -32,9 +32,19 @@ def check_node(node: Node) -> None:
                          hint="the .om is damaged or was not written by this compiler: compile the model again")
 
 
+def lower(node: Node, opset: int) -> list:
+    """The standard ONNX form (``ge export``): the formula in Div, Round, Clip and Mul."""
+    from ge_sdk.lowering import Builder
+
+    a, x = node.attrs, node.inputs[0]
+    assert x is not None
+    z = int(a.get("zero_point", 0))
+    return [Builder(node, opset).fake_quant(x, float(a["scale"]), int(a.get("qmin", 0)) - z, int(a.get("qmax", 255)) - z)]
+
+
 OPDEFS = [
     OpDef(quant.FAKE_QUANT, quant.DOMAIN, min_inputs=1, max_inputs=1, kind=OpKind.OPAQUE, infer=_infer,
-          internal=True, check=check_node, alias="inplace",
+          internal=True, check=check_node, alias="inplace", lower=lower,
           attrs={"scale": None, "zero_point": 0, "qmin": 0, "qmax": 255},
           doc="y = clip(rint(x / scale), qmin - zero_point, qmax - zero_point) * scale: QuantizeLinear then "
               "DequantizeLinear with a per-tensor scale and zero point, in float32"),
