@@ -17,18 +17,8 @@ inputs), which the executor copies into its plan where it needs to. Kernels neve
 their inputs otherwise. (The attributes ``kernel.accepts_out`` / ``inplace_ok`` / ``mode`` /
 ``kernel_kind`` of plugins written before KernelCaps are still read.)
 
-IO binding. ``model.run(feeds, outputs={name: array})`` gives the kernel computing a graph
-output the caller's array as its ``out`` (when it ``accepts_out`` and every output of its node
-has a place); a caller may bind an output to the very memory of a feed, as onnxruntime-genai's
-``past_present_share_buffer`` does (``past_key_values.N.key`` fed and ``present.N.key`` bound to
-the same buffer of the maximum length). The executor passes such an ``out`` only to a kernel that
-declares ``inplace_ok``, only when the array IS that input (same address, dtype, shape and
-strides: ``out[j] is`` not guaranteed, the memory is) and that node is the input's only reader; the
-kernel then must give the right result with ``out[j]`` and the input sharing every byte: e.g. a
-KV-cache kernel writes only the new rows (at each sequence's ``seqlens_k`` position) and reads
-the rows it keeps in place, never copying the buffer onto itself. Otherwise the kernel gets
-arrays of its own and the executor copies its result into the caller's array (after the run
-when another node reads that feed).
+IO binding. ``model.run(feeds, outputs={name: array})`` passes caller arrays as ``out``; one
+may be a feed's memory (a KV cache): docs/plugin-guide.md ("IO binding") has the contract.
 
 Run limits. ``model.run(feeds, timeout=s)`` sets a per-run deadline; executors call
 :func:`check_deadline` between nodes and kernels that loop (Loop, Scan) call it every iteration,

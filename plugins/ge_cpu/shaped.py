@@ -48,7 +48,7 @@ class ShapedLayouts:
     and constants only, what an exporter writes around every reshape of a dynamic tensor) are
     computed at its first exact run and taken as constants of the layout after it. A binding with
     a symbol below 1 (an empty dim: a 0-length past) always runs there, unplanned (the symbolic
-    dims' simplifications hold for symbols >= 1): it is one binding, made once."""
+    dims' simplifications hold for symbols >= 1), made once."""
 
     #: Bindings whose exact layouts (and pooled arenas, and kept shape-step results) are kept.
     KEEP = 8
