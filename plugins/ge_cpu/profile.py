@@ -85,7 +85,10 @@ def profile(model, feeds: dict[str, np.ndarray], runs: int = 5) -> dict[str, Any
              for i, t0, t1 in events]
     trace += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": s, "args": {"name": f"stream {s}"}}
               for s in range(model.streams.count)]
-    return {"wall_seconds": wall, "kernel_seconds": total / runs, "runs": runs, "ops": ops, "nodes": nodes,
+    threads = exe.width if exe.parallel == "engine" else exe.threads  # (None: BLAS's default)
+    return {"wall_seconds": wall, "kernel_seconds": total / runs, "runs": runs, "threads": threads,
+            "inputs": {k: {"dtype": str(v.dtype), "shape": list(np.shape(v))} for k, v in feeds.items()},
+            "ops": ops, "nodes": nodes,
             "trace": {"traceEvents": trace, "displayTimeUnit": "ms"}}
 
 
@@ -95,25 +98,56 @@ def configure(p) -> None:
     p.add_argument("--trace", metavar="FILE.json", help="Chrome/Perfetto trace (default: MODEL.trace.json in the current folder)")
     p.add_argument("--top", type=int, default=10, help="slowest nodes to list")
     p.add_argument("--input", action="append", metavar="NAME=FILE.npy")
+    p.add_argument("--input-shape", dest="input_shape", metavar='"NAME:D1,D2,...;..."',
+                   help='shapes of the random inputs, e.g. "x:2,3,224,224;y:2,7"; every symbolic dim needs one '
+                        "(never guessed); of a gear model, the shapes of the gear to profile")
+    p.add_argument("--threads", type=int, metavar="T", help="threads per run (default: the model's setting)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--json", action="store_true")
+
+
+def _feeds(loaded, args) -> tuple[Any, dict[str, np.ndarray]]:
+    """The compiled model to profile (of a gear model: the gear the fed and ``--input-shape``
+    shapes select, the first when they set none) and its checked feeds: ``--input`` files, the
+    rest random with ``--input-shape``'s shapes; a symbolic dim nothing sizes is an InputError
+    (a dim declared with a one-value range takes that value), never 1."""
+    from ge_core.errors import OptionError
+    from ge_sdk.cli import feed_arg, random_input_shapes  # feed_arg: NAME=FILE.npy as ge run reads it
+    from ge_sdk.inputs import random_inputs
+
+    if isinstance(args.seed, bool) or not isinstance(args.seed, int) or args.seed < 0:
+        raise OptionError(f"--seed {args.seed}: the seed is an integer of at least 0")
+    feeds = dict(feed_arg(s) for s in args.input or [])
+    shapes = random_input_shapes(args.input_shape, feeds)
+    sized = {n: np.broadcast_to(np.zeros((), np.float32), tuple(d)) for n, d in shapes.items()
+             if all(type(x) is int and x >= 0 for x in d)}  # (shapes only, to pick a gear: no memory)
+    model = loaded.model_for({**sized, **feeds})
+    defaults = {v.name: v.default for v in model.graph.inputs if v.default is not None}
+    dims = {k: lo for k, (lo, hi) in (getattr(model, "dim_ranges", None) or {}).items() if lo == hi}
+    rnd = random_inputs(model.graph, args.seed, dims, shapes=shapes, known={**defaults, **feeds}, default_dim=None,
+                        option="--input-shape")
+    for v in model.graph.inputs:
+        if v.name not in feeds and v.default is None:
+            feeds[v.name] = rnd[v.name]
+    return model, model.check_feeds(feeds)
 
 
 def run(args) -> int:
     import ge_core as ge
+    from ge_core.errors import OptionError
     from ge_core.writes import InputFiles, check_target, write_json_atomic
-    from ge_sdk.cli import feed_arg, random_feeds  # feed_arg: NAME=FILE.npy as ge run reads it
 
+    if args.threads is not None and args.threads < 1:
+        raise OptionError(f"--threads {args.threads}: give a positive number")
     trace_path = args.trace or os.path.splitext(os.path.basename(args.model))[0] + ".trace.json"
     inputs = InputFiles(args.model, *(s.partition("=")[2] for s in args.input or [] if "=" in s))
     check_target(inputs.check(trace_path, "--trace"), "the trace")  # never over the .om or a feed file
-    loaded = ge.load_om(args.model)
-    feeds = dict(feed_arg(s) for s in args.input or [])
-    # the compiled model that runs them (of a gear model: the gear of the given inputs' shapes,
-    # the first gear when they do not set it), whose inputs the random ones follow
-    model = loaded.model_for(feeds)
-    for k, v in random_feeds(model).items():
-        feeds.setdefault(k, v)
-    result = profile(model, model.check_feeds(feeds), runs=max(1, args.runs))
+    loaded = ge.load_om(args.model, threads=args.threads)
+    model, feeds = _feeds(loaded, args)
+    result = profile(model, feeds, runs=max(1, args.runs))
+    table, gears = getattr(loaded, "table", None), list(getattr(loaded, "models", None) or ())
+    if table is not None and model in gears:  # say which gear ran
+        result["gear"] = f"{table.gear_text(gears.index(model))} of {table.describe()}"
     write_json_atomic(trace_path, result.pop("trace"), "the trace", inputs=inputs, flag="--trace")
     if args.json:
         print(json.dumps({**result, "trace": trace_path}, indent=1))
@@ -122,6 +156,10 @@ def run(args) -> int:
     from rich.table import Table
 
     con = Console(highlight=False)
+    ins = ", ".join(f"{k} {v['dtype']}{v['shape']}" for k, v in result["inputs"].items()) or "none"
+    gear = f"; {result['gear']}" if result.get("gear") else ""
+    con.print(f"inputs {ins}; threads {result['threads'] if result['threads'] is not None else 'BLAS default'}{gear}",
+              markup=False, soft_wrap=True)
     t = Table(title=f"{args.model}: {result['wall_seconds'] * 1e3:.2f} ms per run, "
                     f"{result['kernel_seconds'] * 1e3:.2f} ms in kernels ({result['runs']} runs)")
     for c in ("op", "ms", "share", "nodes", "streams"):

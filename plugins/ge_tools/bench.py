@@ -15,7 +15,17 @@ import numpy as np
 
 from ge_core.errors import OptionError
 
-from .common import add_model_flags, emit, is_om, make_feeds, open_model, ort_session, source_onnx
+from .common import (
+    add_model_flags,
+    emit,
+    is_om,
+    make_feeds,
+    open_model,
+    ort_session,
+    ran_with,
+    ran_with_text,
+    source_onnx,
+)
 
 #: Timed blocks per engine when --against interleaves them.
 BLOCKS = 5
@@ -142,9 +152,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     cold = time.perf_counter() - t0
     result: dict[str, Any] = {
         "model": opened.path,
-        "threads": model.options.threads,
+        **ran_with(model, feeds),  # inputs, threads (as run: the option or the pool's width), gear
         "concurrency": args.concurrency,
-        "inputs": {k: {"dtype": str(v.dtype), "shape": list(np.shape(v))} for k, v in feeds.items()},
         "batch": items,
         ("load_seconds" if is_om(opened.path) else "compile_seconds"): opened.compile_seconds,
         "cold_first_run_ms": cold * 1e3,
@@ -229,9 +238,7 @@ def format_table(result: dict[str, Any]) -> str:
                      f"{s['throughput_per_s']:.1f}", f"{s['items_per_s']:.1f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
-    ins = ", ".join(f"{k} {v['dtype']}{v['shape']}" for k, v in result["inputs"].items())
-    thr = result["threads"] if result["threads"] is not None else "default"
-    head = [f"model {result['model']}: inputs {ins}; threads {thr}; concurrency {result['concurrency']}"]
+    head = [f"model {result['model']}: {ran_with_text(result)}; concurrency {result['concurrency']}"]
     setup = "load" if "load_seconds" in result else "compile"
     head.append(f"{setup} {result.get(setup + '_seconds') or 0:.3f} s; cold first run {result['cold_first_run_ms']:.3f} ms"
                 + (f" (onnxruntime {result['onnxruntime_cold_first_run_ms']:.3f} ms)"

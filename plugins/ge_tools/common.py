@@ -28,12 +28,15 @@ def add_model_flags(p: argparse.ArgumentParser, *, compile_flags: bool = True) -
                         "not given get random data")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--batch", type=int, metavar="B",
-                   help="size of the first symbolic dim of the inputs (the batch); other symbolic dims are 1")
+                   help="size of the first symbolic dim of the inputs (the batch); of a gear model (atc "
+                        "--dynamic_batch_size), the batch gear to run. Other symbolic dims are never guessed: "
+                        "give them with --dim or --input-shape")
     p.add_argument("--dim", action="append", metavar="NAME=SIZE",
                    help="size of a symbolic dim by name, e.g. --dim seq=128 (repeatable)")
     p.add_argument("--input-shape", dest="input_shape", metavar='"NAME:D1,D2,...;..."',
                    help='shapes of the random inputs, as ge run takes them, e.g. "x:2,3,224,224;y:2,7" (a symbol '
-                        "shared by inputs takes the size given for one of them)")
+                        "shared by inputs takes the size given for one of them; of a gear model, the shapes of "
+                        "the gear to run)")
     if compile_flags:
         p.add_argument("--framework", help="frontend of a source model: name or ATC number (5 ONNX, 3 TensorFlow)")
         p.add_argument("--config", help="pipeline config (TOML) used when compiling a source model")
@@ -103,8 +106,9 @@ def open_model(args: argparse.Namespace, *, threads: int | None = None, quiet: b
     return Opened(model, path, getattr(args, "source", None) or path, time.perf_counter() - t0)
 
 
-def symbolic_dims(model, args: argparse.Namespace) -> dict[str, int]:
-    """Sizes of symbolic dims from ``--batch`` (the first symbolic dim of the inputs) and ``--dim``."""
+def symbolic_dims(model, args: argparse.Namespace, *, with_batch: bool = True) -> dict[str, int]:
+    """Sizes of symbolic dims from ``--batch`` (the first symbolic dim of the inputs; not with
+    ``with_batch=False``, where it picked a gear) and ``--dim``."""
     from ge_sdk.cli import parse_kv
 
     dims: dict[str, int] = {}
@@ -112,7 +116,7 @@ def symbolic_dims(model, args: argparse.Namespace) -> dict[str, int]:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise OptionError(f"--dim {k}={v}: the size is a positive integer")
         dims[k] = v
-    batch = getattr(args, "batch", None)
+    batch = getattr(args, "batch", None) if with_batch else None
     if batch is not None:
         if batch < 1:
             raise OptionError(f"--batch {batch}: the batch is a positive integer")
@@ -135,9 +139,95 @@ def model_for_shapes(model, feeds: Mapping[str, Any], shapes: Mapping[str, Any])
     return model.model_for({**sized, **feeds})
 
 
+def batch_gear_shapes(model, args: argparse.Namespace) -> dict[str, tuple[int, ...]]:
+    """``--batch N`` on a gear model (atc --dynamic_batch_size): the input shapes of its gear of
+    batch N (empty without ``--batch`` or for a model without gears); an OptionError naming the
+    gears when none has that batch or the gears are not batch gears."""
+    table = getattr(model, "table", None)
+    batch = getattr(args, "batch", None)
+    if batch is None or table is None or not hasattr(model, "gear"):
+        return {}
+    n = len(table.shapes)
+    if table.flag != "dynamic_batch_size":
+        raise OptionError(f"--batch {batch}: '{args.model}' is a gear model of {table.describe()}, not of batch gears",
+                          hint="pick a gear by its shapes with --input-shape, e.g. --input-shape \""
+                               + ";".join(f"{k}:{','.join(map(str, v))}" for k, v in table.shapes[0].items()) + '"')
+    for i in range(n):
+        if table.values(i) == (batch,):
+            return {k: tuple(v) for k, v in table.shapes[i].items()}
+    raise OptionError(f"--batch {batch}: '{args.model}' has no gear of batch {batch}; its gears are {table.describe()}",
+                      hint="give --batch with one of " + ", ".join(table.label(i) for i in range(n)))
+
+
+def refuse_unsized(model, shapes: Mapping[str, Any], dims: dict[str, int], known: Mapping[str, Any]) -> None:
+    """Never guess a dim of a random input: a symbolic dim that nothing sizes (``--batch``,
+    ``--dim``, ``--input-shape``, an input fed from a file) takes the one value of its declared
+    range (``lo~lo``), added to ``dims``; any other, an unknown dim or rank included, is an
+    InputError naming the input, the dim and its range, and the flag that sizes it."""
+    ranges = getattr(model, "dim_ranges", None) or {}
+    bound = set(dims)
+    for v in model.graph.inputs:
+        got = shapes.get(v.name) if v.name in shapes else np.shape(known[v.name]) if v.name in known else None
+        if got is not None and v.type.shape is not None and len(got) == len(v.type.shape):
+            bound.update(d for d in v.type.shape if isinstance(d, str))
+    for v in model.graph.inputs:
+        if v.name in shapes or v.name in known:
+            continue
+        model_dims = v.type.shape
+        for i, d in enumerate(model_dims if model_dims is not None else [None]):
+            if isinstance(d, int) or d in bound:
+                continue
+            lo, hi = ranges.get(d, (None, None)) if isinstance(d, str) else (None, None)
+            if lo is not None and lo == hi:
+                dims[d] = lo
+                bound.add(d)
+                continue
+            what = ("an unknown rank" if model_dims is None else
+                    f"dim {i} ('{d}'{f', range {lo}~{-1 if hi is None else hi}' if lo is not None else ''})"
+                    if isinstance(d, str) else f"dim {i} (unknown)")
+            shown = "[" + ", ".join("?" if x is None else str(x) for x in model_dims) + "]" if model_dims else "[*]"
+            example = ",".join(str(x) if isinstance(x, int) else "N" for x in model_dims or [1])
+            others = f", --dim {d}=N" if isinstance(d, str) else ""
+            raise InputError(f"input '{v.name}' {shown} has {what} that nothing sizes: the tools do not guess a size",
+                             hint=f"give it with --input-shape \"{v.name}:{example}\"{others}"
+                                  f"{' or --batch N' if i == 0 and isinstance(d, str) else ''}")
+
+
+def ran_threads(model) -> int | None:
+    """The threads a run of ``model`` uses: its ``threads`` option, else the width of GE's pool
+    its executable was built for; None when BLAS's own default threads do the work."""
+    threads = getattr(model.options, "threads", None)
+    if threads:
+        return int(threads)
+    exe = getattr(model, "executable", None)
+    width = getattr(exe, "width", None)
+    return int(width) if isinstance(width, int) and getattr(exe, "parallel", "engine") == "engine" else None
+
+
+def ran_with(model, feeds: Mapping[str, Any]) -> dict[str, Any]:
+    """What a tool ran with: each input's dtype and shape, the threads and, of a gear model, the gear."""
+    out: dict[str, Any] = {"inputs": {k: {"dtype": str(getattr(v, "dtype", "")), "shape": list(np.shape(v))}
+                                      for k, v in feeds.items()},
+                           "threads": ran_threads(model)}
+    table = getattr(model, "table", None)
+    if table is not None and hasattr(model, "models"):
+        gear = model.model_for(feeds)
+        i = next(k for k, m in enumerate(model.models) if m is gear)
+        out["gear"] = f"{table.gear_text(i)} of {table.describe()}"
+    return out
+
+
+def ran_with_text(r: Mapping[str, Any]) -> str:
+    """``inputs x float32[4, 64]; threads 2; gear 2 (batch 4) of ...``: one line."""
+    ins = ", ".join(f"{k} {v['dtype']}{v['shape']}" for k, v in r["inputs"].items()) or "none"
+    thr = r["threads"] if r.get("threads") is not None else "BLAS's default"
+    return f"inputs {ins}; threads {thr}" + (f"; {r['gear']}" if r.get("gear") else "")
+
+
 def make_feeds(model, args: argparse.Namespace) -> dict[str, np.ndarray]:
     """Feeds from ``--input`` files, the rest random (seeded): shapes from ``--input-shape``,
-    symbolic dims from ``--batch``/``--dim`` and the files' shapes, other symbolic dims 1."""
+    symbolic dims from ``--batch``/``--dim`` and the files' shapes (:func:`refuse_unsized`: a
+    dim nothing sizes is an error, never 1); of a gear model, ``--batch`` picks the batch gear."""
     from ge_sdk.cli import random_input_shapes
     from ge_sdk.inputs import random_inputs, read_feed_file
 
@@ -154,13 +244,22 @@ def make_feeds(model, args: argparse.Namespace) -> dict[str, np.ndarray]:
                              hint=f"inputs: {', '.join(model.input_names)}")
         feeds[name] = read_feed_file(name, path)
     shapes = random_input_shapes(getattr(args, "input_shape", None), feeds)
+    gear = batch_gear_shapes(model, args)
+    for k, v in gear.items():
+        have = shapes.get(k, np.shape(feeds[k]) if k in feeds else v)
+        if tuple(have) != v:
+            raise OptionError(f"--batch {args.batch} picks the gear where input '{k}' is {list(v)}, but "
+                              f"{'--input-shape' if k in shapes else '--input'} gives it {list(have)}",
+                              hint="give one of them")
+    shapes = {**{k: v for k, v in gear.items() if k not in feeds}, **shapes}
     model = model_for_shapes(model, feeds, shapes)  # (a gear model: the gear those shapes select)
     defaults = {v.name: v.default for v in model.graph.inputs if v.default is not None}
-    dims = symbolic_dims(model, args)
-    check_random_sizes(model.graph, shapes, dims, known={**defaults, **feeds})
+    dims = symbolic_dims(model, args, with_batch=not gear)
+    refuse_unsized(model, shapes, dims, {**defaults, **feeds})
+    check_random_sizes(model.graph, shapes, dims, known={**defaults, **feeds}, default_dim=None)
     try:
         rnd = random_inputs(model.graph, check_seed(getattr(args, "seed", 0) or 0), dims, shapes=shapes,
-                            known={**defaults, **feeds}, option="--input-shape")
+                            known={**defaults, **feeds}, default_dim=None, option="--input-shape")
     except MemoryError:
         raise InputError("the random inputs do not fit in memory",
                          hint="give smaller dims with --input-shape, or feed inputs from files with --input") from None

@@ -48,6 +48,8 @@ from .common import (
     onnx_node_outputs,
     open_model,
     quant_error,
+    ran_with,
+    ran_with_text,
     run_reference,
     source_onnx,
     unblock,
@@ -536,7 +538,7 @@ def compare_origin(args: argparse.Namespace) -> dict[str, Any]:
                             "sqnr_db": float("-inf"), "cosine": 0.0, "note": "the origin has no output of this name"})
     result: dict[str, Any] = {
         "model": opened.path, "origin": fpath, "reference": args.reference, "max_error": args.max_error,
-        "inputs": {k: {"dtype": str(v.dtype), "shape": list(np.shape(v))} for k, v in feeds.items()},
+        **ran_with(model, feeds),  # inputs, threads, gear: said on the first line
         "outputs": outputs,
         "ok": args.max_error is None or all(o["max_rel_range"] <= args.max_error for o in outputs),
     }
@@ -559,8 +561,7 @@ def _table(rows: list[tuple[str, str, str, str, str]]) -> list[str]:
 
 
 def format_origin(r: dict[str, Any]) -> str:
-    lines = [f"{r['model']} against its float origin {r['origin']} ({r['reference']}); inputs "
-             + ", ".join(f"{k} {v['dtype']}{v['shape']}" for k, v in r["inputs"].items())]
+    lines = [f"{r['model']} against its float origin {r['origin']} ({r['reference']}); {ran_with_text(r)}"]
     if r.get("int8"):
         i8 = r["int8"]
         lines.append(f"int8: {i8['ops_int8']} of {i8['ops']} matrix ops, {i8['macs_int8_share']:.0%} of the MACs")
@@ -610,25 +611,25 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     args.command_inputs = command_inputs(args)  # --repro never writes over one of them
     if args.repro and args.bisect_passes:
         check_target(args.command_inputs.check(args.repro, "--repro"), "the repro model")
+    if args.reference in FRAMEWORK_REFERENCES and args.per_node:
+        raise OptionError(f"--per-node compares intermediate tensors by their ONNX names, which --reference "
+                          f"{args.reference} does not give", hint="use --reference onnxruntime with --per-node")
     opened = open_model(args, threads=args.threads)
     model = opened.model
+    # the source first: a missing one is said before the inputs are sized
+    src = b"" if args.reference in FRAMEWORK_REFERENCES else source_onnx(opened)
     feeds = make_feeds(model, args)
     got = model.run(feeds)  # first: its feed checks name a wrong input better than the reference would
-    src = b""
     if args.reference in FRAMEWORK_REFERENCES:
-        if args.per_node:
-            raise OptionError(f"--per-node compares intermediate tensors by their ONNX names, which --reference "
-                              f"{args.reference} does not give", hint="use --reference onnxruntime with --per-node")
         ref = run_framework(args.reference, opened.source, model, feeds,
                             signature=compile_options(args).get("signature"))
     else:
-        src = source_onnx(opened)
         ref = run_reference(args.reference, src, feeds, args.threads)
     diffs = compare_outputs(got, ref, args.rtol, args.atol)
     result: dict[str, Any] = {
         "model": opened.path, "source": opened.source, "reference": args.reference,
         "rtol": args.rtol, "atol": args.atol,
-        "inputs": {k: {"dtype": str(v.dtype), "shape": list(np.shape(v))} for k, v in feeds.items()},
+        **ran_with(model, feeds),  # inputs, threads, gear: said on the first line
         "outputs": [d.as_dict() for d in diffs],
         "ok": all(d.ok for d in diffs),
     }
@@ -640,8 +641,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def format_text(r: dict[str, Any]) -> str:
-    lines = [f"{r['model']} against {r['reference']} (rtol {r['rtol']:g}, atol {r['atol']:g}); inputs "
-             + ", ".join(f"{k} {v['dtype']}{v['shape']}" for k, v in r["inputs"].items())]
+    lines = [f"{r['model']} against {r['reference']} (rtol {r['rtol']:g}, atol {r['atol']:g}); {ran_with_text(r)}"]
     rows = [("output", "max abs err", "max rel err", "result")]
     for d in r["outputs"]:
         rows.append((d["name"], f"{d['max_abs']:.3g}", f"{d['max_rel']:.3g}",

@@ -983,6 +983,56 @@ def _gather(ctx, node):
                   axis=_norm_axis(int(a["dim"]), ctx.rank(x)))
 
 
+#: The most elements an as_strided's index table (the general, Gather form) may have.
+AS_STRIDED_MAX = 1 << 24
+
+
+def _storage_positions(shape: list[int], strides: list[int], offset: int) -> np.ndarray:
+    """Storage position of each element of a strided view, in row-major order."""
+    pos = np.full((), offset, np.int64)
+    for i, (d, s) in enumerate(zip(shape, strides)):
+        pos = pos[..., None] + np.arange(d, dtype=np.int64).reshape((1,) * i + (d,)) * s
+    return pos.reshape(-1)
+
+
+@reg("aten.as_strided.default", "aten.as_strided_copy.default")
+def _as_strided(ctx, node):
+    """A strided view of the input's storage (AdaptiveAvgPool2d's restride, say). The input's own
+    strides and offset (its example value) say where each of its elements lies in the storage;
+    each element of the view is the input element at its storage position: a Reshape when that is
+    the input in order, else a Gather of the flattened input with a constant index table."""
+    a = ctx.args(node)
+    x = a["self"]
+    meta = ctx.meta(x)
+    size = [ctx.static_int(d) for d in a["size"]]
+    stride = [ctx.static_int(s) for s in a["stride"]]
+    in_shape = ctx.shape(x)
+    hint = "export the model with static shapes, or make the view a reshape/slice (.reshape, .contiguous())"
+    if None in size or None in stride or not all(isinstance(d, int) for d in in_shape) \
+            or not hasattr(meta, "stride") or not hasattr(meta, "storage_offset"):
+        raise UnsupportedOpError("as_strided with symbolic sizes, strides or input shape", hint=hint)
+    in_stride = [int(s) for s in meta.stride()]
+    in_off = int(meta.storage_offset())
+    off = in_off if a.get("storage_offset") is None else ctx.static_int(a["storage_offset"])
+    n_in, n_out = math.prod(in_shape), math.prod(size)
+    if off is None or max(n_in, n_out) > AS_STRIDED_MAX or min(size + stride + [off]) < 0:
+        raise UnsupportedOpError(f"as_strided of {list(in_shape)} to size {size}, stride {stride}, offset {off}: "
+                                 f"a symbolic offset, a negative value or more than {AS_STRIDED_MAX} elements", hint=hint)
+    have = _storage_positions(list(in_shape), in_stride, in_off)
+    want = _storage_positions(size, stride, off)
+    order = np.argsort(have, kind="stable")
+    k = np.searchsorted(have[order], want)
+    k = np.minimum(k, max(n_in - 1, 0))
+    if n_out and (not n_in or np.any(have[order][k] != want)):
+        raise UnsupportedOpError(f"as_strided of {list(in_shape)} (strides {in_stride}, offset {in_off}) to size "
+                                 f"{size}, stride {stride}, offset {off} reads storage outside its input", hint=hint)
+    idx = order[k] if n_out else np.zeros(0, np.int64)
+    if n_out == n_in and np.array_equal(idx, np.arange(n_out)):
+        return ctx.op("Reshape", [ctx.value(x), _consts_i64(ctx, size)])
+    flat = ctx.op("Reshape", [ctx.value(x), _consts_i64(ctx, [-1])])
+    return ctx.op("Gather", [flat, ctx.const(idx.astype(np.int64).reshape(size))], axis=0)
+
+
 @reg("aten.tril.default", "aten.triu.default")
 def _trilu(ctx, node):
     a = ctx.args(node)

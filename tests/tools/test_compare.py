@@ -111,7 +111,7 @@ def test_planted_kernel_is_found_by_node_and_by_pass(planted, tmp_path, capsys, 
     np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-5)
     # text output names them too
     capsys.readouterr()
-    assert main(["compare", src, "--per-node", "--bisect-passes", "--repro", str(tmp_path / "r.onnx")]) == 1
+    assert main(["compare", src, "--per-node", "--bisect-passes", "--batch", "1", "--repro", str(tmp_path / "r.onnx")]) == 1
     out = capsys.readouterr().out
     assert "node 'tanh1' (test.bad::BadTanh)" in out and "first diverging pass: 'plant_bad_tanh'" in out
     assert "MISMATCH" in out and out.rstrip().endswith("beyond the tolerance")
@@ -120,23 +120,23 @@ def test_planted_kernel_is_found_by_node_and_by_pass(planted, tmp_path, capsys, 
 def test_a_kernel_wrong_without_any_pass_is_sent_to_per_node(fresh_host, tmp_path, capsys):
     fresh_host.register_plugin(planted_plugin("planted_required", required=True), "planted_required")
     src = _model(str(tmp_path / "m.onnx"))
-    rc, r, _ = run_compare(capsys, src, "--bisect-passes", "--per-node")
+    rc, r, _ = run_compare(capsys, src, "--bisect-passes", "--per-node", "--batch", 1)
     assert rc == 1 and r["bisect"]["pass"] is None and "--per-node" in r["bisect"]["verdict"]
     assert r["per_node"]["first"]["node"] == "tanh1"
 
 
 def test_tolerance_decides_and_usage_errors_exit_2(planted, tmp_path, capsys):
     src = _model(str(tmp_path / "m.onnx"))
-    rc, r, _ = run_compare(capsys, src, "--rtol", "0.5", "--atol", "0.5")  # 1% off is within 50%
+    rc, r, _ = run_compare(capsys, src, "--batch", 1, "--rtol", "0.5", "--atol", "0.5")  # 1% off is within 50%
     assert rc == 0 and r["ok"]
-    rc, _, err = run_compare(capsys, src, "--rtol", "-1")
+    rc, _, err = run_compare(capsys, src, "--batch", 1, "--rtol", "-1")
     assert rc == 2 and "--rtol" in err
-    rc, _, err = run_compare(capsys, src, "--input", "nope=x.npy")
+    rc, _, err = run_compare(capsys, src, "--batch", 1, "--input", "nope=x.npy")
     assert rc == 2 and "'nope'" in err
     rc, _, err = run_compare(capsys, str(tmp_path / "missing.onnx"))
     assert rc == 2 and "does not exist" in err
     np.save(tmp_path / "ints.npy", np.ones((2, 8), np.int64))
-    rc, _, err = run_compare(capsys, src, "--input", f"x={tmp_path / 'ints.npy'}")
+    rc, _, err = run_compare(capsys, src, "--batch", 1, "--input", f"x={tmp_path / 'ints.npy'}")
     assert rc == 2 and "input 'x' has dtype int64, the model expects float32" in err
 
 
@@ -164,10 +164,10 @@ def test_an_om_whose_source_is_gone_asks_for_source(tmp_path, capsys):
     os.replace(src, moved)
     rc, _, err = run_compare(capsys, om)
     assert rc == 2 and "--source" in err
-    rc, r, _ = run_compare(capsys, om, "--source", moved)
+    rc, r, _ = run_compare(capsys, om, "--source", moved, "--batch", 1)
     assert rc == 0 and r["ok"] and r["source"] == str(moved)
     capsys.readouterr()
-    assert main(["bench", om, "--against", "onnxruntime", "--runs", "2"]) == 2
+    assert main(["bench", om, "--against", "onnxruntime", "--runs", "2", "--batch", "1"]) == 2
     assert "--source" in capsys.readouterr().err
 
 
