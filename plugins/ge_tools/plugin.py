@@ -21,6 +21,8 @@ _COMMANDS = (
                                "--per-node names the first diverging node, --bisect-passes the first diverging pass; "
                                "--origin FLOAT.onnx compares a quantised model with its float origin (SQNR per layer)"),
     ("export", "export", "", "write a compiled .om as ONNX (fused ops in the custom domain ge.fused) for Netron"),
+    ("serve", "serving.cli", "", "serve .om models over the Open Inference Protocol (KServe v2: REST, optionally "
+                                "gRPC) with dynamic batching, metrics and auth; on KServe's ModelServer"),
 )
 
 

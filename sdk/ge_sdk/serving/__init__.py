@@ -1,0 +1,1 @@
+"""Serving helpers for compiled models: the dynamic batcher and Prometheus metrics used by `ge serve`."""
