@@ -10,6 +10,7 @@ import threading
 from typing import Any
 
 from ge_core.errors import ExecutionError, OptionError
+from ge_sdk.serving.app import add_server_flags, check_server_flags
 
 #: The Serve application's name on the cluster (``serve status`` lists it).
 APP_NAME = "ge"
@@ -29,13 +30,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="CPUs of a replica and threads of one run (default 1)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address Ray Serve's HTTP proxy binds (default 127.0.0.1; 0.0.0.0 for every interface)")
-    p.add_argument("--port", type=int, default=8080, help="HTTP port (default 8080)")
-    p.add_argument("--max-batch", type=int, default=1,
-                   help="most rows a replica's dynamic batcher joins along the model's batch dim (default 1)")
-    p.add_argument("--max-delay-ms", type=float, default=0.0,
-                   help="longest wait for more requests after a batch's first one (default 0)")
-    p.add_argument("--max-queue", type=int, default=64, help="most requests waiting per model and replica (default 64)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds a request may wait in a replica's queue")
+    add_server_flags(p, per="model and replica")  # --port, the batcher, --token, --max-body-mb: as ge serve
     p.add_argument("--detach", action="store_true",
                    help="deploy and return, leaving the application on the cluster (stop it with 'serve shutdown')")
 
@@ -91,8 +86,7 @@ def _deploy(serve: Any, app: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     lo, hi = replicas(args.replicas)
-    if not 0 <= args.port <= 65535:
-        raise OptionError(f"--port {args.port} is out of range", hint="give 0..65535")
+    token = check_server_flags(args)
     address = args.address or os.environ.get("RAY_ADDRESS") or None
     if args.detach and address is None:
         raise OptionError("--detach leaves the application on a Ray cluster: give --address",
@@ -104,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     app = serve_app(args.models, names=names, threads=args.threads, min_replicas=lo, max_replicas=hi,
                     target_ongoing_requests=args.target_ongoing_requests, max_batch=args.max_batch,
                     max_delay_ms=args.max_delay_ms, max_queue=args.max_queue, timeout_s=args.timeout,
-                    local=address is None)
+                    token=token, max_body_mb=args.max_body_mb, local=address is None)
     if address is None:
         ray.init(include_dashboard=False, log_to_driver=False)
     else:
@@ -113,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         serve.start(http_options={"host": args.host, "port": args.port})
         _deploy(serve, app)
         print(f"serving {', '.join(names)} at http://{args.host}:{args.port}/v2 on Ray Serve "
-              f"({lo}..{hi} replicas of {args.threads} CPU)", flush=True)
+              f"({lo}..{hi} replicas of {args.threads} CPU{', bearer token required' if token else ''})", flush=True)
         if args.detach:
             return 0
         _wait_for_signal()

@@ -4,10 +4,11 @@ the protocol of ``ge serve``.
 kserve 0.21's ModelServer no longer hosts Ray Serve handles, so the deployment is the other way
 round: each replica holds a ``kserve.ModelRepository`` of :class:`ge_sdk.serving.model.GeModel`
 (the model adapter of ``ge serve``: validation, the dynamic batcher, metadata) and its ingress is
-an ASGI app assembled from kserve's own REST pieces (its DataPlane, v1/v2 endpoints, error
-handlers, ``/metrics``), built inside the replica once the models are loaded and warmed up. Ray
-Serve's HTTP proxy routes to the replicas and scales their number on queue length
-(``target_ongoing_requests`` per replica, between ``min_replicas`` and ``max_replicas``).
+the app of ``ge serve`` (:func:`ge_sdk.serving.app.kserve_app`: kserve's REST endpoints with the
+bearer token, body limit, request ids and JSON log lines, the same error statuses), built inside
+the replica once the models are loaded and warmed up. Ray Serve's HTTP proxy routes to the
+replicas and scales their number on queue length (``target_ongoing_requests`` per replica,
+between ``min_replicas`` and ``max_replicas``).
 
     from ray import serve
     import ge_ray
@@ -55,109 +56,30 @@ def model_table(model_paths: str | os.PathLike | Sequence[str | os.PathLike],
     return table
 
 
-def ge_model_class() -> Any:
-    """``ge_sdk.serving.model.GeModel``, the model adapter of ``ge serve``. Its module imports kserve,
-    whose model server parses ``sys.argv`` when imported, with the arguments hidden: it is imported
-    before any kserve module here."""
-    from ge_sdk.serving.model import ge_model_class as cls
-
-    return cls()
-
-
-class InferContentType:
-    """ASGI middleware: an ``/infer`` request's content type follows the binary-data header (as in
-    ``ge serve``). tritonclient sends no content type, and FastAPI would then hand kserve a JSON
-    body as bytes, which kserve refuses for want of the binary header."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope.get("path", "").endswith("/infer"):
-            headers = [(k, v) for k, v in scope.get("headers") or [] if k.lower() != b"content-type"]
-            binary = any(k.lower() == b"inference-header-content-length" for k, _ in headers)
-            kind = b"application/octet-stream" if binary else b"application/json"
-            scope = {**scope, "headers": [*headers, (b"content-type", kind)]}
-        await self.app(scope, receive, send)
-
-
-def kserve_app(repository: Any) -> Any:
-    """The Open Inference Protocol over ``repository`` (a ``kserve.ModelRepository``) as a
-    FastAPI app built from kserve's REST server pieces. As ``ge serve``: the batcher's refusals answer 429
-    (queue full, with ``Retry-After``), 504 (queued past the request timeout) and 503 (shutting down),
-    a body that is no v2 request 400 (FastAPI would say 422, or 500 for binary data kserve cannot decode)."""
-    ge_model_class()  # first: kserve is imported with sys.argv hidden from its parser
-    from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
-    from kserve import errors
-    from kserve.protocol.dataplane import DataPlane
-    from kserve.protocol.model_repository_extension import ModelRepositoryExtension
-    from kserve.protocol.rest.server import metrics_handler
-    from kserve.protocol.rest.v1_endpoints import register_v1_endpoints
-    from kserve.protocol.rest.v2_endpoints import register_v2_endpoints
-
-    from ge_sdk.serving.batcher import QueueFull, RequestTimeout, ShuttingDown
-
-    app = FastAPI(title="GE models on Ray Serve", docs_url=None, redoc_url=None)
-    dataplane = DataPlane(model_registry=repository)
-    extension = ModelRepositoryExtension(model_registry=repository)
-    app.add_api_route("/", dataplane.live)
-    app.add_api_route("/metrics", metrics_handler, methods=["GET"])
-    register_v1_endpoints(app, dataplane, extension)
-    register_v2_endpoints(app, dataplane, extension)
-    for exc, handler in ((errors.InvalidInput, errors.invalid_input_handler),
-                         (errors.InferenceError, errors.inference_error_handler),
-                         (errors.ModelNotFound, errors.model_not_found_handler),
-                         (errors.ModelNotReady, errors.model_not_ready_handler),
-                         (NotImplementedError, errors.not_implemented_error_handler),
-                         (errors.UnsupportedProtocol, errors.unsupported_protocol_error_handler),
-                         (errors.ServerNotLive, errors.server_not_live_handler),
-                         (errors.ServerNotReady, errors.server_not_ready_handler)):
-        app.add_exception_handler(exc, handler)
-
-    async def refused(_: Request, e: Exception) -> JSONResponse:
-        if isinstance(e, QueueFull):
-            return JSONResponse({"error": str(e)}, 429, headers={"Retry-After": str(e.retry_after)})
-        return JSONResponse({"error": str(e)}, 504 if isinstance(e, RequestTimeout) else 503)
-
-    async def malformed(_: Request, e: Exception) -> JSONResponse:
-        found: list[Any] = getattr(e, "errors", list)()
-        what = "; ".join(f"{'/'.join(str(p) for p in x.get('loc', ()))}: {x.get('msg', '')}" for x in found[:5])
-        return JSONResponse({"error": f"malformed request (not a v2 inference request in JSON): {what or e}"}, 400)
-
-    async def bad_value(_: Request, e: Exception) -> JSONResponse:  # binary requests kserve cannot decode
-        return JSONResponse({"error": f"bad request: {e}"}, 400)
-
-    for exc in (QueueFull, RequestTimeout, ShuttingDown):
-        app.add_exception_handler(exc, refused)
-    app.add_exception_handler(RequestValidationError, malformed)
-    app.add_exception_handler(KeyError, bad_value)
-    app.add_exception_handler(ValueError, bad_value)
-    app.add_exception_handler(Exception, errors.generic_exception_handler)
-    app.add_middleware(InferContentType)
-    return app
-
-
 @serve.ingress()
 class GeModels:
     """One replica: every model of ``models`` (``[(name, .om path)]``) loaded once and warmed up
-    (``GeModel.load``), behind the kserve app (:func:`kserve_app`, built by Ray Serve after this
-    constructor through ``__serve_build_asgi_app__``). ``model_options``: GeModel's keyword
-    arguments (``threads``, ``max_batch``, ``max_delay_ms``, ``max_queue``, ``timeout_s``)."""
+    (``GeModel.load``), behind the app of ``ge serve`` (``kserve_app``, built by Ray Serve after
+    this constructor through ``__serve_build_asgi_app__``). ``model_options``: GeModel's keyword
+    arguments (``threads``, ``max_batch``, ``max_delay_ms``, ``max_queue``, ``timeout_s``);
+    ``app_options``: kserve_app's (``token``, ``max_body``)."""
 
-    def __init__(self, models: list[tuple[str, str]], model_options: dict[str, Any]) -> None:
-        model_class = ge_model_class()  # first: kserve is imported with sys.argv hidden from its parser
-        from kserve.model_repository import ModelRepository
+    def __init__(self, models: list[tuple[str, str]], model_options: dict[str, Any],
+                 app_options: dict[str, Any] | None = None) -> None:
+        from ge_sdk.serving.app import json_logging, model_repository
+        from ge_sdk.serving.model import GeModel
 
-        self.repository = ModelRepository()
-        for name, path in models:
-            model = model_class(path, name, **model_options)
+        json_logging()  # the request lines in the replica's log, as ge serve writes them
+        self.app_options = dict(app_options or {})
+        loaded = [GeModel(path, name, **model_options) for name, path in models]
+        for model in loaded:
             model.load()
-            self.repository.update(model)
+        self.repository = model_repository(loaded)
 
     def __serve_build_asgi_app__(self) -> Any:
-        return kserve_app(self.repository)
+        from ge_sdk.serving.app import kserve_app
+
+        return kserve_app(self.repository, **self.app_options)
 
     def check_health(self) -> None:
         """Ray Serve's health check: a replica whose models are not all ready is restarted."""
@@ -176,8 +98,8 @@ def _positive(name: str, value: Any, number: type = int) -> None:
 def serve_app(model_paths: str | os.PathLike | Sequence[str | os.PathLike], *, names: Sequence[str] | None = None,
               threads: int = 1, min_replicas: int = 1, max_replicas: int = 1, target_ongoing_requests: float = 2.0,
               max_ongoing_requests: int | None = None, max_batch: int = 1, max_delay_ms: float = 0.0,
-              max_queue: int = 64, timeout_s: float | None = None, local: bool = True,
-              deployment_name: str = "GeModels") -> Any:
+              max_queue: int = 64, timeout_s: float | None = None, token: str | None = None,
+              max_body_mb: float = 64.0, local: bool = True, deployment_name: str = "GeModels") -> Any:
     """A Ray Serve application (for ``serve.run(app, route_prefix="/")``) serving the .om files
     ``model_paths`` (named ``names``, default the files' stems) over the Open Inference Protocol.
 
@@ -185,14 +107,19 @@ def serve_app(model_paths: str | os.PathLike | Sequence[str | os.PathLike], *, n
     number of replicas autoscales between ``min_replicas`` and ``max_replicas`` to keep about
     ``target_ongoing_requests`` requests in flight per replica (``max_ongoing_requests`` at most;
     default enough for ``max_batch``). ``max_batch`` / ``max_delay_ms`` / ``max_queue`` /
-    ``timeout_s``: each model's dynamic batcher, as ``ge serve``. ``local=False`` when the paths
-    are those of the cluster's nodes, not of this machine.
+    ``timeout_s``: each model's dynamic batcher, as ``ge serve``. ``token``: the bearer token every
+    request but the health checks must carry (401 without; None: none); ``max_body_mb``: the
+    largest request body (413 above). ``local=False`` when the paths are those of the cluster's
+    nodes, not of this machine.
     """
     models = model_table(model_paths, names, local=local)
     for name, value in (("threads", threads), ("min_replicas", min_replicas), ("max_replicas", max_replicas),
                         ("max_batch", max_batch), ("max_queue", max_queue)):
         _positive(name, value)
     _positive("target_ongoing_requests", target_ongoing_requests, float)
+    _positive("max_body_mb", max_body_mb, float)
+    if token is not None and not (isinstance(token, str) and token):
+        raise OptionError("serve_app(token=...): the bearer token is a non-empty string", hint="or None for no token")
     if max_replicas < min_replicas:
         raise OptionError(f"serve_app: max_replicas ({max_replicas}) is below min_replicas ({min_replicas})",
                           hint="give min_replicas <= max_replicas")
@@ -205,4 +132,4 @@ def serve_app(model_paths: str | os.PathLike | Sequence[str | os.PathLike], *, n
                "timeout_s": timeout_s}
     deployment = serve.deployment(name=deployment_name, ray_actor_options={"num_cpus": threads},
                                   max_ongoing_requests=max_ongoing_requests, autoscaling_config=scaling)(GeModels)
-    return deployment.bind(models, options)
+    return deployment.bind(models, options, {"token": token, "max_body": int(max_body_mb * 2**20)})

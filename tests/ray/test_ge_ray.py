@@ -181,15 +181,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_the_ray_serve_deployment_answers_the_open_inference_protocol(local_ray, cnn):
+@pytest.fixture(scope="module")
+def serve_port(local_ray):
+    """Ray Serve's HTTP proxy on a free port of 127.0.0.1, started once for the module's
+    deployments (each test runs its application "ge" and deletes it)."""
+    from ray import serve
+
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        yield port
+    finally:
+        serve.shutdown()
+
+
+def test_the_ray_serve_deployment_answers_the_open_inference_protocol(serve_port, cnn):
     import tritonclient.http as httpclient
     from ray import serve
 
     path, model = cnn
-    port = _free_port()
+    port = serve_port
     base = f"http://127.0.0.1:{port}"
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(serve_app([path], names=["net"], max_batch=4, max_delay_ms=2, max_replicas=2), name="ge", route_prefix="/")
         with urllib.request.urlopen(f"{base}/v2/health/ready", timeout=10) as r:
             assert json.load(r) == {"ready": True}
@@ -215,7 +228,43 @@ def test_the_ray_serve_deployment_answers_the_open_inference_protocol(local_ray,
                 urllib.request.urlopen(req, timeout=10)
             assert e.value.code == status and words in e.value.read().decode(), (url, e.value.code)
     finally:
-        serve.shutdown()
+        serve.delete("ge")
+
+
+def test_the_ray_serve_deployment_refuses_a_missing_token_and_an_oversized_body(serve_port, cnn):
+    """The guards of ``ge serve`` (the same app): 401 without the bearer token, 413 over the body
+    limit; health stays open and a request with the token is answered."""
+    from ray import serve
+
+    path, _ = cnn
+    base = f"http://127.0.0.1:{serve_port}"
+    x = images(1)
+    good = json.dumps({"inputs": [{"name": "image", "datatype": "FP32", "shape": list(x.shape),
+                                   "data": x.ravel().tolist()}]}).encode()
+    auth = {"Content-Type": "application/json", "Authorization": "Bearer t0ken"}
+    try:
+        serve.run(serve_app(path, names=["net"], token="t0ken", max_body_mb=0.02), name="ge", route_prefix="/")
+        with urllib.request.urlopen(f"{base}/v2/health/ready", timeout=10) as r:
+            assert json.load(r) == {"ready": True}
+        req = urllib.request.Request(f"{base}/v2/models/net/infer", data=good, headers={**auth, "X-Request-Id": "r1"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert [o["name"] for o in json.load(r)["outputs"]] == ["logits", "probs"]
+        for headers, body, status, words in (({"Content-Type": "application/json"}, good, 401, "no bearer token"),
+                                             ({**auth, "Authorization": "Bearer nope"}, good, 401, "wrong bearer token"),
+                                             (auth, b"[" + b"1.0," * 8000 + b"1.0]", 413, "over the limit")):
+            req = urllib.request.Request(f"{base}/v2/models/net/infer", data=body, headers=headers)
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req, timeout=10)
+            assert e.value.code == status and words in e.value.read().decode(), (headers, e.value.code)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"{base}/v2/models/net", timeout=10)  # metadata needs the token too
+        assert e.value.code == 401
+    finally:
+        serve.delete("ge")
+    with pytest.raises(OptionError, match="bearer token is a non-empty string"):
+        serve_app(path, token="")
+    with pytest.raises(OptionError, match="max_body_mb is a positive number"):
+        serve_app(path, max_body_mb=0)
 
 
 def test_serve_app_checks_its_arguments(cnn, tmp_path):

@@ -268,9 +268,4 @@ class GeModel(kserve.Model):
                              requested_outputs=request.request_outputs, from_grpc=request.from_grpc)
 
 
-def ge_model_class() -> type[GeModel]:
-    """:class:`GeModel` (for callers that import this module lazily)."""
-    return GeModel
-
-
-__all__ = ["GeModel", "batch_axes", "gear_rows", "ge_model_class", "v2_datatype", "v2_shape", "warmup_feeds"]
+__all__ = ["GeModel", "batch_axes", "gear_rows", "v2_datatype", "v2_shape", "warmup_feeds"]
