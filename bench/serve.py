@@ -61,7 +61,7 @@ sys.path.insert(0, HERE)
 
 MODELS = ("resnet50", "bert")
 QUICK = "mlp"
-CONCURRENCY = (1, 4, 16)
+CONCURRENCY = (1, 4, 8, 16)
 ENGINES = ("ge batch", "ge", "ort")
 TARGET_SCALING, TARGET_MODEL = 1.3, "resnet50"
 READY_S = 300.0  # the longest a server may take to load and warm up
@@ -352,8 +352,23 @@ def start_servers(name: str, blob: bytes, folder: str, a) -> dict[str, Server]:
     return servers
 
 
-def measure(name: str, servers: dict[str, Server], draw, ref: Callable[[dict], np.ndarray], a) -> dict:
-    """``{"runs": {engine: {c: {"rps", "p50", "p99"}}}, "diff": {engine: rel. max |diff|}, "errors"}``."""
+def in_process(model, draw, n: int) -> float:
+    """Requests per second of one caller running the compiled model in this process, back to back."""
+    feeds = [draw(i) for i in range(n)]
+    t0 = time.perf_counter()
+    for f in feeds:
+        model.run(f)
+    return n / (time.perf_counter() - t0)
+
+
+def measure(name: str, servers: dict[str, Server], draw, ref: Callable[[dict], np.ndarray], a,
+            om: str | None = None) -> dict:
+    """``{"runs": {engine: {c: {"rps", "p50", "p99"}}}, "diff": {engine: rel. max |diff|}, "errors",
+    "in_process": req/s of one in-process caller (median over rounds)}``."""
+    import ge_core as ge
+
+    local = ge.load_om(om, threads=a.threads) if om else None
+    alone: list[float] = []
     errors: dict[str, str] = {}
     diff: dict[str, float] = {}
     import tritonclient.http as http
@@ -374,7 +389,12 @@ def measure(name: str, servers: dict[str, Server], draw, ref: Callable[[dict], n
     rps: dict[str, dict[int, list[float]]] = {e: {c: [] for c in a.concurrency} for e in live}
     lats: dict[str, dict[int, list[float]]] = {e: {c: [] for c in a.concurrency} for e in live}
     batched: dict[str, dict[int, list[float]]] = {e: {c: [0.0, 0.0] for c in a.concurrency} for e in live}
+    if local is not None:
+        in_process(local, draw, 2)  # warm-up
     for r in range(a.rounds):
+        if local is not None:  # the in-process caller, between the servers' runs (they are idle then)
+            time.sleep(a.gap)
+            alone.append(in_process(local, draw, a.requests))
         for c in a.concurrency:
             for label in live[r % len(live):] + live[:r % len(live)]:  # a different engine first each round
                 if label in errors:
@@ -399,7 +419,7 @@ def measure(name: str, servers: dict[str, Server], draw, ref: Callable[[dict], n
         for c, v in runs[e].items():
             total, count = batched[e][c]
             v["rows"] = total / count if count else None  # mean rows per model run (ge's /metrics)
-    return {"runs": runs, "diff": diff, "errors": errors}
+    return {"runs": runs, "diff": diff, "errors": errors, "in_process": statistics.median(alone) if alone else None}
 
 
 def _x(num: float | None, den: float | None) -> str:
@@ -424,6 +444,11 @@ def print_model(name: str, r: dict, concurrency) -> None:
     lo, hi = min(concurrency), max(concurrency)
     print(f"  c{hi}/c{lo} throughput: " + "   ".join(f"{e} {_x(_rps(r, e, hi), _rps(r, e, lo))}" for e in ENGINES)
           + f"   (ge batch c{hi} / ge c{lo}: {_x(_rps(r, 'ge batch', hi), _rps(r, 'ge', lo))})")
+    one = r.get("in_process")
+    if one:
+        print(f"  one in-process caller (model.run back to back): {one:.2f} req/s; served / in-process: "
+              + "   ".join(f"c{c} ge {_x(_rps(r, 'ge', c), one)}, ge batch {_x(_rps(r, 'ge batch', c), one)}"
+                         for c in concurrency))
     for label, a, b in (("ge batch / ort", "ge batch", "ort"), ("ge / ort", "ge", "ort"),
                         ("batching on/off (ge batch / ge)", "ge batch", "ge")):
         print(f"  {label}: " + "   ".join(f"c{c} {_x(_rps(r, a, c), _rps(r, b, c))}" for c in concurrency))
@@ -464,7 +489,8 @@ def run_model(name: str, a, folder: str) -> dict | None:
         print(f"  SERVERS FAILED: {type(e).__name__}: {e}")
         return None
     try:
-        r = measure(name, servers, draw, lambda f: sess.run(None, f)[0].astype(np.float64), a)
+        r = measure(name, servers, draw, lambda f: sess.run(None, f)[0].astype(np.float64), a,
+                    os.path.join(folder, f"{name}.om"))
     finally:
         codes = {label: s.stop() for label, s in servers.items()}
     print_model(name, r, a.concurrency)
@@ -498,7 +524,12 @@ def main(argv=None) -> int:
     a.rounds = a.rounds if a.rounds is not None else 1 if a.quick else 3
     a.requests = a.requests if a.requests is not None else 16 if a.quick else 48
     a.gap = a.gap if a.gap is not None else 0.0 if a.quick else 0.5
-    print(f"CPU: {os.cpu_count()} logical; OPENBLAS_CORETYPE {os.environ.get('OPENBLAS_CORETYPE', 'unset')}; "
+    import precision  # bench/precision.py: the CPU's model name and flags
+
+    cpu, flags = precision.cpu_flags()
+    shown = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_bf16", "amx_int8")
+    print(f"CPU: {cpu}, {os.cpu_count()} logical; " + " ".join(f"{f}{'+' if f in flags else '-'}" for f in shown))
+    print(f"OPENBLAS_CORETYPE {os.environ.get('OPENBLAS_CORETYPE', 'unset')}; "
           f"threads {a.threads} per engine; concurrency {','.join(map(str, a.concurrency))}; rounds {a.rounds}; "
           f"{a.requests} requests per timed run; gap {a.gap} s; ge batch: --max-batch {a.max_batch} "
           f"--max-delay-ms {a.max_delay_ms:g}")
