@@ -20,6 +20,11 @@ arena grows to the largest shape seen). For every shape the bench prints:
   that shape in a fresh process.
 
 Run: ``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/dynamic.py --threads 1``.
+
+``--symbolic-vs-static resnet18,efficientnet_b0 [--batches 1,4]`` times only what a symbolic batch
+costs: timm's CNNs at 224x224 exported with a dynamic batch against static exports at each batch,
+GE's two builds interleaved (the ratio, and whether both got the same blocked ops). It needs
+timm, which imports torchvision's Python package (its C ops may be missing: :func:`_timm`).
 """
 
 from __future__ import annotations
@@ -29,9 +34,11 @@ import io
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 
 import numpy as np
@@ -69,19 +76,28 @@ def bert_onnx(hidden: int = 384, layers: int = 4, heads: int = 6, vocab: int = 8
                     "out": {0: "batch", 1: "seq"}})
 
 
-def cnn_onnx() -> tuple[bytes, str]:
+def _timm():
+    """timm, imported past torchvision's missing C ops (their schemas defined first: its import
+    registers fake kernels for them)."""
     import torch
 
-    torch.manual_seed(0)
     try:
         torch.library.define("torchvision::nms", "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
         torch.library.define("torchvision::qnms", "(Tensor qdets, Tensor qscores, float iou_threshold) -> Tensor")
     except Exception:  # noqa: BLE001 - already defined
         pass
-    try:
-        import timm
+    import timm
 
-        net, name = timm.create_model("resnet18", pretrained=False, num_classes=100).eval(), "timm resnet18"
+    return timm
+
+
+def cnn_onnx() -> tuple[bytes, str]:
+    import torch
+
+    torch.manual_seed(0)
+    try:
+        net = _timm().create_model("resnet18", pretrained=False, num_classes=100).eval()
+        name = "timm resnet18"
     except Exception:  # noqa: BLE001 - timm missing or not importable here
         from torch import nn
 
@@ -248,6 +264,72 @@ def bench(kind: str, blob: bytes, shapes, threads: int, rounds: int, gap: float,
     return {"rows": rows}
 
 
+def timm_onnx(name: str, batch: int, dynamic: bool, side: int = 224) -> bytes:
+    """timm's ``name`` (random weights, 1000 classes) at ``side`` x ``side``, exported with a
+    dynamic batch (``dynamic_axes``) or static at ``batch``."""
+    import torch
+
+    torch.manual_seed(0)
+    net = _timm().create_model(name, pretrained=False).eval()
+    return _export(net, (torch.zeros(batch, 3, side, side),), ["x"],
+                   {"x": {0: "n"}, "out": {0: "n"}} if dynamic else None)
+
+
+def bench_symbolic_vs_static(models, batches, threads: int, rounds: int, gap: float, side: int = 224) -> dict:
+    """Each timm CNN exported once with a dynamic batch (one compiled model for every batch) and
+    once static per batch: GE's two builds interleaved at each batch, their ratio, and each
+    build's blocked ops (a symbolic batch must keep the static build's kernels)."""
+    out: dict = {}
+    print(f"\nsymbolic batch against static builds, {side}x{side}, threads={threads} (median ms, interleaved)")
+    print(f"  {'model':16s} {'batch':>5s} {'static ms':>10s} {'symbolic ms':>12s} {'sym/static':>10s} "
+          f"{'best st':>9s} {'best sym':>9s} {'best s/s':>9s} {'paired':>9s} {'|diff|':>9s}  blocked ops")
+    for name in models:
+        sym = ge_model(timm_onnx(name, 2, True, side), threads)
+        sym_ops = {k: v for k, v in sym.report["op_counts"].items() if "Conv" in k or "Pool" in k}
+        for b in batches:
+            static = ge_model(timm_onnx(name, b, False, side), threads)
+            st_ops = {k: v for k, v in static.report["op_counts"].items() if "Conv" in k or "Pool" in k}
+            feeds = {"x": np.random.default_rng(b).standard_normal((b, 3, side, side)).astype(np.float32)}
+            diff = float(np.max(np.abs(sym.run(feeds)["out"] - static.run(feeds)["out"])))
+            blocks = _blocks({"static": static.run, "symbolic": sym.run}, feeds, rounds, gap)
+            med = {k: statistics.median(v) for k, v in blocks.items()}
+            best = {k: min(v) for k, v in blocks.items()}
+            ratio, best_ratio = med["symbolic"] / med["static"], best["symbolic"] / best["static"]
+            # each round's two adjacent blocks as a pair: a load that drifts between rounds cancels
+            paired = statistics.median(a / b for a, b in zip(blocks["symbolic"], blocks["static"]))
+            same = "same" if sym_ops == st_ops else f"symbolic {sym_ops} static {st_ops}"
+            print(f"  {name:16s} {b:5d} {med['static']:10.2f} {med['symbolic']:12.2f} {ratio:10.3f} "
+                  f"{best['static']:9.2f} {best['symbolic']:9.2f} {best_ratio:9.3f} {paired:9.3f} {diff:9.1e}  "
+                  f"{same}: {sym_ops}",
+                  flush=True)
+            out[f"{name}@{b}"] = {"static_ms": med["static"], "symbolic_ms": med["symbolic"], "ratio": ratio,
+                                  "static_best_ms": best["static"], "symbolic_best_ms": best["symbolic"],
+                                  "best_ratio": best_ratio, "paired_ratio": paired, "diff": diff,
+                                  "same_ops": sym_ops == st_ops}
+    for key in ("ratio", "best_ratio", "paired_ratio"):
+        print(f"  {key.replace('_ratio', '') if key != 'ratio' else 'median'} symbolic/static: geomean "
+              f"{geomean([r[key] for r in out.values()]):.3f}, worst {max(r[key] for r in out.values()):.3f}")
+    return out
+
+
+def _blocks(runs: dict, feeds: dict, rounds: int, gap: float) -> dict[str, list[float]]:
+    """ms per call of each engine's timed blocks (3 calls each), the engines in turn, ``gap`` idle
+    seconds before each block, after two untimed runs (the median says what a run costs, the
+    best what it costs when no other process takes the core)."""
+    for fn in runs.values():
+        fn(feeds)
+        fn(feeds)
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for r in range(rounds):
+        for k, fn in (list(runs.items()) if r % 2 == 0 else list(runs.items())[::-1]):  # (order alternates)
+            time.sleep(gap)
+            t0 = time.perf_counter()
+            for _ in range(3):
+                fn(feeds)
+            times[k].append((time.perf_counter() - t0) / 3 * 1e3)
+    return times
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--peak-child":
@@ -259,7 +341,20 @@ def main(argv=None) -> int:
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-RSS child processes")
     ap.add_argument("--quick", action="store_true", help="three shapes per model")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--symbolic-vs-static", metavar="MODELS",
+                    help="only timm CNNs (e.g. resnet18,efficientnet_b0) exported with a dynamic batch against "
+                         "static exports, at --batches")
+    ap.add_argument("--batches", default="1,4", help="batches of --symbolic-vs-static (default 1,4)")
     args = ap.parse_args(argv)
+    if args.symbolic_vs_static:
+        res = {f"@{t}": bench_symbolic_vs_static(args.symbolic_vs_static.split(","),
+                                                 [int(b) for b in args.batches.split(",")], int(t), args.rounds,
+                                                 args.gap)
+               for t in args.threads.split(",")}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1)
+        return 0
     import threadpoolctl
 
     blas = [f"{i.get('internal_api')} {i.get('architecture')}" for i in threadpoolctl.threadpool_info()]

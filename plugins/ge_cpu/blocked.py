@@ -24,6 +24,11 @@ others must stay whole). Only groups of connected nodes holding at least two con
 rewritten: a lone convolution would pay two reorders for one layer. The pass runs where the
 kernels run (AVX-512F or AVX2 with FMA); the ops' kernels keep a NumPy form for an .om loaded on
 another machine.
+
+The batch may be a symbol (an export's ``dynamic_axes``, an ``--input-shape`` range): it only
+scales the kernels' outer loop, so a dynamic batch gets the static build's ops and packings; the
+channels and planes must be static. Each convolution left in NCHW is named, with why, in the
+compile report (the pass's ``stats["declined"]``).
 """
 
 from __future__ import annotations
@@ -68,12 +73,10 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
 
 
-def _static4(v: Value | None) -> tuple[int, ...] | None:
-    if v is None or v.type is None or v.type.shape is None or len(v.type.shape) != 4:
-        return None
-    if v.type.dtype is None or np.dtype(v.type.dtype) != np.float32:
-        return None
-    return tuple(v.type.shape) if all(isinstance(d, int) and d > 0 for d in v.type.shape) else None
+def _static4(v: Value | None) -> tuple | None:
+    """A float32 4-D value's shape: static channels and plane, the batch an int or a symbol (it
+    only scales the kernels' outer loop: a dynamic batch keeps the layout); else None."""
+    return conv_nchwc.static4(v.type if v is not None else None)
 
 
 def _blocked_ok(v: Value | None) -> bool:
@@ -145,30 +148,44 @@ def _explicit_pads(node: Node, k: list[int], strides: list[int], dil: list[int],
     return [*pb, *pe]
 
 
+def _is_conv(node: Node) -> bool:
+    return (node.op_type == "Conv" and node.domain in ("", "ai.onnx")) or (node.op_type == "FusedConv" and node.domain == FUSED)
+
+
 def conv_plan(node: Node, conv_algorithm: str = "auto") -> dict | None:
     """The NchwcConv attributes of a Conv/FusedConv the blocked kernels run (the conv table's
-    ``nchwc`` algorithm applies: :mod:`.kernels.conv.nchwc`), or None."""
-    if not ((node.op_type == "Conv" and node.domain in ("", "ai.onnx")) or (node.op_type == "FusedConv" and node.domain == FUSED)):
-        return None
+    ``nchwc`` algorithm applies: :mod:`.kernels.conv.nchwc`), or None (:func:`conv_decline` says why)."""
+    p = _conv_plan_or_reason(node, conv_algorithm) if _is_conv(node) else None
+    return p if isinstance(p, dict) else None
+
+
+def conv_decline(node: Node, conv_algorithm: str = "auto") -> str | None:
+    """Why the blocked kernels do not take a Conv/FusedConv (the compile report's line), None
+    when they do or it is not one."""
+    p = _conv_plan_or_reason(node, conv_algorithm) if _is_conv(node) else None
+    return p if isinstance(p, str) else None
+
+
+def _conv_plan_or_reason(node: Node, conv_algorithm: str) -> dict | str:
     if len(node.inputs) < 2 or len(node.outputs) != 1:
-        return None
+        return "not a convolution of one input, one weight and one output"
     try:
         plan = conv.ConvPlan(KernelSpec.from_node(node, None, conv_algorithm=conv_algorithm), layout=True)
-    except GEError:  # (a geometry no convolution kernel takes: the node's own kernel reports it)
-        return None
-    g = conv_nchwc.geometry(plan) if conv.applies(conv_nchwc.NAME, plan) else None
-    if g is None:
-        return None
+    except GEError as e:  # (a geometry no convolution kernel takes: the node's own kernel reports it)
+        return f"a geometry the convolution kernels do not take ({e})"
+    g = conv_nchwc.geometry_or_reason(plan)  # (the conv table's test of its nchwc algorithm, with the reason)
+    if isinstance(g, str) or not conv.applies(conv_nchwc.NAME, plan):
+        return g if isinstance(g, str) else "the conv table's nchwc algorithm does not apply"
     k, strides, dil, xs, ys = g["k"], g["strides"], g["dilations"], g["xs"], g["ys"]
     pads = _explicit_pads(node, list(k), strides, dil, xs, ys)
     if pads is None:
-        return None
+        return "its pads (auto_pad) do not give its output shape"
     epi = _epilogue(node)
     if epi is None:
-        return None
+        return f"its fused epilogue {_text(node.attrs.get('epilogue', ''))!r} is not one the blocked kernel applies"
     addend, lo, hi, act = epi
     if addend and _static4(node.inputs[3]) != ys:
-        return None
+        return "its residual addend is not of its output's shape"
     attrs: dict[str, Any] = {"kernel_shape": list(k), "strides": strides, "dilations": dil, "pads": pads,
                              "group": g["group"]}
     if lo is not None:
@@ -633,11 +650,35 @@ class _Rewrite:
                 new.name = graph.node_names.claim(old.name)
 
 
-def apply_layout(graph: Graph, min_convs: int = 2, conv_algorithm: str = "auto") -> dict[str, int]:
+def declines(graph: Graph, plans: dict[Node, Plan], keep: set[Node], min_convs: int,
+             conv_algorithm: str = "auto") -> dict[str, str]:
+    """Why each Conv/FusedConv the layout leaves in NCHW stays there, by node name (the compile
+    report's ``stats["declined"]`` of the pass: a symbolic channel dim, a grouping the kernels do
+    not take, a group too small for its reorders)."""
+    out: dict[str, str] = {}
+    group_of = {n: grp for grp in _groups(graph, plans) for n in grp}
+    for n in graph.node_list():
+        if n in keep or not _is_conv(n):
+            continue
+        grp = group_of.get(n)
+        if grp is None:
+            out[n.name] = conv_decline(n, conv_algorithm) or "the blocked kernels do not take it"
+            continue
+        convs = sum(1 for m in grp if plans[m][0] == "conv")
+        out[n.name] = (f"its connected group of {convs} convolution(s) does not pay for its {_edges(grp, plans)} "
+                       f"reorder(s) (it needs {min_convs} convolutions and 2 for each reorder)")
+    return out
+
+
+def apply_layout(graph: Graph, min_convs: int = 2, conv_algorithm: str = "auto",
+                 declined: dict[str, str] | None = None) -> dict[str, int]:
     """Rewrite ``graph``'s top level: the groups of :func:`_plan` nodes with at least
-    ``min_convs`` convolutions run in the blocked layout. Returns counts per kind."""
+    ``min_convs`` convolutions run in the blocked layout. Returns counts per kind; fills
+    ``declined`` (when given) with :func:`declines`."""
     plans = _plan_nodes(graph, conv_algorithm)
     keep = _kept(graph, plans, min_convs)
+    if declined is not None:
+        declined.update(declines(graph, plans, keep, min_convs, conv_algorithm))
     rw = _Rewrite(graph, plans, keep)
     if not keep:
         return rw.stats
@@ -680,11 +721,12 @@ def fold_channel_scales(graph: Graph) -> int:
                 break
         if full is None:
             continue
-        # the weight's copy costs one pass over C x M floats, the Mul one over C x H x W x N: fold
-        # where the plane is the larger (a 7x7 plane of 1152 channels into 320 ran 1.5x slower)
+        # the weight's copy costs one pass over C x M floats an image, the Mul one over C x H x W:
+        # fold where the plane is the larger (a 7x7 plane of 1152 channels into 320 ran 1.5x
+        # slower); per image, so any batch (a symbolic one too) folds the same
         w = conv.attrs.get("weight_shape") or (conv.inputs[1].type.shape if conv.inputs[1] is not None
                                                and conv.inputs[1].type is not None else None)
-        if w is None or not all(isinstance(d, int) for d in (ys[0], ys[2], ys[3], w[0])) or ys[0] * ys[2] * ys[3] < w[0]:
+        if w is None or not all(isinstance(d, int) for d in (ys[2], ys[3], w[0])) or ys[2] * ys[3] < w[0]:
             continue
         ins = list(conv.inputs) + [None] * (4 - len(conv.inputs))
         conv.set_input(0, full)
@@ -714,15 +756,21 @@ class NchwcLayout(Pass):
     description = "keep runs of convolutions in the blocked (N, C/16, H, W, 16) layout, reorders at the edges"
 
     def run(self, graph: Graph, ctx: PassContext) -> PassResult:
-        if ctx.options.soc_version != "cpu" or not nchwc.available():
+        if ctx.options.soc_version != "cpu":
             return PassResult(False)
+        if not nchwc.available():
+            return PassResult(False, {"skipped": "the blocked kernels need AVX-512F, or AVX2 with FMA"})
         try:
             algorithm = conv_algorithm_option(ctx.options)
         except OptionError:  # (the program's build reports it as the option's error, not this pass's)
             algorithm = "auto"
-        stats = apply_layout(graph, int(ctx.params.get("min_convs", self.params["min_convs"])), algorithm)
+        declined: dict[str, str] = {}  # (a convolution left in NCHW: why, in the report)
+        stats: dict[str, Any] = apply_layout(graph, int(ctx.params.get("min_convs", self.params["min_convs"])),
+                                             algorithm, declined)
         stats["scales_folded"] = fold_channel_scales(graph)
-        return PassResult(any(stats.values()), {k: v for k, v in stats.items() if v})
+        changed = any(stats.values())
+        stats["declined"] = declined
+        return PassResult(changed, {k: v for k, v in stats.items() if v})
 
 
 # ------------------------------------------------------------------------------------------------

@@ -528,12 +528,14 @@ def _conv_kernel(spec: KernelSpec, w_shape, geometry, bias, has_b: bool, clip, a
     k, s, d, pads = geometry
     m = int(w_shape[0])
     q = Quantisation(spec, m)
+    from .kernels.nchwc import out_shape
+
     odt = np.dtype(spec.outputs[0].dtype or np.float32)
     if odt == np.uint8 and q.out_quant is None:
         raise refuse(spec, "a uint8 output needs out_scale")
 
     def kernel(x, w_in=None, b_in=None, z=None, sc=None, out=None):
-        y = out[0] if out is not None else np.empty(spec.outputs[0].shape, odt)
+        y = out[0] if out is not None else np.empty(out_shape(spec, x), odt)  # (the batch may be a symbol)
         bv = bias if bias is not None else (None if not has_b or b_in is None else np.asarray(b_in, np.float32).reshape(-1))
         if bv is not None:
             bv = np.ascontiguousarray(bv, np.float32)

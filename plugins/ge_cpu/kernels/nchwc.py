@@ -39,13 +39,17 @@ def _geometry(spec: KernelSpec, kernel_shape=None):
     return k, _ints(spec, "strides", 2, 1), _ints(spec, "dilations", 2, 1), _ints(spec, "pads", 4, 0)
 
 
-def _out(spec: KernelSpec, out):
-    if out is not None:
-        return out[0]
-    shape = spec.outputs[0].shape
-    if shape is None or not all(isinstance(d, int) for d in shape):
-        raise _refuse(spec, "needs a static output shape")
-    return np.empty(shape, np.float32)
+def out_shape(spec: KernelSpec, x: np.ndarray) -> tuple[int, ...]:
+    """A blocked op's output shape at run time: its planned one, the batch (a symbol where the
+    model was compiled with a dynamic batch) the input array ``x``'s."""
+    shape = spec.outputs[0].shape if spec.outputs else None
+    if shape is None or not shape or not all(isinstance(d, int) for d in shape[1:]) or getattr(x, "ndim", 0) < 1:
+        raise _refuse(spec, "needs an output shape static but for the batch")
+    return (shape[0] if isinstance(shape[0], int) else int(x.shape[0]), *shape[1:])
+
+
+def _out(spec: KernelSpec, out, x: np.ndarray):
+    return out[0] if out is not None else np.empty(out_shape(spec, x), np.float32)
 
 
 def _unblock(x5: np.ndarray, c: int) -> np.ndarray:
@@ -291,7 +295,7 @@ def conv_factory(spec: KernelSpec):
         return ws
 
     def kernel(x, w_in=None, b_in=None, z=None, sc=None, out=None):
-        y = _out(spec, out)
+        y = _out(spec, out, x)
         if plain:
             x = np.ascontiguousarray(x, np.float32)
         wpk_run = None  # a packed weight computed at run time (unpacked only for the NumPy form)
@@ -470,7 +474,7 @@ def reorder_input_factory(spec: KernelSpec):
     """NchwcReorderInput(x): NCHW to blocked (the channels past C zeros)."""
 
     def kernel(x, out=None):
-        y = _out(spec, out)
+        y = _out(spec, out, x)
         x = np.ascontiguousarray(x, np.float32)
         if not nchwc.to_blocked(x, y, parallel.native_width()):
             _block(x, y)
@@ -483,7 +487,7 @@ def reorder_output_factory(spec: KernelSpec):
     """NchwcReorderOutput(x5, channels=C): blocked to NCHW."""
 
     def kernel(x, out=None):
-        y = _out(spec, out)
+        y = _out(spec, out, x)
         if not nchwc.from_blocked(x, y, parallel.native_width()):
             y[...] = _unblock(x, y.shape[1])
         return (y,)
@@ -509,7 +513,7 @@ def _pool_factory(kind_of):
             _block(r.astype(np.float32), y)
 
         def kernel(x, out=None):
-            y = _out(spec, out)
+            y = _out(spec, out, x)
             if not nchwc.pool(x, y, kind, k, s, d, pads[:2], parallel.native_width()):
                 numpy_pool(x, y)
             return (y,)
@@ -527,7 +531,7 @@ def global_avgpool_factory(spec: KernelSpec):
     """NchwcGlobalAveragePool(x5) -> (N, C, 1, 1) in NCHW."""
 
     def kernel(x, out=None):
-        y = _out(spec, out)
+        y = _out(spec, out, x)
         n, c = y.shape[:2]
         full = np.empty((n, x.shape[1] * nchwc.BLOCK), np.float32)
         if not nchwc.global_average(x, full, parallel.native_width()):
@@ -555,7 +559,7 @@ def groupnorm_factory(spec: KernelSpec):
         _block((np.maximum(r, 0.0) if relu else r).astype(np.float32), y)
 
     def kernel(x, sc, bi, out=None):
-        y = _out(spec, out)
+        y = _out(spec, out, x)
         scv = np.ascontiguousarray(sc, np.float32).reshape(-1)
         biv = np.ascontiguousarray(bi, np.float32).reshape(-1)
         if x.ndim != 5 or scv.size != x.shape[1] * nchwc.BLOCK or biv.size != scv.size or (x.shape[1] * nchwc.BLOCK) % gs:

@@ -18,6 +18,7 @@ from ge_native import bf16, nchwc, parallel
 from ge_sdk import precision
 
 from ..reduced import bf16_unit, unpack_bf16, widened_why
+from .nchwc import out_shape
 
 BLOCK = nchwc.BLOCK
 
@@ -115,7 +116,7 @@ def bf16_conv_kernel(spec: KernelSpec, wpk, w_shape, cb: int, geometry, bias, ha
             (nchwc.conv, nchwc.pack_weights(weight(), in_blocks=cb))
 
     def kernel(x, w_in=None, b_in=None, z=None, sc=None, out=None):
-        y = out[0] if out is not None else np.empty(spec.outputs[0].shape, np.float32)
+        y = out[0] if out is not None else np.empty(out_shape(spec, x), np.float32)  # (the batch may be a symbol)
         bv = bias if bias is not None else (None if not has_b or b_in is None else np.asarray(b_in, np.float32).reshape(-1))
         if bv is not None and bv.shape != (m,):
             raise ValueError(f"{spec.describe()}: a bias of shape {bv.shape} for {m} channels")

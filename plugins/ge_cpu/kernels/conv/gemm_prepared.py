@@ -14,9 +14,9 @@ NAME = "gemm_prepared"
 
 
 def prepare(plan: ConvPlan):
-    """``(input shape, output shape, Conv2d)`` or None."""
+    """``(input shape, output shape, Conv2d)`` or None (the batch may be a symbol: the call runs an image at a time)."""
     w_rows, w, xs = packed.rows(plan), plan.w_const, plan.x_shape
-    if w_rows is None or w is None or plan.nd != 2 or not plan.static_x or xs[1] != w.shape[1] * plan.group \
+    if w_rows is None or w is None or plan.nd != 2 or not plan.batch_free_x or xs[1] != w.shape[1] * plan.group \
             or not plan.bias_static:
         return None
     k2 = tuple(int(v) for v in w.shape[2:])
@@ -41,7 +41,7 @@ def run(plan: ConvPlan, fast, x, w, out, epi):
     """The prepared call into the planned output; None when it does not take this call."""
     if not plan.takes_prepared(fast, x, w):
         return None
-    shape, call = fast[1], fast[2]
+    shape, call = plan.batch_shape(fast[1], x), fast[2]
     fits, clip, z3, act = epilogue_args(None, shape, epi)  # (the bias is the call's own)
     if fits is False:
         return None

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ge_core.ir.symbolic import SymExpr
 from ge_core.kernel import KernelSpec
 
 from .. import _util as util
@@ -79,6 +80,19 @@ class ConvPlan:
         return len(self.x_shape) == 4 and all(isinstance(v, int) and v > 0 for v in self.x_shape)
 
     @property
+    def batch_free_x(self) -> bool:
+        """A 4-D input shape static but for its batch, which may be a symbol (a dynamic-batch
+        export): a call prepared per image runs any batch the same (:meth:`batch_shape`)."""
+        xs = self.x_shape
+        return len(xs) == 4 and all(isinstance(v, int) and v > 0 for v in xs[1:]) \
+            and (isinstance(xs[0], (str, SymExpr)) or (isinstance(xs[0], int) and xs[0] > 0))
+
+    @staticmethod
+    def batch_shape(shape: tuple, x: np.ndarray) -> tuple:
+        """A prepared shape at a call's batch (``x``'s) where the prepared one's is a symbol."""
+        return shape if isinstance(shape[0], int) else (int(x.shape[0]), *shape[1:])
+
+    @property
     def bias_static(self) -> bool:
         """The bias is a constant, or there is none."""
         return self.b_const is not None or not self.has_bias
@@ -132,8 +146,8 @@ class ConvPlan:
     def takes_prepared(self, prepared: Any, x: np.ndarray, w: np.ndarray) -> bool:
         """Whether a call's operands are the ones a prepared call (``(input shape, ...)``, made
         from the constant weight) was made for: that weight, that float32 C-order input."""
-        return (prepared is not None and w is self.w_const and x.shape == prepared[0] and x.dtype == np.float32
-                and x.flags.c_contiguous)
+        return (prepared is not None and w is self.w_const and x.shape == self.batch_shape(prepared[0], x)
+                and x.dtype == np.float32 and x.flags.c_contiguous)
 
     def state(self, name: str, prepare: Callable[[ConvPlan], Any]) -> Any:
         """``prepare(self)``, once: the build-time state of algorithm ``name`` (None: none)."""
