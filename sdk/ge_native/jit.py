@@ -1,7 +1,7 @@
 """numba for plugins' compiled loops, with an off switch.
 
-Plugins that compile loops with numba (ge_fusion's fused groups, the cpu backend's window and
-recurrent loops) keep a NumPy path for when numba is missing and give users an environment
+Plugins that compile loops with numba (ge_fusion's fused groups, the cpu backend's window
+loops) keep a NumPy path for when numba is missing and give users an environment
 variable to turn the loops off. :func:`numba_if_enabled` is that decision, in one place.
 """
 

@@ -237,16 +237,14 @@ def test_hidden_size_inferred_and_defaults():
 @pytest.mark.parametrize("op,extra", [("LSTM", {}), ("LSTM", {"input_forget": 1}), ("GRU", {}),
                                       ("GRU", {"linear_before_reset": 1}), ("RNN", {})])
 def test_fused_and_numpy_paths_agree(monkeypatch, op, extra):
-    """The compiled step loops and the NumPy path (GE_CPU_JIT=0) give the same results."""
+    """The native recurrence and the NumPy path (GE_NATIVE_RECURRENT=0) give the same results."""
     from ge_core.ir.types import TensorType
-    from ge_cpu.kernels import recurrent
 
     ins = _inputs(op, 2, seq="mixed", batch=6, hidden=7)
     attrs = {"hidden_size": 7, "direction": "bidirectional", "clip": 0.9, **extra}
     outs = [TensorType(np.float32, None)] * N_OUT[op]
     jit = run_kernel(op, ins, attrs, 14, outs, const=(1, 2, 3))
-    monkeypatch.setenv("GE_CPU_JIT", "0")
-    monkeypatch.setattr(recurrent, "_jit", {})
+    monkeypatch.setenv("GE_NATIVE_RECURRENT", "0")
     plain = run_kernel(op, ins, attrs, 14, outs, const=(1, 2, 3))
     assert len(jit) == len(plain) == N_OUT[op]
     for a, b in zip(jit, plain):
@@ -309,13 +307,13 @@ def test_native_in_ge_ops():
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
 def test_kernels_name_their_variant(monkeypatch, op):
-    """The report's variant: the compiled (numba) step loops, or NumPy with GE_CPU_JIT=0."""
+    """The report's variant: the native recurrence's, or NumPy with GE_NATIVE_RECURRENT=0."""
     from ge_core.ir.types import TensorType
-    from ge_cpu.kernels import recurrent
+    from ge_native import recurrent
 
     ins = _inputs(op, 1)
     outs = [TensorType(np.float32, None)] * N_OUT[op]
     kernel = build_kernel(op, ins, {"hidden_size": H}, 14, outs, const=(1, 2, 3))
-    assert caps(kernel).variant == ("numba" if recurrent.jit_available() else "numpy")
-    monkeypatch.setenv("GE_CPU_JIT", "0")
+    assert caps(kernel).variant == (recurrent.isa() or "numpy")
+    monkeypatch.setenv("GE_NATIVE_RECURRENT", "0")
     assert caps(build_kernel(op, ins, {"hidden_size": H}, 14, outs, const=(1, 2, 3))).variant == "numpy"

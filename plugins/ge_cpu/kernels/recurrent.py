@@ -6,17 +6,16 @@ Strategy (per call, all directions at once):
    direction reads it) times ``W^T`` plus the folded biases is one batched GEMM over all
    ``seq_length * batch`` rows; a column of ones appended to ``X`` carries the bias row of the
    packed weights, so the GEMM adds the biases for free;
-2. **one small GEMM per step** (GRU: one for the z/r gates, one for the candidate):
-   ``H_{t-1} R^T`` plus that step's input projection, for both directions in one call of a
-   compiled (numba) loop that reads ``R`` in its ONNX layout (np.matmul on ``R^T`` without
-   numba or with ``GE_CPU_JIT=0``), into a preallocated gate buffer; then a handful of in-place
-   NumPy ufuncs over the whole ``(num_directions, batch, gates * hidden)`` block (for an LSTM
-   with the default activations and no peepholes: one ``tanh`` over the gate block and two
-   compiled loops for the cell and hidden updates; likewise for a default GRU).
+2. **the recurrence**: for float32, every step of every direction in one native call
+   (:mod:`ge_native.recurrent`: per step a small GEMM ``H_{t-1} R^T`` plus the step's input
+   projection, on ``R`` packed once into panels, fused with the gates: activations, clip,
+   peepholes, ``input_forget``, ``linear_before_reset``; a task is one direction, so the bits do
+   not depend on the thread count). Otherwise (float64, or ``GE_NATIVE_RECURRENT=0``) the NumPy
+   form: ``np.matmul`` per step and in-place ufuncs over the ``(num_directions, batch, gates *
+   hidden)`` block, with sigmoid gates evaluated as ``0.5 * tanh(x / 2) + 0.5`` (the ``1/2``
+   folded into the packed weights, biases, peepholes and clip bounds at build time).
 
-Sigmoid gates are evaluated as ``0.5 * tanh(x / 2) + 0.5``; the ``1/2`` is folded into the
-packed weights, biases, peepholes and clip bounds at build time, so a default LSTM step runs a
-single ``tanh`` over all four gates. The reverse direction reads ``X`` reversed within each
+The reverse direction reads ``X`` reversed within each
 batch entry's ``sequence_lens`` (a gather done once, on the small input), so both directions
 run the same forward recurrence; a batch entry whose sequence has ended keeps its state
 (``Y`` is zero there, as onnxruntime does; a zero-length sequence gives zero final states).
@@ -27,7 +26,6 @@ own type. Packed weights are prepared once when ``W``/``R``/``B``/``P`` are cons
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,7 +33,9 @@ import numpy as np
 
 from ge_core.errors import ExecutionError
 from ge_core.kernel import KernelSpec, with_caps
-from ge_native.jit import numba_if_enabled
+from ge_native import parallel, sgemm
+from ge_native import recurrent as native_rec
+from ge_native.jit import enabled as switch_on
 
 from ._util import as_str, const_input, has_input, in_dtype, kernel_table, unsupported
 
@@ -207,296 +207,16 @@ def _pre_vector(acts: list[list[_Act]], gate_acts: Sequence[int], hidden: int, d
     return v
 
 
-# ------------------------------------------------------------------------------------------------
-# the per-step GEMM: H_{t-1} R^T (+ the step's input projection)
-#
-# A BLAS GEMM with a handful of rows (the batch) repacks the whole of R on every call, which
-# costs as much as the arithmetic; the compiled loop below reads R in its ONNX layout (one row
-# per gate unit, contiguous over the hidden size) and computes 4 gate units x 4 batch rows per
-# tile as dot products, so R streams through once per step and the accumulators stay in
-# registers. It also adds the input projection of the step, saving a pass. Without numba (or
-# with GE_CPU_JIT=0) np.matmul on R^T does the same.
-
-_jit_lock = threading.Lock()
-_jit: dict[str, Any] = {}
-_numba: Any = None
-
-
-def jit_available() -> bool:
-    """True when numba imports and ``GE_CPU_JIT`` does not turn compiled loops off."""
-    global _numba
-    _numba = numba_if_enabled("GE_CPU_JIT")
-    return _numba is not None
-
-
-def _compiled(key: str, dt: np.dtype, build: Callable[[Any, Any], Any]):
-    """The compiled loop(s) ``build(numba.types, scalar type of dt)`` returns for ``dt``
-    (float32/float64), compiled once per process under ``key``; None when numba is missing,
-    turned off (``GE_CPU_JIT=0``) or refusing (the NumPy path runs instead)."""
-    fn = _jit.get(key)
-    if fn is not None:
-        return fn or None
-    if dt.name not in ("float32", "float64") or not jit_available():
-        return None
-    nt = _numba.types
-    try:
-        fn = build(nt, getattr(nt, dt.name))
-    except Exception:  # noqa: BLE001 - numba refusing: the NumPy path runs instead
-        fn = False
-    with _jit_lock:
-        _jit[key] = fn
-    return fn or None
-
-
-def _step_gemm_py(h, rr, xw, s, xoff, add, out):  # pragma: no cover - runs compiled
-    """out[d, b, n] = sum_k h[d, b, k] * rr[d, n, k] (+ xw[d, s, b, xoff + n] when ``add``).
-
-    Tiles of 4 gate units x 4 batch rows (16 accumulators, vectorised over k); the batch rows
-    left over run 4 units x 1 row, the units left over one at a time."""
-    nd, nb, nk = h.shape
-    nn = rr.shape[1]
-    z = out.dtype.type(0)
-    nb4 = nb - nb % 4
-    nn4 = nn - nn % 4
-    for d in range(nd):
-        hd = h[d]
-        rd = rr[d]
-        od = out[d]
-        xd = xw[d, s]
-        for n in range(0, nn4, 4):
-            r0 = rd[n]
-            r1 = rd[n + 1]
-            r2 = rd[n + 2]
-            r3 = rd[n + 3]
-            for b in range(0, nb4, 4):
-                h0 = hd[b]
-                h1 = hd[b + 1]
-                h2 = hd[b + 2]
-                h3 = hd[b + 3]
-                a00 = a01 = a02 = a03 = z
-                a10 = a11 = a12 = a13 = z
-                a20 = a21 = a22 = a23 = z
-                a30 = a31 = a32 = a33 = z
-                for k in range(nk):
-                    y0 = r0[k]
-                    y1 = r1[k]
-                    y2 = r2[k]
-                    y3 = r3[k]
-                    x0 = h0[k]
-                    a00 += x0 * y0
-                    a01 += x0 * y1
-                    a02 += x0 * y2
-                    a03 += x0 * y3
-                    x1 = h1[k]
-                    a10 += x1 * y0
-                    a11 += x1 * y1
-                    a12 += x1 * y2
-                    a13 += x1 * y3
-                    x2 = h2[k]
-                    a20 += x2 * y0
-                    a21 += x2 * y1
-                    a22 += x2 * y2
-                    a23 += x2 * y3
-                    x3 = h3[k]
-                    a30 += x3 * y0
-                    a31 += x3 * y1
-                    a32 += x3 * y2
-                    a33 += x3 * y3
-                if add:
-                    j = xoff + n
-                    a00 += xd[b, j]
-                    a01 += xd[b, j + 1]
-                    a02 += xd[b, j + 2]
-                    a03 += xd[b, j + 3]
-                    a10 += xd[b + 1, j]
-                    a11 += xd[b + 1, j + 1]
-                    a12 += xd[b + 1, j + 2]
-                    a13 += xd[b + 1, j + 3]
-                    a20 += xd[b + 2, j]
-                    a21 += xd[b + 2, j + 1]
-                    a22 += xd[b + 2, j + 2]
-                    a23 += xd[b + 2, j + 3]
-                    a30 += xd[b + 3, j]
-                    a31 += xd[b + 3, j + 1]
-                    a32 += xd[b + 3, j + 2]
-                    a33 += xd[b + 3, j + 3]
-                od[b, n] = a00
-                od[b, n + 1] = a01
-                od[b, n + 2] = a02
-                od[b, n + 3] = a03
-                od[b + 1, n] = a10
-                od[b + 1, n + 1] = a11
-                od[b + 1, n + 2] = a12
-                od[b + 1, n + 3] = a13
-                od[b + 2, n] = a20
-                od[b + 2, n + 1] = a21
-                od[b + 2, n + 2] = a22
-                od[b + 2, n + 3] = a23
-                od[b + 3, n] = a30
-                od[b + 3, n + 1] = a31
-                od[b + 3, n + 2] = a32
-                od[b + 3, n + 3] = a33
-            for b in range(nb4, nb):
-                h0 = hd[b]
-                a00 = a01 = a02 = a03 = z
-                for k in range(nk):
-                    x0 = h0[k]
-                    a00 += x0 * r0[k]
-                    a01 += x0 * r1[k]
-                    a02 += x0 * r2[k]
-                    a03 += x0 * r3[k]
-                if add:
-                    j = xoff + n
-                    a00 += xd[b, j]
-                    a01 += xd[b, j + 1]
-                    a02 += xd[b, j + 2]
-                    a03 += xd[b, j + 3]
-                od[b, n] = a00
-                od[b, n + 1] = a01
-                od[b, n + 2] = a02
-                od[b, n + 3] = a03
-        for n in range(nn4, nn):
-            r0 = rd[n]
-            for b in range(nb):
-                h0 = hd[b]
-                a00 = z
-                for k in range(nk):
-                    a00 += h0[k] * r0[k]
-                if add:
-                    a00 += xd[b, xoff + n]
-                od[b, n] = a00
-
-
-def _step_gemm(dt: np.dtype):
-    """The compiled step GEMM for ``dt`` (float32/float64), or None (numba missing/refusing)."""
-
-    def build(nt, sc):
-        ro3 = nt.Array(sc, 3, "C", readonly=True)
-        sig = nt.void(ro3, ro3, nt.Array(sc, 4, "C", readonly=True), nt.int64, nt.int64, nt.boolean,
-                      nt.Array(sc, 3, "C"))
-        # reassoc: the dot products are reductions, which vectorise only when the sum may be
-        # reordered (as a BLAS GEMM reorders it); contract: multiply-adds become FMAs. NaN and
-        # infinity keep their IEEE meaning (no nnan/ninf).
-        return _numba.njit(sig, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})(_step_gemm_py)
-
-    return _compiled(dt.name, dt, build)
-
-
-def _lstm_cell_py(g, c, input_forget):  # pragma: no cover - runs compiled
-    """C = f * C + i * c~ from the tanh'ed gate block (i, o, f as tanh(x/2): sigmoid = t/2 + 1/2)."""
-    nd, nb, gh = g.shape
-    hid = gh // 4
-    half = c.dtype.type(0.5)
-    one = c.dtype.type(1)
-    for d in range(nd):
-        for b in range(nb):
-            gr = g[d, b]
-            cr = c[d, b]
-            for j in range(hid):
-                i = gr[j] * half + half
-                f = one - i if input_forget else gr[2 * hid + j] * half + half
-                cr[j] = f * cr[j] + i * gr[3 * hid + j]
-
-
-def _lstm_hidden_py(g, t, h):  # pragma: no cover - runs compiled
-    """H = o * tanh(C), with ``t`` = tanh(C) and o from the tanh'ed gate block."""
-    nd, nb, gh = g.shape
-    hid = gh // 4
-    half = h.dtype.type(0.5)
-    for d in range(nd):
-        for b in range(nb):
-            gr = g[d, b]
-            tr = t[d, b]
-            hr = h[d, b]
-            for j in range(hid):
-                hr[j] = (gr[hid + j] * half + half) * tr[j]
-
-
-def _lstm_gates(dt: np.dtype):
-    """Compiled (cell, hidden) loops of the default-activation LSTM step, or None."""
-
-    def build(nt, sc):
-        ro3 = nt.Array(sc, 3, "C", readonly=True)
-        rw3 = nt.Array(sc, 3, "C")
-        opts = {"nogil": True, "error_model": "numpy", "fastmath": {"contract"}}
-        return (_numba.njit(nt.void(ro3, rw3, nt.boolean), **opts)(_lstm_cell_py),
-                _numba.njit(nt.void(ro3, ro3, rw3), **opts)(_lstm_hidden_py))
-
-    return _compiled("lstm-gates-" + dt.name, dt, build)
-
-
-def _gru_reset_py(zr, h, rh):  # pragma: no cover - runs compiled
-    """rh = r * H, r from the tanh'ed z/r block (sigmoid = t/2 + 1/2)."""
-    nd, nb, hid = h.shape
-    half = h.dtype.type(0.5)
-    for d in range(nd):
-        for b in range(nb):
-            zrr = zr[d, b]
-            hr = h[d, b]
-            out = rh[d, b]
-            for j in range(hid):
-                out[j] = (zrr[hid + j] * half + half) * hr[j]
-
-
-def _gru_candidate_py(zr, ghh, rbh, xw, s):  # pragma: no cover - runs compiled
-    """ghh = r * (H R_h^T + Rb_h) + x W_h^T + Wb_h (linear_before_reset), before g()."""
-    nd, nb, hid = ghh.shape
-    half = ghh.dtype.type(0.5)
-    for d in range(nd):
-        rb = rbh[d, 0]
-        for b in range(nb):
-            zrr = zr[d, b]
-            gr = ghh[d, b]
-            xr = xw[d, s, b]
-            for j in range(hid):
-                gr[j] = (zrr[hid + j] * half + half) * (gr[j] + rb[j]) + xr[2 * hid + j]
-
-
-def _gru_combine_py(zr, hh, h, hn):  # pragma: no cover - runs compiled
-    """H_t = hh + z * (H_{t-1} - hh), z from the tanh'ed z/r block."""
-    nd, nb, hid = h.shape
-    half = h.dtype.type(0.5)
-    for d in range(nd):
-        for b in range(nb):
-            zrr = zr[d, b]
-            hhr = hh[d, b]
-            hr = h[d, b]
-            out = hn[d, b]
-            for j in range(hid):
-                z = zrr[j] * half + half
-                out[j] = hhr[j] + z * (hr[j] - hhr[j])
-
-
-def _gru_gates(dt: np.dtype):
-    """Compiled (reset, candidate, combine) loops of the default-activation GRU step, or None."""
-
-    def build(nt, sc):
-        ro3 = nt.Array(sc, 3, "C", readonly=True)
-        rw3 = nt.Array(sc, 3, "C")
-        ro4 = nt.Array(sc, 4, "C", readonly=True)
-        opts = {"nogil": True, "error_model": "numpy", "fastmath": {"contract"}}
-        return (_numba.njit(nt.void(ro3, ro3, rw3), **opts)(_gru_reset_py),
-                _numba.njit(nt.void(ro3, rw3, ro3, ro4, nt.int64), **opts)(_gru_candidate_py),
-                _numba.njit(nt.void(ro3, ro3, ro3, rw3), **opts)(_gru_combine_py))
-
-    return _compiled("gru-gates-" + dt.name, dt, build)
-
-
 class _Rec:
-    """One recurrent weight block: ``R`` rows (nd, N, H) for the compiled loop, or ``R^T``
-    (nd, H, N) for np.matmul."""
+    """One recurrent weight block of the NumPy form: ``R^T`` (nd, H, N) for np.matmul."""
 
-    __slots__ = ("w", "fn")
+    __slots__ = ("w",)
 
-    def __init__(self, rows: np.ndarray, fn) -> None:
-        self.fn = fn
-        self.w = np.ascontiguousarray(rows) if fn is not None else np.ascontiguousarray(rows.transpose(0, 2, 1))
+    def __init__(self, rows: np.ndarray) -> None:
+        self.w = np.ascontiguousarray(rows.transpose(0, 2, 1))
 
     def __call__(self, h: np.ndarray, xw: np.ndarray, s: int, xoff: int, add: bool, out: np.ndarray) -> None:
         """out = h R^T (+ xw[:, s, :, xoff:xoff + N] when ``add``)."""
-        if self.fn is not None:
-            self.fn(h, self.w, xw, s, xoff, add, out)
-            return
         np.matmul(h, self.w, out=out)
         if add:
             out += xw[:, s, :, xoff:xoff + out.shape[2]]
@@ -504,13 +224,19 @@ class _Rec:
 
 class _Prepared:
     """Packed weights of one call: ``wx`` (nd, I+1, G*H) with the bias row last, the recurrent
-    blocks (GRU: the z/r block and the h block apart), peepholes and GRU's Rbh."""
+    blocks (GRU: the z/r block and the h block apart), peepholes and GRU's Rbh. The native form
+    (``rp`` set) has ``wx``'s columns in :func:`ge_native.recurrent.layout`'s padded order, ``rp``
+    the packed ``R`` panels, ``peep`` (nd, 3, H) and ``rbh`` (nd, H) unscaled, always set."""
 
-    __slots__ = ("wx", "rec", "rec_h", "rbh", "peep", "hidden", "input_size")
+    __slots__ = ("wx", "rec", "rec_h", "rbh", "peep", "hidden", "input_size", "rp", "has_peep", "wpanels", "wbias")
 
     def __init__(self) -> None:
         self.wx: np.ndarray
-        self.rec: _Rec
+        self.rec: _Rec | None = None
+        self.rp: np.ndarray | None = None
+        self.has_peep = False
+        self.wpanels: list[sgemm.Panels] | None = None  # W^T per direction for GE's GEMM (native form)
+        self.wbias: np.ndarray
         self.rec_h: _Rec | None = None
         self.rbh: np.ndarray | None = None
         self.peep: np.ndarray | None = None
@@ -547,7 +273,7 @@ class _Config:
     """A node's attributes, read and checked once when its kernel is built."""
 
     __slots__ = ("op", "spec", "n_gates", "direction", "nd", "layout", "clip", "input_forget", "lbr", "hidden_attr",
-                 "acts", "groups", "cdt", "odt", "n_out", "want", "gate_acts", "fast_lstm", "clip_cache")
+                 "acts", "groups", "cdt", "odt", "n_out", "want", "gate_acts", "fast_lstm", "clip_cache", "native")
 
     def __init__(self, op: str, spec: KernelSpec) -> None:
         self.op = op
@@ -573,6 +299,8 @@ class _Config:
         self.acts = _parse_acts(spec, op, self.nd)
         self.groups = _Groups(self.acts)
         self.cdt, self.odt = _compute_dtype(spec)
+        # GE_NATIVE_RECURRENT=0 (read per node: the module, once built, stays loaded) -> NumPy
+        self.native = self.cdt == np.float32 and switch_on("GE_NATIVE_RECURRENT") and native_rec.available()
         self.n_out = spec.num_outputs
         if self.n_out > (3 if op == "LSTM" else 2):
             raise unsupported(spec, f"{self.n_out} outputs")
@@ -637,6 +365,8 @@ def _prepare(cfg: _Config, w, r, b, p) -> _Prepared:
     nd, cdt, op = cfg.nd, cfg.cdt, cfg.op
     gh = cfg.n_gates * hidden
     isz = w.shape[2]
+    if cfg.native:
+        return _prepare_native(cfg, w, r, b, p, hidden)
     pre = _pre_vector(cfg.acts, cfg.gate_acts, hidden, cdt)  # (nd, gh)
     pp = _Prepared()
     pp.hidden, pp.input_size = hidden, isz
@@ -655,36 +385,81 @@ def _prepare(cfg: _Config, w, r, b, p) -> _Prepared:
     wx[:, isz, :] = bias
     wx *= pre[:, None, :]
     rows = r.astype(cdt) * pre[:, :, None]  # (nd, gh, hidden), ONNX layout
-    fn = _step_gemm(cdt)
     if op == "GRU":
-        pp.rec = _Rec(rows[:, :2 * hidden], fn)
-        pp.rec_h = _Rec(rows[:, 2 * hidden:], fn)
+        pp.rec = _Rec(rows[:, :2 * hidden])
+        pp.rec_h = _Rec(rows[:, 2 * hidden:])
     else:
-        pp.rec = _Rec(rows, fn)
+        pp.rec = _Rec(rows)
     pp.wx = wx
     if op == "LSTM" and p is not None:
         pp.peep = _peepholes(cfg, p, pre, hidden)
     return pp
 
 
+def _prepare_native(cfg: _Config, w: np.ndarray, r: np.ndarray, b, p, hidden: int) -> _Prepared:
+    """:func:`_prepare` for :mod:`ge_native.recurrent`: nothing prescaled, the gate columns in its
+    padded layout, ``R`` packed into its panels."""
+    nd, op, gh, isz = cfg.nd, cfg.op, cfg.n_gates * hidden, w.shape[2]
+    f32 = np.float32
+    pp = _Prepared()
+    pp.hidden, pp.input_size = hidden, isz
+    if b is not None and np.asarray(b).shape != (nd, 2 * gh):
+        raise ExecutionError(f"{cfg.spec.describe()}: B has shape {list(np.asarray(b).shape)}, expected "
+                             f"{[nd, 2 * gh]}", hint="check the bias")
+    ba = np.zeros((nd, 2 * gh), f32) if b is None else np.asarray(b).astype(f32)
+    bias = ba[:, :gh] + ba[:, gh:]
+    pp.rbh = np.zeros((nd, hidden), f32)
+    if op == "GRU" and cfg.lbr:
+        bias[:, 2 * hidden:] = ba[:, 2 * hidden:gh]  # Rb_h stays inside r * (H R_h^T + Rb_h)
+        pp.rbh = np.ascontiguousarray(ba[:, gh + 2 * hidden:])
+    wx = np.empty((nd, isz + 1, gh), f32)
+    wx[:, :isz, :] = w.transpose(0, 2, 1)
+    wx[:, isz, :] = bias
+    pp.wx = native_rec.pad_columns(op, wx, hidden)
+    pp.rp = native_rec.pack(op, r)
+    if sgemm.available():
+        pp.wpanels = [sgemm.Panels(np.ascontiguousarray(pp.wx[d, :isz])) for d in range(nd)]
+        pp.wbias = np.ascontiguousarray(pp.wx[:, isz])
+    pp.peep = np.zeros((nd, 3, hidden), f32)
+    if op == "LSTM" and p is not None:
+        pa = np.asarray(p).astype(f32)
+        if pa.shape != (nd, 3 * hidden):
+            raise ExecutionError(f"{cfg.spec.describe()}: P has shape {list(pa.shape)}, expected "
+                                 f"{[nd, 3 * hidden]}", hint="check the peepholes")
+        pp.peep = np.ascontiguousarray(pa.reshape(nd, 3, hidden))  # (i, o, f), as the C reads them
+        pp.has_peep = bool(np.any(pa))
+    return pp
+
+
+def _read_order(cfg: _Config, xs: np.ndarray, lens: np.ndarray | None, d: int) -> np.ndarray:
+    """``X`` (steps, batch, input) in the order direction ``d`` reads it (a view or a gather)."""
+    if not (cfg.direction == "reverse" or d == 1):
+        return xs
+    if lens is None:
+        return xs[::-1]
+    steps, batch, _ = xs.shape
+    return xs[_reverse_index(lens, steps, batch), np.arange(batch)[None, :]]
+
+
 def _project(cfg: _Config, xs: np.ndarray, lens: np.ndarray | None, pp: _Prepared) -> np.ndarray:
     """Step 1: the input projection of every step, both directions (each in the order it reads
-    ``X``), with the biases: one batched GEMM; (nd, steps, batch, gates * hidden)."""
+    ``X``), with the biases: one batched GEMM (GE's packed GEMM per direction, the biases added
+    at its store, where the native form has it); (nd, steps, batch, gates * hidden)."""
     nd = cfg.nd
     steps, batch, isz = xs.shape
+    gh = pp.wx.shape[2]
+    if pp.wpanels is not None:
+        xw = np.empty((nd, steps * batch, gh), np.float32)
+        for d in range(nd):
+            a = np.ascontiguousarray(_read_order(cfg, xs, lens, d), np.float32).reshape(steps * batch, isz)
+            if not sgemm.matmul_packed(a, pp.wpanels[d], xw[d], bias=pp.wbias[d], width=parallel.native_width()):
+                np.add(np.matmul(a, pp.wx[d, :isz]), pp.wx[d, isz], out=xw[d])
+        return xw.reshape(nd, steps, batch, gh)
     xa = np.empty((nd, steps, batch, isz + 1), cfg.cdt)
     xa[..., isz] = 1
     for d in range(nd):
-        rev = cfg.direction == "reverse" or d == 1
-        if not rev:
-            xa[d, :, :, :isz] = xs
-        elif lens is None:
-            xa[d, :, :, :isz] = xs[::-1]
-        else:
-            ridx = _reverse_index(lens, steps, batch)
-            xa[d, :, :, :isz] = xs[ridx, np.arange(batch)[None, :]]
-    gh = cfg.n_gates * pp.hidden
-    return np.matmul(xa.reshape(nd, steps * batch, isz + 1), pp.wx).reshape(nd, steps, batch, gh)
+        xa[d, :, :, :isz] = _read_order(cfg, xs, lens, d)
+    return parallel.matmul(xa.reshape(nd, steps * batch, isz + 1), pp.wx).reshape(nd, steps, batch, gh)
 
 
 def _outputs(cfg: _Config, out, hs: np.ndarray, hinit: np.ndarray, c_final: np.ndarray | None, run_steps: int,
@@ -736,8 +511,11 @@ def _run(cfg: _Config, pp: _Prepared, x, seq_lens, h0, c0, out) -> tuple:
         hinit[...] = h0.transpose(1, 0, 2) if layout == 1 else h0
     valid = None if lens is None else (np.arange(steps)[:, None] < lens[None, :])  # (steps, batch)
     min_len = steps if lens is None else int(lens.min())
-    cb = cfg.clip_bounds(hidden)
     c_final = None
+    if pp.rp is not None:
+        c_final = _run_native(cfg, pp, xw, hs, hinit, c0, lens, run_steps, batch)
+        return _outputs(cfg, out, hs, hinit, c_final, run_steps, lens, steps, batch)
+    cb = cfg.clip_bounds(hidden)
     if cfg.op == "LSTM":
         c_final = _run_lstm(xw, pp, hs, hinit, c0, layout, run_steps, valid, min_len, cb, cfg.groups,
                             cfg.fast_lstm, cfg.input_forget, cdt)
@@ -746,6 +524,25 @@ def _run(cfg: _Config, pp: _Prepared, x, seq_lens, h0, c0, out) -> tuple:
     else:
         _run_rnn(xw, pp, hs, hinit, run_steps, valid, min_len, cb, cfg.groups, cdt)
     return _outputs(cfg, out, hs, hinit, c_final, run_steps, lens, steps, batch)
+
+
+def _run_native(cfg: _Config, pp: _Prepared, xw: np.ndarray, hs: np.ndarray, hinit: np.ndarray, c0, lens,
+                run_steps: int, batch: int) -> np.ndarray | None:
+    """Step 2 in :mod:`ge_native.recurrent`; LSTM's final cell state (else None)."""
+    nd, hidden = cfg.nd, pp.hidden
+    c = np.zeros((nd, batch, hidden), np.float32)
+    if c0 is not None and cfg.op == "LSTM":
+        c[...] = c0.transpose(1, 0, 2) if cfg.layout == 1 else c0
+    steps = xw.shape[1]
+    if batch == 0 or hidden == 0 or run_steps == 0:
+        return c if cfg.op == "LSTM" else None  # nothing to run (the C entry refuses empty sizes)
+    ln = np.full(batch, steps, np.int64) if lens is None else np.ascontiguousarray(lens, np.int64)
+    acts = [[(a.name, a.alpha, a.beta) for a in d] for d in cfg.acts]
+    if not native_rec.run(cfg.op, xw, pp.rp, hs, hinit, c, ln, pp.peep, pp.rbh, run_steps, cfg.clip,
+                          cfg.input_forget, cfg.lbr, acts, has_peep=pp.has_peep, width=parallel.native_width()):
+        raise ExecutionError(f"{cfg.spec.describe()}: the native recurrence refused its arguments",
+                             hint="set GE_NATIVE_RECURRENT=0 to run the NumPy form, and report this")
+    return c if cfg.op == "LSTM" else None
 
 
 def _make_factory(op: str) -> Callable[[KernelSpec], Any]:
@@ -761,8 +558,8 @@ def _make_factory(op: str) -> Callable[[KernelSpec], Any]:
             pp = prepared if prepared is not None else _prepare(cfg, w, r, b, p if op == "LSTM" else None)
             return _run(cfg, pp, x, seq_lens, h0, c0, out)
 
-        # the per-step GEMM and the gate loops run compiled (numba) where they can, else in NumPy
-        variant = "numba" if jit_available() and cfg.cdt.name in ("float32", "float64") else "numpy"
+        # the native recurrence (float32; its instruction-set variant), else the NumPy form
+        variant = (native_rec.isa() or "numpy") if cfg.native else "numpy"
         with_caps(kernel, variant=variant)
         if cfg.odt == cfg.cdt and all(cfg.want[i] for i in range(cfg.n_out)):
             with_caps(kernel, accepts_out=True)
@@ -835,28 +632,11 @@ def _run_lstm(xw, pp: _Prepared, hs, hinit, c0, layout, run_steps, valid, min_le
     peep = pp.peep
     gi, go, gf, gc = (g[..., k * hidden:(k + 1) * hidden] for k in range(4))
     cbv = None if cb is None else [cb[..., k * hidden:(k + 1) * hidden] for k in range(4)]
-    # default activations, no peepholes: tanh over the gate block, the rest in two compiled loops
-    fused = _lstm_gates(np.dtype(cdt)) if fast and peep is None else None
     h = hinit
     for s in range(run_steps):
         rec(h, xw, s, 0, True, g)
         if c_prev is not None and s >= min_len:
             np.copyto(c_prev, c)
-        if fused is not None:
-            if cb is not None:
-                np.clip(g, -cb, cb, out=g)
-            np.tanh(g, out=g)
-            fused[0](g, c, input_forget)
-            np.tanh(c, out=tmp)
-            hn = hs[s]
-            fused[1](g, tmp, hn)
-            if valid is not None and s >= min_len:
-                keep = ~valid[s]
-                _mask_rows(hn, h, keep)
-                assert c_prev is not None
-                _mask_rows(c, c_prev, keep)
-            h = hn
-            continue
         if peep is None:
             if cbv is not None:
                 np.clip(g, -cb, cb, out=g)
@@ -924,32 +704,9 @@ def _run_gru(xw, pp: _Prepared, hs, hinit, run_steps, valid, min_len, cb, groups
     gz, gr = zr[..., :hidden], zr[..., hidden:]
     ghh = np.empty((nd, batch, hidden), cdt)
     rh = np.empty((nd, batch, hidden), cdt) if not lbr else None
-    # default activations (Sigmoid, Tanh): tanh over each block, the rest in compiled loops
-    default = all(a[0].name == "Sigmoid" and a[1].name == "Tanh" for _, a in groups.parts)
-    fused = _gru_gates(np.dtype(cdt)) if default else None
-    rbh = pp.rbh if pp.rbh is not None else np.zeros((nd, 1, hidden), cdt)
     h = hinit
     for s in range(run_steps):
         rec(h, xw, s, 0, True, zr)
-        if fused is not None:
-            if cb_zr is not None:
-                np.clip(zr, -cb_zr, cb_zr, out=zr)
-            np.tanh(zr, out=zr)
-            if lbr:
-                rec_h(h, xw, s, 0, False, ghh)
-                fused[1](zr, ghh, rbh, xw, s)
-            else:
-                assert rh is not None
-                fused[0](zr, h, rh)
-                rec_h(rh, xw, s, 2 * hidden, True, ghh)
-            if cb_h is not None:
-                np.clip(ghh, -cb_h, cb_h, out=ghh)
-            np.tanh(ghh, out=ghh)
-            fused[2](zr, ghh, h, hs[s])
-            if valid is not None and s >= min_len:
-                _mask_rows(hs[s], h, ~valid[s])
-            h = hs[s]
-            continue
         if cb_zr is not None:
             np.clip(zr, -cb_zr, cb_zr, out=zr)
         groups.apply(0, zr)
