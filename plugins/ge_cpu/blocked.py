@@ -8,26 +8,22 @@ blocked layout ``(N, C/16, H, W, 16)`` (onnxruntime's NCHWc transformer, GE's NC
 - ``NchwcConv`` (a 2-D Conv/FusedConv the conv table's ``nchwc`` algorithm takes,
   :mod:`.kernels.conv.nchwc`, its epilogue of a residual, a clip and an activation kept),
   ``NchwcMaxPool``, ``NchwcAveragePool``, the elementwise ops between them (Relu, Clip, Add,
-  Mul, ... on 5-D values: an SE block's ``(N, C, 1, 1)`` scale is reordered too; a quantised
-  model's ``ge.quant::FakeQuant``),
+  Mul, ... on 5-D values, an SE block's scale reordered too; ``ge.quant::FakeQuant``),
   ``NchwcGlobalAveragePool`` (its NCHW ``(N, C, 1, 1)`` result leaves the layout for free);
-- ``NchwcGroupNorm``: a group normalization as exporters write it (``Reshape`` to (N, G, -1),
-  ``InstanceNormalization``, ``Reshape`` back: PyTorch's GroupNorm, BiT's), its groups whole in
-  the blocks, with the per-channel Mul and Add (its weight and bias) and a Relu after it;
+- ``NchwcGroupNorm``: a group normalization as exporters write it (Reshape, InstanceNormalization,
+  Reshape back), its groups whole in the blocks, with its weight, bias and a Relu after it;
 - ``NchwcReorderInput`` / ``NchwcReorderOutput`` where a value enters or leaves.
 
-A channel count that is not a whole number of blocks (MobileNet's 24, EfficientNet's 40) is
-zero-padded to one, as onnxruntime's transformer does: every op taken maps finite values to finite
-ones (so the padded lanes stay finite) and every convolution reads them through zero weights
-(so they never reach a real channel); a Concat takes a padded input only last (the blocks of the
-others must stay whole). Only groups of connected nodes holding at least two convolutions are
-rewritten: a lone convolution would pay two reorders for one layer. The pass runs where the
+A channel count that is not a whole number of blocks (MobileNet's 24) is zero-padded to one, as
+onnxruntime's transformer does: the padded lanes stay finite and reach no real channel (zero
+weights); a Concat takes a padded input only last. Only groups of connected nodes holding at least two convolutions are
+rewritten (a lone one would pay two reorders for one layer). The pass runs where the
 kernels run (AVX-512F or AVX2 with FMA); the ops' kernels keep a NumPy form for an .om loaded on
 another machine.
 
-The batch may be a symbol (an export's ``dynamic_axes``, an ``--input-shape`` range): it only
-scales the kernels' outer loop, so a dynamic batch gets the static build's ops and packings; the
-channels and planes must be static. Each convolution left in NCHW is named, with why, in the
+The batch may be a symbol (``dynamic_axes``, an ``--input-shape`` range): it only scales the
+outer loop, so a dynamic batch gets the static build's ops; channels and planes must be static.
+Each convolution left in NCHW is named, with why, in the
 compile report (the pass's ``stats["declined"]``).
 """
 
