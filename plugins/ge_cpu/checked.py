@@ -31,8 +31,8 @@ def checked_kernel(fn: Any, node: Node, who: Any) -> Any:
     outs = node.outputs
     n = len(outs)
     # per output: None (anything), (dtype, shape) for a static type (fast check), (dtype, rank,
-    # ((axis, size), ...)) for a known rank with symbolic dims (fast check of the static ones),
-    # False (partial: the slow path)
+    # ((axis, size), ...)) for a known rank with symbolic or unknown dims (fast check of the
+    # static ones: what the slow path checks too), False (partial: the slow path)
     fast: list[Any] = []
     for v in outs:
         t = v.type
@@ -40,7 +40,7 @@ def checked_kernel(fn: Any, node: Node, who: Any) -> Any:
             fast.append(None)
         elif t.dtype is not None and t.dtype != np.dtype(object) and t.shape is not None and t.is_static:
             fast.append((t.dtype, tuple(t.shape)))
-        elif t.dtype is not None and t.dtype != np.dtype(object) and t.shape is not None and None not in t.shape:
+        elif t.dtype is not None and t.dtype != np.dtype(object) and t.shape is not None:
             fast.append((t.dtype, len(t.shape), tuple((i, d) for i, d in enumerate(t.shape) if isinstance(d, int))))
         else:
             fast.append(False)
@@ -100,11 +100,10 @@ def _mismatch(r: Any, t: Any) -> str:
         if isinstance(r, (list, tuple)):
             return f"a {type(r).__name__} of {len(r)} item(s)"
         return f"a {type(r).__name__}"
-    got = str(TensorType.of(r))
     if t.dtype is not None and r.dtype != t.dtype and not (t.dtype == np.dtype(object) and r.dtype.kind in "OUS"):
-        return got
+        return str(TensorType.of(r))
     if t.shape is not None and (r.ndim != len(t.shape)
                                 or any(isinstance(d, int) and d != s for d, s in zip(t.shape, r.shape))):
-        return got
+        return str(TensorType.of(r))
     return ""
 

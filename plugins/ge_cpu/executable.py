@@ -36,6 +36,7 @@ import numpy as np
 
 from ge_core.backend import Executable
 from ge_core.errors import InputError
+from ge_core.ir.symbolic import evaluate
 from ge_native import parallel
 
 from .blas import BLAS, engine_width, parallel_mode
@@ -138,8 +139,10 @@ def bind_outputs(program: Program, outputs: Any, binding: Mapping[str, int] | No
     if not isinstance(outputs, Mapping):
         raise InputError(f"run(outputs=...) takes a dict of output name -> array, not {type(outputs).__name__}",
                          hint="e.g. outputs={'present.0.key': np.empty(shape, np.float32)}")
-    slots = {v.name: (s, v.type) for v, s in zip(program.graph.outputs, program.output_slots)}
+    slots = program.output_index
     bound: dict[int, np.ndarray] = {}
+    spans: list[tuple[int, int]] = []  # the byte spans of the arrays taken (each C-contiguous)
+    memo: dict[Any, int] = {}  # each symbolic dim's value at ``binding`` (a decoder's caches share theirs)
     for name, a in outputs.items():
         if name not in slots:
             raise InputError(f"run(outputs=...): {name!r:.80} is no output of the model",
@@ -148,14 +151,17 @@ def bind_outputs(program: Program, outputs: Any, binding: Mapping[str, int] | No
         if type(a) is not np.ndarray or not a.flags.c_contiguous or not a.flags.writeable:
             raise InputError(f"run(outputs=...): output '{name}' must be given a writeable C-contiguous numpy "
                              f"array, not {_what(a)}", hint="allocate it with np.empty(shape, dtype)")
-        want = _shape_at(t, binding)
+        want = _shape_at(t, binding, memo)
         if (t.dtype is not None and a.dtype != t.dtype) or (want is not None and a.shape != want):
             raise InputError(f"run(outputs=...): output '{name}' is {t.dtype}{list(want or t.shape or [])} at these "
                              f"inputs, the array given is {a.dtype}{list(a.shape)}",
                              hint="give an array of exactly the output's dtype and shape")
-        if any(np.may_share_memory(a, b) for b in bound.values()):
+        lo = a.__array_interface__["data"][0] if a.nbytes else 0
+        hi = lo + a.nbytes
+        if any(lo < e and b < hi for b, e in spans):
             raise InputError(f"run(outputs=...): the array of output '{name}' shares memory with another output's",
                              hint="give each output its own array")
+        spans.append((lo, hi))
         bound[s] = a
     return bound
 
@@ -178,16 +184,19 @@ def fill_outputs(program: Program, bound: Mapping[int, np.ndarray], outs: list[A
     return outs
 
 
-def _shape_at(t: Any, binding: Mapping[str, int] | None) -> tuple[int, ...] | None:
-    """The shape of type ``t`` at ``binding`` (None when it is not known before the run)."""
+def _shape_at(t: Any, binding: Mapping[str, int] | None, memo: dict[Any, int] | None = None) -> tuple[int, ...] | None:
+    """The shape of type ``t`` at ``binding`` (None when it is not known before the run);
+    ``memo``: symbolic dim -> its value at ``binding``, filled as dims are evaluated."""
     if t is None or t.shape is None or None in t.shape:
         return None
     if t.is_static:
         return tuple(t.shape)
     if not binding or min(binding.values()) < 1:  # the symbolic dims hold for symbols >= 1
         return None
-    try:
-        return tuple(t.bind(binding).shape)
+    memo = {} if memo is None else memo
+    try:  # (each dim evaluated: no bound TensorType made, this runs for every bound output each step)
+        return tuple(d if type(d) is int else memo[d] if d in memo else memo.setdefault(d, evaluate(d, binding))
+                     for d in t.shape)
     except (KeyError, TypeError):
         return None
 

@@ -168,6 +168,8 @@ class Program:
         self.n_slots = len(slot)
         self.output_slots = [slot_of(v) for v in graph.outputs]
         self.output_types = [v.type for v in graph.outputs]
+        #: output name -> (slot, declared type): IO binding reads it every run
+        self.output_index = {v.name: (s, v.type) for v, s in zip(graph.outputs, self.output_slots)}
         self.kernel_count = len(steps)
         modes = collections.Counter(m for st in steps for m in [kernel_caps(st.fn).mode] if m)
         self.kernel_modes = dict(sorted(modes.items()))

@@ -4,6 +4,7 @@ largest shapes the arena serves; a run at smaller shapes takes views of it)."""
 
 from __future__ import annotations
 
+import collections
 import math
 import threading
 from collections.abc import Mapping
@@ -26,29 +27,27 @@ from .streams import StreamLayout, StreamRunner
 class ShapedLayouts:
     """A symbolic plan's layouts, for runs at any binding of the input symbols (one run's shapes).
 
-    A binding seen for the first time runs in a *bucket*: one arena, layout and interpreter
-    planned at a *cap*, a binding at least as large (:meth:`cap`), that serves every binding up to
-    it. The cap's plan is verified once (:meth:`ge_core.memory.SymbolicPlan.at`); a smaller binding
-    keeps its offsets and checks only that each planned value's bytes at its shapes fit the bytes
-    the cap gave it (so no two values alive at once overlap there either), then takes views of the
-    arena at its shapes: what a decoder whose past grows by one each step pays per step is those
-    views (of the values whose shapes depend on the symbols), no plan, layout or allocation.
+    A new binding runs in a *bucket*: one arena, layout and interpreter planned at a *cap*, a
+    binding at least as large (:meth:`cap`), serving every binding up to it. The cap's plan is
+    verified once (:meth:`ge_core.memory.SymbolicPlan.at`); a smaller binding keeps its offsets,
+    checks that each planned value's bytes at its shapes fit what the cap gave it (so values alive
+    at once still do not overlap), and takes views of the arena: a decoder whose past grows by one
+    each step pays those views per step, no plan, layout or allocation.
 
-    Caps. A symbol with a declared upper bound (``model.dim_ranges``, ``--input_shape
-    past:1,4,1~512,64``) is capped at the bound when the arena there is at most
-    :data:`RANGE_ARENA_BYTES` (one arena for the whole range); otherwise, and for a symbol without
-    a bound, at the next power of two (at most the bound): arenas grow geometrically, so a symbol
-    that grows one at a time re-plans only logarithmically often, and a run's arena is at most
-    twice its need (in each symbol). The last :data:`BUCKETS` buckets are kept, and a kept bucket
-    serves any binding below its cap.
+    Caps. A symbol with a declared upper bound (``model.dim_ranges``) is capped at the bound when
+    the arena there is at most :data:`RANGE_ARENA_BYTES`; otherwise, and without a bound, at the
+    next power of two (at most the bound): a symbol growing one at a time re-plans only
+    logarithmically often, and an arena is at most twice its need. The last :data:`BUCKETS`
+    buckets are kept; a kept bucket serves any binding below its cap.
 
-    A binding run a second time gets its own exact layout (the concrete plan, its interpreter and
-    contexts, kept for the last :data:`KEEP` such bindings), whose *shape steps*
+    A binding run again within :data:`SEEN` bucket runs (a workload cycling over a few shapes)
+    gets its own exact layout (kept for the last :data:`KEEP`), whose *shape steps*
     (:func:`shape_steps`: Shape, and deterministic ops computing small integer tensors from shapes
-    and constants only, what an exporter writes around every reshape of a dynamic tensor) are
-    computed at its first exact run and taken as constants of the layout after it. A binding with
-    a symbol below 1 (an empty dim: a 0-length past) always runs there, unplanned (the symbolic
-    dims' simplifications hold for symbols >= 1), made once."""
+    and constants only) are computed at its first exact run and are constants after it. A binding
+    with a symbol below 1 (a 0-length past) always runs there, unplanned (the symbolic dims'
+    simplifications hold for symbols >= 1), made once. A binding met again only later (a
+    decoder's lengths, once per generation) runs in its bucket: an exact layout would cost a plan,
+    a layout and an arena each step and be evicted before its next use."""
 
     #: Bindings whose exact layouts (and pooled arenas, and kept shape-step results) are kept.
     KEEP = 8
@@ -56,8 +55,8 @@ class ShapedLayouts:
     BUCKETS = 4
     #: A declared range is served by one arena at its upper bound when it takes at most this.
     RANGE_ARENA_BYTES = 64 << 20
-    #: Bindings remembered as seen once (a second run at one gets an exact layout).
-    SEEN = 64
+    #: Runs in buckets remembered: a binding among theirs gets an exact layout.
+    SEEN = 8
 
     def __init__(self, program: Program, plan: SymbolicPlan, streams: Any = None) -> None:
         self.program, self.plan, self.streams = program, plan, streams
@@ -71,7 +70,7 @@ class ShapedLayouts:
         self._first: dict[tuple, tuple[MemoryPlan, dict[str, int]]] = {}
         #: the buckets kept (sorted cap items -> bucket), most recently used last
         self.buckets: dict[tuple, _Bucket] = {}
-        self._seen: dict[tuple, None] = {}
+        self._seen: collections.deque[tuple] = collections.deque(maxlen=self.SEEN)
         self._whole: dict[tuple, bool] = {}  # cap at the bounds -> its arena is small enough
         #: layouts made so far (exact ones and buckets'): bounded by the caps a run sequence meets
         self.layouts_made = 0
@@ -167,14 +166,12 @@ class ShapedLayouts:
         with self._lock:
             fresh = key not in self._cache and key not in self._seen and min(binding.values(), default=1) >= 1
             if fresh:
-                self._seen[key] = None
-                while len(self._seen) > self.SEEN:
-                    self._seen.pop(next(iter(self._seen)))
+                self._seen.append(key)
         if fresh:
             b = self.bucket(binding)
             views = b.views(binding) if b is not None else None
             if b is not None and views is not None:
-                return b.run(feeds, key, views, bound)
+                return b.run(feeds, views, bound)
         layout, interp, pool = self.entry(binding)
         first = self._first.pop(key, None) if self._first else None
         ctx = pool.acquire()
@@ -216,23 +213,31 @@ class _Bucket:
             dims = tuple(d if isinstance(d, int) else -1 - exprs.setdefault(d, len(exprs)) for d in t.shape)
             self.symbolic.append((s, off, dtype, dims, n))
         self.exprs = list(exprs)
+        self._last: tuple[tuple, list] | None = None  # the expressions' values last seen, and their views
 
-    def views(self, binding: dict[str, int]) -> list[tuple[int, int, np.dtype, tuple[int, ...]]] | None:
-        """(slot, offset, dtype, shape) of each symbolic planned value at ``binding``; None when
-        one of them does not fit the bytes the cap gave it."""
+    def views(self, binding: dict[str, int]) -> tuple[tuple, list[tuple[int, int, np.dtype, tuple[int, ...]]]] | None:
+        """The values of the symbolic dims at ``binding`` (the views' key), and (slot, offset,
+        dtype, shape) of each symbolic planned value there; None when one of them does not fit
+        the bytes the cap gave it. Bindings whose dims evaluate alike (a decoder's steps, where
+        only the attention mask's length grows and the cache is the shared buffer's) share one."""
         try:
-            vals = [sym.evaluate(e, binding) for e in self.exprs]
+            vals = tuple(sym.evaluate(e, binding) for e in self.exprs)
         except (KeyError, TypeError):
             return None
+        last = self._last
+        if last is not None and last[0] == vals:
+            return last
         out = []
         for s, off, dtype, dims, cap in self.symbolic:
             shape = tuple(d if d >= 0 else vals[-1 - d] for d in dims)
             if min(shape, default=0) < 0 or math.prod(shape) * dtype.itemsize > cap:
                 return None
             out.append((s, off, dtype, shape))
-        return out
+        self._last = (vals, out)
+        return self._last
 
-    def run(self, feeds: Mapping[str, Any], key: tuple, views: list, outputs: Any) -> list[Any]:
+    def run(self, feeds: Mapping[str, Any], views: tuple[tuple, list], outputs: Any) -> list[Any]:
+        key, views_ = views
         ctx = self.pool.acquire()
         try:
             if ctx.bound is None:  # the context's template at the cap, and the binding of its views
@@ -240,7 +245,7 @@ class _Bucket:
             if ctx.bound[1] != key:
                 t = list(ctx.bound[0])
                 arena = ctx.arena
-                for s, off, dtype, shape in views:
+                for s, off, dtype, shape in views_:
                     t[s] = np.ndarray(shape, dtype, arena, off)
                 ctx.template, ctx.bound[1] = t, key
             return self.interp.execute(ctx, feeds, outputs=outputs)

@@ -17,6 +17,7 @@ native path off (:func:`reference`, NumPy, computes the same thing)."""
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
@@ -78,10 +79,10 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, past_k: np.ndarray | Non
     sn = sin if sin is not None and rot else _EMPTY
     pk = past_k if past_k is not None else _EMPTY
     pv = past_v if past_v is not None else _EMPTY
-    p = np.array([b, s, n, kv, d, pk.shape[2] if past_k is not None else 0, cache,
-                  cs.shape[1] if rot else 0, cs.shape[0] if rot else 0, int(interleaved), int(rot), int(share),
-                  max(int(window), 0), int(smooth), max(1, int(width)), int(bias is not None), *_STRIDES,
-                  int(past_k is not None), int(causal), ROWS, k.shape[2]], np.int64)
+    p = _params(b, s, n, kv, d, pk.shape[2] if past_k is not None else 0, cache,
+                cs.shape[1] if rot else 0, cs.shape[0] if rot else 0, int(interleaved), int(rot), int(share),
+                max(int(window), 0), int(smooth), max(1, int(width)), int(bias is not None), *_STRIDES,
+                int(past_k is not None), int(causal), ROWS, k.shape[2])
     rows = min(ROWS, s)
     slot = (rows * (n // max(kv, 1)) * (d + cache) + 1) // 2 * 2 + 2 * rows * (n // max(kv, 1))
     scratch = _scratch_for(slot * max(1, int(width)))
@@ -89,10 +90,27 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, past_k: np.ndarray | Non
         mod.gqa_run(q, k, v, pk.reshape(-1), pv.reshape(-1), present_k.reshape(-1), present_v.reshape(-1), out,
                     cs.reshape(-1), sn.reshape(-1),
                     bias if bias is not None else _EMPTY, past_lens, total_lens, p,
-                    np.array([scale, softcap], np.float64), scratch)
+                    _floats(float(scale), float(softcap)), scratch)
     except (TypeError, ValueError):
         return False
     return True
+
+
+@functools.lru_cache(maxsize=1024)
+def _params(*ints: int) -> np.ndarray:
+    """The C entry's int64 parameters, made once per setting and read-only (the C copies them):
+    a decoder's node calls with the same ones every token."""
+    p = np.array(ints, np.int64)
+    p.setflags(write=False)
+    return p
+
+
+@functools.lru_cache(maxsize=64)
+def _floats(*values: float) -> np.ndarray:
+    """The C entry's float64 parameters (scale, softcap), made once per setting, read-only."""
+    f = np.array(values, np.float64)
+    f.setflags(write=False)
+    return f
 
 
 def _rotate(x: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool) -> np.ndarray:

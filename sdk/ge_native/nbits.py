@@ -20,6 +20,7 @@ the path off, ``=<variant>`` forces one this CPU runs.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import numpy as np
 
@@ -184,6 +185,32 @@ def matmul(a2: np.ndarray, packed: PackedNBits, out2: np.ndarray, bias: np.ndarr
     except (TypeError, ValueError):
         return False
     return True
+
+
+def prepared(packed: PackedNBits, bias: np.ndarray | None = None, accuracy_level: int = 0,
+             variant: str | None = None) -> Any:
+    """:func:`matmul` with ``packed``, ``bias``, ``accuracy_level`` and the variant (default
+    :func:`isa`, read now) fixed: ``run(a2, out2, width) -> bool``, what a model's node calls
+    every token without deciding them again; None when the path is off or these do not fit."""
+    mod = _mod()
+    code = _CODES.get(variant or isa() or "")
+    if mod is None or code is None or not isinstance(packed, PackedNBits) or (
+            bias is not None and (not isinstance(bias, np.ndarray) or bias.shape != (packed.n,))):
+        return None
+    entry, n, args = mod.nb_matmul, packed.n, (packed.w, packed.scales, packed.zeros, _NO_BIAS if bias is None else bias)
+    fixed = (packed.k, packed.stored_bits, packed.block_size, int(accuracy_level == 4), int(bias is not None))
+
+    def run(a2: np.ndarray, out2: np.ndarray, width: int = 1) -> bool:
+        # (the C entry checks the dtypes, the C order and every size against the packed weight)
+        if a2.ndim != 2 or out2.shape != (a2.shape[0], n) or np.may_share_memory(a2, out2):
+            return False
+        try:
+            entry(a2, *args, out2, _params(*fixed, max(1, min(4096, int(width))), code))
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    return run
 
 
 @functools.lru_cache(maxsize=1024)

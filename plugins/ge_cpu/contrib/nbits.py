@@ -73,6 +73,8 @@ def matmul_nbits_factory(spec: KernelSpec):
     if b is not None and scales is not None and consts and not native:
         dense.append(nbits.dequantize(b, scales, zp, k, n, bits, bs, g_idx).astype(np.float32))
     bias_f = None if bias_c is None else np.ascontiguousarray(bias_c.reshape(-1).astype(np.float32))
+    # the constant weight's call with everything but the operands fixed (a decode step makes 5 a layer)
+    fast = nbits.prepared(packed, bias_f, acc) if native and packed is not None else None
 
     def kernel(a, b_in=None, s_in=None, z_in=None, g_in=None, bias_in=None, out=None):
         if a.ndim < 1 or a.shape[-1] != k:
@@ -87,6 +89,8 @@ def matmul_nbits_factory(spec: KernelSpec):
         y = o if o is not None and o.shape == shape and o.dtype == np.float32 and o.flags.c_contiguous \
             and o.flags.writeable and not np.may_share_memory(o, a) else np.empty(shape, np.float32)
         y2 = y.reshape(rows, n)
+        if fast is not None and bias is bias_f and fast(a2, y2, parallel.native_width()):
+            return (y if y.dtype == a.dtype else y.astype(a.dtype),)
         p = packed
         if native and p is None:
             p = _pack(spec, b_in, s_in, z_in, k, n, bits, bs)

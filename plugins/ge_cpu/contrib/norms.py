@@ -167,26 +167,39 @@ def simplified_factory(spec: KernelSpec):
     return with_caps(kernel, accepts_out=True, inplace_ok=True, variant=_variant(dt))
 
 
+def _check_skip(spec: KernelSpec, x: np.ndarray, skip: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None,
+                bias: np.ndarray | None) -> None:
+    """The shapes a Skip(Simplified)LayerNormalization takes (an ExecutionError naming the node otherwise)."""
+    if x.ndim < 2 or x.shape[-1] == 0:
+        raise _fail(spec, f"input of shape {x.shape}: (batch, seq, hidden) or (rows, hidden) is needed")
+    d = x.shape[-1]
+    if not _skip_fits(skip.shape, x.shape):
+        raise _fail(spec, f"skip of shape {skip.shape} does not broadcast to the input's {x.shape} "
+                          "((batch, seq, hidden), (1, seq, hidden) or (seq, hidden))")
+    for name, v in (("gamma", gamma), ("beta", beta), ("bias", bias)):
+        if v is not None and v.size != d:
+            raise _fail(spec, f"{name} has {v.size} elements, the hidden size is {d}")
+
+
 def _skip_factory(simplified: bool):
     def factory(spec: KernelSpec):
         """(Skip)(Simplified)LayerNormalization: input, skip, gamma, [beta,] [bias] -> output, mean,
         inv_std_var, input_skip_bias_sum."""
         dt = _check_dtype(spec, 0, 1, 2)
         eps, n_out = float(spec.attr("epsilon", 1e-12)), spec.num_outputs
+        checked: dict[tuple, None] = {}  # the shapes found valid (a decoder's steps repeat one)
 
         def kernel(x, skip, gamma, *rest, out=None):
             beta, bias = (None, rest[0] if rest else None) if simplified else \
                 ((rest + (None, None))[0], (rest + (None, None))[1])
-            if x.ndim < 2 or x.shape[-1] == 0:
-                raise _fail(spec, f"input of shape {x.shape}: (batch, seq, hidden) or (rows, hidden) is needed")
+            key = (x.shape, skip.shape, gamma.size, None if beta is None else beta.size,
+                   None if bias is None else bias.size)
+            if key not in checked:
+                _check_skip(spec, x, skip, gamma, beta, bias)
+                if len(checked) < 64:
+                    checked[key] = None
             d = x.shape[-1]
             rows = x.size // d
-            if not _skip_fits(skip.shape, x.shape):
-                raise _fail(spec, f"skip of shape {skip.shape} does not broadcast to the input's {x.shape} "
-                                  "((batch, seq, hidden), (1, seq, hidden) or (seq, hidden))")
-            for name, v in (("gamma", gamma), ("beta", beta), ("bias", bias)):
-                if v is not None and v.size != d:
-                    raise _fail(spec, f"{name} has {v.size} elements, the hidden size is {d}")
             stats = (*x.shape[:-1], 1)
             y = _target(out, 0, x.shape, x.dtype)
             m = _target(out, 1, stats, np.dtype(np.float32)) if n_out > 1 else None
