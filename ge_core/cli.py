@@ -102,7 +102,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     from .plugins import get_host
 
     host = get_host()
-    regs = host.registries  # build registries so hook errors show up
+    regs = host.registries.complete()  # every hook called, so that its errors show up
     rows = host.describe()
     counts: dict[str, dict[str, int]] = {}
     for kind in ("ops", "frontends", "passes", "backends", "memory_planners", "stream_allocators", "fusion_patterns", "op_mappers"):

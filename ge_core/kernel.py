@@ -138,17 +138,10 @@ class KernelSpec:
         imports = root.opset_imports if root is not None else {}
         opts: dict[str, Any] = {"threads": None if options is None else options.getoption("threads")}
         opts.update(backend_options)
-        return cls(
-            name=node.name,
-            op_type=node.op_type,
-            domain=dom,
-            attrs=dict(node.attrs),
-            inputs=[None if v is None else v.type for v in node.inputs],
-            outputs=[v.type for v in node.outputs],
-            const_inputs=[None if v is None else v.const_value for v in node.inputs],
-            opset=imports.get(dom, imports.get(node.domain, 0)),
-            options=opts,
-        )
+        return cls(name=node.name, op_type=node.op_type, domain=dom, attrs=dict(node.attrs),
+                   inputs=[None if v is None else v.type for v in node.inputs], outputs=[v.type for v in node.outputs],
+                   const_inputs=[None if v is None else v.const_value for v in node.inputs],
+                   opset=imports.get(dom, imports.get(node.domain, 0)), options=opts)
 
 
 # ------------------------------------------------------------------------------------------
@@ -199,10 +192,9 @@ def check_deadline(node_name: str) -> None:
     """
     d = _deadline.get()
     if d is not None and time.monotonic() > d.at:
-        raise RunCancelledError(
-            f"node '{node_name}': the run was cancelled after its timeout of {d.seconds:g} s",
-            hint="give run(..., timeout=) more seconds, or check the model's loop trip counts and inputs",
-        )
+        raise RunCancelledError(f"node '{node_name}': the run was cancelled after its timeout of {d.seconds:g} s",
+                                hint="give run(..., timeout=) more seconds, or check the model's loop trip counts "
+                                     "and inputs")
 
 
 def max_loop_iterations() -> int | None:
@@ -213,10 +205,8 @@ def max_loop_iterations() -> int | None:
     try:
         n = int(raw)
     except ValueError:
-        raise OptionError(
-            f"{MAX_LOOP_ITERATIONS_ENV}={raw!r} is not an integer",
-            hint="set it to a number of iterations, or 0 for no limit",
-        ) from None
+        raise OptionError(f"{MAX_LOOP_ITERATIONS_ENV}={raw!r} is not an integer",
+                          hint="set it to a number of iterations, or 0 for no limit") from None
     return None if n <= 0 else n
 
 

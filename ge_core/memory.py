@@ -484,10 +484,8 @@ class SortedList(sortedcontainers.SortedList):
 
 
 def _overlap_error(plan: MemoryPlan, a: Buffer, oa: int, b: Buffer, ob: int) -> GEError:
-    return GEError(
-        f"memory plan by '{plan.planner}' overlaps '{a.name}' [{oa}, {oa + a.size}) and "
-        f"'{b.name}' [{ob}, {ob + b.size}) while both are alive"
-    )
+    return GEError(f"memory plan by '{plan.planner}' overlaps '{a.name}' [{oa}, {oa + a.size}) and "
+                   f"'{b.name}' [{ob}, {ob + b.size}) while both are alive")
 
 
 def verify_plan(problem: MemoryProblem, plan: MemoryPlan) -> None:
@@ -502,34 +500,27 @@ def verify_plan(problem: MemoryProblem, plan: MemoryPlan) -> None:
         raise GEError(f"the memory plan by '{plan.planner}' gives fixed offsets to buffers whose sizes depend on "
                       "the input shapes (a symbolic problem needs a symbolic plan)")
     if plan.arena_bytes >= MAX_ARENA_BYTES:
-        raise SecurityError(
-            f"the memory plan by '{plan.planner}' needs an arena of {plan.arena_bytes} bytes; an arena must be "
-            f"smaller than {MAX_ARENA_BYTES} bytes (256 TiB)",
-            hint="the model's shapes are wrong or hostile (check the input_shape option, if given)",
-        )
+        raise SecurityError(f"the memory plan by '{plan.planner}' needs an arena of {plan.arena_bytes} bytes; an arena "
+                            f"must be smaller than {MAX_ARENA_BYTES} bytes (256 TiB)",
+                            hint="the model's shapes are wrong or hostile (check the input_shape option, if given)")
     most = no_reuse_bytes(problem)
     if plan.arena_bytes > most:
-        raise GEError(
-            f"the memory plan by '{plan.planner}' claims an arena of {plan.arena_bytes} bytes, more than the "
-            f"{most} that every buffer side by side needs"
-        )
+        raise GEError(f"the memory plan by '{plan.planner}' claims an arena of {plan.arena_bytes} bytes, more than the "
+                      f"{most} that every buffer side by side needs")
     bufs = sorted(problem.buffers, key=lambda b: b.start)
     known = {b.name for b in bufs}
     for name in plan.offsets:
         if name not in known and name not in problem.aliases:
-            raise GEError(
-                f"memory plan by '{plan.planner}' places '{str(name)[:200]}', which is no intermediate buffer of the "
-                f"schedule (a graph input, output, constant, dynamic or unknown value must not live in the arena)"
-            )
+            raise GEError(f"memory plan by '{plan.planner}' places '{str(name)[:200]}', which is no intermediate "
+                          f"buffer of the schedule (a graph input, output, constant, dynamic or unknown value must "
+                          f"not live in the arena)")
     for b in bufs:
         if b.name not in plan.offsets:
             raise GEError(f"memory plan by '{plan.planner}' misses buffer '{b.name}'")
         off = plan.offsets[b.name]
         if off < 0 or off % problem.alignment or off + b.size > plan.arena_bytes:
-            raise GEError(
-                f"memory plan by '{plan.planner}': buffer '{b.name}' at {off}+{b.size} is misaligned or "
-                f"outside the arena of {plan.arena_bytes} bytes"
-            )
+            raise GEError(f"memory plan by '{plan.planner}': buffer '{b.name}' at {off}+{b.size} is misaligned or "
+                          f"outside the arena of {plan.arena_bytes} bytes")
     sizes = {b.name: b.size for b in problem.buffers}
     for member, (root, off, size) in problem.aliases.items():
         if root not in sizes:

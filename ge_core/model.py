@@ -266,10 +266,8 @@ class CompiledModel:
             takes += f" and {len(self.input_names) - 10} more"
         alone = " (a bare array is taken only by a model with exactly one input)" if isinstance(
             feeds, (np.ndarray, np.generic)) else ""
-        raise InputError(
-            f"run() takes a dict of input name -> array, not a {type(feeds).__name__}{alone}",
-            hint=f"call model.run({{name: array, ...}}); the model takes {takes}",
-        )
+        raise InputError(f"run() takes a dict of input name -> array, not a {type(feeds).__name__}{alone}",
+                         hint=f"call model.run({{name: array, ...}}); the model takes {takes}")
 
     def _check_feeds(self, feeds: dict[str, Any]) -> dict[str, Any]:
         inputs = self.graph.inputs
@@ -299,10 +297,8 @@ class CompiledModel:
                 if a.dtype.kind == t.dtype.kind == "U" or (t.dtype == np.dtype(object) and a.dtype.kind in "US"):
                     a = a.astype(object)
                 else:
-                    raise InputError(
-                        f"input '{v.name}' has dtype {a.dtype}, the model expects {t.dtype}",
-                        hint=f"convert it with .astype(np.{t.dtype})",
-                    )
+                    raise InputError(f"input '{v.name}' has dtype {a.dtype}, the model expects {t.dtype}",
+                                     hint=f"convert it with .astype(np.{t.dtype})")
             if a.dtype == np.dtype(object):
                 _check_strings(v.name, a)
             if t.shape is not None:

@@ -77,17 +77,10 @@ def model_definition(model: CompiledModel, weights: WeightWriter | None = None) 
     if any(not 0 <= s < LIMITS.streams for s in streams["streams"]):
         raise GraphError(f"the schedule uses stream {max(streams['streams'])}; an .om holds stream ids 0.."
                          f"{LIMITS.streams - 1} (limit streams)", hint="lower the option max_streams")
-    d = {
-        "format": MODEL_FORMAT,
-        "version": FORMAT_VERSION,
-        "producer": f"ge-python {__version__}",
-        "graph": graph,
-        "weights": weights.table,
-        "streams": streams,
-        "memory_plan": model.memory_plan.as_dict() if model.memory_plan else None,
-        "options": opts,
-        "report": model.report,
-    }
+    d = {"format": MODEL_FORMAT, "version": FORMAT_VERSION, "producer": f"ge-python {__version__}", "graph": graph,
+         "weights": weights.table, "streams": streams,
+         "memory_plan": model.memory_plan.as_dict() if model.memory_plan else None, "options": opts,
+         "report": model.report}
     return d, weights
 
 
@@ -189,11 +182,7 @@ def save_om(model: CompiledModel, path: str, *, external_weight: int = 0) -> str
             d["external_weights"] = save.external_weights(weights, external_weight)
             data = b""
         blob = dump_definition(d, f"'{path}'")
-        write_container(
-            path,
-            [("model", blob, 8), ("weights", data, 4096)],
-            producer=f"ge-python {__version__}",
-        )
+        write_container(path, [("model", blob, 8), ("weights", data, 4096)], producer=f"ge-python {__version__}")
     remember_types_checked(blob, model.graph, model.host)
     return path
 

@@ -190,10 +190,9 @@ def unknown_ops_error(nodes: Sequence[Node], registry: OpRegistry | None = None,
             hint = close_matches(op, {k[1] for k in registry.keys()})
         parts.append(f"op '{op}' in domain '{dom or 'ai.onnx'}' at node {shown}{hint}")
     where = f" in {source}" if source else ""
-    return UnsupportedOpError(
-        f"no plugin provides {len(by_op)} op type(s){where}: " + "; ".join(parts),
-        hint="install or write a plugin that registers these ops (ge_register_ops) and their kernels",
-    )
+    return UnsupportedOpError(f"no plugin provides {len(by_op)} op type(s){where}: " + "; ".join(parts),
+                              hint="install or write a plugin that registers these ops (ge_register_ops) and "
+                                   "their kernels")
 
 
 def infer_graph(graph: Graph, registry: OpRegistry) -> int:

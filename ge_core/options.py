@@ -145,9 +145,8 @@ class CompileOptions:
         unknown = set(data) - {"options", "pipeline", "passes"}
         if unknown:
             k = sorted(unknown)[0]
-            raise OptionError(
-                f"config file '{path}': unknown table [{k}]{close_matches(k, ['options', 'pipeline', 'passes'])}"
-            )
+            raise OptionError(f"config file '{path}': unknown table "
+                              f"[{k}]{close_matches(k, ['options', 'pipeline', 'passes'])}")
         self.config = path
         base = os.path.dirname(os.path.abspath(path))
         opts = dict(data.get("options", {}))
@@ -358,10 +357,8 @@ def parse_framework(v: Any) -> str | None:
     if isinstance(v, int) or (isinstance(v, str) and _is_int(v.strip())):
         n = int(v)
         if n not in FRAMEWORKS:
-            raise OptionError(
-                f"framework {n} is not an ATC framework number",
-                hint="use 0 (Caffe), 1 (MindSpore), 3 (TensorFlow) or 5 (ONNX), or a frontend name",
-            )
+            raise OptionError(f"framework {n} is not an ATC framework number",
+                              hint="use 0 (Caffe), 1 (MindSpore), 3 (TensorFlow) or 5 (ONNX), or a frontend name")
         return FRAMEWORKS[n]
     if isinstance(v, str):
         return v.strip().lower()

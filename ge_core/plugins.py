@@ -11,7 +11,7 @@ the others keep working. Environment:
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata as md
+import functools
 import inspect
 import logging
 import os
@@ -49,16 +49,8 @@ class PluginInfo:
     loaded: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "distribution": self.distribution,
-            "version": self.version,
-            "source": self.source,
-            "hooks": sorted(self.hooks),
-            "loaded": self.loaded,
-            "disabled": self.disabled,
-            "errors": list(self.errors),
-        }
+        keys = ("name", "distribution", "version", "source", "hooks", "loaded", "disabled", "errors")
+        return {**{k: getattr(self, k) for k in keys}, "hooks": sorted(self.hooks), "errors": list(self.errors)}
 
 
 def _strict() -> bool:
@@ -82,27 +74,72 @@ class CliCommand:
     run: Callable
 
 
-class Registries:
-    """Everything plugins registered, each entry attributed to its plugin."""
+#: Each registry (an attribute of :class:`Registries`) and what its errors call an entry.
+_LABELS = {"ops": "op", "kernels": "kernel", "frontends": "frontend", "op_mappers": "op mapper", "passes": "pass",
+           "pass_instruments": "pass instrument", "fusion_patterns": "fusion pattern",
+           "stream_allocators": "stream allocator", "memory_planners": "memory planner", "backends": "backend",
+           "options": "option", "option_readers": "option reader", "om_kinds": "om kind", "cli_commands": "command"}
+#: Each registry and the registration hook that fills it (the option readers: ``ge_register_options``).
+_KIND_HOOK = {k: "ge_register_" + ("options" if k == "option_readers" else k) for k in _LABELS}
+#: Each registration hook and the registries it fills, in the order hooks are called.
+HOOK_KINDS = {h: tuple(k for k in _LABELS if _KIND_HOOK[k] == h) for h in _KIND_HOOK.values()}
 
-    def __init__(self) -> None:
-        self.ops = OpRegistry()
-        self.kernels: dict[str, Registry] = {}  # backend -> (domain, op_type) -> factory
-        self.frontends: Registry = Registry("frontend")
-        self.op_mappers: Registry = Registry("op mapper")
-        self.passes: Registry = Registry("pass")
-        #: Name -> a PassInstrument class (one instance per compile) or instance.
-        self.pass_instruments: Registry = Registry("pass instrument")
-        self.fusion_patterns: Registry = Registry("fusion pattern")
-        self.stream_allocators: Registry = Registry("stream allocator")
-        self.memory_planners: Registry = Registry("memory planner")
-        self.backends: Registry = Registry("backend")
-        self.options: Registry = Registry("option")
-        #: Option name -> ``read(value) -> {option: value}`` (``register(name, read=...)``).
-        self.option_readers: Registry = Registry("option reader")
-        self.cli_commands: Registry = Registry("command")
-        #: Partition name -> the :class:`ge_core.om_container.OmKind` that reads an .om holding it.
-        self.om_kinds: Registry = Registry("om kind")
+
+def _empty(hook: str) -> dict[str, Any]:
+    """Fresh, empty registries of the kinds ``hook`` fills, by attribute name."""
+    return {k: OpRegistry() if k == "ops" else {} if k == "kernels" else Registry(_LABELS[k]) for k in HOOK_KINDS[hook]}
+
+
+class Registries:
+    """Everything plugins registered, each entry attributed to its plugin.
+
+    A host's registries are filled one hook at a time, on first use of one of its kinds
+    (``fill(registries, hook)``): loading and running an .om calls the op, kernel, backend,
+    option and om-kind hooks, never the pass, fusion or frontend ones (nor imports their
+    modules). :meth:`complete` fills every kind (``ge plugins``, strict mode).
+    """
+
+    ops: OpRegistry
+    kernels: dict[str, Registry]  # backend -> (domain, op_type) -> factory
+    frontends: Registry
+    op_mappers: Registry
+    passes: Registry
+    #: Name -> a PassInstrument class (one instance per compile) or instance.
+    pass_instruments: Registry
+    fusion_patterns: Registry
+    stream_allocators: Registry
+    memory_planners: Registry
+    backends: Registry
+    options: Registry
+    #: Option name -> ``read(value) -> {option: value}`` (``register(name, read=...)``).
+    option_readers: Registry
+    cli_commands: Registry
+    #: Partition name -> the :class:`ge_core.om_container.OmKind` that reads an .om holding it.
+    om_kinds: Registry
+
+    def __init__(self, fill: Callable[[Registries, str], None] | None = None) -> None:
+        self._fill = fill
+        if fill is None:  # a stand-alone, empty set of registries
+            for hook in HOOK_KINDS:
+                self.__dict__.update(_empty(hook))
+
+    def __getattr__(self, name: str) -> Any:
+        hook = _KIND_HOOK.get(name)
+        fill = self.__dict__.get("_fill")
+        if hook is None or fill is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        fill(self, hook)
+        return self.__dict__[name]
+
+    def filled(self, hook: str) -> bool:
+        """Whether the registries of ``hook`` are filled."""
+        return all(kind in self.__dict__ for kind in HOOK_KINDS[hook])
+
+    def complete(self) -> Registries:
+        """Fill every kind (every registration hook called once); returns ``self``."""
+        for kinds in HOOK_KINDS.values():
+            getattr(self, kinds[0])
+        return self
 
     def kernels_for(self, backend: str) -> Registry:
         return self.kernels.setdefault(backend, Registry(f"{backend} kernel"))
@@ -136,25 +173,22 @@ class PluginHost:
         info.errors.append(message)
         log.warning("plugin '%s': %s", info.name, message)
         if _strict():
-            raise PluginError(
-                f"plugin '{info.name}' (distribution {info.distribution or '?'}): {message}",
-                hint="fix or uninstall the plugin, or unset GE_STRICT_PLUGINS to skip it",
-            ) from exc
+            raise PluginError(f"plugin '{info.name}' (distribution {info.distribution or '?'}): {message}",
+                              hint="fix or uninstall the plugin, or unset GE_STRICT_PLUGINS to skip it") from exc
 
     def _load_entry_points(self) -> None:
+        import importlib.metadata as md  # (here: `import ge_core` alone does not pay for it)
+
         disabled = _disabled()
         try:
             eps = md.entry_points(group=ENTRY_POINT_GROUP)
         except Exception as e:  # broken metadata of some installed distribution
             log.warning("cannot read entry points: %s", e)
             return
+        # (name, version) of each distribution: its metadata parsed once, not twice per entry point (~25 ms)
+        dist_of = functools.cache(lambda d: (getattr(d, "name", None), getattr(d, "version", None)))
         for ep in sorted(eps, key=lambda e: e.name):
-            dist = getattr(ep, "dist", None)
-            info = PluginInfo(
-                name=ep.name,
-                distribution=getattr(dist, "name", None),
-                version=getattr(dist, "version", None),
-            )
+            info = PluginInfo(ep.name, *dist_of(getattr(ep, "dist", None)))
             if ep.name in self.info:
                 other = self.info[ep.name]
                 self._fail(info, f"name already used by distribution {other.distribution}; second one ignored")
@@ -189,13 +223,10 @@ class PluginHost:
             self._fail(info, f"invalid plugin: {_failure_text(e)}", e)
             return
         info.loaded = True
-        info.hooks = sorted(
-            h.name for h in self.pm.get_hookcallers(obj) or [] if h.name.startswith("ge_")
-        )
+        info.hooks = sorted(h.name for h in self.pm.get_hookcallers(obj) or [] if h.name.startswith("ge_"))
         try:
-            unknown = [
-                n for n in dir(obj) if n.startswith("ge_") and callable(getattr(obj, n, None)) and not hasattr(self.pm.hook, n)
-            ]
+            unknown = [n for n in dir(obj)
+                       if n.startswith("ge_") and callable(getattr(obj, n, None)) and not hasattr(self.pm.hook, n)]
         except BaseException as e:  # noqa: BLE001 - a property of the plugin raised
             reraise_interrupt(e)
             unknown = []
@@ -225,13 +256,59 @@ class PluginHost:
     # -- registries --------------------------------------------------------------------------
     @property
     def registries(self) -> Registries:
+        """The registries, each kind filled on first use. In strict mode every hook is called at
+        once (a failure is fatal here); a plugin registered in-process has its hooks called at
+        once too, so that its errors show as soon as the registries are asked for."""
         with self._lock:
             if self._registries is None:
-                self._registries = self._build_registries()
+                r = Registries(self._fill)
+                inproc = {n for n, i in self.info.items() if i.source == "in-process" and i.loaded}
+                for hook in HOOK_KINDS:
+                    if _strict() or any(impl.plugin_name in inproc
+                                        for impl in getattr(self.pm.hook, hook).get_hookimpls()):
+                        self._fill(r, hook)
+                self._registries = r
             return self._registries
 
-    def _build_registries(self) -> Registries:
-        r = Registries()
+    def _fill(self, r: Registries, hook_name: str) -> None:
+        """Call every plugin's registration hook ``hook_name`` and put what it registers in ``r``
+        (once per hook; a failing plugin is reported and the rest are kept)."""
+        with self._lock:
+            if r.filled(hook_name):
+                return
+            fresh, adder = _empty(hook_name), self._adders()[hook_name]
+            # pluggy returns impls last-registered first; keep a stable, name-sorted order.
+            for impl in sorted(getattr(self.pm.hook, hook_name).get_hookimpls(), key=lambda i: i.plugin_name):
+                plugin = impl.plugin_name
+                info = self.info.setdefault(plugin, PluginInfo(name=plugin, source="in-process"))
+                pending: list[tuple] = []
+
+                def register(*args, _adder=adder, _pending=pending, **kw):
+                    entry = _adder(*args, **kw)
+                    _pending.extend(entry if isinstance(entry, list) else [entry])
+
+                try:
+                    impl.function(register=register) if "register" in impl.argnames else impl.function()
+                    for kind, key, obj in pending:
+                        reg = (fresh["kernels"].setdefault(kind[1], Registry(f"{kind[1]} kernel"))
+                               if isinstance(kind, tuple) else fresh[kind])
+                        reg.add(key, obj, plugin)
+                except DuplicateRegistrationError as e:
+                    if _strict():
+                        raise
+                    # keep what was added before the clash; the duplicate itself is dropped
+                    self._fail(info, f"{hook_name}: {e.detail}", e)
+                except GEError as e:
+                    self._fail(info, f"{hook_name}: {e}", e)
+                except BaseException as e:  # noqa: BLE001 - SystemExit in a hook must not end the host
+                    reraise_interrupt(e)
+                    self._fail(info, f"{hook_name} raised {_failure_text(e)}", e)
+            r.__dict__.update(fresh)
+
+    @staticmethod
+    def _adders() -> dict[str, Callable]:
+        """Per registration hook, what its ``register`` callback checks and makes of its
+        arguments: the (kind, key, object) entries to add."""
 
         def add_op(opdef: OpDef, *more):
             if not isinstance(opdef, OpDef):
@@ -293,50 +370,14 @@ class PluginHost:
         def add_cli_command(name: str, help: str, configure, run):
             return ("cli_commands", name, CliCommand(name, help, configure, run))
 
-        hooks: list[tuple[str, Callable]] = [
-            ("ge_register_ops", add_op),
-            ("ge_register_kernels", add_kernel),
-            ("ge_register_frontends", named("frontends", "name")),
-            ("ge_register_op_mappers", add_mapper),
-            ("ge_register_passes", named("passes", "name")),
-            ("ge_register_pass_instruments", add_instrument),
-            ("ge_register_fusion_patterns", named("fusion_patterns")),
-            ("ge_register_stream_allocators", named("stream_allocators")),
-            ("ge_register_memory_planners", named("memory_planners")),
-            ("ge_register_backends", named("backends", "name")),
-            ("ge_register_options", add_option),
-            ("ge_register_om_kinds", add_om_kind),
-            ("ge_register_cli_commands", add_cli_command),
-        ]
-        for hook_name, adder in hooks:
-            caller = getattr(self.pm.hook, hook_name)
-            # pluggy returns impls last-registered first; keep a stable, name-sorted order.
-            impls = sorted(caller.get_hookimpls(), key=lambda i: i.plugin_name)
-            for impl in impls:
-                plugin = impl.plugin_name
-                info = self.info.setdefault(plugin, PluginInfo(name=plugin, source="in-process"))
-                pending: list[tuple] = []
-
-                def register(*args, _adder=adder, _pending=pending, **kw):
-                    entry = _adder(*args, **kw)
-                    _pending.extend(entry if isinstance(entry, list) else [entry])
-
-                try:
-                    impl.function(register=register) if "register" in impl.argnames else impl.function()
-                    for kind, key, obj in pending:
-                        reg = r.kernels_for(kind[1]) if isinstance(kind, tuple) else getattr(r, kind)
-                        reg.add(key, obj, plugin)
-                except DuplicateRegistrationError as e:
-                    if _strict():
-                        raise
-                    # keep what was added before the clash; the duplicate itself is dropped
-                    self._fail(info, f"{hook_name}: {e.detail}", e)
-                except GEError as e:
-                    self._fail(info, f"{hook_name}: {e}", e)
-                except BaseException as e:  # noqa: BLE001 - SystemExit in a hook must not end the host
-                    reraise_interrupt(e)
-                    self._fail(info, f"{hook_name} raised {_failure_text(e)}", e)
-        return r
+        return {"ge_register_ops": add_op, "ge_register_kernels": add_kernel,
+                "ge_register_frontends": named("frontends", "name"), "ge_register_op_mappers": add_mapper,
+                "ge_register_passes": named("passes", "name"), "ge_register_pass_instruments": add_instrument,
+                "ge_register_fusion_patterns": named("fusion_patterns"),
+                "ge_register_stream_allocators": named("stream_allocators"),
+                "ge_register_memory_planners": named("memory_planners"),
+                "ge_register_backends": named("backends", "name"), "ge_register_options": add_option,
+                "ge_register_om_kinds": add_om_kind, "ge_register_cli_commands": add_cli_command}
 
     # -- observers ---------------------------------------------------------------------------
     def notify(self, hook_name: str, **kwargs: Any) -> None:
@@ -351,6 +392,8 @@ class PluginHost:
                 self._fail(info, f"{hook_name} raised {type(e).__name__}: {e}", e)
 
     def describe(self) -> list[dict[str, Any]]:
+        """Every plugin's row, with the errors of all its hooks (every registry is filled)."""
+        self.registries.complete()
         return [self.info[k].as_dict() for k in sorted(self.info)]
 
 

@@ -312,12 +312,9 @@ def graph_to_dict(graph: Graph, weights: WeightWriter, depth: int = 0) -> dict[s
         d["metadata"] = {k: v for k, v in graph.metadata.items() if isinstance(k, str) and _jsonable(v)}
     for n in graph.nodes:
         what = f"node '{n.name[:80]}' of {where}"
-        nd: dict[str, Any] = {
-            "op": _check_name(n.op_type, f"op of {what}"),
-            "name": _check_name(n.name, what),
-            "inputs": [None if v is None else v.name for v in n.inputs],
-            "outputs": [value(v) for v in n.outputs],
-        }
+        nd: dict[str, Any] = {"op": _check_name(n.op_type, f"op of {what}"), "name": _check_name(n.name, what),
+                              "inputs": [None if v is None else v.name for v in n.inputs],
+                              "outputs": [value(v) for v in n.outputs]}
         if n.domain:
             nd["domain"] = n.domain
         if n.attrs:

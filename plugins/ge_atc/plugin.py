@@ -7,6 +7,7 @@ plain ``ge compile --option precision_mode=force_fp16`` reaches the same passes.
 """
 
 import argparse
+import importlib
 
 from ge_core.hookspecs import RegisterCliCommand, RegisterOmKind, RegisterOption, RegisterPass, hookimpl
 
@@ -28,26 +29,35 @@ def ge_register_cli_commands(register: RegisterCliCommand) -> None:
     register("atc", "compile or inspect a model with ATC's flags (the same as the `atc` command)", _configure, _run)
 
 
+def _reader(module: str, name: str):
+    """The option reader ``name`` of ``module``, imported when an option is first read: loading
+    an .om reads none, and ``precision`` brings in ml_dtypes."""
+
+    def read(value):
+        return getattr(importlib.import_module(f"{__package__}.{module}"), name)(value)
+
+    read.__name__ = read.__qualname__ = name
+    return read
+
+
 @hookimpl
 def ge_register_options(register: RegisterOption) -> None:
-    from . import aipp, graph_flags, precision
-
     register("precision_mode", "must_keep_origin_dtype",
              "ATC precision mode: matrix ops compute in bfloat16/float16 (float32 sums) where the mode says",
-             read=precision.read_mode_option)
+             read=_reader("precision", "read_mode_option"))
     register("keep_dtype", "", "ATC --keep_dtype file: node names or OpType::TypeName kept at their precision",
-             read=precision.read_keep_dtype_option)
+             read=_reader("precision", "read_keep_dtype_option"))
     register("keep_dtype_entries", "", "what keep_dtype's file lists (set by reading keep_dtype)")
     register("modify_mixlist", "", "ATC --modify_mixlist JSON file: edits of the mixed-precision lists",
-             read=precision.read_mixlist_option)
+             read=_reader("precision", "read_mixlist_option"))
     register("mixlist_edits", "", "modify_mixlist's edits as JSON (set by reading modify_mixlist)")
     register("insert_op_conf", "", "ATC --insert_op_conf AIPP config file (static AIPP at the model's input)",
-             read=aipp.read_aipp_option)
+             read=_reader("aipp", "read_aipp_option"))
     register("aipp_config", "", "insert_op_conf's AIPP parameters as JSON (set by reading insert_op_conf)")
     register("input_format", "", "ATC --input_format: NCHW or NHWC, the layout of the model's image input",
-             read=aipp.read_input_format_option)
+             read=_reader("aipp", "read_input_format_option"))
     register("output_type", "", "ATC --output_type: FP32/FP16/... for all outputs, or node:index:FP16;...",
-             read=graph_flags.read_output_type_option)
+             read=_reader("graph_flags", "read_output_type_option"))
     register("dead_branch_elimination", True,
              "ATC --oo_dead_code_elimination: an If with a constant condition becomes its branch")
 
@@ -74,8 +84,6 @@ PASSES = (
 
 @hookimpl
 def ge_register_passes(register: RegisterPass) -> None:
-    import importlib
-
     from ge_core.passes import FunctionPass
 
     for module, fn, attrs in PASSES:

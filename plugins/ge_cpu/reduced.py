@@ -26,7 +26,6 @@ import math
 import os
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from ge_core.errors import GraphError
@@ -230,7 +229,8 @@ def unpack_bf16(data: np.ndarray, k: int, n: int) -> np.ndarray:
     """The ``(k, n)`` float32 values of a :class:`ge_native.bf16.PackedB`'s bits (its inverse)."""
     p, half, width = data.shape
     full = np.asarray(data).reshape(p, half, bf16.NR, 2).transpose(1, 3, 0, 2).reshape(2 * half, p * bf16.NR)
-    return np.ascontiguousarray(full[:k, :n]).view(ml_dtypes.bfloat16).astype(np.float32)
+    # bf16 bits are a float32's high half: widened exactly without ml_dtypes (not imported at load)
+    return (np.ascontiguousarray(full[:k, :n]).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
 def packed_matmul_factory(spec: KernelSpec):

@@ -12,6 +12,14 @@ O3     O2 + distribute_constants (reassociates affine chains; rounding may diffe
 =====  ==========================================================================================
 """
 
-from .plugin import PASSES
+from typing import Any
 
 __all__ = ["PASSES"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PASSES":  # every pass class, imported on first use (loading an .om needs none)
+        from .plugin import pass_classes
+
+        return pass_classes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

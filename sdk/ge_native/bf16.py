@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 
-import ml_dtypes
 import numpy as np
 
 from . import isa as _isa
@@ -53,11 +52,15 @@ available, runnable, isa = _VARIANTS.available, _VARIANTS.runnable, _VARIANTS.is
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
     """float32 ``x`` rounded to bf16 (to nearest even), as its uint16 bits."""
+    import ml_dtypes  # (here, not at import: a float32 model's load never needs it)
+
     return np.ascontiguousarray(np.asarray(x, np.float32).astype(ml_dtypes.bfloat16)).view(np.uint16)
 
 
 def round_bf16(x: np.ndarray) -> np.ndarray:
     """float32 ``x`` rounded to bf16 and back to float32 (the values the kernel multiplies)."""
+    import ml_dtypes
+
     return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
