@@ -2,7 +2,11 @@
 
 Every resized axis is handled on its own: nearest is one ``np.take``; linear blends two takes;
 cubic blends four. The per-axis index and weight tables depend only on the input shape and the
-scales/sizes, and are memoised per shape.
+scales/sizes, and are memoised per shape. A float32 linear resize of the last two axes only (the
+bilinear upsampling of segmentation decoders) runs natively (ge_native's ``csrc/planes.c``: the
+same arithmetic in the same order, so the same bits, on the native pool, without the numpy path's
+four full-size temporaries per axis: SegFormer-B0's decoder at 512x512 spent as long in its four
+Resizes as in all its convolutions).
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ import math
 import numpy as np
 
 from ge_core.errors import ExecutionError
-from ge_core.kernel import KernelSpec
+from ge_core.kernel import KernelSpec, with_caps
+from ge_native import native, parallel
 
 from ._util import as_str, ints, norm_axes, unsupported
 
@@ -67,6 +72,12 @@ def _cubic_weights(t, a):
     return np.stack([w(t + 1), w(t), w(1 - t), w(2 - t)], axis=-1)
 
 
+#: ge_native's large-plane kernels (``csrc/planes.c``; ``GE_CPU_PLANES=0`` turns them off), built on first use
+planes = native.lazy_module("GE_CPU_PLANES", native.c_source("planes.c"), ["planes_ok", "resize_linear2d", "transpose2d"],
+                            "planes_ok")
+_native = planes
+
+
 class _Resizer:
     def __init__(self, spec, mode, coord_mode, nearest_mode, cubic_a, exclude_outside):
         self.spec = spec
@@ -104,7 +115,44 @@ class _Resizer:
             self.cache[key] = t
         return t
 
-    def __call__(self, x, out_shape, scales):
+    def native_tables(self, in_len, out_len, scale):
+        """The linear taps of one axis as the native kernel takes them, (2, out_len): int32 indices
+        and float32 weights (rounded as the numpy path rounds them), first taps then second."""
+        key = ("native", in_len, out_len, scale)
+        t = self.cache.get(key)
+        if t is None:
+            _, idx, w = self.tables(in_len, out_len, scale)
+            t = (np.ascontiguousarray(idx.T, np.int32), np.ascontiguousarray(w.T, np.float32))
+            if len(self.cache) < 64:
+                self.cache[key] = t
+        return t
+
+    def native_linear(self, x, out_shape, scales, out=None):
+        """The float32 linear resize of the last two axes natively (into ``out`` when that is a
+        C-contiguous float32 buffer of the output's shape: a slice of a Concat's planned
+        buffer, the decoder's four upsampled maps), or None where it does not apply (another
+        mode or dtype, a leading axis resized, no native kernels)."""
+        r = x.ndim
+        if (self.mode != "linear" or x.dtype != np.float32 or r < 2 or x.size == 0
+                or any(out_shape[a] != x.shape[a] or scales[a] != 1.0 for a in range(r - 2))
+                or max(x.shape[-2:]) >= 2 ** 31 or (mod := _native()) is None):
+            return None
+        keep = [out_shape[a] == x.shape[a] and scales[a] == 1.0 for a in (r - 2, r - 1)]
+        if all(keep):
+            return None
+        ty = self.native_tables(x.shape[-2], out_shape[-2], scales[-2])
+        tx = self.native_tables(x.shape[-1], out_shape[-1], scales[-1])
+        xs = np.ascontiguousarray(x).reshape(-1, x.shape[-2], x.shape[-1])
+        y = out if (out is not None and out.dtype == np.float32 and out.shape == tuple(out_shape)
+                    and out.flags.c_contiguous and not np.may_share_memory(out, x)) else np.empty(tuple(out_shape), np.float32)
+        mod.resize_linear2d(xs, y.reshape(-1, out_shape[-2], out_shape[-1]), ty[0], ty[1], tx[0], tx[1],
+                            int(keep[0]), int(keep[1]), max(1, parallel.native_width()))
+        return y
+
+    def __call__(self, x, out_shape, scales, out=None):
+        y = self.native_linear(x, out_shape, scales, out)
+        if y is not None:
+            return y
         y = x
         for ax in range(x.ndim):
             if out_shape[ax] == x.shape[ax] and scales[ax] == 1.0:
@@ -121,7 +169,10 @@ class _Resizer:
                     term = np.take(y, idx[:, j], axis=ax) * w[:, j].astype(y.dtype).reshape(wshape)
                     acc = term if acc is None else acc + term
                 y = acc
-        if y is x:
+        if y is x:  # (nothing resized: a copy, into the planned buffer where there is one)
+            if out is not None and out.shape == x.shape and out.dtype == x.dtype and not np.may_share_memory(out, x):
+                np.copyto(out, x)
+                return out
             y = x.copy()
         return y.astype(x.dtype, copy=False)
 
@@ -163,13 +214,14 @@ def _make(spec, mode, coord_mode, nearest_mode, cubic_a=-0.75, exclude_outside=0
         raise unsupported(spec, f"keep_aspect_ratio_policy={policy!r}")
     resizer = _Resizer(spec, mode, coord_mode, nearest_mode, cubic_a, exclude_outside)
 
-    def kernel(x, *rest):
+    def kernel(x, *rest, out=None):  # (out: a tuple of the one output's buffer, which the native path fills)
         def arg(i):
             if i is None:
                 return None
             j = i - 1
             return rest[j] if j < len(rest) else None
 
+        target = out
         r = x.ndim
         ax = list(norm_axes(axes, r)) if axes else list(range(r))
         scales = attr_scales if attr_scales is not None else _floats(arg(scales_index))
@@ -199,9 +251,13 @@ def _make(spec, mode, coord_mode, nearest_mode, cubic_a=-0.75, exclude_outside=0
                 out[a] = int(math.floor(x.shape[a] * sc))
         else:
             raise ValueError(f"{spec.describe()}: neither scales nor sizes given")
-        return (resizer(x, out, full_scales),)
+        y = resizer(x, out, full_scales, target[0] if target else None)
+        if target and y is not target[0]:  # (the numpy path: the planned buffer is always filled)
+            np.copyto(target[0], y)
+            return target
+        return (y,)
 
-    return kernel
+    return with_caps(kernel, accepts_out=True)
 
 
 def resize_factory(spec: KernelSpec):

@@ -128,14 +128,54 @@ def squeeze_factory(spec: KernelSpec):
     return kernel
 
 
+def _swapped_groups(perm, rank: int) -> int | None:
+    """``k`` where ``perm`` keeps the leading axes and swaps the trailing axes ``[lead, k)`` with
+    ``[k, rank)`` (a batched 2-D transpose of (P, R, C) with R the product of the first group);
+    else None."""
+    for lead in range(rank - 1):
+        if perm[lead] != lead:
+            break
+    else:
+        return None
+    k = perm[lead]
+    want = list(range(lead)) + list(range(k, rank)) + list(range(lead, k))
+    return k if k > lead and list(perm) == want else None
+
+
+#: the fewest elements a transpose moves natively (below it numpy's strided copy is as fast)
+_NATIVE_TRANSPOSE = 1 << 15
+
+
 @_reg("Transpose")
 def transpose_factory(spec: KernelSpec):
+    """A view of the input; where the permutation is a batched 2-D transpose of a large float32 or
+    int32 value, the data moved into ``out`` in cache tiles by ge_native (``csrc/planes.c``):
+    the executor's copy of the view walked one side a cache line per element (SegFormer-B0's
+    NCHW <-> token-major reorders at 512x512: 40 ms for one 16 MiB plane stack)."""
+    from ge_native import parallel
+
+    from .resize import planes
+
     perm = ints(spec.attr("perm"))
 
-    def kernel(x):
-        return (np.transpose(x, perm) if perm is not None else x.T,)
+    def kernel(x, out=None):  # (out: a tuple of the one output's buffer, always filled when given)
+        y = np.transpose(x, perm) if perm is not None else x.T
+        if not out:
+            return (y,)
+        o = out[0]
+        k = _swapped_groups(perm if perm is not None else list(range(x.ndim))[::-1], x.ndim)
+        mod = planes() if (k is not None and x.size >= _NATIVE_TRANSPOSE and x.dtype in (np.float32, np.int32)
+                           and o.dtype == x.dtype and o.shape == y.shape and o.flags.c_contiguous
+                           and x.flags.c_contiguous and not np.may_share_memory(x, o)) else None
+        if mod is None or k is None:
+            np.copyto(o, y)
+            return (o,)
+        lead = next(i for i, p in enumerate(perm if perm is not None else list(range(x.ndim))[::-1]) if p != i)
+        p_, r_, c_ = math.prod(x.shape[:lead]), math.prod(x.shape[lead:k]), math.prod(x.shape[k:])
+        mod.transpose2d(x.reshape(p_, r_, c_), o.reshape(p_, c_, r_), max(1, parallel.native_width()))
+        return (o,)
 
-    return kernel
+    return with_caps(kernel, accepts_out=True)
 
 
 @_reg("Identity")
