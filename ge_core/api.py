@@ -158,9 +158,12 @@ def compile(model: Graph | Any, options: CompileOptions | dict | str | os.PathLi
     host = get_host()
     opts = CompileOptions.from_any(options, **overrides)
     opts.read_by_plugins(host.registries.option_readers)
-    if not isinstance(model, Graph):
-        model = load(model, opts.framework, **{k: v for k, v in (("input_shape", opts.input_shape), ("out_nodes", opts.out_nodes)) if v})
-    return compile_graph(model, opts, host, progress)
+    if isinstance(model, Graph):
+        return compile_graph(model, opts, host, progress)
+    # a graph of its own: compiled in place, so the weights a pass replaces are not held twice
+    return compile_graph(load(model, opts.framework, **{k: v for k, v in (("input_shape", opts.input_shape),
+                                                                          ("out_nodes", opts.out_nodes)) if v}),
+                         opts, host, progress, owned=True)
 
 
 def quantize(graph: Graph, calibration: Any = None, **options: Any) -> Graph:

@@ -34,8 +34,11 @@ from .schedule import StreamAssignment, verify_streams
 log = logging.getLogger("ge.compile")
 
 
-def compile_graph(graph: Graph, options: CompileOptions, host: PluginHost, progress: Callable[[str], None] | None = None) -> CompiledModel:
-    """Compile a copy of ``graph`` (the caller's graph is never modified).
+def compile_graph(graph: Graph, options: CompileOptions, host: PluginHost, progress: Callable[[str], None] | None = None,
+                  *, owned: bool = False) -> CompiledModel:
+    """Compile a copy of ``graph`` (the caller's graph is never modified); ``owned``: compile
+    ``graph`` itself, one nobody else holds (:func:`ge_core.api.compile` of a file: the weights a
+    pass replaces, e.g. packed, are freed instead of kept alive by the loaded graph).
 
     ``progress(message)`` is told each stage and pass as it starts (for a progress display).
     """
@@ -44,7 +47,8 @@ def compile_graph(graph: Graph, options: CompileOptions, host: PluginHost, progr
     regs = host.registries
     options.check_extra(regs.options)
     _set_log_level(options.log)
-    g = graph.copy()  # input_shape / out_nodes: the op set's prepare pass (ge_opset's input_shapes)
+    g = graph if owned else graph.copy()  # input_shape / out_nodes: the op set's prepare pass (ge_opset's input_shapes)
+    del graph
     nodes_before = len(g)
     unknown = [n for n in g.walk() if regs.ops.lookup(n.domain, n.op_type) is None]
     if unknown:

@@ -12,12 +12,17 @@ import numpy as np
 
 from ge_core.ir.graph import Graph, Node, Value
 from ge_core.kernel import KernelSpec
+from ge_core.passes import Pass, PassContext, PassResult
+from ge_native import sgemm
 from ge_sdk import fused
 
 from .fused.elementwise import compiled_epilogue
 from .fused.epilogues import placed, store_epilogue
 
 DOMAIN = "ge.cpu"
+#: the smallest float32 weight (bytes) :class:`PackFloat32` stores packed: below it the plain
+#: MatMul's kernel packs a copy at build time, whose bytes do not matter
+PACK_MIN_BYTES = 1 << 20
 
 
 def _text(v: Any) -> str:
@@ -142,3 +147,52 @@ def packed_kernel(spec: KernelSpec, k: int, n: int, product, finish=None):
         return placed(y, o)
 
     return kernel
+
+
+class PackFloat32(Pass):
+    """Store each large constant float32 MatMul/Gemm/FusedMatMul weight in the panels GE's GEMM
+    reads (a ``ge.cpu::PackedMatMul`` of ``weight_dtype`` float32), so that the model holds one
+    copy of it: the plain MatMul's kernel packs a second copy when it is built and the graph
+    keeps the first (for the .om it saves, and at load the file's). The kernel uses the stored
+    panels in place (an .om's too) and computes the same bits as the plain MatMul's."""
+
+    name = "pack_float32_weights"
+    stage = "schedule"
+    after = ("reduced_precision", "int8_kernels")
+    before = ("sink_constant_computations",)
+    description = "large float32 matrix weights stored in GE's GEMM panels: one copy of each weight, not the " \
+                  "plain one beside the packed one"
+
+    def run(self, graph: Graph, ctx: PassContext) -> PassResult:
+        if ctx.options.soc_version != "cpu" or not sgemm.available():
+            return PassResult(False)
+        packed, stack = 0, [graph]
+        while stack:
+            g = stack.pop()
+            for n in g.node_list():
+                stack.extend(n.subgraphs())
+                if ((n.op_type in ("MatMul", "Gemm") and n.domain in ("", "ai.onnx"))
+                        or (n.op_type == fused.FUSED_MATMUL and n.domain == fused.DOMAIN)) and _pack_f32(g, n):
+                    packed += 1
+        return PassResult(bool(packed), {"matmuls": packed} if packed else {})
+
+
+def _pack_f32(g: Graph, n: Node) -> bool:
+    """Rewrite ``n`` into a float32 PackedMatMul when its weight is a large constant only it reads
+    (a shared one would stay beside the packed copy) and that holds its bytes (not a folded
+    broadcast, which packing would expand); whether it did."""
+    w = n.inputs[1] if len(n.inputs) > 1 else None
+    if w is None or w.const_value is None or w.is_graph_output or len(w.uses()) != 1:
+        return False
+    arr = np.asarray(w.const_value)
+    if arr.nbytes < PACK_MIN_BYTES or 0 in arr.strides:  # (a folded broadcast holds one value: kept so)
+        return False
+    ops = matmul_operands(n)
+    if isinstance(ops, str):
+        return False
+    old = [v for v in n.inputs[1:3] if v is not None]
+    packed_node(g, n, ops, sgemm.Panels(ops.w).data, {"weight_dtype": "float32"})
+    for v in old:  # removed: its array is freed now, not when a collection finds the value's cycles
+        if v.graph is None:
+            v.const_value = None
+    return True

@@ -66,14 +66,17 @@ def ge_register_ops(register: RegisterOp) -> None:
 def ge_register_passes(register: RegisterPass) -> None:
     """nchwc_layout (stage "fuse"): runs of convolutions in the blocked layout; reduced_precision
     (stage "schedule"): the matrix ops a precision mode reduces, packed in bf16/fp16; int8_kernels
-    (stage "schedule"): a quantised model's int8 matrix ops on the integer units."""
+    (stage "schedule"): a quantised model's int8 matrix ops on the integer units;
+    pack_float32_weights (stage "schedule"): large float32 matrix weights stored packed (one copy)."""
     from .blocked import NchwcLayout
     from .int8 import Int8Kernels
+    from .packed import PackFloat32
     from .reduced import ReducedPrecision
 
     register(NchwcLayout())
     register(ReducedPrecision())
     register(Int8Kernels())
+    register(PackFloat32())
 
 
 @hookimpl

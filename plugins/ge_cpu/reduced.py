@@ -41,8 +41,8 @@ from .fused.elementwise import mark_out, refuse
 from .packed import matmul_operands, packed_kernel, packed_node
 
 DOMAIN = "ge.cpu"
-#: the weight precisions a PackedMatMul stores
-WEIGHT_DTYPES = ("bfloat16", "float16", "int8")
+#: the weight precisions a PackedMatMul stores (float32: :class:`.packed.PackFloat32`'s)
+WEIGHT_DTYPES = ("bfloat16", "float16", "int8", "float32")
 
 
 def bf16_unit() -> str | None:
@@ -199,9 +199,11 @@ def check_node(node: Node) -> None:
         from .int8 import packed_shape
 
         want = packed_shape(k, n)
+    elif dt == "float32":
+        want = (math.ceil(n / sgemm.NR), k, sgemm.NR)
     else:
         want = (math.ceil(n / bf16.NR), math.ceil(k / bf16.KB) * bf16.KB // 2, 2 * bf16.NR) if dt == "bfloat16" else (k, n)
-    wdt = np.dtype({"bfloat16": np.uint16, "float16": np.float16, "int8": np.int8}[dt])
+    wdt = np.dtype({"bfloat16": np.uint16, "float16": np.float16, "int8": np.int8, "float32": np.float32}[dt])
     if w.type.dtype != wdt or tuple(w.type.shape or ()) != want:
         raise _bad(node, f"a {dt} weight must be {wdt.name} {want}, not {w.type.dtype} {w.type.shape}")
     prog = a.get("epilogue", "")
@@ -219,7 +221,7 @@ OPDEFS = [
               "ge_native.bf16's panels, computed in bf16 with float32 sums; float16: (k, n), widened to float32 "
               "when the kernel is built; int8: ge_native.int8's panels, A quantised as it is packed (x_scale, "
               "x_zero_point, x_dtype, or x_dynamic), int32 sums scaled by x_scale * w_scale, out_* a fake-quant "
-              "of Y); B an optional row of n float32; the epilogue's inputs follow"),
+              "of Y; float32: ge_native.sgemm's panels, read in place); B an optional row of n float32; the epilogue's inputs follow"),
 ]
 
 
@@ -255,6 +257,9 @@ def packed_matmul_factory(spec: KernelSpec):
     packed = panels = dense = None
     if unit is not None:
         packed = bf16.PackedB.from_data(np.asarray(w), k, n)
+    elif dt == "float32":  # stored in sgemm's panels: used in place (one copy of the weight)
+        stored = sgemm.Panels.from_data(np.asarray(w), k, n)
+        panels, dense = (stored, None) if sgemm.available() else (None, stored.dense())
     else:  # float16 stored, or no bf16 unit here: float32 panels (sgemm), else NumPy
         dense = unpack_bf16(np.asarray(w), k, n) if dt == "bfloat16" else np.asarray(w).astype(np.float32)
         if dense.shape != (k, n):

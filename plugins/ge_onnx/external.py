@@ -34,6 +34,12 @@ class SparseBudget:
         self.left = nbytes
 
 
+#: ONNX element types whose external bytes are the array's (little-endian, one element each):
+#: read straight into it (a large weight is not held twice, as bytes then as an array, at load)
+_DIRECT = {1: "f4", 2: "u1", 3: "i1", 4: "u2", 5: "i2", 6: "i4", 7: "i8", 9: "?", 10: "f2", 11: "f8",
+           12: "u4", 13: "u8"}
+
+
 def _itemsize(data_type: int) -> int | None:
     from onnx import TensorProto, helper
 
@@ -125,8 +131,15 @@ def read_external(tensor, base_dir: str | None, model_path: str) -> np.ndarray:
             f"{what}: holds {length} bytes but dims {list(tensor.dims)} need {expected}",
             hint="the data file does not match the model",
         )
+    direct = _DIRECT.get(tensor.data_type)
     with open(path, "rb") as f:
         f.seek(offset)
+        if direct is not None:  # read into the array itself: no bytes object, no proto copy
+            arr = np.empty(tuple(int(d) for d in tensor.dims), np.dtype(direct).newbyteorder("<"))
+            got = f.readinto(arr.reshape(-1).view(np.uint8).data) if length else 0
+            if got != length:
+                raise ModelFileError(f"{what}: short read ({got} of {length} bytes)")
+            return arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
         raw = f.read(length)
     if len(raw) != length:
         raise ModelFileError(f"{what}: short read ({len(raw)} of {length} bytes)")

@@ -76,10 +76,34 @@ class Panels:
         if w.ndim != 2 or w.dtype != np.float32:
             raise ValueError(f"Panels takes a 2-D float32 matrix, not {w.dtype} {w.shape}")
         self.k, self.n = w.shape
-        p = -(-self.n // NR)
-        padded = np.zeros((self.k, p * NR), np.float32)
-        padded[:, : self.n] = w
-        self.data = native.aligned(padded.reshape(self.k, p, NR).transpose(1, 0, 2))
+        p, full = -(-self.n // NR), self.n // NR
+        # written straight into the aligned panels (no padded copy: a large weight is not held 3x)
+        raw = np.zeros(p * self.k * NR * 4 + 64, np.uint8)
+        at = (-raw.ctypes.data) % 64
+        self.data = raw[at:at + p * self.k * NR * 4].view(np.float32).reshape(p, self.k, NR)
+        if full:
+            self.data[:full] = w[:, : full * NR].reshape(self.k, full, NR).transpose(1, 0, 2)
+        if self.n % NR:
+            self.data[full, :, : self.n % NR] = w[:, full * NR:]
+
+    @classmethod
+    def from_data(cls, data: np.ndarray, k: int, n: int) -> Panels:
+        """The panels of a ``(k, n)`` matrix from their stored :attr:`data` (``(ceil(n / NR), k,
+        NR)`` float32: a model's packed weight), used in place when C-contiguous and 64-byte
+        aligned (an .om's weights are: no second copy of the weight), else copied once."""
+        data = np.asarray(data)
+        if data.dtype != np.float32 or data.shape != (-(-int(n) // NR), int(k), NR):
+            raise ValueError(f"Panels of ({k}, {n}) take float32 data of shape {(-(-int(n) // NR), int(k), NR)}, "
+                             f"not {data.dtype} {data.shape}")
+        self = cls.__new__(cls)
+        self.k, self.n = int(k), int(n)
+        self.data = data if data.flags.c_contiguous and data.ctypes.data % 64 == 0 else native.aligned(data)
+        return self
+
+    def dense(self) -> np.ndarray:
+        """The ``(k, n)`` matrix the panels hold (a new array: their inverse)."""
+        p = self.data.shape[0]
+        return np.ascontiguousarray(self.data.transpose(1, 0, 2).reshape(self.k, p * NR)[:, : self.n])
 
     @property
     def shape(self) -> tuple[int, int]:
