@@ -69,6 +69,14 @@ def _loops_on() -> bool:
     return loopgen.available()
 
 
+def _loop_form() -> str | None:
+    """Which loops :func:`compile_program` builds now: None (no compiled loops), ``"parametric"``
+    or ``"literal"`` (:data:`ge_cpu.fused.loopgen.PARAMETRIC`); part of the cache key."""
+    from . import loopgen
+
+    return ("parametric" if loopgen.PARAMETRIC else "literal") if loopgen.available() else None
+
+
 def compile_program(program: str, in_dtypes: Sequence[Any], in_shapes: Sequence[tuple | None], out_dtype: Any,
                     out_shape: tuple | None, *, anchor: bool = False, mode: str = "auto",
                     symbolic: tuple[Sequence[tuple | None], tuple | None] | None = None) -> Callable[..., np.ndarray]:
@@ -82,7 +90,7 @@ def compile_program(program: str, in_dtypes: Sequence[Any], in_shapes: Sequence[
     (:func:`ge_cpu.fused.loopgen.loop_kernel_dynamic`), the NumPy code serves the other calls.
     """
     key = (program, tuple(str(np.dtype(d)) for d in in_dtypes), tuple(in_shapes), str(np.dtype(out_dtype)), out_shape,
-           anchor, mode, mode in ("auto", "loop") and _loops_on(),
+           anchor, mode, _loop_form() if mode in ("auto", "loop") else None,
            None if symbolic is None else (tuple(symbolic[0]), symbolic[1]))
     with _cache_lock:
         fn = _cache.get(key)

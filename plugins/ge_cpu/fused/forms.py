@@ -103,8 +103,9 @@ def _ne_chain(fn: Callable[[str, str], str], *xs: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# C forms: scalar C expressions over generator-made operand names; every number an op needs (its
-# attributes included) is a numeric literal the emitter wrote (hex float: exact)
+# C forms: scalar C expressions over generator-made operand names; every number an op needs is a
+# numeric literal the emitter wrote (hex float: exact), or for an attribute's value a parameter of
+# the loop (CEmitter.a: a generator-made name, its value passed at the call)
 # ------------------------------------------------------------------------------------------------
 #: math functions with a vectorisable float32 form in the native prelude
 VMATH = {"exp": "exp32", "log": "log32", "log1p": "log1p32", "expm1": "expm1_32", "tanh": "tanh32",
@@ -115,12 +116,19 @@ class CEmitter:
     """What a C form writes with, for dtype float32 or float64: literals, the prelude's
     max/min, math functions (and which of them are scalar libm calls)."""
 
-    def __init__(self, dtype: np.dtype) -> None:
+    def __init__(self, dtype: np.dtype, parametric: bool = False) -> None:
         self.dtype = dtype
         self.f32 = dtype == np.float32
+        #: with ``parametric``, an attribute's value (:meth:`a`) is a parameter ``p<i>`` of the
+        #: loop, its value ``params[i]``, not a literal: programs that differ only in such values
+        #: (a model's fake-quants, each with its own scale) have one C source, compiled once
+        self.parametric = parametric
+        self.params: list[float] = []
         #: set when a step needs a libm call that keeps the loop from vectorising
         self.scalar_calls: list[str] = []
         self.max, self.min = ("ge_max32", "ge_min32") if self.f32 else ("ge_max64", "ge_min64")
+        #: max/min against a parameter (finite: no NaN test of it, so the loop vectorises)
+        self.maxk, self.mink = ("ge_maxk32", "ge_mink32") if self.f32 else ("ge_maxk64", "ge_mink64")
 
     def f(self, name: str) -> str:
         """The vectorisable float32 form of a math function (the native prelude's); libm's
@@ -144,6 +152,26 @@ class CEmitter:
         text = v.hex() + ("f" if self.f32 else "")
         return f"({text})" if text.startswith("-") else text
 
+    def a(self, value: float) -> str:
+        """An attribute's value: a parameter of the loop (``p<i>``, read into a local before the
+        loop, the same value a literal would have) when :attr:`parametric` and finite in the
+        loop's dtype, else a literal (:meth:`k`; NaN and infinities stay in the source)."""
+        v = float(self.dtype.type(float(value)))
+        if not self.parametric or not math.isfinite(v):
+            return self.k(v)
+        self.params.append(v)
+        return gensrc.name("p", len(self.params) - 1)
+
+    def clamp(self, x: str, lo: float | None, hi: float | None) -> str:
+        """``x`` clamped to attribute values ``lo`` and/or ``hi`` (None: no bound) as the
+        prelude's max/min give it (a NaN ``x`` passes through); a parameter bound takes the
+        max/min without the bound's NaN test (the same results: a parameter is finite)."""
+        for v, lit, par in ((lo, self.max, self.maxk), (hi, self.min, self.mink)):
+            if v is not None:
+                tok = self.a(v)
+                x = f"{par if tok.startswith('p') else lit}({x}, {tok})"
+        return x
+
     def expr(self, op: str, xs: list[str], attrs: dict[str, Any]) -> str | None:
         """The C expression of one step (None: the op has no C form)."""
         form = FORMS.get(op)
@@ -163,11 +191,9 @@ def _chain(fn: str, xs: Sequence[str]) -> str:
 def _c_clip(e: CEmitter, xs: list[str], at: dict[str, Any]) -> str:
     r = xs[0]
     lo, hi = at.get("min"), at.get("max")
-    if lo is not None and not (isinstance(lo, float) and math.isinf(lo) and lo < 0):
-        r = f"{e.max}({r}, {e.k(lo)})"
-    if hi is not None and not (isinstance(hi, float) and math.isinf(hi) and hi > 0):
-        r = f"{e.min}({r}, {e.k(hi)})"
-    return r
+    lo = None if lo is None or (isinstance(lo, float) and math.isinf(lo) and lo < 0) else lo
+    hi = None if hi is None or (isinstance(hi, float) and math.isinf(hi) and hi > 0) else hi
+    return e.clamp(r, lo, hi)
 
 
 def _c_gelu(e: CEmitter, xs: list[str], at: dict[str, Any]) -> str:
@@ -195,7 +221,7 @@ def _c_pow(e: CEmitter, xs: list[str], at: dict[str, Any]) -> str:
 
 
 def _c_hardsigmoid(e: CEmitter, xs: list[str], at: dict[str, Any]) -> str:
-    inner = f"({e.k(at.get('alpha', 0.2))} * {xs[0]} + {e.k(at.get('beta', 0.5))})"
+    inner = f"({e.a(at.get('alpha', 0.2))} * {xs[0]} + {e.a(at.get('beta', 0.5))})"
     return f"{e.min}({e.max}({inner}, {e.k(0)}), {e.k(1)})"
 
 
@@ -233,8 +259,9 @@ def _np_fake_quant(a, out=None, scale=1.0, lo=0.0, hi=255.0):
 
 
 def _c_fake_quant(e: CEmitter, xs: list[str], at: dict[str, Any]) -> str:
-    s = e.k(at.get("scale", 1.0))
-    return f"({e.min}({e.max}({e.libm('rint')}({xs[0]} / {s}), {e.k(at.get('lo', 0.0))}), {e.k(at.get('hi', 255.0))}) * {s})"
+    s = e.a(at.get("scale", 1.0))  # (one parameter, read twice)
+    q = f"{e.libm('rint')}({xs[0]} / {s})"
+    return f"({e.clamp(q, at.get('lo', 0.0), at.get('hi', 255.0))} * {s})"
 
 
 def _u(name: str) -> Callable[..., str]:
@@ -269,7 +296,7 @@ def _table() -> dict[str, OpForm]:
         ("Identity", lambda a: a, _np_identity, lambda e, xs, at: xs[0]),
         ("Relu", lambda a: f"maximum({a},0)", act.np_relu, lambda e, xs, at: f"{e.max}({xs[0]}, {e.k(0)})"),
         ("LeakyRelu", lambda a, alpha=0.01: f"where({a}>0,{a},{_lit(float(alpha))}*{a})", act.np_leaky,
-         lambda e, xs, at: f"({xs[0]} >= {e.k(0)} ? {xs[0]} : {e.k(at.get('alpha', 0.01))} * {xs[0]})"),
+         lambda e, xs, at: f"({xs[0]} >= {e.k(0)} ? {xs[0]} : {e.a(at.get('alpha', 0.01))} * {xs[0]})"),
         ("Sigmoid", lambda a: f"(1/(1+exp(-{a})))", act.np_sigmoid,
          lambda e, xs, at: f"({e.k(1)} / ({e.k(1)} + {e.f('exp')}(-{xs[0]})))"),
         ("Silu", lambda a: f"({a}/(1+exp(-{a})))", act.np_silu,
@@ -281,7 +308,7 @@ def _table() -> dict[str, OpForm]:
         ("Erf", _ne_erf, act.np_erf, _c_math("erf")),
         ("Gelu", _ne_gelu, act.np_gelu, _c_gelu),
         ("Elu", lambda a, alpha=1.0: f"where({a}>0,{a},{_lit(float(alpha))}*(exp({a})-1))", act.np_elu,
-         lambda e, xs, at: f"({xs[0]} > {e.k(0)} ? {xs[0]} : {e.k(at.get('alpha', 1.0))} * {e.f('expm1')}({xs[0]}))"),
+         lambda e, xs, at: f"({xs[0]} > {e.k(0)} ? {xs[0]} : {e.a(at.get('alpha', 1.0))} * {e.f('expm1')}({xs[0]}))"),
         ("Softplus", lambda a: f"log(1+exp({a}))", act.np_softplus, _c_softplus),
         ("FakeQuant", None, _np_fake_quant, _c_fake_quant),
     ]

@@ -65,9 +65,17 @@ def stats() -> dict[str, float]:
 #: the names a generated loop is made of (besides the prelude's and C's own)
 _LOOP_NAMES = frozenset({"kernel", "piece", "d0", "d1", "d2", "out", "os0", "os1", "i", "j", "k", "o", "T", "threads",
                          "kb", "ke", "per", "np_", "items", "grab", "c", "end", "t", "rr", "p", "J", "jb", "vc",
-                         "slot", "task_piece"})
-_LOOP_PATTERNS = (r"x[0-9]+", r"xs[0-9]+_[01]", r"v[0-9]+", r"r[0-9]+", r"t[0-9]+", r"piece_a[0-9]+",
+                         "slot", "task_piece", "kp", "ge_maxk32", "ge_mink32", "ge_maxk64", "ge_mink64"})
+_LOOP_PATTERNS = (r"x[0-9]+", r"xs[0-9]+_[01]", r"v[0-9]+", r"r[0-9]+", r"t[0-9]+", r"p[0-9]+", r"piece_a[0-9]+",
                   r"task_piece_a[0-9]+")
+
+#: Attribute values (a fake-quant's scale and range, a Clip's bounds...) are parameters of the
+#: compiled loop, not literals in its C (:meth:`ge_cpu.fused.forms.CEmitter.a`): the loop's C and
+#: its cache key are the program's *structure* (ops, dtypes, broadcast layout), so the many
+#: fake-quant chains of a quantised model share a few compiled loops instead of one each. The
+#: entry reads the values into locals before the loop, so the loop body is the literal form's
+#: and gives the same bits. False: literals (the form before; kept for comparison in tests).
+PARAMETRIC = True
 #: the largest extent or stride a loop accepts (spans are checked for overflow besides)
 _BIG = (1 << 62) - 1
 
@@ -145,10 +153,10 @@ def loop_kernel(steps: list[tuple[str, list[str], dict[str, Any]]], names: list[
     # (one pointer, same index), which vectorises; the wrapper picks it when they alias. The
     # variants are built with the loop (one module, one compile).
     alias_ok = tuple(i for i, s in enumerate(strides[1:]) if s == strides[0])
-    built = _compile(steps, names, dt, inner, alias_ok)
-    if built is None:
+    made = _compile(steps, names, dt, inner, alias_ok)
+    if made is None:
         return None
-    return _wrap(built, dims, strides, tuple(out_shape), dt, workers)
+    return _wrap(made[0], dims, strides, tuple(out_shape), dt, workers, made[1])
 
 
 #: Values a symbolic dim takes to choose a dynamic loop's layout class (distinct, none 1).
@@ -185,9 +193,10 @@ def loop_kernel_dynamic(steps, names: list[str], in_dtypes: Sequence[Any], in_sh
         return None
     inner = tuple(st[2] for st in lay[1][1:])
     alias_ok = tuple(i for i, st in enumerate(lay[1][1:]) if st == lay[1][0])
-    built = _compile(steps, names, dt, inner, alias_ok)
-    if built is None:
+    made = _compile(steps, names, dt, inner, alias_ok)
+    if made is None:
         return None
+    built, kvals = made
     calls: dict[tuple, Callable[..., np.ndarray] | None] = {}
     ranks = [len(sh) for sh in in_shapes]
     out_rank = len(out_shape)
@@ -205,7 +214,7 @@ def loop_kernel_dynamic(steps, names: list[str], in_dtypes: Sequence[Any], in_sh
                 got = _layout(list(shapes), tuple(full))
                 if got is not None and tuple(st[2] for st in got[1][1:]) == inner \
                         and tuple(i for i, st in enumerate(got[1][1:]) if st == got[1][0]) == alias_ok:
-                    fn = _wrap(built, got[0], got[1], tuple(full), dt, workers)
+                    fn = _wrap(built, got[0], got[1], tuple(full), dt, workers, kvals)
             if len(calls) >= _DYNAMIC_KEEP:
                 calls.pop(next(iter(calls)))
             calls[shapes] = fn
@@ -221,21 +230,12 @@ def loop_kernel_dynamic(steps, names: list[str], in_dtypes: Sequence[Any], in_sh
     return kernel
 
 
-def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], aliases: tuple[int, ...] = ()):
-    """The built loop of ``steps`` (a :class:`_Built`), or None when there is no loop form. Its
-    one entry ``kernel(d0, d1, d2, out, os0, os1, x0, xs0_0, xs0_1, ..., threads)`` checks its
-    arrays, runs the variant that reads operand ``i`` through ``out`` when that operand *is* the
-    output (for each ``i`` in ``aliases``), and splits the work over ``threads`` threads of the
-    native pool when it is large (claimed piece by piece; every element's result is the same
-    however it is split)."""
-    key = (repr(steps), tuple(names), dt.name, inner, aliases)
-    with _lock:
-        if key in _compiled:
-            fn = _compiled[key]
-            if fn is not None:
-                _stats["reused"] += 1
-            return fn
-    em = CEmitter(dt)
+def _body(steps, names: list[str], dt: np.dtype,
+          parametric: bool) -> tuple[list[str], CEmitter, np.ndarray | None] | None:
+    """The loop body's C statements of ``steps`` (``T t<j> = ...;`` over operands ``v<i>``), the
+    emitter that wrote them (its parameters, its scalar calls) and the parameters' values (a
+    read-only array of dtype ``dt``; None without parameters); None: an op has no C form."""
+    em = CEmitter(dt, parametric)
     body: list[str] = []
     env = dict(zip(names, (f"v{i}" for i in range(len(names)))))
     for j, (op, refs, attrs) in enumerate(steps):
@@ -244,6 +244,35 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alia
             return None
         body.append(f"T t{j} = {expr};")
         env[f"t{j}"] = f"t{j}"
+    kvals = np.array(em.params, dt) if em.params else None
+    if kvals is not None:
+        kvals.flags.writeable = False  # (shared by every call of the wrappers that hold it)
+    return body, em, kvals
+
+
+def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], aliases: tuple[int, ...] = (),
+             parametric: bool | None = None) -> tuple[_Built, np.ndarray | None] | None:
+    """The built loop of ``steps`` (a :class:`_Built`) and its parameters' values (None: none),
+    or None when there is no loop form. Its one entry ``kernel(d0, d1, d2, out, os0, os1, x0,
+    xs0_0, xs0_1, ..., threads[, kp])`` checks its arrays, runs the variant that reads operand
+    ``i`` through ``out`` when that operand *is* the output (each ``i`` in ``aliases``), and
+    splits the work over ``threads`` threads of the native pool when it is large (every element's
+    result is the same however it is split). ``kp``: the parameters' values (:data:`PARAMETRIC`).
+    Loops are built and kept by their C: programs differing only in attribute values share one."""
+    made = _body(steps, names, dt, PARAMETRIC if parametric is None else parametric)
+    if made is None:
+        return None
+    body, em, kvals = made
+    nk = len(em.params)
+    # the structure: the parameters' names are in the body, their values are not
+    key = (tuple(body), tuple(names), dt.name, inner, aliases)
+    with _lock:
+        if key in _compiled:
+            fn = _compiled[key]
+            if fn is None:
+                return None
+            _stats["reused"] += 1
+            return fn, kvals
     if em.scalar_calls:
         # libm per element (sin, cos; every float64 transcendental) keeps the loop from
         # vectorising: NumPy's SIMD ufuncs in cache-sized blocks are faster
@@ -251,6 +280,9 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alia
             _compiled[key] = None
         return None
     n = len(names)
+    # the parameters: one array the entry reads once into locals, passed on by value (registers)
+    kparam = "".join(f", T p{q}" for q in range(nk))
+    karg = "".join(f", p{q}" for q in range(nk))
     ctype, npy = ("float", "NPY_FLOAT") if dt == np.float32 else ("double", "NPY_DOUBLE")
     ptrs = "".join(f", const T *x{i}, int64_t xs{i}_0, int64_t xs{i}_1" for i in range(n))
     args = "".join(f", x{i}, xs{i}_0, xs{i}_1" for i in range(n))
@@ -258,7 +290,7 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alia
     def piece(fname: str, alias: int) -> list[str]:
         """Elements [kb, ke) of output row (i, j); operand ``alias`` read through the output."""
         lines = [f"static inline void {fname}(int64_t i, int64_t j, int64_t kb, int64_t ke, T *out, "
-                 f"int64_t os0, int64_t os1{ptrs}) {{",
+                 f"int64_t os0, int64_t os1{ptrs}{kparam}) {{",
                  "    T *o = out + i * os0 + j * os1;"]
         for i in range(n):
             if i == alias:
@@ -275,8 +307,10 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alia
         lines += [f"        o[k] = t{len(steps) - 1};", "    }", "}", ""]
         return lines
 
-    fields = "".join(f" const T *x{i}; int64_t xs{i}_0, xs{i}_1;" for i in range(n))
-    jargs = "".join(f", jb->x{i}, jb->xs{i}_0, jb->xs{i}_1" for i in range(n))
+    fields = "".join(f" const T *x{i}; int64_t xs{i}_0, xs{i}_1;" for i in range(n)) + "".join(
+        f" T p{q};" for q in range(nk))
+    jargs = "".join(f", jb->x{i}, jb->xs{i}_0, jb->xs{i}_1" for i in range(n)) + "".join(
+        f", jb->p{q}" for q in range(nk))
 
     def task(fname: str) -> list[str]:
         """One claim of the split loop over ``fname``: ``grab`` pieces of at most ``per`` elements."""
@@ -299,6 +333,7 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alia
                 f"{ind}    J jb;",
                 f"{ind}    jb.d0 = d0; jb.d1 = d1; jb.d2 = d2; jb.out = out; jb.os0 = os0; jb.os1 = os1;",
                 *(f"{ind}    jb.x{i} = x{i}; jb.xs{i}_0 = xs{i}_0; jb.xs{i}_1 = xs{i}_1;" for i in range(n)),
+                *(f"{ind}    jb.p{q} = p{q};" for q in range(nk)),
                 f"{ind}    jb.per = d2 < {PART_ELEMENTS // 4} ? d2 : {PART_ELEMENTS // 4};",
                 f"{ind}    jb.np_ = (d2 + jb.per - 1) / jb.per;",
                 f"{ind}    jb.items = d0 * d1 * jb.np_;",
@@ -306,7 +341,7 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alia
                 f"{ind}    ge_parallel(task_{fname}, &jb, (jb.items + jb.grab - 1) / jb.grab, threads);",
                 f"{ind}}} else {{",
                 f"{ind}    for (int64_t i = 0; i < d0; i++)",
-                f"{ind}        for (int64_t j = 0; j < d1; j++) {fname}(i, j, 0, d2, out, os0, os1{args});",
+                f"{ind}        for (int64_t j = 0; j < d1; j++) {fname}(i, j, 0, d2, out, os0, os1{args}{karg});",
                 f"{ind}}}"]
 
     ints = ["d0", "d1", "d2", "os0", "os1", "threads"] + [f"xs{i}_{a}" for i in range(n) for a in (0, 1)]
@@ -319,7 +354,7 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alia
         lines += task(f"piece_a{a}")
     lines += ["static PyObject *kernel(PyObject *self, PyObject *const *args, Py_ssize_t n) {",
               f"    int64_t {', '.join(ints)};",
-              f"    if (ge_nargs(n, {7 + 3 * n})) return NULL;",
+              f"    if (ge_nargs(n, {7 + 3 * n + (1 if nk else 0)})) return NULL;",
               f"    if (ge_int(args, 0, 0, {_BIG}, &d0) || ge_int(args, 1, 0, {_BIG}, &d1) || "
               f"ge_int(args, 2, 0, {_BIG}, &d2)) return NULL;",
               f"    if (ge_int(args, 4, 0, {_BIG}, &os0) || ge_int(args, 5, 0, {_BIG}, &os1) || "
@@ -333,6 +368,10 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alia
         lines.append(f"    const T *x{i} = (const T *)ge_arr(args, {6 + 3 * i}, {npy}, 0, "
                      f"ge_span(d0, d1, d2, xs{i}_0, xs{i}_1, {inner[i]}));")
         lines.append(f"    if (!x{i}) return NULL;")
+    if nk:
+        lines.append(f"    const T *kp = (const T *)ge_arr(args, {7 + 3 * n}, {npy}, 0, {nk});")
+        lines.append("    if (!kp) return NULL;")
+        lines += [f"    const T p{q} = kp[{q}];" for q in range(nk)]
     lines.append("    if (d0 == 0 || d1 == 0 || d2 == 0) Py_RETURN_NONE;")  # an empty extent: nothing to do
     lines.append("    Py_BEGIN_ALLOW_THREADS")
     # an operand laid out like the output that *is* the output: its variant (one pointer)
@@ -344,6 +383,8 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alia
     lines += run("piece", "        ")
     lines += ["    }", "    Py_END_ALLOW_THREADS", "    Py_RETURN_NONE;", "}", ""]
     src = native.check_c("\n".join(lines), _LOOP_NAMES | native.PRELUDE_NAMES, _LOOP_PATTERNS)
+    if nk:  # the max/min against a parameter (fixed C of ge_native: csrc/fused_bounds.h)
+        src = native.c_source("fused_bounds.h") + src
     t0 = time.perf_counter()
     mod = native.build(src, ["kernel"])
     if mod is None:
@@ -356,7 +397,7 @@ def _compile(steps, names: list[str], dt: np.dtype, inner: tuple[int, ...], alia
         _stats["inplace_variants"] += len(aliases)
         _stats["compile_s"] += time.perf_counter() - t0
         _compiled[key] = built
-    return built
+    return built, kvals
 
 
 class _Built:
@@ -370,8 +411,10 @@ class _Built:
 
 
 def _wrap(built: _Built, dims: list[int], strides: list[list[int]], out_shape: tuple, dt: np.dtype,
-          workers: int | None) -> Callable[..., np.ndarray]:
+          workers: int | None, kvals: np.ndarray | None = None) -> Callable[..., np.ndarray]:
+    """The call of ``built`` for one layout; ``kvals`` the values of its parameters (passed last)."""
     d0, d1, d2 = dims
+    extra = () if kvals is None else (kvals,)
     os0, os1 = strides[0][0], strides[0][1]
     xs = [(s[0], s[1]) for s in strides[1:]]
     n_in = len(xs)
@@ -393,7 +436,7 @@ def _wrap(built: _Built, dims: list[int], strides: list[list[int]], out_shape: t
         args: list[Any] = []
         for (s0, s1), x in zip(xs, operands):
             args += [flat(x), s0, s1]
-        entry(d0, d1, d2, target, os0, os1, *args, min(most, parallel.threads()))
+        entry(d0, d1, d2, target, os0, os1, *args, min(most, parallel.threads()), *extra)
         if out is not None and target is not out:
             np.copyto(out, target.reshape(out.shape) if out.shape != out_shape else target)
             return out
