@@ -224,6 +224,19 @@ def ran_with_text(r: Mapping[str, Any]) -> str:
     return f"inputs {ins}; threads {thr}" + (f"; {r['gear']}" if r.get("gear") else "")
 
 
+def check_shape_ranks(model, shapes: Mapping[str, Any]) -> None:
+    """``--input-shape`` entries whose rank is not their input's: an InputError naming the input
+    and its shape (before anything else is concluded from the shapes)."""
+    for v in model.graph.inputs:
+        want = v.type.shape if v.type is not None else None
+        got = shapes.get(v.name)
+        if got is not None and want is not None and len(got) != len(want):
+            shown = "[" + ", ".join(str(d) for d in want) + "]"
+            raise InputError(f"--input-shape gives input '{v.name}' {len(got)} dims {list(got)}, but it has "
+                             f"{len(want)}: {shown}", hint=f'for example --input-shape "{v.name}:'
+                             + ",".join(str(d) if isinstance(d, int) else "N" for d in want) + '"')
+
+
 def make_feeds(model, args: argparse.Namespace) -> dict[str, np.ndarray]:
     """Feeds from ``--input`` files, the rest random (seeded): shapes from ``--input-shape``,
     symbolic dims from ``--batch``/``--dim`` and the files' shapes (:func:`refuse_unsized`: a
@@ -255,6 +268,7 @@ def make_feeds(model, args: argparse.Namespace) -> dict[str, np.ndarray]:
     model = model_for_shapes(model, feeds, shapes)  # (a gear model: the gear those shapes select)
     defaults = {v.name: v.default for v in model.graph.inputs if v.default is not None}
     dims = symbolic_dims(model, args, with_batch=not gear)
+    check_shape_ranks(model, shapes)  # a wrong --input-shape first: it may be what leaves a dim unsized
     refuse_unsized(model, shapes, dims, {**defaults, **feeds})
     check_random_sizes(model.graph, shapes, dims, known={**defaults, **feeds}, default_dim=None)
     try:

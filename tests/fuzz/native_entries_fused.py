@@ -82,6 +82,7 @@ def e_loop_raw(rng, hostile):
         built = _LOOPS[("raw", dt.name)] = loopgen._compile(_BN_RELU, ["a0", "a1", "a2"], dt, (1, 1, 1), ())
     if built is None:
         raise refused("loop", "no loop form")
+    built, kvals = built  # the loop and its parameters' values (None: the program has none)
     d0, d1, d2 = dim(rng, 5), dim(rng, 5), dim(rng, 30)
     out = np.zeros(d0 * d1 * d2, dt)
     xs = [arr(rng, (d0 * d1 * d2,), dt) for _ in range(3)]
@@ -89,6 +90,8 @@ def e_loop_raw(rng, hostile):
     for x in xs:
         args += [x, d1 * d2, d2]
     args.append(rng.choice([1, 2]))
+    if kvals is not None:
+        args.append(kvals)
     return _raw_call("loop", built.kernel, args, rng, hostile)
 
 
