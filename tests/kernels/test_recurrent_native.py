@@ -27,9 +27,6 @@ N_OUT = {"LSTM": 3, "GRU": 2, "RNN": 2}
 T, B, IN, H = 5, 3, 6, 20  # H past one 16-lane panel, W past one 32-column block
 LENS = np.array([5, 2, 0], np.int32)
 
-pytestmark = pytest.mark.skipif(not nr.available(), reason="no C compiler or Python/NumPy headers here")
-
-
 @pytest.fixture(params=nr.VARIANTS)
 def variant(request, monkeypatch):
     """Each variant, forced: the one that runs (a variant this CPU cannot run: the dispatch falls
